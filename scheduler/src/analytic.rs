@@ -1,0 +1,237 @@
+//! Analytic profiles: a model spec and a hardware spec turned into a [`Profile`] with the
+//! appendix formulas (FLOPs / (peak × MFU), activation bytes, α–β collective curves).
+
+use crate::curve::CommCurve;
+use crate::hardware::{Catalog, Interconnect};
+use crate::model::{Attention, ModelSpec};
+use crate::profile::{BytesPerParam, CommCurves, PROFILE_SCHEMA, Profile, UnitProfile};
+use crate::{Error, Result};
+use std::collections::BTreeMap;
+
+/// Message sizes of the analytic curves: 1 KiB … 4 GiB, powers of two.
+const CURVE_SIZES_LOG2: std::ops::RangeInclusive<u32> = 10..=32;
+
+/// Fraction of the peak bus bandwidth that defines the block size (DESIGN §1).
+pub const BLOCK_BANDWIDTH_FRACTION: f64 = 0.9;
+
+/// Everything `shardplan profile analytic` takes besides the model.
+#[derive(Debug, Clone)]
+pub struct AnalyticOptions {
+    pub device: String,
+    pub world_size: u32,
+    pub micro_batch: u64,
+    /// Defaults to the model's sequence length.
+    pub seq_len: Option<u64>,
+    /// Model FLOP utilisation in (0, 1].
+    pub mfu: f64,
+    pub attention: Attention,
+    pub bytes_per_param: BytesPerParam,
+    /// Overrides the block size derived from the curves.
+    pub block_size_bytes: Option<u64>,
+    pub overlap_slowdown: f64,
+    pub iteration_extra_us: f64,
+}
+
+impl AnalyticOptions {
+    /// The defaults: micro-batch 1, MFU 0.5, flash attention, 2/2/12 bytes, κ = 0.
+    pub fn new(device: &str, world_size: u32) -> Self {
+        AnalyticOptions {
+            device: device.to_string(),
+            world_size,
+            micro_batch: 1,
+            seq_len: None,
+            mfu: 0.5,
+            attention: Attention::Flash,
+            bytes_per_param: BytesPerParam {
+                param: 2,
+                grad: 2,
+                optimizer: 12,
+            },
+            block_size_bytes: None,
+            overlap_slowdown: 0.0,
+            iteration_extra_us: 0.0,
+        }
+    }
+}
+
+/// The three ops' ring step counts and bandwidth factors for `n` ranks (nccl-tests busbw rules).
+fn ring_time(ic_busbw_gbps: f64, ic: &Interconnect, n: u32, all_reduce: bool, bytes: f64) -> f64 {
+    let n = n as f64;
+    let (steps, factor) = if all_reduce {
+        (2.0 * (n - 1.0), 2.0 * (n - 1.0) / n)
+    } else {
+        (n - 1.0, (n - 1.0) / n)
+    };
+    let bytes_per_us = ic_busbw_gbps * 1e3;
+    ic.base_latency_us + steps * ic.step_latency_us + factor * bytes / bytes_per_us
+}
+
+fn analytic_curve(busbw_gbps: f64, ic: &Interconnect, n: u32, all_reduce: bool) -> CommCurve {
+    CommCurve {
+        points: CURVE_SIZES_LOG2
+            .map(|e| {
+                let bytes = 1u64 << e;
+                (
+                    bytes,
+                    ring_time(busbw_gbps, ic, n, all_reduce, bytes as f64),
+                )
+            })
+            .collect(),
+    }
+}
+
+/// Builds the analytic profile of `model` under `opts`.
+pub fn analytic_profile(
+    model: &ModelSpec,
+    catalog: &Catalog,
+    opts: &AnalyticOptions,
+) -> Result<Profile> {
+    let device = catalog.device(&opts.device)?;
+    if opts.world_size == 0 {
+        return Err(Error::invalid(
+            "--world-size",
+            "world_size",
+            "a positive integer",
+        ));
+    }
+    if opts.micro_batch == 0 {
+        return Err(Error::invalid(
+            "--micro-batch",
+            "micro_batch",
+            "a positive integer",
+        ));
+    }
+    if !(opts.mfu > 0.0 && opts.mfu <= 1.0) {
+        return Err(Error::invalid(
+            "--mfu",
+            "mfu",
+            format!("a fraction in (0, 1], got {}", opts.mfu),
+        ));
+    }
+    let seq_len = opts.seq_len.unwrap_or(model.seq_len);
+    if seq_len == 0 {
+        return Err(Error::invalid("--seq-len", "seq_len", "a positive integer"));
+    }
+    let ic = catalog.interconnect_for(device, opts.world_size);
+    let n = opts.world_size;
+    let comm = CommCurves {
+        all_gather: analytic_curve(ic.all_gather_busbw_gbps, ic, n, false),
+        reduce_scatter: analytic_curve(ic.reduce_scatter_busbw_gbps, ic, n, false),
+        all_reduce: analytic_curve(ic.all_reduce_busbw_gbps, ic, n, true),
+    };
+    let block_size_bytes = opts.block_size_bytes.unwrap_or_else(|| {
+        [&comm.all_gather, &comm.reduce_scatter, &comm.all_reduce]
+            .iter()
+            .map(|c| c.block_size(BLOCK_BANDWIDTH_FRACTION))
+            .max()
+            .expect("three curves")
+    });
+    let flops_per_us = device.peak_bf16_tflops * 1e6 * opts.mfu;
+    let units = model
+        .unit_shapes(opts.micro_batch, seq_len, opts.attention)
+        .into_iter()
+        .map(|u| {
+            let forward_us = u.forward_flops / flops_per_us;
+            UnitProfile {
+                name: u.name,
+                params: u.params,
+                forward_us,
+                backward_us: 2.0 * forward_us,
+                activation_bytes: u.activation_bytes,
+                checkpoint_activation_bytes: u.checkpoint_activation_bytes,
+                forward_workspace_bytes: u.forward_workspace_bytes,
+                backward_workspace_bytes: u.backward_workspace_bytes,
+            }
+        })
+        .collect();
+    let source = BTreeMap::from([
+        ("generator".to_string(), "analytic".to_string()),
+        ("model".to_string(), model.name.clone()),
+        ("device".to_string(), opts.device.clone()),
+        ("micro_batch".to_string(), opts.micro_batch.to_string()),
+        ("seq_len".to_string(), seq_len.to_string()),
+        ("mfu".to_string(), opts.mfu.to_string()),
+        (
+            "attention".to_string(),
+            format!("{:?}", opts.attention).to_lowercase(),
+        ),
+        (
+            "device_memory_bytes".to_string(),
+            device.memory_bytes.to_string(),
+        ),
+    ]);
+    let profile = Profile {
+        schema: PROFILE_SCHEMA,
+        name: format!("{} on {} x{}", model.name, opts.device, n),
+        source,
+        world_size: n,
+        block_size_bytes,
+        overlap_slowdown: opts.overlap_slowdown,
+        iteration_extra_us: opts.iteration_extra_us,
+        bytes_per_param: opts.bytes_per_param,
+        units,
+        comm,
+    };
+    profile.validate("analytic profile")?;
+    Ok(profile)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn zoo(name: &str) -> ModelSpec {
+        ModelSpec::load(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../models/{name}.toml")),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn llama2_7b_block_forward_time_is_flops_over_peak_times_mfu() {
+        let profile = analytic_profile(
+            &zoo("llama2-7b"),
+            &Catalog::bundled().unwrap(),
+            &AnalyticOptions::new("h100-sxm", 64),
+        )
+        .unwrap();
+        assert_eq!(profile.units.len(), 34);
+        let block = &profile.units[1];
+        // tokens 4096 · (2 · 202,375,168 matrix params + 4 · 4096 · 4096) FLOPs / (989e12 · 0.5) s.
+        let flops = 4096.0 * (2.0 * 202_375_168.0 + 4.0 * 4096.0 * 4096.0);
+        assert!((block.forward_us - flops / 494.5e6).abs() < 1e-6);
+        assert_eq!(block.backward_us, 2.0 * block.forward_us);
+        assert_eq!(block.activation_bytes, 34 * 4096 * 4096);
+        assert_eq!(block.checkpoint_activation_bytes, 2 * 4096 * 4096);
+    }
+
+    #[test]
+    fn collective_time_follows_the_ring_formula() {
+        let profile = analytic_profile(
+            &zoo("llama2-7b"),
+            &Catalog::bundled().unwrap(),
+            &AnalyticOptions::new("h100-sxm", 8),
+        )
+        .unwrap();
+        // NVLink4: 8 + 7·1 µs + (7/8) · 2^30 B / 370e3 B/µs.
+        let expected = 15.0 + 0.875 * 1073741824.0 / 370e3;
+        assert!((profile.comm.all_gather.time_us(1073741824.0) - expected).abs() < 1e-9);
+        assert!(profile.block_size_bytes.is_power_of_two());
+    }
+
+    #[test]
+    fn rejects_bad_options() {
+        let c = Catalog::bundled().unwrap();
+        let mut o = AnalyticOptions::new("h100-sxm", 8);
+        o.mfu = 1.5;
+        assert!(
+            analytic_profile(&zoo("gpt2-small"), &c, &o)
+                .unwrap_err()
+                .to_string()
+                .contains("mfu")
+        );
+        let o = AnalyticOptions::new("h100-sxm", 0);
+        assert!(analytic_profile(&zoo("gpt2-small"), &c, &o).is_err());
+    }
+}

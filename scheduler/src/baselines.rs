@@ -1,0 +1,258 @@
+//! The baselines of DESIGN §5: what engineers run today, as plans in the same format.
+//!
+//! "Depth d" places a forward gather at F_{i−d} and a backward gather at B_{i+d}, walking back
+//! cyclically (past F_1 to E, then B_1, …) and clamped to the op's window; reductions go in the
+//! slot right after B_i; every op is launched whole (all blocks in one slot).
+
+use crate::plan::{Launch, Plan, Producer, Schedule, UnitSchedule, plan_with_prediction};
+use crate::profile::Profile;
+use crate::sim::Simulation;
+use crate::size::format_bytes;
+use crate::timeline::{Level, Op, Timeline};
+use crate::{Error, Result};
+use std::collections::BTreeMap;
+
+/// DeepSpeed's default `stage3_prefetch_bucket_size` (elements).
+pub const ZERO3_PREFETCH_BUCKET_PARAMS: u64 = 50_000_000;
+
+/// The baseline families.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BaselineKind {
+    Ddp,
+    Zero2,
+    Fsdp1,
+    Fsdp2,
+    Zero3,
+    BestGrid,
+}
+
+impl BaselineKind {
+    pub const ALL: [BaselineKind; 6] = [
+        BaselineKind::Ddp,
+        BaselineKind::Zero2,
+        BaselineKind::Fsdp1,
+        BaselineKind::Fsdp2,
+        BaselineKind::Zero3,
+        BaselineKind::BestGrid,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BaselineKind::Ddp => "ddp",
+            BaselineKind::Zero2 => "zero2",
+            BaselineKind::Fsdp1 => "fsdp1",
+            BaselineKind::Fsdp2 => "fsdp2",
+            BaselineKind::Zero3 => "zero3",
+            BaselineKind::BestGrid => "best-grid",
+        }
+    }
+}
+
+impl std::str::FromStr for BaselineKind {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown baseline `{s}` (expected one of: {})",
+                    Self::ALL.map(|k| k.name()).join(", ")
+                )
+            })
+    }
+}
+
+/// A baseline plan and its strict simulation.
+#[derive(Debug, Clone)]
+pub struct BaselinePlan {
+    pub plan: Plan,
+    pub schedule: Schedule,
+    pub simulation: Simulation,
+}
+
+/// Builds a schedule from per-unit levels and per-unit gather depths (forward, backward).
+fn depth_schedule(
+    profile: &Profile,
+    levels: &[Level],
+    depths: &[(usize, usize)],
+    recompute: bool,
+) -> Schedule {
+    let timeline = Timeline::new(profile.unit_count());
+    let units = levels
+        .iter()
+        .enumerate()
+        .map(|(unit, &level)| {
+            let nb = profile.blocks(unit);
+            let launches = level
+                .ops()
+                .iter()
+                .map(|&op| {
+                    let window = timeline.window(unit, op.window_kind());
+                    let pos = if op.is_reduction() {
+                        0
+                    } else {
+                        let depth = if op == Op::GatherBackward {
+                            depths[unit].1
+                        } else {
+                            depths[unit].0
+                        };
+                        window.len.saturating_sub(depth)
+                    };
+                    (
+                        op,
+                        vec![Launch {
+                            slot: window.slot_at(pos),
+                            blocks: nb,
+                        }],
+                    )
+                })
+                .collect::<BTreeMap<_, _>>();
+            UnitSchedule {
+                level,
+                recompute,
+                launches,
+            }
+        })
+        .collect();
+    Schedule { units }
+}
+
+/// Every unit at `level`, except that the last unit cannot be fsdp and is kept sdp (as FSDP
+/// keeps its root unit); `fsdp2` also keeps the first unit sdp.
+fn levels(units: usize, level: Level, first_sdp: bool) -> Vec<Level> {
+    (0..units)
+        .map(|u| {
+            let keep = level == Level::Fsdp && (u + 1 == units || (first_sdp && u == 0));
+            if keep { Level::Sdp } else { level }
+        })
+        .collect()
+}
+
+/// DeepSpeed-style depths: the most units (from this one on, in the pass's direction) whose
+/// parameters fit in the prefetch bucket, at least 1.
+fn zero3_depths(profile: &Profile) -> Vec<(usize, usize)> {
+    let params: Vec<u64> = profile.units.iter().map(|u| u.params).collect();
+    let depth = |order: &mut dyn Iterator<Item = &u64>| {
+        let mut sum = 0;
+        order
+            .take_while(|&&p| {
+                sum += p;
+                sum <= ZERO3_PREFETCH_BUCKET_PARAMS
+            })
+            .count()
+            .max(1)
+    };
+    (0..params.len())
+        .map(|i| {
+            (
+                depth(&mut params[..=i].iter().rev()),
+                depth(&mut params[i..].iter()),
+            )
+        })
+        .collect()
+}
+
+fn finish(
+    profile: &Profile,
+    schedule: Schedule,
+    name: &str,
+    details: BTreeMap<String, toml::Value>,
+    cap: Option<u64>,
+) -> BaselinePlan {
+    let producer = Producer {
+        name: name.to_string(),
+        details,
+    };
+    let (plan, simulation) = plan_with_prediction(profile, &schedule, producer, cap);
+    BaselinePlan {
+        plan,
+        schedule,
+        simulation,
+    }
+}
+
+/// One uniform grid point: (level, depth) for every unit.
+fn grid_point(profile: &Profile, level: Level, depth: usize, recompute: bool) -> Schedule {
+    let l = profile.unit_count();
+    depth_schedule(
+        profile,
+        &levels(l, level, false),
+        &vec![(depth, depth); l],
+        recompute,
+    )
+}
+
+/// Builds the plan of a baseline. `checkpoint` turns recompute on for every unit; `cap` is
+/// recorded in the plan, and `best-grid` chooses the fastest grid point whose peak fits it.
+pub fn baseline(
+    profile: &Profile,
+    kind: BaselineKind,
+    checkpoint: bool,
+    cap: Option<u64>,
+) -> Result<BaselinePlan> {
+    let l = profile.unit_count();
+    let mut details =
+        BTreeMap::from([("checkpoint".to_string(), toml::Value::Boolean(checkpoint))]);
+    let schedule = match kind {
+        BaselineKind::Ddp => grid_point(profile, Level::None, 1, checkpoint),
+        BaselineKind::Zero2 => grid_point(profile, Level::Sdp, 1, checkpoint),
+        BaselineKind::Fsdp1 => grid_point(profile, Level::Fsdp, 1, checkpoint),
+        BaselineKind::Fsdp2 => depth_schedule(
+            profile,
+            &levels(l, Level::Fsdp, true),
+            &vec![(1, 1); l],
+            checkpoint,
+        ),
+        BaselineKind::Zero3 => depth_schedule(
+            profile,
+            &levels(l, Level::Fsdp, false),
+            &zero3_depths(profile),
+            checkpoint,
+        ),
+        BaselineKind::BestGrid => {
+            let (level, depth, schedule) = best_grid(profile, checkpoint, cap)?;
+            details.insert(
+                "grid_level".into(),
+                toml::Value::String(level.name().into()),
+            );
+            details.insert("grid_depth".into(), toml::Value::Integer(depth as i64));
+            schedule
+        }
+    };
+    Ok(finish(profile, schedule, kind.name(), details, cap))
+}
+
+/// The fastest of {none} ∪ {sdp, fsdp} × {depth 1, 2, 3} whose strict peak fits `cap`.
+fn best_grid(
+    profile: &Profile,
+    checkpoint: bool,
+    cap: Option<u64>,
+) -> Result<(Level, usize, Schedule)> {
+    let mut candidates = vec![(Level::None, 1)];
+    for level in [Level::Sdp, Level::Fsdp] {
+        candidates.extend((1..=3).map(|d| (level, d)));
+    }
+    let mut best: Option<(f64, f64, Level, usize, Schedule)> = None;
+    let mut smallest_peak = f64::INFINITY;
+    for (level, depth) in candidates {
+        let schedule = grid_point(profile, level, depth, checkpoint);
+        let sim = crate::sim::simulate(profile, &schedule, crate::sim::Semantics::Strict);
+        smallest_peak = smallest_peak.min(sim.peak_memory_bytes);
+        if cap.is_some_and(|c| sim.peak_memory_bytes > c as f64) {
+            continue;
+        }
+        let key = (sim.iteration_time_us, sim.peak_memory_bytes);
+        if best.as_ref().is_none_or(|b| key < (b.0, b.1)) {
+            best = Some((key.0, key.1, level, depth, schedule));
+        }
+    }
+    best.map(|(_, _, level, depth, schedule)| (level, depth, schedule))
+        .ok_or_else(|| {
+            Error::Infeasible(format!(
+                "best-grid: no grid point fits the memory cap of {}; the smallest grid peak is {}",
+                format_bytes(cap.unwrap_or(0) as f64),
+                format_bytes(smallest_peak)
+            ))
+        })
+}

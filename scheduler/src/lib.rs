@@ -1,0 +1,20 @@
+//! shardplan's planning core: model specs and analytic profiles, the plan format, the reference
+//! timeline simulator (DESIGN §3) and the baseline schedules (DESIGN §5).
+//!
+//! Everything here is pure computation over data files; nothing touches a device.
+
+pub mod analytic;
+pub mod baselines;
+pub mod cost;
+pub mod curve;
+pub mod error;
+pub mod hardware;
+pub mod io;
+pub mod model;
+pub mod plan;
+pub mod profile;
+pub mod sim;
+pub mod size;
+pub mod timeline;
+
+pub use error::{Error, Result};

@@ -1,0 +1,290 @@
+//! The plan file: a versioned TOML document that fixes every unit's level, recompute flag and
+//! launch slots, bound to one profile by its digest.
+//!
+//! ```toml
+//! schema = 1
+//! profile_digest = "sha256:…"
+//! world_size = 64
+//! memory_cap_bytes = 85899345920
+//! [producer]
+//! name = "fsdp2"
+//! [predicted]
+//! iteration_time_us = 1234.5
+//! peak_memory_bytes = 123456
+//! peak_slot = "B3"
+//! [[units]]
+//! name = "block.1"
+//! level = "fsdp"
+//! recompute = false
+//! rs = [["F1", 1]]          # (slot, blocks)
+//! agf = [["E", 1]]
+//! agb = [["B3", 1]]
+//! ```
+
+mod schedule;
+
+pub use schedule::{Launch, Queued, Schedule, UnitSchedule};
+
+use crate::profile::Profile;
+use crate::timeline::{Level, Op, Slot, Timeline};
+use crate::{Error, Result};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The plan schema this build reads and writes.
+pub const PLAN_SCHEMA: u32 = 1;
+
+impl Serialize for Slot {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Slot {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Who made the plan: a baseline's name or the solver, with free-form details (solver status,
+/// gap, window limits, …).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Producer {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub details: BTreeMap<String, toml::Value>,
+}
+
+/// What the strict simulator predicted when the plan was written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Predicted {
+    pub iteration_time_us: f64,
+    pub peak_memory_bytes: u64,
+    pub peak_slot: Slot,
+}
+
+/// One unit's entry; ops not used by its level are omitted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnitPlan {
+    pub name: String,
+    pub level: Level,
+    #[serde(default)]
+    pub recompute: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ar: Vec<(Slot, u32)>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rs: Vec<(Slot, u32)>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ag: Vec<(Slot, u32)>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub agf: Vec<(Slot, u32)>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub agb: Vec<(Slot, u32)>,
+}
+
+impl UnitPlan {
+    fn launches(&self, op: Op) -> &[(Slot, u32)] {
+        match op {
+            Op::AllReduce => &self.ar,
+            Op::ReduceScatter => &self.rs,
+            Op::Gather => &self.ag,
+            Op::GatherForward => &self.agf,
+            Op::GatherBackward => &self.agb,
+        }
+    }
+
+    fn launches_mut(&mut self, op: Op) -> &mut Vec<(Slot, u32)> {
+        match op {
+            Op::AllReduce => &mut self.ar,
+            Op::ReduceScatter => &mut self.rs,
+            Op::Gather => &mut self.ag,
+            Op::GatherForward => &mut self.agf,
+            Op::GatherBackward => &mut self.agb,
+        }
+    }
+}
+
+/// A whole plan file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    pub schema: u32,
+    pub profile_digest: String,
+    pub world_size: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_cap_bytes: Option<u64>,
+    pub producer: Producer,
+    pub predicted: Predicted,
+    pub units: Vec<UnitPlan>,
+}
+
+impl Plan {
+    /// Reads and parses a plan file (not yet checked against a profile).
+    pub fn load(path: &Path) -> Result<Self> {
+        let plan: Plan = crate::io::read_toml(path)?;
+        if plan.schema != PLAN_SCHEMA {
+            return Err(Error::invalid(
+                path.display().to_string(),
+                "schema",
+                format!("{PLAN_SCHEMA}, got {}", plan.schema),
+            ));
+        }
+        Ok(plan)
+    }
+
+    /// Serialises to TOML.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a plan always serialises")
+    }
+
+    /// Writes the plan atomically.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        crate::io::write_atomic(path, self.to_toml().as_bytes())
+    }
+
+    /// Checks that the plan belongs to `profile` (digest, world size, unit names) and converts it
+    /// into a validated [`Schedule`]. `origin` names the plan in errors.
+    pub fn schedule(&self, profile: &Profile, origin: &str) -> Result<Schedule> {
+        let digest = profile.digest();
+        if self.profile_digest != digest {
+            return Err(Error::Mismatch(format!(
+                "{origin}: the plan was made for profile {}, but the given profile is {digest} (`{}`); \
+                 re-plan for this profile",
+                self.profile_digest, profile.name
+            )));
+        }
+        if self.world_size != profile.world_size {
+            return Err(Error::invalid(
+                origin,
+                "world_size",
+                format!(
+                    "{} (the profile's), got {}",
+                    profile.world_size, self.world_size
+                ),
+            ));
+        }
+        if self.units.len() != profile.unit_count() {
+            return Err(Error::invalid(
+                origin,
+                "units",
+                format!(
+                    "{} [[units]] tables (the profile's), got {}",
+                    profile.unit_count(),
+                    self.units.len()
+                ),
+            ));
+        }
+        let timeline = Timeline::new(profile.unit_count());
+        let mut units = Vec::with_capacity(self.units.len());
+        for (k, (u, p)) in self.units.iter().zip(&profile.units).enumerate() {
+            if u.name != p.name {
+                return Err(Error::invalid(
+                    origin,
+                    format!("units[{k}].name"),
+                    format!(
+                        "`{}` (the profile's unit {}), got `{}`",
+                        p.name,
+                        k + 1,
+                        u.name
+                    ),
+                ));
+            }
+            let mut launches = BTreeMap::new();
+            for op in Op::ALL {
+                let list = u.launches(op);
+                if list.is_empty() {
+                    continue;
+                }
+                let converted = list
+                    .iter()
+                    .map(|&(slot, blocks)| {
+                        timeline
+                            .index(slot)
+                            .map(|slot| Launch { slot, blocks })
+                            .map_err(|why| {
+                                Error::invalid(origin, format!("units[{k}].{}", op.key()), why)
+                            })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                launches.insert(op, converted);
+            }
+            units.push(UnitSchedule {
+                level: u.level,
+                recompute: u.recompute,
+                launches,
+            });
+        }
+        let schedule = Schedule { units };
+        schedule.validate(profile)?;
+        Ok(schedule)
+    }
+
+    /// Builds the plan file of a schedule; `predicted` comes from the strict simulator.
+    pub fn from_schedule(
+        profile: &Profile,
+        schedule: &Schedule,
+        producer: Producer,
+        memory_cap_bytes: Option<u64>,
+        predicted: Predicted,
+    ) -> Self {
+        let timeline = schedule.timeline();
+        let units = schedule
+            .units
+            .iter()
+            .zip(&profile.units)
+            .map(|(u, p)| {
+                let mut plan = UnitPlan {
+                    name: p.name.clone(),
+                    level: u.level,
+                    recompute: u.recompute,
+                    ar: vec![],
+                    rs: vec![],
+                    ag: vec![],
+                    agf: vec![],
+                    agb: vec![],
+                };
+                for (&op, launches) in &u.launches {
+                    *plan.launches_mut(op) = launches
+                        .iter()
+                        .map(|l| (timeline.slot(l.slot), l.blocks))
+                        .collect();
+                }
+                plan
+            })
+            .collect();
+        Plan {
+            schema: PLAN_SCHEMA,
+            profile_digest: profile.digest(),
+            world_size: profile.world_size,
+            memory_cap_bytes,
+            producer,
+            predicted,
+            units,
+        }
+    }
+}
+
+/// The strict simulation of `schedule` and the plan file that records it as the prediction.
+pub fn plan_with_prediction(
+    profile: &Profile,
+    schedule: &Schedule,
+    producer: Producer,
+    memory_cap_bytes: Option<u64>,
+) -> (Plan, crate::sim::Simulation) {
+    let sim = crate::sim::simulate(profile, schedule, crate::sim::Semantics::Strict);
+    let peak_slot = sim.peak_slot.parse().expect("simulator slot names parse");
+    let predicted = Predicted {
+        iteration_time_us: sim.iteration_time_us,
+        peak_memory_bytes: sim.peak_memory_bytes.ceil() as u64,
+        peak_slot,
+    };
+    (
+        Plan::from_schedule(profile, schedule, producer, memory_cap_bytes, predicted),
+        sim,
+    )
+}

@@ -1,0 +1,195 @@
+//! The profile: everything the cost model needs about one training setup (DESIGN §3 inputs),
+//! as a versioned, human-editable TOML file whose field names carry their units.
+
+use crate::curve::CommCurve;
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The profile schema this build reads and writes.
+pub const PROFILE_SCHEMA: u32 = 1;
+
+/// Bytes per parameter of each kind of state (DESIGN: p, g, o).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BytesPerParam {
+    /// Gathered parameter in the compute dtype (p).
+    pub param: u64,
+    /// Gradient (g).
+    pub grad: u64,
+    /// Optimizer state incl. master weights (o; Adam mixed precision: 12).
+    pub optimizer: u64,
+}
+
+/// One sharding unit (an FSDP wrap unit).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnitProfile {
+    pub name: String,
+    /// Ψ_i.
+    pub params: u64,
+    /// f_i.
+    pub forward_us: f64,
+    /// b_i.
+    pub backward_us: f64,
+    /// act_i: bytes saved from F_i to B_i without recompute.
+    pub activation_bytes: u64,
+    /// ckpt_i: bytes saved with recompute.
+    pub checkpoint_activation_bytes: u64,
+    /// ws_f_i.
+    pub forward_workspace_bytes: u64,
+    /// ws_b_i.
+    pub backward_workspace_bytes: u64,
+}
+
+/// Time-vs-bytes curves of the three collectives.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommCurves {
+    pub all_gather: CommCurve,
+    pub reduce_scatter: CommCurve,
+    pub all_reduce: CommCurve,
+}
+
+/// A whole profile file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    pub schema: u32,
+    pub name: String,
+    /// Free-form provenance (generator, model, device, flags); part of the digest.
+    #[serde(default)]
+    pub source: BTreeMap<String, String>,
+    /// N.
+    pub world_size: u32,
+    /// B: the unit of communication.
+    pub block_size_bytes: u64,
+    /// κ: compute slowdown per µs of concurrent communication.
+    pub overlap_slowdown: f64,
+    /// Compute time of slot E (other per-iteration work).
+    pub iteration_extra_us: f64,
+    pub bytes_per_param: BytesPerParam,
+    pub units: Vec<UnitProfile>,
+    pub comm: CommCurves,
+}
+
+impl Profile {
+    /// Reads, parses and validates a profile file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = crate::io::read_text(path)?;
+        Self::from_toml(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates profile text; `origin` names it in errors.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self> {
+        let profile: Profile = crate::io::parse_toml(text, origin)?;
+        profile.validate(origin)?;
+        Ok(profile)
+    }
+
+    /// Serialises to TOML.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a profile always serialises")
+    }
+
+    /// Writes the profile atomically.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        crate::io::write_atomic(path, self.to_toml().as_bytes())
+    }
+
+    /// sha256 of the canonical content (the parsed profile as compact JSON, fields in declaration
+    /// order), so comments and formatting of the file do not change it.
+    pub fn digest(&self) -> String {
+        let canonical = serde_json::to_vec(self).expect("a profile always serialises");
+        let hash = Sha256::digest(&canonical);
+        let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+        format!("sha256:{hex}")
+    }
+
+    /// L, the number of units.
+    pub fn unit_count(&self) -> usize {
+        self.units.len()
+    }
+
+    /// nb_i = ceil(Ψ_i·p / B): blocks of unit `i` (0-based).
+    pub fn blocks(&self, i: usize) -> u32 {
+        let bytes = self.units[i].params * self.bytes_per_param.param;
+        bytes.div_ceil(self.block_size_bytes).max(1) as u32
+    }
+
+    /// Checks every field's domain; errors name the field (`units[3].forward_us`).
+    pub fn validate(&self, origin: &str) -> Result<()> {
+        let bad = |field: String, expected: String| Err(Error::invalid(origin, field, expected));
+        if self.schema != PROFILE_SCHEMA {
+            return bad(
+                "schema".into(),
+                format!("{PROFILE_SCHEMA}, got {}", self.schema),
+            );
+        }
+        if self.world_size == 0 {
+            return bad("world_size".into(), "a positive integer, got 0".into());
+        }
+        if self.block_size_bytes == 0 {
+            return bad(
+                "block_size_bytes".into(),
+                "a positive integer, got 0".into(),
+            );
+        }
+        if !(self.overlap_slowdown >= 0.0 && self.overlap_slowdown.is_finite()) {
+            return bad(
+                "overlap_slowdown".into(),
+                format!("a finite number >= 0, got {}", self.overlap_slowdown),
+            );
+        }
+        if !(self.iteration_extra_us >= 0.0 && self.iteration_extra_us.is_finite()) {
+            return bad(
+                "iteration_extra_us".into(),
+                format!("a finite number >= 0, got {}", self.iteration_extra_us),
+            );
+        }
+        if self.bytes_per_param.param == 0 || self.bytes_per_param.grad == 0 {
+            return bad(
+                "bytes_per_param".into(),
+                "param and grad of at least 1 byte".into(),
+            );
+        }
+        if self.units.is_empty() {
+            return bad("units".into(), "at least one [[units]] table".into());
+        }
+        let mut names = std::collections::HashSet::new();
+        for (k, u) in self.units.iter().enumerate() {
+            if !names.insert(u.name.as_str()) {
+                return bad(
+                    format!("units[{k}].name"),
+                    format!("a unique name, `{}` appears twice", u.name),
+                );
+            }
+            if u.params == 0 {
+                return bad(
+                    format!("units[{k}].params"),
+                    "a positive parameter count, got 0".into(),
+                );
+            }
+            for (field, value) in [("forward_us", u.forward_us), ("backward_us", u.backward_us)] {
+                if !(value >= 0.0 && value.is_finite()) {
+                    return bad(
+                        format!("units[{k}].{field}"),
+                        format!("a finite time >= 0 µs, got {value}"),
+                    );
+                }
+            }
+        }
+        for (op, curve) in [
+            ("all_gather", &self.comm.all_gather),
+            ("reduce_scatter", &self.comm.reduce_scatter),
+            ("all_reduce", &self.comm.all_reduce),
+        ] {
+            if let Err(why) = curve.check() {
+                return bad(format!("comm.{op}.points"), why);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,101 @@
+//! Per-slot memory of a rank (DESIGN §3):
+//! M_s = Σ persistent_i + Σ gathered_i(s) + Σ grad_i(s) + Σ_{F_i ≤ s ≤ B_i} saved_i + ws(s).
+
+use crate::cost::{block_bytes, persistent_bytes};
+use crate::plan::Schedule;
+use crate::profile::Profile;
+use crate::timeline::Op;
+use serde::Serialize;
+
+/// What is alive during one slot, in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct MemoryBreakdown {
+    pub persistent: f64,
+    pub gathered: f64,
+    pub gradient: f64,
+    pub activation: f64,
+    pub workspace: f64,
+}
+
+impl MemoryBreakdown {
+    pub fn total(&self) -> f64 {
+        self.persistent + self.gathered + self.gradient + self.activation + self.workspace
+    }
+
+    /// The component with the most bytes, by name.
+    pub fn dominant(&self) -> (&'static str, f64) {
+        [
+            ("persistent state", self.persistent),
+            ("gathered parameters", self.gathered),
+            ("unreduced gradients", self.gradient),
+            ("saved activations", self.activation),
+            ("workspace", self.workspace),
+        ]
+        .into_iter()
+        .fold(("persistent state", f64::MIN), |best, c| {
+            if c.1 > best.1 { c } else { best }
+        })
+    }
+}
+
+/// The memory breakdown of every slot index.
+pub fn memory_by_slot(profile: &Profile, schedule: &Schedule) -> Vec<MemoryBreakdown> {
+    let timeline = schedule.timeline();
+    let mut memory = vec![MemoryBreakdown::default(); timeline.slot_count()];
+    for (unit, u) in schedule.units.iter().enumerate() {
+        let (forward, backward) = (timeline.forward(unit), timeline.backward(unit));
+        let p = &profile.units[unit];
+        let persistent = persistent_bytes(profile, unit, u.level);
+        for m in memory.iter_mut() {
+            m.persistent += persistent;
+        }
+        let saved = if u.recompute {
+            p.checkpoint_activation_bytes
+        } else {
+            p.activation_bytes
+        } as f64;
+        for m in &mut memory[forward..=backward] {
+            m.activation += saved;
+        }
+        if u.recompute {
+            memory[backward].activation += p.activation_bytes as f64;
+        }
+        memory[forward].workspace += p.forward_workspace_bytes as f64;
+        memory[backward].workspace += p.backward_workspace_bytes as f64;
+
+        for (&op, launches) in &u.launches {
+            let window = timeline.window(unit, op.window_kind());
+            let bytes = block_bytes(profile, unit, op);
+            for l in launches {
+                let amount = bytes * f64::from(l.blocks);
+                let pos = window.position(l.slot).expect("validated schedule");
+                match op {
+                    Op::AllReduce => {}
+                    Op::ReduceScatter => {
+                        // From the start of B_i to the end of the launch slot.
+                        memory[backward].gradient += amount;
+                        for q in 0..=pos {
+                            memory[window.slot_at(q)].gradient += amount;
+                        }
+                    }
+                    Op::Gather | Op::GatherForward | Op::GatherBackward => {
+                        // From the launch slot to the end of the window, then the consuming
+                        // slots: F_i..B_i (sdp), F_i (fsdp forward), B_i (fsdp backward).
+                        for q in pos..window.len {
+                            memory[window.slot_at(q)].gathered += amount;
+                        }
+                        let consumers = match op {
+                            Op::Gather => forward..=backward,
+                            Op::GatherForward => forward..=forward,
+                            _ => backward..=backward,
+                        };
+                        for m in &mut memory[consumers] {
+                            m.gathered += amount;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    memory
+}

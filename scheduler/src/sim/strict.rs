@@ -1,0 +1,39 @@
+//! Strict semantics: d_s = max(c_s + κ·Q_s, Q_s), T = Σ_s d_s. Every block of slot s starts at
+//! the slot's start, serialised on the one channel.
+
+use super::{BlockEvent, SlotInputs, Timing};
+use crate::plan::Schedule;
+
+pub(super) fn run(schedule: &Schedule, inputs: &SlotInputs, kappa: f64) -> Timing {
+    let timeline = schedule.timeline();
+    let slots = timeline.slot_count();
+    let mut start_us = Vec::with_capacity(slots);
+    let mut duration_us = Vec::with_capacity(slots);
+    let mut blocks = Vec::new();
+    let mut now = 0.0;
+    for s in 0..slots {
+        let (c, q) = (inputs.compute_us[s], inputs.comm_us[s]);
+        let mut channel = now;
+        for &(unit, op, t) in &inputs.queue[s] {
+            blocks.push(BlockEvent {
+                unit,
+                op: op.to_string(),
+                slot: timeline.slot(s).to_string(),
+                start_us: channel,
+                end_us: channel + t,
+            });
+            channel += t;
+        }
+        let d = (c + kappa * q).max(q);
+        start_us.push(now);
+        duration_us.push(d);
+        now += d;
+    }
+    Timing {
+        compute_start_us: start_us.clone(),
+        start_us,
+        duration_us,
+        iteration_time_us: now,
+        blocks,
+    }
+}

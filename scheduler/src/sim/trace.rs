@@ -1,0 +1,67 @@
+//! Chrome trace JSON (opens in Perfetto and chrome://tracing): a slot track, a compute track, a
+//! communication track with one event per block, and a stacked memory counter per slot.
+
+use super::Simulation;
+use crate::profile::Profile;
+use serde_json::{Value, json};
+
+const PID: u32 = 1;
+const SLOTS_TID: u32 = 1;
+const COMPUTE_TID: u32 = 2;
+const COMM_TID: u32 = 3;
+
+fn complete(name: String, tid: u32, ts: f64, dur: f64, args: Value) -> Value {
+    json!({"name": name, "ph": "X", "pid": PID, "tid": tid, "ts": ts, "dur": dur, "args": args})
+}
+
+fn thread_name(tid: u32, name: &str) -> Value {
+    json!({"name": "thread_name", "ph": "M", "pid": PID, "tid": tid, "args": {"name": name}})
+}
+
+/// The trace of one simulated iteration (timestamps in µs from its start).
+pub fn chrome_trace(profile: &Profile, sim: &Simulation) -> Value {
+    let mut events = vec![
+        json!({"name": "process_name", "ph": "M", "pid": PID,
+               "args": {"name": format!("{} ({})", profile.name, sim.semantics.name())}}),
+        thread_name(SLOTS_TID, "slots"),
+        thread_name(COMPUTE_TID, "compute"),
+        thread_name(COMM_TID, "communication"),
+    ];
+    for s in &sim.slots {
+        events.push(complete(s.slot.clone(), SLOTS_TID, s.start_us, s.duration_us,
+            json!({"compute_us": s.compute_us, "comm_us": s.comm_us, "memory_bytes": s.memory_bytes})));
+        if s.compute_us > 0.0 {
+            let name = match s.slot.as_str() {
+                "E" => "E".to_string(),
+                slot => {
+                    let unit: usize = slot[1..].parse().expect("slot names are F<i> or B<i>");
+                    format!("{slot} {}", profile.units[unit - 1].name)
+                }
+            };
+            let busy = s.compute_us + profile.overlap_slowdown * s.comm_us;
+            events.push(complete(
+                name,
+                COMPUTE_TID,
+                s.compute_start_us,
+                busy,
+                json!({"compute_us": s.compute_us}),
+            ));
+        }
+        let m = &s.memory;
+        events.push(
+            json!({"name": "memory (bytes)", "ph": "C", "pid": PID, "ts": s.start_us, "args": {
+            "persistent": m.persistent, "gathered": m.gathered, "gradient": m.gradient,
+            "activation": m.activation, "workspace": m.workspace}}),
+        );
+    }
+    for b in &sim.blocks {
+        events.push(complete(
+            format!("{} {}", b.op, profile.units[b.unit].name),
+            COMM_TID,
+            b.start_us,
+            b.end_us - b.start_us,
+            json!({"launched_at": b.slot}),
+        ));
+    }
+    json!({"traceEvents": events, "displayTimeUnit": "ms"})
+}

@@ -1,0 +1,123 @@
+//! Byte sizes as people write them (`40GiB`, `512MiB`, `80GB`, `1073741824`) and back.
+
+/// Parses a positive byte size. Binary units (KiB, MiB, GiB, TiB) are powers of 1024, decimal
+/// units (KB, MB, GB, TB) powers of 1000; a bare number is bytes. Fractions are allowed
+/// (`1.5GiB`) and rounded to whole bytes.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024f64.powi(2),
+        "gib" => 1024f64.powi(3),
+        "tib" => 1024f64.powi(4),
+        other => {
+            return Err(format!(
+                "`{text}`: unknown unit `{other}` (expected B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)"
+            ));
+        }
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}`: expected a positive size such as 40GiB, 512MiB or 80GB"))?;
+    let bytes = (value * scale).round();
+    if !(bytes >= 1.0 && bytes < 2f64.powi(63)) {
+        return Err(format!("`{text}`: expected a size of at least one byte"));
+    }
+    Ok(bytes as u64)
+}
+
+/// Renders bytes with a binary unit and two decimals (`12.50 GiB`).
+pub fn format_bytes(bytes: f64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes;
+    let mut unit = 0;
+    while value.abs() >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{value:.0} B")
+    } else {
+        format!("{value:.2} {}", UNITS[unit])
+    }
+}
+
+/// Parses a positive duration (`8.5s`, `850ms`, `1200us`, `1200µs`) into microseconds.
+pub fn parse_duration_us(text: &str) -> Result<f64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let scale = match unit.trim() {
+        "s" => 1e6,
+        "ms" => 1e3,
+        "us" | "µs" => 1.0,
+        other => {
+            return Err(format!(
+                "`{text}`: unknown unit `{other}` (expected s, ms or us)"
+            ));
+        }
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}`: expected a positive duration such as 8.5s or 900ms"))?;
+    if !(value > 0.0 && value.is_finite()) {
+        return Err(format!("`{text}`: expected a positive duration"));
+    }
+    Ok(value * scale)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_binary_decimal_and_plain_sizes() {
+        assert_eq!(parse_bytes("40GiB").unwrap(), 40 * (1 << 30));
+        assert_eq!(parse_bytes("512MiB").unwrap(), 512 * (1 << 20));
+        assert_eq!(parse_bytes("80GB").unwrap(), 80_000_000_000);
+        assert_eq!(parse_bytes("1.5 GiB").unwrap(), 3 * (1 << 29));
+        assert_eq!(parse_bytes("4096").unwrap(), 4096);
+    }
+
+    #[test]
+    fn rejects_zero_negative_and_unknown_units() {
+        assert!(
+            parse_bytes("0GiB")
+                .unwrap_err()
+                .contains("at least one byte")
+        );
+        assert!(parse_bytes("-3GiB").is_err());
+        assert!(
+            parse_bytes("3 parsecs")
+                .unwrap_err()
+                .contains("unknown unit")
+        );
+        assert!(parse_bytes("").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration_us("8.5s").unwrap(), 8.5e6);
+        assert_eq!(parse_duration_us("900ms").unwrap(), 9e5);
+        assert_eq!(parse_duration_us("12us").unwrap(), 12.0);
+        assert!(parse_duration_us("0s").is_err());
+        assert!(parse_duration_us("3h").is_err());
+    }
+
+    #[test]
+    fn formats() {
+        assert_eq!(format_bytes(512.0), "512 B");
+        assert_eq!(format_bytes(1.5 * 1024.0 * 1024.0 * 1024.0), "1.50 GiB");
+    }
+}

@@ -1,0 +1,151 @@
+//! Command-line grammar (clap). Sizes accept `40GiB`, `512MiB`, `80GB` or plain bytes.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "shardplan",
+    version,
+    about = "Plan and simulate the communication of sharded data-parallel training (FSDP / ZeRO)"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Build a profile of a model on a cluster.
+    #[command(subcommand)]
+    Profile(ProfileCommand),
+    /// Write the plan of a baseline (ddp, zero2, fsdp1, fsdp2, zero3, best-grid).
+    Baseline(BaselineArgs),
+    /// Simulate a plan: iteration time, communication, per-slot memory, optional trace.
+    Simulate(SimulateArgs),
+    /// Show a plan as a table: per unit level and launch slots, and the memory peak.
+    Inspect(InspectArgs),
+    /// Run the main job on a bundled profile: every baseline under the device's memory.
+    Demo(DemoArgs),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ProfileCommand {
+    /// Analytic profile from a model spec and a hardware spec.
+    Analytic(AnalyticArgs),
+}
+
+/// Parses a byte size for clap.
+pub fn bytes_arg(text: &str) -> Result<u64, String> {
+    shardplan_scheduler::size::parse_bytes(text)
+}
+
+#[derive(Args, Debug)]
+pub struct AnalyticArgs {
+    /// Model spec, e.g. models/llama2-7b.toml.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Device name from the hardware catalog (h100-sxm, h200, a100-80g).
+    #[arg(long)]
+    pub device: String,
+    /// Data-parallel world size N (above 8: multi-node).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub world_size: u32,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub micro_batch: u64,
+    /// Sequence length; defaults to the model's.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub seq_len: Option<u64>,
+    /// Model FLOP utilisation in (0, 1].
+    #[arg(long, default_value_t = 0.5)]
+    pub mfu: f64,
+    #[arg(long, value_enum, default_value_t = AttentionArg::Flash)]
+    pub attention: AttentionArg,
+    /// Bytes per gathered parameter (p).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
+    pub param_bytes: u64,
+    /// Bytes per gradient element (g).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
+    pub grad_bytes: u64,
+    /// Optimizer bytes per parameter (o; Adam mixed precision: 12).
+    #[arg(long, default_value_t = 12)]
+    pub optimizer_bytes: u64,
+    /// Override the block size (default: smallest power of two reaching 90% of peak busbw).
+    #[arg(long, value_parser = bytes_arg)]
+    pub block_size: Option<u64>,
+    /// Overlap slowdown κ (compute µs lost per µs of concurrent communication).
+    #[arg(long, default_value_t = 0.0)]
+    pub overlap_slowdown: f64,
+    /// Hardware catalog; defaults to the bundled models/hardware.toml.
+    #[arg(long)]
+    pub catalog: Option<PathBuf>,
+    #[arg(long)]
+    pub out: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+pub enum AttentionArg {
+    Flash,
+    Eager,
+}
+
+#[derive(Args, Debug)]
+pub struct BaselineArgs {
+    #[arg(long)]
+    pub profile: PathBuf,
+    /// ddp, zero2, fsdp1, fsdp2, zero3 or best-grid.
+    #[arg(long)]
+    pub kind: String,
+    /// Activation checkpointing for every unit.
+    #[arg(long)]
+    pub checkpoint: bool,
+    /// Memory cap recorded in the plan; best-grid chooses within it.
+    #[arg(long, value_parser = bytes_arg)]
+    pub memory_cap: Option<u64>,
+    #[arg(long)]
+    pub out: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+pub enum SemanticsArg {
+    Strict,
+    Relaxed,
+}
+
+#[derive(Args, Debug)]
+pub struct SimulateArgs {
+    #[arg(long)]
+    pub profile: PathBuf,
+    #[arg(long)]
+    pub plan: PathBuf,
+    #[arg(long, value_enum, default_value_t = SemanticsArg::Strict)]
+    pub semantics: SemanticsArg,
+    /// Write a Chrome/Perfetto trace (JSON) here.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    #[arg(long)]
+    pub profile: PathBuf,
+    #[arg(long)]
+    pub plan: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Write each plan and the traces into this directory.
+    #[arg(long)]
+    pub out_dir: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}

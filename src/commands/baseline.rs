@@ -1,0 +1,47 @@
+//! `shardplan baseline`.
+
+use crate::cli::BaselineArgs;
+use crate::output::{ms, print_json};
+use serde_json::json;
+use shardplan_scheduler::baselines::{BaselineKind, baseline};
+use shardplan_scheduler::profile::Profile;
+use shardplan_scheduler::size::format_bytes;
+
+pub fn run(args: BaselineArgs) -> anyhow::Result<()> {
+    let kind: BaselineKind = args
+        .kind
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("--kind: {e}"))?;
+    let profile = Profile::load(&args.profile)?;
+    let result = baseline(&profile, kind, args.checkpoint, args.memory_cap)?;
+    result.plan.save(&args.out)?;
+    let sim = &result.simulation;
+    let fits = args
+        .memory_cap
+        .map(|cap| sim.peak_memory_bytes <= cap as f64);
+    if args.json {
+        print_json(&json!({
+            "out": args.out,
+            "kind": kind.name(),
+            "iteration_time_us": sim.iteration_time_us,
+            "peak_memory_bytes": sim.peak_memory_bytes.ceil() as u64,
+            "peak_slot": sim.peak_slot,
+            "fits_cap": fits,
+        }));
+    } else {
+        let fit = match fits {
+            Some(true) => ", fits the cap",
+            Some(false) => ", EXCEEDS the cap",
+            None => "",
+        };
+        println!(
+            "wrote {}: {} — iteration {}, peak {} at {}{fit}",
+            args.out.display(),
+            kind.name(),
+            ms(sim.iteration_time_us),
+            format_bytes(sim.peak_memory_bytes),
+            sim.peak_slot
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,88 @@
+//! `shardplan inspect`: a plan as a readable table.
+
+use crate::cli::InspectArgs;
+use crate::output::{Table, ms, print_json};
+use serde_json::json;
+use shardplan_scheduler::sim::{Semantics, simulate};
+use shardplan_scheduler::size::format_bytes;
+
+pub fn run(args: InspectArgs) -> anyhow::Result<()> {
+    let (profile, plan, schedule) = super::load_plan(&args.profile, &args.plan)?;
+    let sim = simulate(&profile, &schedule, Semantics::Strict);
+    let peak = sim
+        .slots
+        .iter()
+        .find(|s| s.slot == sim.peak_slot)
+        .expect("peak slot exists");
+    if args.json {
+        print_json(&json!({
+            "producer": plan.producer.name,
+            "units": plan.units,
+            "iteration_time_us": sim.iteration_time_us,
+            "peak_memory_bytes": sim.peak_memory_bytes.ceil() as u64,
+            "peak_slot": sim.peak_slot,
+            "peak_breakdown": peak.memory,
+        }));
+        return Ok(());
+    }
+    let mut table = Table::new(&[
+        "unit",
+        "name",
+        "level",
+        "recompute",
+        "blocks",
+        "launches (slot x blocks)",
+    ]);
+    for (k, u) in plan.units.iter().enumerate() {
+        let launches: Vec<String> = [
+            ("AR", &u.ar),
+            ("RS", &u.rs),
+            ("AG", &u.ag),
+            ("AGF", &u.agf),
+            ("AGB", &u.agb),
+        ]
+        .into_iter()
+        .filter(|(_, l)| !l.is_empty())
+        .map(|(op, l)| {
+            format!(
+                "{op} {}",
+                l.iter()
+                    .map(|(s, b)| format!("{s}x{b}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            )
+        })
+        .collect();
+        table.row(vec![
+            (k + 1).to_string(),
+            u.name.clone(),
+            u.level.name().to_string(),
+            if u.recompute { "yes" } else { "no" }.to_string(),
+            profile.blocks(k).to_string(),
+            launches.join("; "),
+        ]);
+    }
+    println!("{}", table.render());
+    println!();
+    println!(
+        "plan by {}: iteration {} (strict)",
+        plan.producer.name,
+        ms(sim.iteration_time_us)
+    );
+    let m = &peak.memory;
+    println!(
+        "memory peak {} at slot {}:",
+        format_bytes(sim.peak_memory_bytes),
+        sim.peak_slot
+    );
+    for (what, bytes) in [
+        ("persistent", m.persistent),
+        ("gathered", m.gathered),
+        ("gradient", m.gradient),
+        ("activation", m.activation),
+        ("workspace", m.workspace),
+    ] {
+        println!("  {what:<11} {:>12}", format_bytes(bytes));
+    }
+    Ok(())
+}

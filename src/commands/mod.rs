@@ -1,0 +1,33 @@
+//! One module per subcommand; each returns `anyhow::Result` and prints its own output.
+
+mod baseline;
+mod demo;
+mod inspect;
+mod profile;
+mod simulate;
+
+use crate::cli::{Cli, Command, ProfileCommand};
+use shardplan_scheduler::plan::{Plan, Schedule};
+use shardplan_scheduler::profile::Profile;
+use std::path::Path;
+
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Profile(ProfileCommand::Analytic(args)) => profile::analytic(args),
+        Command::Baseline(args) => baseline::run(args),
+        Command::Simulate(args) => simulate::run(args),
+        Command::Inspect(args) => inspect::run(args),
+        Command::Demo(args) => demo::run(args),
+    }
+}
+
+/// Loads a profile and a plan and checks that they belong together.
+pub fn load_plan(
+    profile_path: &Path,
+    plan_path: &Path,
+) -> anyhow::Result<(Profile, Plan, Schedule)> {
+    let profile = Profile::load(profile_path)?;
+    let plan = Plan::load(plan_path)?;
+    let schedule = plan.schedule(&profile, &plan_path.display().to_string())?;
+    Ok((profile, plan, schedule))
+}

@@ -1,0 +1,70 @@
+//! `shardplan profile analytic`.
+
+use crate::cli::{AnalyticArgs, AttentionArg};
+use crate::output::{ms, print_json};
+use serde_json::json;
+use shardplan_scheduler::analytic::{AnalyticOptions, analytic_profile};
+use shardplan_scheduler::hardware::Catalog;
+use shardplan_scheduler::model::{Attention, ModelSpec};
+use shardplan_scheduler::profile::BytesPerParam;
+use shardplan_scheduler::size::format_bytes;
+
+pub fn analytic(args: AnalyticArgs) -> anyhow::Result<()> {
+    let model = ModelSpec::load(&args.model)?;
+    let catalog = match &args.catalog {
+        Some(path) => Catalog::load(path)?,
+        None => Catalog::bundled()?,
+    };
+    if !(args.overlap_slowdown >= 0.0 && args.overlap_slowdown.is_finite()) {
+        anyhow::bail!(
+            "--overlap-slowdown: expected a finite number >= 0, got {}",
+            args.overlap_slowdown
+        );
+    }
+    let options = AnalyticOptions {
+        seq_len: args.seq_len,
+        micro_batch: args.micro_batch,
+        mfu: args.mfu,
+        attention: match args.attention {
+            AttentionArg::Flash => Attention::Flash,
+            AttentionArg::Eager => Attention::Eager,
+        },
+        bytes_per_param: BytesPerParam {
+            param: args.param_bytes,
+            grad: args.grad_bytes,
+            optimizer: args.optimizer_bytes,
+        },
+        block_size_bytes: args.block_size,
+        overlap_slowdown: args.overlap_slowdown,
+        ..AnalyticOptions::new(&args.device, args.world_size)
+    };
+    let profile = analytic_profile(&model, &catalog, &options)?;
+    profile.save(&args.out)?;
+    let total_params: u64 = profile.units.iter().map(|u| u.params).sum();
+    let compute_us: f64 = profile
+        .units
+        .iter()
+        .map(|u| u.forward_us + u.backward_us)
+        .sum();
+    if args.json {
+        print_json(&json!({
+            "out": args.out,
+            "name": profile.name,
+            "digest": profile.digest(),
+            "units": profile.unit_count(),
+            "total_params": total_params,
+            "block_size_bytes": profile.block_size_bytes,
+            "compute_us": compute_us,
+        }));
+    } else {
+        println!(
+            "wrote {}: {} units, {:.3} B parameters, block size {}, compute {} per iteration",
+            args.out.display(),
+            profile.unit_count(),
+            total_params as f64 / 1e9,
+            format_bytes(profile.block_size_bytes as f64),
+            ms(compute_us)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,67 @@
+//! `shardplan simulate`.
+
+use crate::cli::{SemanticsArg, SimulateArgs};
+use crate::output::{ms, print_json};
+use serde_json::json;
+use shardplan_scheduler::io::write_atomic;
+use shardplan_scheduler::sim::{Semantics, chrome_trace, simulate};
+use shardplan_scheduler::size::format_bytes;
+
+pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
+    let (profile, plan, schedule) = super::load_plan(&args.profile, &args.plan)?;
+    let semantics = match args.semantics {
+        SemanticsArg::Strict => Semantics::Strict,
+        SemanticsArg::Relaxed => Semantics::Relaxed,
+    };
+    let sim = simulate(&profile, &schedule, semantics);
+    if let Some(path) = &args.trace {
+        let trace = serde_json::to_vec(&chrome_trace(&profile, &sim))?;
+        write_atomic(path, &trace)?;
+    }
+    let fits = plan
+        .memory_cap_bytes
+        .map(|cap| sim.peak_memory_bytes <= cap as f64);
+    if args.json {
+        print_json(&json!({
+            "semantics": semantics.name(),
+            "iteration_time_us": sim.iteration_time_us,
+            "compute_us": sim.compute_us,
+            "comm_us": sim.comm_us,
+            "exposed_comm_us": sim.exposed_comm_us,
+            "overlap_slowdown_us": sim.overlap_slowdown_us,
+            "peak_memory_bytes": sim.peak_memory_bytes.ceil() as u64,
+            "peak_slot": sim.peak_slot,
+            "memory_cap_bytes": plan.memory_cap_bytes,
+            "fits_cap": fits,
+            "slots": sim.slots,
+        }));
+    } else {
+        println!(
+            "plan {} ({}), {} semantics",
+            args.plan.display(),
+            plan.producer.name,
+            semantics.name()
+        );
+        println!("  iteration time   {}", ms(sim.iteration_time_us));
+        println!("  compute          {}", ms(sim.compute_us));
+        println!("  communication    {}", ms(sim.comm_us));
+        println!("  exposed comm     {}", ms(sim.exposed_comm_us));
+        println!("  overlap slowdown {}", ms(sim.overlap_slowdown_us));
+        println!(
+            "  peak memory      {} at {}",
+            format_bytes(sim.peak_memory_bytes),
+            sim.peak_slot
+        );
+        if let (Some(cap), Some(fits)) = (plan.memory_cap_bytes, fits) {
+            println!(
+                "  memory cap       {} ({})",
+                format_bytes(cap as f64),
+                if fits { "fits" } else { "EXCEEDED" }
+            );
+        }
+        if let Some(path) = &args.trace {
+            println!("  trace            {}", path.display());
+        }
+    }
+    Ok(())
+}

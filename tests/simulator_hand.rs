@@ -1,0 +1,219 @@
+//! Hand-computed simulator examples: every figure below is worked out in the comments from
+//! DESIGN §3 and compared with the simulator, in strict and relaxed semantics.
+
+mod common;
+
+use common::{affine, close, profile, schedule};
+use shardplan_scheduler::baselines::{BaselineKind, baseline};
+use shardplan_scheduler::sim::{Semantics, simulate};
+
+fn check(sim: &shardplan_scheduler::sim::Simulation, time: f64, durations: &[f64]) {
+    close(sim.iteration_time_us, time, "iteration time");
+    for (s, d) in sim.slots.iter().zip(durations) {
+        close(s.duration_us, *d, &format!("duration of {}", s.slot));
+    }
+    close(
+        sim.slots.iter().map(|s| s.duration_us).sum(),
+        time,
+        "sum of slot durations",
+    );
+}
+
+fn check_memory(sim: &shardplan_scheduler::sim::Simulation, memory: &[f64], peak_slot: &str) {
+    for (s, m) in sim.slots.iter().zip(memory) {
+        close(s.memory_bytes, *m, &format!("memory of {}", s.slot));
+    }
+    assert_eq!(sim.peak_slot, peak_slot);
+}
+
+/// Two replicated units (DDP). N = 2, p = g = 2, o = 4; one block each.
+/// u1: Ψ 100, f 10, b 20, act 1000, ws_f 50, ws_b 70. u2: Ψ 200, f 30, b 60, act 2000.
+/// AR curve t = 10 + bytes/100: AR1 = 10 + 200/100 = 12, AR2 = 10 + 400/100 = 14.
+/// Slots F1 F2 B2 B1 E; AR2 at B1, AR1 at E.
+#[test]
+fn ddp_two_units() {
+    let p = profile(
+        2,
+        1 << 20,
+        0.0,
+        0.0,
+        (2, 2, 4),
+        &[
+            (100, 10.0, 20.0, 1000, 100, 50, 70),
+            (200, 30.0, 60.0, 2000, 200, 0, 0),
+        ],
+        affine(1.0, 1.0),
+        affine(1.0, 1.0),
+        affine(10.0, 100.0),
+    );
+    let s = schedule(
+        &p,
+        r#"
+        [[units]]
+        name = "u1"
+        level = "none"
+        ar = [["E", 1]]
+        [[units]]
+        name = "u2"
+        level = "none"
+        ar = [["B1", 1]]
+    "#,
+    )
+    .unwrap();
+    // Strict: F1 10, F2 30, B2 60, B1 max(20, 14) = 20, E max(0, 12) = 12 → 132.
+    let strict = simulate(&p, &s, Semantics::Strict);
+    check(&strict, 132.0, &[10.0, 30.0, 60.0, 20.0, 12.0]);
+    close(strict.comm_us, 26.0, "comm");
+    close(strict.exposed_comm_us, 12.0, "exposed");
+    // Relaxed: E's compute is empty, so the next F1 could start at once, but a replicated unit's
+    // forward waits for its AllReduce (the optimizer step): F1 waits 12 then computes 10 → 22.
+    let relaxed = simulate(&p, &s, Semantics::Relaxed);
+    check(&relaxed, 132.0, &[22.0, 30.0, 60.0, 20.0, 0.0]);
+    // Memory: persistent Ψ(p+g+o) = 800 + 1600 = 2400 in every slot.
+    // F1: 2400 + act1 1000 + ws 50 = 3450; F2 and B2: 2400 + 1000 + 2000 = 5400;
+    // B1: 2400 + 1000 + ws 70 = 3470; E: 2400. Peak 5400 first reached at F2.
+    let memory = [3450.0, 5400.0, 5400.0, 3470.0, 2400.0];
+    check_memory(&strict, &memory, "F2");
+    check_memory(&relaxed, &memory, "F2");
+}
+
+/// Three units, N = 4, p = g = 2, o = 12, B = 400 bytes, κ = 0.1, E compute 5.
+/// u1 Ψ 400 (2 blocks of 400 B), f 10, b 20, act 1000, ckpt 100, ws 11/44: fsdp.
+/// u2 Ψ 200 (1 block of 400 B), f 20, b 40, act 2000, ckpt 200, ws 22/55: sdp, recompute.
+/// u3 Ψ 100 (1 block of 200 B), f 30, b 60, act 3000, ckpt 300, ws 33/66: none.
+/// Curves: AG 10 + B/10 (400 B → 50), RS 5 + B/20 (400 B → 25), AR 2 + B/100 (200 B → 4).
+/// u2's gather is launched at B1 together with its reduction: a gather launched in the previous
+/// iteration's backward (the cyclic case).
+fn mixed_profile() -> shardplan_scheduler::profile::Profile {
+    profile(
+        4,
+        400,
+        0.1,
+        5.0,
+        (2, 2, 12),
+        &[
+            (400, 10.0, 20.0, 1000, 100, 11, 44),
+            (200, 20.0, 40.0, 2000, 200, 22, 55),
+            (100, 30.0, 60.0, 3000, 300, 33, 66),
+        ],
+        affine(10.0, 10.0),
+        affine(5.0, 20.0),
+        affine(2.0, 100.0),
+    )
+}
+
+#[test]
+fn mixed_levels_with_recompute_and_a_cyclic_gather() {
+    let p = mixed_profile();
+    let s = schedule(
+        &p,
+        r#"
+        [[units]]
+        name = "u1"
+        level = "fsdp"
+        rs = [["E", 2]]
+        agf = [["E", 2]]
+        agb = [["F3", 1], ["B2", 1]]
+        [[units]]
+        name = "u2"
+        level = "sdp"
+        recompute = true
+        rs = [["B1", 1]]
+        ag = [["B1", 1]]
+        [[units]]
+        name = "u3"
+        level = "none"
+        ar = [["B2", 1]]
+    "#,
+    )
+    .unwrap();
+    // Compute: F1 10, F2 20, F3 30, B3 60, B2 40 + 20 (recompute) = 60, B1 20, E 5.
+    // Q: F3 50 (AGB1); B2 4 + 50 = 54; B1 25 + 50 = 75; E 2·25 + 2·50 = 150.
+    // Strict d = max(c + 0.1·Q, Q): 10, 20, max(35, 50) = 50, 60, max(65.4, 54) = 65.4,
+    // max(27.5, 75) = 75, max(20, 150) = 150 → T = 430.4.
+    let strict = simulate(&p, &s, Semantics::Strict);
+    check(&strict, 430.4, &[10.0, 20.0, 50.0, 60.0, 65.4, 75.0, 150.0]);
+    // Relaxed, stationary cycle: E's 150 µs of blocks start when the channel frees from B1's
+    // blocks; F1 waits for AGF1 (the end of E's blocks); then F1 10, F2 20, F3 35, B3 60,
+    // B2 65.4 bring B1's launch 190.4 later; B1's 75 µs of blocks delay E's blocks, whose
+    // launch (B1 compute 27.5 later) is earlier: period 190.4 + 75 + 150 = 415.4.
+    // Per slot (compute end minus previous compute end): F1 waits 167.5 then computes 10 = 187.5
+    // (E's compute ended 20 after E's launch, E's blocks end 150 + 37.5 after it), F2 20,
+    // F3 30 + 5 = 35, B3 60, B2 65.4, B1 20 + 7.5 = 27.5, E 5 + 15 = 20.
+    let relaxed = simulate(&p, &s, Semantics::Relaxed);
+    check(
+        &relaxed,
+        415.4,
+        &[187.5, 20.0, 35.0, 60.0, 65.4, 27.5, 20.0],
+    );
+    // Memory. Persistent: u1 400·16/4 = 1600, u2 200·16/4 = 800, u3 100·16 = 1600 → 4000.
+    // Gathered: AGF1 2×400 at E, F1; AGB1 block at F3 alive F3, B3, B2, B1, block at B2 alive
+    // B2, B1; AG2 400 from B1 around to B2 (every slot).
+    // Gradient: RS1 2×400 at B1, E; RS2 400 at B2, B1.
+    // Activations: u1 1000 on F1..B1; u2 ckpt 200 on F2..B2 plus act 2000 at B2; u3 3000 on F3, B3.
+    // F1 4000 + 1200 + 1000 + 11 = 6211     F2 4000 + 400 + 1200 + 22 = 5622
+    // F3 4000 + 800 + 4200 + 33 = 9033      B3 4000 + 800 + 4200 + 66 = 9066
+    // B2 4000 + 1200 + 400 + 3200 + 55 = 8855  B1 4000 + 1200 + 1200 + 1000 + 44 = 7444
+    // E  4000 + 1200 + 800 = 6000
+    let memory = [6211.0, 5622.0, 9033.0, 9066.0, 8855.0, 7444.0, 6000.0];
+    check_memory(&strict, &memory, "B3");
+    check_memory(&relaxed, &memory, "B3");
+    let b2 = &strict.slots[4].memory;
+    close(b2.persistent, 4000.0, "B2 persistent");
+    close(b2.gathered, 1200.0, "B2 gathered");
+    close(b2.gradient, 400.0, "B2 gradient");
+    close(b2.activation, 3200.0, "B2 activation");
+    close(b2.workspace, 55.0, "B2 workspace");
+}
+
+/// The fsdp1 baseline on the same profile: u1, u2 fsdp, u3 (the last) sdp, depth 1.
+#[test]
+fn fsdp1_baseline_placement_time_and_memory() {
+    let p = mixed_profile();
+    let b = baseline(&p, BaselineKind::Fsdp1, false, None).unwrap();
+    // Placement (depth 1): u1 RS E, AGF E (window {E}), AGB B2; u2 RS B1, AGF F1, AGB B3;
+    // u3 RS B2, AG F2.
+    let text = b.plan.to_toml();
+    for expected in [
+        r#"rs = [["E", 2]]"#,
+        r#"agf = [["E", 2]]"#,
+        r#"agb = [["B2", 2]]"#,
+        r#"rs = [["B1", 1]]"#,
+        r#"agf = [["F1", 1]]"#,
+        r#"agb = [["B3", 1]]"#,
+        r#"rs = [["B2", 1]]"#,
+        r#"ag = [["F2", 1]]"#,
+    ] {
+        assert!(text.contains(expected), "missing {expected} in\n{text}");
+    }
+    // u3 blocks carry 200 B: AG 10 + 20 = 30, RS 5 + 10 = 15.
+    // Q: F1 50, F2 30, F3 0, B3 50, B2 15 + 100 = 115, B1 25, E 150.
+    // d: max(15, 50) = 50, max(23, 30) = 30, 30, max(65, 50) = 65, max(51.5, 115) = 115,
+    // max(22.5, 25) = 25, max(20, 150) = 150 → 465.
+    check(
+        &b.simulation,
+        465.0,
+        &[50.0, 30.0, 30.0, 65.0, 115.0, 25.0, 150.0],
+    );
+    // Relaxed: every slot's compute waits on a chain through the one channel; the stationary
+    // cycle (E blocks → F1 → AGF2 → AG3 → F3 → B3/AGB2 → B2 → AGB1 → B1 → RS2 → E blocks) is
+    // also 465. Slot by slot: F1 147.5, F2 58, F3 37, B3 65, B2 51.5, B1 86, E 20.
+    let relaxed = simulate(&p, &b.schedule, Semantics::Relaxed);
+    check(
+        &relaxed,
+        465.0,
+        &[147.5, 58.0, 37.0, 65.0, 51.5, 86.0, 20.0],
+    );
+    // Memory. Persistent 1600 + 800 + 100·16/4 = 2800.
+    // Gathered: AGF1 800 at E, F1; AGB1 800 at B2, B1; AGF2 400 at F1, F2; AGB2 400 at B3, B2;
+    // AG3 200 at F2, F3, B3. Gradient: RS1 800 at B1, E; RS2 400 at B2, B1; RS3 200 at B3, B2.
+    // F1 2800 + 1200 + 1000 + 11 = 5011   F2 2800 + 600 + 3000 + 22 = 6422
+    // F3 2800 + 200 + 6000 + 33 = 9033    B3 2800 + 600 + 200 + 6000 + 66 = 9666
+    // B2 2800 + 1200 + 600 + 3000 + 55 = 7655  B1 2800 + 800 + 1200 + 1000 + 44 = 5844
+    // E  2800 + 800 + 800 = 4400
+    check_memory(
+        &b.simulation,
+        &[5011.0, 6422.0, 9033.0, 9666.0, 7655.0, 5844.0, 4400.0],
+        "B3",
+    );
+}
