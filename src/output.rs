@@ -10,7 +10,7 @@ pub fn print_json(value: &Value) {
     );
 }
 
-/// A plain text table with right-aligned numeric-looking cells.
+/// A plain text table: cells that start with a digit are right-aligned, the rest left-aligned.
 pub struct Table {
     header: Vec<String>,
     rows: Vec<Vec<String>>,

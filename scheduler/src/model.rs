@@ -104,14 +104,14 @@ impl ModelSpec {
                 return Err(Error::invalid(origin, field, "a positive integer, got 0"));
             }
         }
-        if self.hidden % self.heads != 0 {
+        if !self.hidden.is_multiple_of(self.heads) {
             return Err(Error::invalid(
                 origin,
                 "heads",
                 format!("a divisor of hidden = {}, got {}", self.hidden, self.heads),
             ));
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(Error::invalid(
                 origin,
                 "kv_heads",

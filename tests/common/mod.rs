@@ -94,3 +94,114 @@ pub fn close(actual: f64, expected: f64, what: &str) {
         "{what}: got {actual}, expected {expected}"
     );
 }
+
+/// SplitMix64: a tiny deterministic generator for building random instances from a seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in lo..=hi.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+
+    pub fn coin(&mut self) -> bool {
+        self.next() & 1 == 1
+    }
+}
+
+/// A random profile of `units` units with 1–3 blocks each (B = 1000 bytes, p = g = 2).
+pub fn random_profile(rng: &mut Rng, units: usize, kappa: f64) -> Profile {
+    let specs: Vec<UnitSpec> = (0..units)
+        .map(|_| {
+            let params = rng.range(100, 1500);
+            let f = rng.range(1, 100) as f64;
+            let act = rng.range(100, 5000);
+            (
+                params,
+                f,
+                2.0 * f,
+                act,
+                act / 10,
+                rng.range(0, 500),
+                rng.range(0, 500),
+            )
+        })
+        .collect();
+    let n = [2, 4, 8][rng.range(0, 2) as usize];
+    profile(
+        n,
+        1000,
+        kappa,
+        rng.range(0, 20) as f64,
+        (2, 2, 12),
+        &specs,
+        affine(rng.range(1, 20) as f64, rng.range(5, 50) as f64),
+        affine(rng.range(1, 20) as f64, rng.range(5, 50) as f64),
+        affine(rng.range(1, 20) as f64, rng.range(5, 50) as f64),
+    )
+}
+
+/// A random valid schedule: random levels (the last unit never fsdp), recompute flags, and
+/// each op's blocks spread over random slots of its window, reductions before gathers.
+pub fn random_schedule(rng: &mut Rng, profile: &Profile) -> Schedule {
+    use shardplan_scheduler::plan::{Launch, UnitSchedule};
+    use shardplan_scheduler::timeline::{Level, Op, Timeline};
+    let l = profile.unit_count();
+    let timeline = Timeline::new(l);
+    let spread = |rng: &mut Rng,
+                  nb: u32,
+                  positions: std::ops::RangeInclusive<usize>,
+                  op: Op,
+                  unit: usize| {
+        let window = timeline.window(unit, op.window_kind());
+        let mut counts = BTreeMap::new();
+        for _ in 0..nb {
+            let pos = rng.range(*positions.start() as u64, *positions.end() as u64) as usize;
+            *counts.entry(window.slot_at(pos)).or_insert(0u32) += 1;
+        }
+        counts
+            .into_iter()
+            .map(|(slot, blocks)| Launch { slot, blocks })
+            .collect::<Vec<_>>()
+    };
+    let units = (0..l)
+        .map(|unit| {
+            let level = match rng.range(0, if unit + 1 == l { 1 } else { 2 }) {
+                0 => Level::None,
+                1 => Level::Sdp,
+                _ => Level::Fsdp,
+            };
+            let nb = profile.blocks(unit);
+            let after = timeline.window(unit, Op::ReduceScatter.window_kind()).len - 1;
+            let boundary = rng.range(0, after as u64) as usize;
+            let mut launches = BTreeMap::new();
+            for &op in level.ops() {
+                let positions = match op {
+                    Op::AllReduce => 0..=after,
+                    Op::ReduceScatter => 0..=boundary,
+                    Op::Gather | Op::GatherForward => boundary..=after,
+                    Op::GatherBackward => 0..=timeline.window(unit, op.window_kind()).len - 1,
+                };
+                launches.insert(op, spread(rng, nb, positions, op, unit));
+            }
+            UnitSchedule {
+                level,
+                recompute: rng.coin(),
+                launches,
+            }
+        })
+        .collect();
+    let schedule = Schedule { units };
+    schedule
+        .validate(profile)
+        .expect("generated schedules are valid");
+    schedule
+}

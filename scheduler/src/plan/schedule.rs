@@ -29,6 +29,9 @@ pub struct Schedule {
     pub units: Vec<UnitSchedule>,
 }
 
+/// Sort key of a queue entry: (reduction 0 / gather 1, urgency rank, unit).
+type QueueKey = (u8, usize, usize);
+
 /// One entry of a slot's communication queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Queued {
@@ -163,8 +166,7 @@ impl Schedule {
     /// not matter.
     pub fn queues(&self) -> Vec<Vec<Queued>> {
         let timeline = self.timeline();
-        let mut keyed: Vec<Vec<((u8, usize, usize), Queued)>> =
-            vec![Vec::new(); timeline.slot_count()];
+        let mut keyed: Vec<Vec<(QueueKey, Queued)>> = vec![Vec::new(); timeline.slot_count()];
         for (unit, u) in self.units.iter().enumerate() {
             for (&op, launches) in &u.launches {
                 let window = timeline.window(unit, op.window_kind());

@@ -169,14 +169,14 @@ impl Profile {
             if u.params == 0 {
                 return bad(
                     format!("units[{k}].params"),
-                    "a positive parameter count, got 0".into(),
+                    format!("a positive parameter count for unit `{}`, got 0", u.name),
                 );
             }
             for (field, value) in [("forward_us", u.forward_us), ("backward_us", u.backward_us)] {
                 if !(value >= 0.0 && value.is_finite()) {
                     return bad(
                         format!("units[{k}].{field}"),
-                        format!("a finite time >= 0 µs, got {value}"),
+                        format!("a finite time >= 0 µs for unit `{}`, got {value}", u.name),
                     );
                 }
             }

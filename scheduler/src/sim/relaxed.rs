@@ -61,9 +61,9 @@ pub(super) fn run(schedule: &Schedule, inputs: &SlotInputs, kappa: f64) -> Timin
         let mut compute_start_us = Vec::with_capacity(slots);
         let mut duration_us = Vec::with_capacity(slots);
         let mut blocks = Vec::new();
-        for s in 0..slots {
+        for (s, opening) in window_opens.iter().enumerate() {
             let launch = compute_end;
-            for &(u, k) in &window_opens[s] {
+            for &(u, k) in opening {
                 ready[u][k] = f64::NEG_INFINITY;
             }
             for &(unit, op, t) in &inputs.queue[s] {

@@ -1,0 +1,330 @@
+//! The `shardplan` binary end to end: outputs, JSON fields, traces, errors and exit codes.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn shardplan(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_shardplan"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap()
+}
+
+fn ok_json(args: &[&str]) -> Value {
+    let out = shardplan(args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{args:?}: stdout is not one JSON object ({e})"))
+}
+
+/// Exit code and the single stderr line of a failing command.
+fn fails(args: &[&str]) -> (i32, String) {
+    let out = shardplan(args);
+    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    (out.status.code().unwrap(), stderr)
+}
+
+fn path(dir: &Path, name: &str) -> String {
+    dir.join(name).display().to_string()
+}
+
+fn analytic(dir: &Path, model: &str, n: &str) -> String {
+    let out = path(dir, &format!("{model}.toml"));
+    ok_json(&[
+        "profile",
+        "analytic",
+        "--model",
+        &format!("models/{model}.toml"),
+        "--device",
+        "h100-sxm",
+        "--world-size",
+        n,
+        "--out",
+        &out,
+        "--json",
+    ]);
+    out
+}
+
+#[test]
+fn profile_baseline_simulate_inspect_pipeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = analytic(dir.path(), "llama2-7b", "64");
+    let plan = path(dir.path(), "fsdp2.plan.toml");
+    let b = ok_json(&[
+        "baseline",
+        "--profile",
+        &profile,
+        "--kind",
+        "fsdp2",
+        "--memory-cap",
+        "80GiB",
+        "--out",
+        &plan,
+        "--json",
+    ]);
+    assert_eq!(b["fits_cap"], Value::Bool(true));
+    let trace = path(dir.path(), "trace.json");
+    for semantics in ["strict", "relaxed"] {
+        let sim = ok_json(&[
+            "simulate",
+            "--profile",
+            &profile,
+            "--plan",
+            &plan,
+            "--semantics",
+            semantics,
+            "--trace",
+            &trace,
+            "--json",
+        ]);
+        for field in [
+            "iteration_time_us",
+            "compute_us",
+            "comm_us",
+            "exposed_comm_us",
+            "peak_memory_bytes",
+        ] {
+            assert!(
+                sim[field].as_f64().is_some_and(|v| v >= 0.0),
+                "{semantics}: {field} = {}",
+                sim[field]
+            );
+        }
+        assert_eq!(sim["semantics"], semantics);
+        assert!(sim["peak_slot"].is_string());
+        if semantics == "strict" {
+            // The plan's recorded prediction is the strict simulation.
+            assert_eq!(sim["iteration_time_us"], b["iteration_time_us"]);
+        }
+        let trace: Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+        let events = trace["traceEvents"].as_array().unwrap();
+        for phase in ["M", "X", "C"] {
+            assert!(
+                events.iter().any(|e| e["ph"] == phase),
+                "trace has no {phase} event"
+            );
+        }
+    }
+    let inspect = shardplan(&["inspect", "--profile", &profile, "--plan", &plan]);
+    let text = String::from_utf8(inspect.stdout).unwrap();
+    assert!(
+        text.contains("block.32") && text.contains("memory peak") && text.contains("activation"),
+        "{text}"
+    );
+    let json = ok_json(&["inspect", "--profile", &profile, "--plan", &plan, "--json"]);
+    assert_eq!(json["units"].as_array().unwrap().len(), 34);
+}
+
+#[test]
+fn demo_runs_on_the_bundled_profile() {
+    let json = ok_json(&["demo", "--json"]);
+    assert!(json["methods"].as_array().unwrap().len() >= 6);
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    assert_eq!(
+        fails(&[
+            "baseline",
+            "--profile",
+            "x",
+            "--kind",
+            "ddp",
+            "--memory-cap",
+            "0GiB",
+            "--out",
+            "y"
+        ])
+        .0,
+        2
+    );
+    assert_eq!(
+        fails(&[
+            "baseline",
+            "--profile",
+            "x",
+            "--kind",
+            "ddp",
+            "--memory-cap",
+            "-5GiB",
+            "--out",
+            "y"
+        ])
+        .0,
+        2
+    );
+    assert_eq!(
+        fails(&[
+            "profile",
+            "analytic",
+            "--model",
+            "m",
+            "--device",
+            "d",
+            "--world-size",
+            "0",
+            "--out",
+            "o"
+        ])
+        .0,
+        2
+    );
+    assert_eq!(fails(&["simulate", "--profile", "x"]).0, 2);
+}
+
+#[test]
+fn bad_inputs_exit_1_with_one_line_naming_file_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = analytic(dir.path(), "gpt2-small", "8");
+    let out = path(dir.path(), "never.toml");
+
+    let (code, msg) = fails(&[
+        "baseline",
+        "--profile",
+        "missing.toml",
+        "--kind",
+        "ddp",
+        "--out",
+        &out,
+    ]);
+    assert_eq!((code, msg.lines().count()), (1, 1), "{msg}");
+    assert!(msg.contains("missing.toml: cannot read"), "{msg}");
+
+    let (code, msg) = fails(&[
+        "profile",
+        "analytic",
+        "--model",
+        "models/gpt2-small.toml",
+        "--device",
+        "tpu-v9",
+        "--world-size",
+        "8",
+        "--out",
+        &out,
+    ]);
+    assert_eq!(code, 1);
+    assert!(msg.contains("h100-sxm") && msg.contains("tpu-v9"), "{msg}");
+
+    let text = std::fs::read_to_string(&profile).unwrap();
+    let broken = path(dir.path(), "broken.toml");
+    std::fs::write(&broken, text.replacen("forward_us = ", "forward_us = -", 2)).unwrap();
+    let (code, msg) = fails(&[
+        "baseline",
+        "--profile",
+        &broken,
+        "--kind",
+        "ddp",
+        "--out",
+        &out,
+    ]);
+    assert_eq!(code, 1);
+    assert!(
+        msg.contains("broken.toml") && msg.contains("units[1].forward_us"),
+        "{msg}"
+    );
+
+    std::fs::write(&broken, text.replacen("params = ", "parameters = ", 1)).unwrap();
+    let (code, msg) = fails(&[
+        "baseline",
+        "--profile",
+        &broken,
+        "--kind",
+        "ddp",
+        "--out",
+        &out,
+    ]);
+    assert_eq!(code, 1);
+    assert!(
+        msg.contains("broken.toml:") && msg.contains("parameters"),
+        "{msg}"
+    );
+
+    let (code, msg) = fails(&[
+        "baseline",
+        "--profile",
+        &profile,
+        "--kind",
+        "zero4",
+        "--out",
+        &out,
+    ]);
+    assert_eq!(code, 1);
+    assert!(msg.contains("zero4") && msg.contains("best-grid"), "{msg}");
+    assert!(!Path::new(&out).exists(), "a failed command left an output");
+}
+
+#[test]
+fn plans_are_bound_to_their_profile_and_checked_against_the_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = analytic(dir.path(), "gpt2-small", "8");
+    let other = analytic(dir.path(), "gpt2-xl", "8");
+    let plan = path(dir.path(), "p.toml");
+    ok_json(&[
+        "baseline",
+        "--profile",
+        &small,
+        "--kind",
+        "zero2",
+        "--out",
+        &plan,
+        "--json",
+    ]);
+
+    let (code, msg) = fails(&["simulate", "--profile", &other, "--plan", &plan]);
+    assert_eq!(code, 1);
+    assert!(msg.contains("made for profile sha256:"), "{msg}");
+
+    // Move block.3's gather onto its own forward slot: outside its window.
+    let text = std::fs::read_to_string(&plan).unwrap();
+    let start = text.find("name = \"block.3\"").unwrap();
+    let ag = start + text[start..].find("ag = [[\"").unwrap();
+    let end = ag + text[ag..].find('\n').unwrap();
+    let bad = format!("{}ag = [[\"F4\", 1]]{}", &text[..ag], &text[end..]);
+    let bad_path = path(dir.path(), "bad.toml");
+    std::fs::write(&bad_path, bad).unwrap();
+    let (code, msg) = fails(&["simulate", "--profile", &small, "--plan", &bad_path]);
+    assert_eq!(code, 1);
+    assert!(
+        msg.contains("unit 4 `block.3`")
+            && msg.contains("AG at F4")
+            && msg.contains("outside its window"),
+        "{msg}"
+    );
+
+    let unknown_slot = text.replacen("[[\"", "[[\"Q", 1);
+    std::fs::write(&bad_path, unknown_slot).unwrap();
+    let (code, msg) = fails(&["simulate", "--profile", &small, "--plan", &bad_path]);
+    assert_eq!(code, 1);
+    assert!(
+        msg.contains("bad.toml:") && msg.contains("F<i>, B<i> or E"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn best_grid_with_an_impossible_cap_exits_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = analytic(dir.path(), "gpt2-small", "8");
+    let out = PathBuf::from(path(dir.path(), "p.toml"));
+    let (code, msg) = fails(&[
+        "baseline",
+        "--profile",
+        &profile,
+        "--kind",
+        "best-grid",
+        "--memory-cap",
+        "1MiB",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 3, "{msg}");
+    assert!(msg.contains("smallest grid peak"), "{msg}");
+    assert!(!out.exists());
+}

@@ -1,0 +1,97 @@
+//! Property tests of the simulator on random valid plans: relaxed never slower than strict, a
+//! plan survives its own file format, and every rule-breaking mutation is rejected.
+
+mod common;
+
+use common::{Rng, random_profile, random_schedule};
+use proptest::prelude::*;
+use shardplan_scheduler::Error;
+use shardplan_scheduler::plan::{Launch, Plan, Producer, plan_with_prediction};
+use shardplan_scheduler::sim::{Semantics, simulate};
+use shardplan_scheduler::timeline::{Level, Op};
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn relaxed_is_never_slower_than_strict(seed in any::<u64>(), units in 1usize..7, kappa in prop::sample::select(vec![0.0, 0.1, 0.5])) {
+        let mut rng = Rng(seed);
+        let profile = random_profile(&mut rng, units, kappa);
+        let schedule = random_schedule(&mut rng, &profile);
+        let strict = simulate(&profile, &schedule, Semantics::Strict);
+        let relaxed = simulate(&profile, &schedule, Semantics::Relaxed);
+        prop_assert!(relaxed.iteration_time_us <= strict.iteration_time_us * (1.0 + 1e-12) + 1e-9,
+            "relaxed {} > strict {}", relaxed.iteration_time_us, strict.iteration_time_us);
+        // Strict time is never below the compute alone nor below the communication alone.
+        prop_assert!(strict.iteration_time_us + 1e-9 >= strict.compute_us.max(strict.comm_us));
+        prop_assert!(relaxed.iteration_time_us + 1e-9 >= relaxed.compute_us);
+    }
+
+    #[test]
+    fn plans_round_trip_through_toml(seed in any::<u64>(), units in 1usize..7) {
+        let mut rng = Rng(seed);
+        let profile = random_profile(&mut rng, units, 0.0);
+        let schedule = random_schedule(&mut rng, &profile);
+        let (plan, _) = plan_with_prediction(&profile, &schedule, Producer { name: "random".into(), details: Default::default() }, None);
+        let parsed: Plan = shardplan_scheduler::io::parse_toml(&plan.to_toml(), "round trip").unwrap();
+        prop_assert_eq!(&parsed, &plan);
+        prop_assert_eq!(parsed.schedule(&profile, "round trip").unwrap(), schedule);
+    }
+
+    #[test]
+    fn every_rule_breaking_mutation_is_rejected(seed in any::<u64>(), units in 2usize..7, which in 0usize..8) {
+        let mut rng = Rng(seed);
+        let profile = random_profile(&mut rng, units, 0.0);
+        let mut schedule = random_schedule(&mut rng, &profile);
+        let timeline = schedule.timeline();
+        let unit = rng.range(0, units as u64 - 1) as usize;
+        let level = schedule.units[unit].level;
+        let op = level.ops()[rng.range(0, level.ops().len() as u64 - 1) as usize];
+        let launches = schedule.units[unit].launches.get_mut(&op).unwrap();
+        match which {
+            // Window: a launch moved onto the unit's own F_i (an end point of both windows).
+            0 => launches[0].slot = timeline.forward(unit),
+            // Coverage: one block too many, then one too few.
+            1 => launches[0].blocks += 1,
+            2 => if launches[0].blocks > 1 { launches[0].blocks -= 1 } else { launches.remove(0); },
+            // A zero-block launch.
+            3 => launches[0].blocks = 0,
+            // The same slot listed twice.
+            4 => { let first = launches[0]; launches.push(first); }
+            // An op of another level.
+            5 => {
+                let foreign = if level == Level::None { Op::ReduceScatter } else { Op::AllReduce };
+                let slot = timeline.window(unit, Op::AllReduce.window_kind()).slot_at(0);
+                schedule.units[unit].launches.insert(foreign, vec![Launch { slot, blocks: 1 }]);
+            }
+            // The last unit made fsdp (its backward-gather window is empty).
+            6 => {
+                let last = units - 1;
+                let u = &mut schedule.units[last];
+                let nb = profile.blocks(last);
+                let slot = timeline.window(last, Op::ReduceScatter.window_kind()).slot_at(0);
+                u.level = Level::Fsdp;
+                u.launches = [(Op::ReduceScatter, slot), (Op::GatherForward, slot)]
+                    .into_iter().map(|(op, slot)| (op, vec![Launch { slot, blocks: nb }])).collect();
+            }
+            // Order: a forward gather before the unit's last reduction block (needs a unit past
+            // the first, whose window has at least 3 slots).
+            _ => {
+                let target = units - 1;
+                let nb = profile.blocks(target);
+                let window = timeline.window(target, Op::ReduceScatter.window_kind());
+                let u = &mut schedule.units[target];
+                u.level = Level::Sdp;
+                u.launches = [(Op::ReduceScatter, window.len - 1), (Op::Gather, 0)]
+                    .into_iter().map(|(op, pos)| (op, vec![Launch { slot: window.slot_at(pos), blocks: nb }])).collect();
+            }
+        }
+        let result = schedule.validate(&profile);
+        let expected = ["outside its window", "(coverage)", "(coverage)", "at least one block", "listed twice",
+            "not an op of level", "window is empty", "order rule"][which];
+        match result {
+            Err(e @ Error::Rule { .. }) => prop_assert!(e.to_string().contains(expected), "mutation {}: {}", which, e),
+            other => prop_assert!(false, "mutation {} accepted or wrong error: {:?}", which, other),
+        }
+    }
+}
