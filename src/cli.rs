@@ -19,6 +19,9 @@ pub enum Command {
     /// Build a profile of a model on a cluster.
     #[command(subcommand)]
     Profile(ProfileCommand),
+    /// Solve for the plan (levels, recompute, launch slots) that minimises iteration time under a
+    /// memory cap, or peak memory under a time ceiling.
+    Solve(SolveArgs),
     /// Write the plan of a baseline (ddp, zero2, fsdp1, fsdp2, zero3, best-grid).
     Baseline(BaselineArgs),
     /// Simulate a plan: iteration time, communication, per-slot memory, optional trace.
@@ -146,6 +149,47 @@ pub struct DemoArgs {
     /// Write each plan and the traces into this directory.
     #[arg(long)]
     pub out_dir: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq)]
+pub enum ObjectiveArg {
+    Time,
+    Memory,
+}
+
+#[derive(Args, Debug)]
+pub struct SolveArgs {
+    #[arg(long)]
+    pub profile: PathBuf,
+    /// Per-rank memory cap (required for --objective time).
+    #[arg(long, value_parser = bytes_arg)]
+    pub memory_cap: Option<u64>,
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Seconds HiGHS may spend (all phases together).
+    #[arg(long, default_value_t = 60.0)]
+    pub time_limit: f64,
+    /// Relative MIP gap at which to stop.
+    #[arg(long, default_value_t = 1e-4)]
+    pub gap: f64,
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    pub threads: u32,
+    /// Limit windows: gathers in the last D slots, reductions in the first D (D >= 1).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub window_depth: Option<u64>,
+    /// Solve the full windows directly instead of the two-phase strategy.
+    #[arg(long)]
+    pub single_phase: bool,
+    #[arg(long, value_enum, default_value_t = ObjectiveArg::Time)]
+    pub objective: ObjectiveArg,
+    /// With --objective memory: the iteration-time ceiling (8.5s, 900ms, 1200us).
+    #[arg(long, value_parser = shardplan_scheduler::size::parse_duration_us)]
+    pub max_iteration_time: Option<f64>,
+    /// Never recompute activations.
+    #[arg(long)]
+    pub no_recompute: bool,
     #[arg(long)]
     pub json: bool,
 }

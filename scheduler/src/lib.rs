@@ -9,6 +9,7 @@ pub mod cost;
 pub mod curve;
 pub mod error;
 pub mod hardware;
+pub mod ilp;
 pub mod io;
 pub mod model;
 pub mod plan;

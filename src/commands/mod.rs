@@ -5,6 +5,7 @@ mod demo;
 mod inspect;
 mod profile;
 mod simulate;
+mod solve;
 
 use crate::cli::{Cli, Command, ProfileCommand};
 use shardplan_scheduler::plan::{Plan, Schedule};
@@ -14,6 +15,7 @@ use std::path::Path;
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Profile(ProfileCommand::Analytic(args)) => profile::analytic(args),
+        Command::Solve(args) => solve::run(args),
         Command::Baseline(args) => baseline::run(args),
         Command::Simulate(args) => simulate::run(args),
         Command::Inspect(args) => inspect::run(args),

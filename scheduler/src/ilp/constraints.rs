@@ -1,0 +1,228 @@
+//! The constraint families of DESIGN §4, one function each, in the design's notation.
+//! Units i, slots s, window positions k; nb_i blocks per op; κ the overlap slowdown.
+
+use super::variables::{Col, OpVars, UnitVars};
+use crate::profile::Profile;
+use crate::timeline::{Level, Timeline};
+use good_lp::{Constraint, Expression, constraint};
+
+/// One level per unit: Σ_ℓ y_{i,ℓ} = 1.
+pub(super) fn one_level_per_unit(units: &[UnitVars]) -> Vec<Constraint> {
+    units
+        .iter()
+        .map(|u| {
+            constraint!(u.level(Level::None) + u.level(Level::Sdp) + u.level(Level::Fsdp) == 1)
+        })
+        .collect()
+}
+
+/// Running sums: C_{i,op,k} = C_{i,op,k⁻} + x_{i,op,k}, k⁻ the previous allowed position
+/// (C = x at the first).
+pub(super) fn cumulative_counts(units: &[UnitVars]) -> Vec<Constraint> {
+    let mut rows = Vec::new();
+    for op in units.iter().flat_map(UnitVars::ops) {
+        for (k, (c, x)) in op.cumulative.iter().zip(&op.launches).enumerate() {
+            let previous: Expression = if k == 0 {
+                Expression::default()
+            } else {
+                op.cumulative[k - 1].var.into()
+            };
+            rows.push(constraint!(c.var == previous + x.var));
+        }
+    }
+    rows
+}
+
+/// Coverage: Σ_k x_{i,op,k} = nb_i · y_{i,level(op)}, i.e. C_{i,op,last} = nb_i·y. RS and FG
+/// run at both sharded levels (y_sdp + y_fsdp), AR only at none, BG only at fsdp.
+pub(super) fn coverage(units: &[UnitVars]) -> Vec<Constraint> {
+    let mut rows = Vec::new();
+    for u in units {
+        let nb = f64::from(u.blocks);
+        rows.push(constraint!(u.rs.total().var == nb * u.sharded()));
+        rows.push(constraint!(u.fg.total().var == nb * u.sharded()));
+        if let Some(ar) = &u.ar {
+            rows.push(constraint!(ar.total().var == nb * u.level(Level::None)));
+        }
+        if let Some(bg) = &u.bg {
+            rows.push(constraint!(bg.total().var == nb * u.level(Level::Fsdp)));
+        }
+    }
+    rows
+}
+
+/// The RS→AG order as a boundary per unit, Z_{i,k} = [boundary ≤ k], monotone in k:
+///   Z_{i,k} ≥ Z_{i,k−1};
+///   x_{i,RS,k} ≤ nb_i·(1 − Z_{i,k−1})   (a reduction at k needs boundary ≥ k);
+///   x_{i,FG,k} ≤ nb_i·Z_{i,k}           (a forward gather at k needs boundary ≤ k).
+/// Positions outside the overlap of the two ops' allowed ranges need no row.
+pub(super) fn reductions_before_gathers(units: &[UnitVars]) -> Vec<Constraint> {
+    let mut rows = Vec::new();
+    for u in units {
+        let nb = f64::from(u.blocks);
+        let z = |k: usize| u.boundary.iter().find(|(p, _)| *p == k).map(|(_, c)| c.var);
+        for pair in u.boundary.windows(2) {
+            rows.push(constraint!(pair[1].1.var >= pair[0].1.var));
+        }
+        for (&k, x) in u.rs.positions.iter().zip(&u.rs.launches) {
+            if let Some(previous) = k.checked_sub(1).and_then(z) {
+                rows.push(constraint!(x.var <= nb - nb * previous));
+            }
+        }
+        for (&k, x) in u.fg.positions.iter().zip(&u.fg.launches) {
+            if let Some(zk) = z(k) {
+                rows.push(constraint!(x.var <= nb * zk));
+            }
+        }
+    }
+    rows
+}
+
+/// Q_s = Σ_{i,op,k: slot(k) = s} t_{i,op} · x_{i,op,k}: communication launched at each slot.
+pub(super) fn communication_per_slot(units: &[UnitVars], slots: usize) -> Vec<Expression> {
+    let mut q = vec![Expression::default(); slots];
+    for op in units.iter().flat_map(UnitVars::ops) {
+        for (&k, x) in op.positions.iter().zip(&op.launches) {
+            q[op.window.slot_at(k)].add_mul(op.block_time_us, x.var);
+        }
+    }
+    q
+}
+
+/// c_s: f_i at F_i, b_i + f_i·r_i at B_i, the extra time at E.
+pub(super) fn compute_per_slot(
+    profile: &Profile,
+    units: &[UnitVars],
+    timeline: Timeline,
+) -> Vec<Expression> {
+    (0..timeline.slot_count())
+        .map(|s| match timeline.compute_unit(s) {
+            None => Expression::from(profile.iteration_extra_us),
+            Some(i) if s == timeline.forward(i) => Expression::from(profile.units[i].forward_us),
+            Some(i) => {
+                let p = &profile.units[i];
+                let mut c = Expression::from(p.backward_us);
+                if let Some(r) = units[i].recompute {
+                    c.add_mul(p.forward_us, r.var);
+                }
+                c
+            }
+        })
+        .collect()
+}
+
+/// Slot durations: d_s ≥ c_s + κ·Q_s and d_s ≥ Q_s.
+pub(super) fn slot_durations(
+    durations: &[Col],
+    compute: &[Expression],
+    comm: &[Expression],
+    kappa: f64,
+) -> Vec<Constraint> {
+    let mut rows = Vec::new();
+    for ((d, c), q) in durations.iter().zip(compute).zip(comm) {
+        rows.push(constraint!(d.var >= c.clone() + kappa * q.clone()));
+        rows.push(constraint!(d.var >= q.clone()));
+    }
+    rows
+}
+
+/// Adds blk·C_{op}(pos) to `m` (the blocks of `op` launched at positions ≤ pos).
+fn add_launched_up_to(m: &mut Expression, op: &OpVars, pos: usize, scale: f64) {
+    if let Some(c) = op.cumulative_at(pos) {
+        m.add_mul(scale * op.block_bytes, c.var);
+    }
+}
+
+/// M_s, the memory of slot s (DESIGN §3), with cumulative counts:
+///
+/// ```text
+/// M_s = Σ_i Ψ_i(p+g+o)·(y_{i,none} + (y_{i,sdp} + y_{i,fsdp})/N)
+///     + gathered: s ∈ (B_i, F_i) at k:  blk_p·C_{i,FG,k}
+///                 s = F_i or s = B_i:   Ψ_i·p·(y_sdp + y_fsdp)
+///                 s ∈ (F_i, B_i) at k:  Ψ_i·p·y_sdp + blk_p·C_{i,BG,k}
+///     + gradient: s = B_i:              Ψ_i·g·(y_sdp + y_fsdp)
+///                 s ∈ (B_i, F_i) at k:  Ψ_i·g·(y_sdp + y_fsdp) − blk_g·C_{i,RS,k−1}
+///     + saved:    F_i ≤ s < B_i:        act_i − (act_i − ckpt_i)·r_i
+///                 s = B_i:              act_i + ckpt_i·r_i
+///     + ws(s)
+/// ```
+///
+/// Every term is divided by `scale` (the cap) to keep the row well conditioned.
+pub(super) fn memory_per_slot(
+    profile: &Profile,
+    units: &[UnitVars],
+    timeline: Timeline,
+    scale: f64,
+) -> Vec<Expression> {
+    let b = profile.bytes_per_param;
+    let mut rows = vec![Expression::default(); timeline.slot_count()];
+    for (s, m) in rows.iter_mut().enumerate() {
+        for (i, u) in units.iter().enumerate() {
+            let p = &profile.units[i];
+            let (forward, backward) = (timeline.forward(i), timeline.backward(i));
+            let params_p = (p.params * b.param) as f64 / scale;
+            let params_g = (p.params * b.grad) as f64 / scale;
+            m.add_mul(u.persistent_full / scale, u.level(Level::None));
+            m.add_mul(u.persistent_sharded / scale, u.sharded());
+            if let Some(k) = u.fg.window.position(s) {
+                add_launched_up_to(m, &u.fg, k, 1.0 / scale);
+                m.add_mul(params_g, u.sharded());
+                if let Some(before) = k.checked_sub(1) {
+                    add_launched_up_to(m, &u.rs, before, -1.0 / scale);
+                }
+            } else if s == forward || s == backward {
+                m.add_mul(params_p, u.sharded());
+            } else if let Some(bg) = &u.bg {
+                let k = bg
+                    .window
+                    .position(s)
+                    .expect("(F_i, B_i) covers the slots between them");
+                m.add_mul(params_p, u.level(Level::Sdp));
+                add_launched_up_to(m, bg, k, 1.0 / scale);
+            } else {
+                m.add_mul(params_p, u.level(Level::Sdp));
+            }
+            if s == backward {
+                m.add_mul(params_g, u.sharded());
+            }
+            if (forward..=backward).contains(&s) {
+                let (act, ckpt) = (
+                    p.activation_bytes as f64 / scale,
+                    p.checkpoint_activation_bytes as f64 / scale,
+                );
+                *m += act;
+                if let Some(r) = u.recompute {
+                    m.add_mul(if s == backward { ckpt } else { ckpt - act }, r.var);
+                }
+            }
+            if s == forward {
+                *m += p.forward_workspace_bytes as f64 / scale;
+            }
+            if s == backward {
+                *m += p.backward_workspace_bytes as f64 / scale;
+            }
+        }
+    }
+    rows
+}
+
+/// The memory cap, scaled: M_s / M ≤ 1 − margin for every slot s.
+pub(super) fn memory_cap(memory: Vec<Expression>, margin: f64) -> Vec<Constraint> {
+    memory
+        .into_iter()
+        .map(|m| constraint!(m <= 1.0 - margin))
+        .collect()
+}
+
+/// The peak of the memory objective: M_s ≤ P for every slot s.
+pub(super) fn memory_peak(memory: Vec<Expression>, peak: Col) -> Vec<Constraint> {
+    memory
+        .into_iter()
+        .map(|m| constraint!(m <= peak.var))
+        .collect()
+}
+
+/// The time ceiling of the memory objective: Σ_s d_s ≤ T_max.
+pub(super) fn time_ceiling(durations: &[Col], ceiling_us: f64) -> Constraint {
+    constraint!(durations.iter().map(|d| d.var).sum::<Expression>() <= ceiling_us)
+}

@@ -1,0 +1,134 @@
+//! Between schedules and column values: a schedule as a warm start, a solution as a schedule,
+//! and the ILP's own evaluation of an integer solution (for the consistency check).
+
+use super::variables::{OpVars, UnitVars};
+use crate::plan::{Launch, Schedule, UnitSchedule};
+use crate::profile::Profile;
+use crate::timeline::{Level, Op, Timeline};
+use std::collections::BTreeMap;
+
+/// The ILP op that carries a schedule op.
+fn op_vars(u: &UnitVars, op: Op) -> Option<&OpVars> {
+    match op {
+        Op::AllReduce => u.ar.as_ref(),
+        Op::ReduceScatter => Some(&u.rs),
+        Op::Gather | Op::GatherForward => Some(&u.fg),
+        Op::GatherBackward => u.bg.as_ref(),
+    }
+}
+
+/// Column values of `schedule` (durations excluded; see [`slot_terms`]), or None when the
+/// schedule uses a level or position the model does not have (a window limit, a pruned level).
+pub(super) fn schedule_values(
+    units: &[UnitVars],
+    schedule: &Schedule,
+    columns: usize,
+) -> Option<Vec<f64>> {
+    let mut values = vec![0.0; columns];
+    for (u, s) in units.iter().zip(&schedule.units) {
+        let level = match s.level {
+            Level::None => u.none?,
+            Level::Sdp => u.sdp,
+            Level::Fsdp => u.fsdp?,
+        };
+        values[level.index] = 1.0;
+        if s.recompute {
+            values[u.recompute?.index] = 1.0;
+        }
+        for (&op, launches) in &s.launches {
+            let vars = op_vars(u, op)?;
+            for l in launches {
+                let pos = vars.window.position(l.slot)?;
+                let k = vars.positions.iter().position(|&p| p == pos)?;
+                values[vars.launches[k].index] += f64::from(l.blocks);
+            }
+            let mut running = 0.0;
+            for (x, c) in vars.launches.iter().zip(&vars.cumulative) {
+                running += values[x.index];
+                values[c.index] = running;
+            }
+        }
+        // Boundary: the last reduction position (for a replicated unit, the last candidate).
+        let last_rs = s
+            .launches
+            .get(&Op::ReduceScatter)
+            .and_then(|l| l.iter().filter_map(|l| u.rs.window.position(l.slot)).max());
+        let boundary = last_rs.unwrap_or(usize::MAX);
+        for &(k, z) in &u.boundary {
+            values[z.index] = if boundary <= k { 1.0 } else { 0.0 };
+        }
+    }
+    Some(values)
+}
+
+/// Reads the schedule out of a solution's column values (integers rounded).
+pub(super) fn schedule_from_values(units: &[UnitVars], values: &[f64]) -> Schedule {
+    let on = |c: Option<super::variables::Col>| c.is_some_and(|c| values[c.index] > 0.5);
+    let units = units
+        .iter()
+        .map(|u| {
+            let level = if on(u.none) {
+                Level::None
+            } else if on(u.fsdp) {
+                Level::Fsdp
+            } else {
+                Level::Sdp
+            };
+            let launches = level
+                .ops()
+                .iter()
+                .map(|&op| {
+                    let vars = op_vars(u, op).expect("the level's ops have variables");
+                    let list = vars
+                        .positions
+                        .iter()
+                        .zip(&vars.launches)
+                        .filter_map(|(&pos, x)| {
+                            let blocks = values[x.index].round() as u32;
+                            (blocks > 0).then(|| Launch {
+                                slot: vars.window.slot_at(pos),
+                                blocks,
+                            })
+                        })
+                        .collect();
+                    (op, list)
+                })
+                .collect::<BTreeMap<_, _>>();
+            UnitSchedule {
+                level,
+                recompute: on(u.recompute),
+                launches,
+            }
+        })
+        .collect();
+    Schedule { units }
+}
+
+/// Per slot (c_s, Q_s) of an integer solution, from the ILP's own coefficients.
+pub(super) fn slot_terms(profile: &Profile, units: &[UnitVars], values: &[f64]) -> Vec<(f64, f64)> {
+    let timeline = Timeline::new(units.len());
+    let mut terms: Vec<(f64, f64)> = (0..timeline.slot_count())
+        .map(|s| {
+            let c = match timeline.compute_unit(s) {
+                None => profile.iteration_extra_us,
+                Some(i) if s == timeline.forward(i) => profile.units[i].forward_us,
+                Some(i) => {
+                    let r = units[i].recompute.map_or(0.0, |r| values[r.index].round());
+                    profile.units[i].backward_us + r * profile.units[i].forward_us
+                }
+            };
+            (c, 0.0)
+        })
+        .collect();
+    for op in units.iter().flat_map(UnitVars::ops) {
+        for (&pos, x) in op.positions.iter().zip(&op.launches) {
+            terms[op.window.slot_at(pos)].1 += op.block_time_us * values[x.index].round();
+        }
+    }
+    terms
+}
+
+/// T = Σ_s max(c_s + κ·Q_s, Q_s): the objective of an integer solution with tight durations.
+pub(super) fn tight_time(terms: &[(f64, f64)], kappa: f64) -> f64 {
+    terms.iter().map(|&(c, q)| (c + kappa * q).max(q)).sum()
+}

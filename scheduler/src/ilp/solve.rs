@@ -1,0 +1,418 @@
+//! Driving HiGHS: build, warm-start, solve, read status, bound and gap, check the answer against
+//! the strict simulator, and explain infeasible caps.
+
+use super::constraints::{
+    communication_per_slot, compute_per_slot, coverage, cumulative_counts, memory_cap, memory_peak,
+    memory_per_slot, one_level_per_unit, reductions_before_gathers, slot_durations, time_ceiling,
+};
+use super::mapping::{schedule_from_values, schedule_values, slot_terms, tight_time};
+use super::variables::{Columns, UnitVars, declare_units};
+use super::{Objective, PhaseReport, SolveOptions, SolveReport, SolveStatus, Solved};
+use crate::baselines::{BaselineKind, baseline};
+use crate::plan::Schedule;
+use crate::profile::Profile;
+use crate::sim::{Semantics, Simulation, memory_by_slot, simulate};
+use crate::size::format_bytes;
+use crate::timeline::Timeline;
+use crate::{Error, Result};
+use good_lp::{Constraint, Expression, ProblemVariables, SolverModel};
+use highs::HighsModelStatus;
+use std::time::Instant;
+
+/// Memory rows keep this relative margin below the cap, so that a solution within HiGHS'
+/// feasibility tolerance (1e-9 of the cap, set below) still fits the cap exactly.
+const CAP_MARGIN: f64 = 1e-8;
+/// HiGHS primal and integer feasibility tolerance.
+const FEASIBILITY_TOLERANCE: f64 = 1e-9;
+/// Window depth of the first phase of the two-phase strategy.
+const PHASE_ONE_DEPTH: usize = 4;
+/// Integer columns (full windows) above which the two-phase strategy pays.
+const TWO_PHASE_MIN_INTEGERS: usize = 3000;
+/// Relative agreement required between the ILP's objective and the strict simulation.
+const CONSISTENCY: f64 = 1e-6;
+
+/// The model of one phase, ready for HiGHS.
+struct Built {
+    columns: usize,
+    integers: usize,
+    units: Vec<UnitVars>,
+    durations: Vec<super::variables::Col>,
+    peak: Option<super::variables::Col>,
+    problem: ProblemVariables,
+    objective: Expression,
+    constraints: Vec<Constraint>,
+    memory_scale: f64,
+}
+
+fn build(profile: &Profile, options: &SolveOptions) -> Built {
+    let timeline = Timeline::new(profile.unit_count());
+    let mut columns = Columns {
+        problem: ProblemVariables::new(),
+        count: 0,
+        integer: 0,
+    };
+    let cap = options.memory_cap_bytes.map(|c| c as f64);
+    let units = declare_units(&mut columns, profile, options, cap);
+    let durations: Vec<_> = (0..timeline.slot_count())
+        .map(|_| columns.continuous())
+        .collect();
+    let memory_scale = cap.unwrap_or_else(|| memory_magnitude(profile));
+    let mut constraints = one_level_per_unit(&units);
+    constraints.extend(cumulative_counts(&units));
+    constraints.extend(coverage(&units));
+    constraints.extend(reductions_before_gathers(&units));
+    let comm = communication_per_slot(&units, timeline.slot_count());
+    let compute = compute_per_slot(profile, &units, timeline);
+    constraints.extend(slot_durations(
+        &durations,
+        &compute,
+        &comm,
+        profile.overlap_slowdown,
+    ));
+    let iteration_time: Expression = durations.iter().map(|d| d.var).sum();
+    let memory = memory_per_slot(profile, &units, timeline, memory_scale);
+    let (objective, peak) = match options.objective {
+        Objective::Time => {
+            constraints.extend(memory_cap(memory, CAP_MARGIN));
+            (iteration_time, None)
+        }
+        Objective::Memory {
+            max_iteration_time_us,
+        } => {
+            let peak = columns.continuous();
+            if cap.is_some() {
+                constraints.extend(memory_cap(memory.clone(), CAP_MARGIN));
+            }
+            constraints.extend(memory_peak(memory, peak));
+            if let Some(ceiling) = max_iteration_time_us {
+                constraints.push(time_ceiling(&durations, ceiling));
+            }
+            (Expression::from(peak.var), Some(peak))
+        }
+    };
+    Built {
+        columns: columns.count,
+        integers: columns.integer,
+        units,
+        durations,
+        peak,
+        problem: columns.problem,
+        objective,
+        constraints,
+        memory_scale,
+    }
+}
+
+/// A rough size of a plan's peak (all state sharded plus the largest activation), the unit of
+/// the memory rows when no cap sets it, so that the memory objective is of order one.
+fn memory_magnitude(profile: &Profile) -> f64 {
+    let sharded: f64 = (0..profile.unit_count())
+        .map(|i| crate::cost::persistent_bytes(profile, i, crate::timeline::Level::Sdp))
+        .sum();
+    let activation = profile
+        .units
+        .iter()
+        .map(|u| u.activation_bytes)
+        .max()
+        .unwrap_or(0) as f64;
+    (sharded + activation).max(1.0)
+}
+
+/// What one HiGHS run returned.
+struct Run {
+    schedule: Option<Schedule>,
+    phase: PhaseReport,
+    infeasible: bool,
+}
+
+fn run_highs(
+    profile: &Profile,
+    options: &SolveOptions,
+    warm: Option<&Schedule>,
+    time_limit: f64,
+) -> Result<Run> {
+    let started = Instant::now();
+    let built = build(profile, options);
+    let rows = built.constraints.len();
+    let mut problem = built
+        .problem
+        .minimise(built.objective)
+        .using(good_lp::highs);
+    for c in built.constraints {
+        problem.add_constraint(c);
+    }
+    let mut model = problem.into_inner();
+    model.make_quiet();
+    let set = |model: &mut highs::Model, name: &str, value: f64| {
+        model
+            .try_set_option(name, value)
+            .map_err(|e| Error::Mismatch(format!("HiGHS option {name}: {e:?}")))
+    };
+    set(&mut model, "time_limit", time_limit.max(0.01))?;
+    set(&mut model, "mip_rel_gap", options.relative_gap)?;
+    set(&mut model, "mip_abs_gap", 0.0)?;
+    set(
+        &mut model,
+        "primal_feasibility_tolerance",
+        FEASIBILITY_TOLERANCE,
+    )?;
+    set(
+        &mut model,
+        "mip_feasibility_tolerance",
+        FEASIBILITY_TOLERANCE,
+    )?;
+    model
+        .try_set_option("threads", options.threads.max(1) as i32)
+        .map_err(|e| Error::Mismatch(format!("HiGHS option threads: {e:?}")))?;
+    if let Some(schedule) = warm
+        && let Some(mut values) = schedule_values(&built.units, schedule, built.columns)
+    {
+        let terms = slot_terms(profile, &built.units, &values);
+        for (d, (c, q)) in built.durations.iter().zip(terms) {
+            values[d.index] = (c + profile.overlap_slowdown * q).max(q);
+        }
+        if let Some(peak) = built.peak {
+            let worst = memory_by_slot(profile, schedule)
+                .iter()
+                .map(|m| m.total())
+                .fold(0.0, f64::max);
+            values[peak.index] = worst / built.memory_scale * (1.0 + 1e-12);
+        }
+        model
+            .try_set_solution(Some(&values), None, None, None)
+            .map_err(|e| Error::Mismatch(format!("HiGHS warm start: {e:?}")))?;
+    }
+    let solved = model
+        .try_solve()
+        .map_err(|e| Error::Mismatch(format!("HiGHS failed: {e:?}")))?;
+    let status = solved.status();
+    let has_solution = solved.primal_solution_status() == highs::HighsSolutionStatus::Feasible;
+    let infeasible = matches!(
+        status,
+        HighsModelStatus::Infeasible | HighsModelStatus::UnboundedOrInfeasible
+    );
+    let values = solved.get_solution().columns().to_vec();
+    let gap = solved.mip_gap();
+    let bound = solved
+        .double_info_value(c"mip_dual_bound")
+        .unwrap_or(f64::NEG_INFINITY);
+    let schedule =
+        (has_solution && !infeasible).then(|| schedule_from_values(&built.units, &values));
+    let objective = match (&schedule, options.objective) {
+        (Some(_), Objective::Time) => tight_time(
+            &slot_terms(profile, &built.units, &values),
+            profile.overlap_slowdown,
+        ),
+        (Some(s), Objective::Memory { .. }) => memory_by_slot(profile, s)
+            .iter()
+            .map(|m| m.total())
+            .fold(0.0, f64::max),
+        (None, _) => f64::NAN,
+    };
+    let bound = match options.objective {
+        Objective::Time => bound,
+        Objective::Memory { .. } => bound * built.memory_scale,
+    };
+    let status = match status {
+        HighsModelStatus::Optimal if gap <= 1e-9 || !gap.is_finite() => SolveStatus::Optimal,
+        HighsModelStatus::Optimal => SolveStatus::GapLimit,
+        _ => SolveStatus::TimeLimit,
+    };
+    let gap = if objective.is_finite() && bound.is_finite() {
+        ((objective - bound) / objective.abs().max(1e-12)).max(0.0)
+    } else {
+        gap
+    };
+    let phase = PhaseReport {
+        window_depth: options.prefetch_depth,
+        status,
+        objective,
+        best_bound: bound,
+        gap,
+        seconds: started.elapsed().as_secs_f64(),
+        variables: built.columns,
+        integer_variables: built.integers,
+        constraints: rows,
+    };
+    tracing::debug!(?phase, "HiGHS phase done");
+    Ok(Run {
+        schedule,
+        phase,
+        infeasible,
+    })
+}
+
+/// The fastest baseline (checkpointing on or off) that fits the cap, as a warm start.
+fn best_baseline(
+    profile: &Profile,
+    cap: Option<u64>,
+    allow_recompute: bool,
+) -> Option<(String, Schedule, f64)> {
+    let mut best: Option<(String, Schedule, f64)> = None;
+    for kind in BaselineKind::ALL {
+        for checkpoint in [false, true] {
+            if checkpoint && !allow_recompute {
+                continue;
+            }
+            let Ok(b) = baseline(profile, kind, checkpoint, cap) else {
+                continue;
+            };
+            let fits =
+                cap.is_none_or(|c| b.simulation.peak_memory_bytes <= c as f64 * (1.0 - CAP_MARGIN));
+            let time = b.simulation.iteration_time_us;
+            if fits && best.as_ref().is_none_or(|(_, _, t)| time < *t) {
+                let name = format!(
+                    "{}{}",
+                    kind.name(),
+                    if checkpoint { "+checkpoint" } else { "" }
+                );
+                best = Some((name, b.schedule, time));
+            }
+        }
+    }
+    best
+}
+
+/// Solves for the plan that minimises the chosen objective. Errors with [`Error::Infeasible`]
+/// (naming the smallest feasible cap and what dominates it) when nothing fits the cap.
+pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
+    if options.objective == Objective::Time && options.memory_cap_bytes.is_none() {
+        return Err(Error::invalid(
+            "solve",
+            "memory_cap",
+            "a memory cap for the time objective",
+        ));
+    }
+    let started = Instant::now();
+    let warm = best_baseline(profile, options.memory_cap_bytes, options.allow_recompute);
+    let mut phases = Vec::new();
+    let mut incumbent = warm.as_ref().map(|(_, s, _)| s.clone());
+    let user_limited = options.prefetch_depth.is_some() || options.reduction_depth.is_some();
+    if options.two_phase && !user_limited && full_window_integers(profile) > TWO_PHASE_MIN_INTEGERS
+    {
+        let limited = SolveOptions {
+            prefetch_depth: Some(PHASE_ONE_DEPTH),
+            reduction_depth: Some(PHASE_ONE_DEPTH),
+            ..options.clone()
+        };
+        let run = run_highs(
+            profile,
+            &limited,
+            incumbent.as_ref(),
+            options.time_limit_s * 0.4,
+        )?;
+        if run.schedule.is_some() {
+            incumbent = run.schedule;
+        }
+        phases.push(run.phase);
+    }
+    let remaining = options.time_limit_s - started.elapsed().as_secs_f64();
+    let run = run_highs(profile, options, incumbent.as_ref(), remaining)?;
+    phases.push(run.phase.clone());
+    let Some(schedule) = run
+        .schedule
+        .or(if run.infeasible { None } else { incumbent })
+    else {
+        if run.infeasible || warm.is_none() {
+            return Err(explain_infeasible(profile, options));
+        }
+        return Err(Error::Infeasible(
+            "the time limit ended before any feasible plan was found".into(),
+        ));
+    };
+    let simulation = check_consistency(profile, options, &schedule, &run.phase)?;
+    let report = SolveReport {
+        status: run.phase.status,
+        objective: run.phase.objective,
+        best_bound: run.phase.best_bound,
+        gap: run.phase.gap,
+        solve_seconds: started.elapsed().as_secs_f64(),
+        variables: run.phase.variables,
+        integer_variables: run.phase.integer_variables,
+        constraints: run.phase.constraints,
+        warm_start: warm.map(|(name, _, time)| (name, time)),
+        window_depth: options.prefetch_depth,
+        phases,
+    };
+    Ok(Solved {
+        schedule,
+        simulation,
+        report,
+    })
+}
+
+/// Integer columns of the full-window model (x only; the deciding size).
+fn full_window_integers(profile: &Profile) -> usize {
+    let l = profile.unit_count();
+    (0..l).map(|i| 3 * (2 * i + 1) + 2 * (l - 1 - i)).sum()
+}
+
+/// The strict simulation of the returned plan must reproduce the ILP's objective and respect
+/// the cap; otherwise the plan is refused.
+fn check_consistency(
+    profile: &Profile,
+    options: &SolveOptions,
+    schedule: &Schedule,
+    phase: &PhaseReport,
+) -> Result<Simulation> {
+    schedule.validate(profile)?;
+    let sim = simulate(profile, schedule, Semantics::Strict);
+    if options.objective == Objective::Time {
+        let error = (sim.iteration_time_us - phase.objective).abs() / phase.objective.max(1e-12);
+        if error > CONSISTENCY {
+            return Err(Error::Mismatch(format!(
+                "internal check failed: the ILP's objective {} µs differs from the simulated {} µs",
+                phase.objective, sim.iteration_time_us
+            )));
+        }
+    }
+    if let Some(cap) = options.memory_cap_bytes
+        && sim.peak_memory_bytes > cap as f64
+    {
+        return Err(Error::Mismatch(format!(
+            "internal check failed: the plan's simulated peak {} exceeds the cap {}",
+            sim.peak_memory_bytes, cap
+        )));
+    }
+    Ok(sim)
+}
+
+/// The smallest feasible cap (memory objective, no cap) and what dominates its peak slot.
+fn explain_infeasible(profile: &Profile, options: &SolveOptions) -> Error {
+    let cap = options
+        .memory_cap_bytes
+        .map_or("the memory cap".to_string(), |c| {
+            format!("the memory cap of {}", format_bytes(c as f64))
+        });
+    let relaxed = SolveOptions {
+        objective: Objective::Memory {
+            max_iteration_time_us: None,
+        },
+        memory_cap_bytes: None,
+        two_phase: false,
+        ..options.clone()
+    };
+    match run_highs(profile, &relaxed, None, options.time_limit_s)
+        .ok()
+        .and_then(|r| r.schedule)
+    {
+        Some(schedule) => {
+            let sim = simulate(profile, &schedule, Semantics::Strict);
+            let peak = sim
+                .slots
+                .iter()
+                .find(|s| s.slot == sim.peak_slot)
+                .expect("peak slot exists");
+            let (what, bytes) = peak.memory.dominant();
+            Error::Infeasible(format!(
+                "no plan fits {cap}: the smallest feasible cap is {} ({} bytes), peaking at slot {} where {} take {}",
+                format_bytes(sim.peak_memory_bytes),
+                sim.peak_memory_bytes.ceil() as u64,
+                sim.peak_slot,
+                what,
+                format_bytes(bytes)
+            ))
+        }
+        None => Error::Infeasible(format!("no plan fits {cap}")),
+    }
+}

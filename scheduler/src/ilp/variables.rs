@@ -1,0 +1,231 @@
+//! The decision variables of DESIGN §4 and the window positions each may use.
+//!
+//! Per unit i: level binaries y_{i,none}, y_{i,sdp}, y_{i,fsdp}; recompute r_i; per op and
+//! allowed window position k the integer block count x_{i,op,k} and its running sum
+//! C_{i,op,k} = Σ_{k' ≤ k} x_{i,op,k'} (the cumulative launch count that keeps memory rows
+//! sparse); the RS→AG boundary indicators Z_{i,k} = [boundary ≤ k]. Per slot s the duration d_s.
+//!
+//! Ops in the ILP: AR (none), RS (sdp and fsdp share it: same window, same cost and lifetime),
+//! FG (the forward gather: AG_i of sdp or AGF_i of fsdp; same window and cost, the level decides
+//! how long its buffer lives), BG (AGB_i of fsdp).
+
+use super::SolveOptions;
+use crate::cost::{block_bytes, block_time_us, persistent_bytes};
+use crate::profile::Profile;
+use crate::timeline::{Level, Op, Timeline, Window};
+use good_lp::{Expression, ProblemVariables, Variable, variable};
+
+/// A variable and its column index (good_lp keeps the index private; HiGHS needs it for the
+/// warm start and to read values back).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Col {
+    pub var: Variable,
+    pub index: usize,
+}
+
+/// The problem's variables in creation order.
+pub(super) struct Columns {
+    pub problem: ProblemVariables,
+    pub count: usize,
+    pub integer: usize,
+}
+
+impl Columns {
+    fn add(&mut self, def: good_lp::VariableDefinition, integer: bool) -> Col {
+        let var = self.problem.add(def);
+        let col = Col {
+            var,
+            index: self.count,
+        };
+        self.count += 1;
+        self.integer += usize::from(integer);
+        col
+    }
+
+    pub fn binary(&mut self) -> Col {
+        self.add(variable().binary(), true)
+    }
+
+    pub fn integer(&mut self, max: u32) -> Col {
+        self.add(variable().integer().min(0).max(max), true)
+    }
+
+    pub fn continuous(&mut self) -> Col {
+        self.add(variable().min(0), false)
+    }
+}
+
+/// One op's launch variables over its allowed window positions.
+pub(super) struct OpVars {
+    pub window: Window,
+    /// Allowed positions, increasing.
+    pub positions: Vec<usize>,
+    /// x_{i,op,k} for each allowed position.
+    pub launches: Vec<Col>,
+    /// C_{i,op,k} for each allowed position.
+    pub cumulative: Vec<Col>,
+    /// t_op(bytes(b)) of one block.
+    pub block_time_us: f64,
+    /// Bytes of one block (Ψ·p/nb or Ψ·g/nb).
+    pub block_bytes: f64,
+}
+
+impl OpVars {
+    /// C at window position `pos`: the running sum at the last allowed position ≤ pos.
+    pub fn cumulative_at(&self, pos: usize) -> Option<Col> {
+        let k = self.positions.partition_point(|&p| p <= pos);
+        (k > 0).then(|| self.cumulative[k - 1])
+    }
+
+    /// The last running sum: all blocks of the op.
+    pub fn total(&self) -> Col {
+        *self
+            .cumulative
+            .last()
+            .expect("an op has at least one allowed position")
+    }
+}
+
+/// All variables of one unit.
+pub(super) struct UnitVars {
+    pub blocks: u32,
+    pub none: Option<Col>,
+    pub sdp: Col,
+    pub fsdp: Option<Col>,
+    pub recompute: Option<Col>,
+    pub ar: Option<OpVars>,
+    pub rs: OpVars,
+    pub fg: OpVars,
+    pub bg: Option<OpVars>,
+    /// (k, Z_{i,k}) for k in the range where RS and FG positions overlap, Z = [boundary ≤ k];
+    /// the boundary is implicitly ≤ the last RS position.
+    pub boundary: Vec<(usize, Col)>,
+    /// Persistent bytes when replicated and when sharded.
+    pub persistent_full: f64,
+    pub persistent_sharded: f64,
+}
+
+impl UnitVars {
+    /// The expression of y_{i,ℓ} (0 when the level is not available to the unit).
+    pub fn level(&self, level: Level) -> Expression {
+        match level {
+            Level::None => self.none.map_or_else(Expression::default, |c| c.var.into()),
+            Level::Sdp => self.sdp.var.into(),
+            Level::Fsdp => self.fsdp.map_or_else(Expression::default, |c| c.var.into()),
+        }
+    }
+
+    /// y_{i,sdp} + y_{i,fsdp}: the unit is sharded.
+    pub fn sharded(&self) -> Expression {
+        self.level(Level::Sdp) + self.level(Level::Fsdp)
+    }
+
+    /// All launch variables of the unit's ops.
+    pub fn ops(&self) -> impl Iterator<Item = &OpVars> {
+        self.ar
+            .iter()
+            .chain([&self.rs, &self.fg])
+            .chain(self.bg.iter())
+    }
+}
+
+/// Allowed positions of an op: reductions in the first R positions of their window, gathers in
+/// the last D positions (DESIGN §4 window limits); all positions without a limit.
+fn allowed_positions(op: Op, window: Window, options: &SolveOptions) -> Vec<usize> {
+    let all = 0..window.len;
+    match (
+        op.is_reduction(),
+        options.reduction_depth,
+        options.prefetch_depth,
+    ) {
+        (true, Some(r), _) => all.take(r.max(1)).collect(),
+        (false, _, Some(d)) => all.skip(window.len.saturating_sub(d.max(1))).collect(),
+        _ => all.collect(),
+    }
+}
+
+fn op_vars(
+    columns: &mut Columns,
+    profile: &Profile,
+    timeline: Timeline,
+    unit: usize,
+    op: Op,
+    options: &SolveOptions,
+) -> OpVars {
+    let window = timeline.window(unit, op.window_kind());
+    let positions = allowed_positions(op, window, options);
+    let nb = profile.blocks(unit);
+    let launches = positions.iter().map(|_| columns.integer(nb)).collect();
+    let cumulative = positions.iter().map(|_| columns.continuous()).collect();
+    OpVars {
+        window,
+        positions,
+        launches,
+        cumulative,
+        block_time_us: block_time_us(profile, unit, op),
+        block_bytes: block_bytes(profile, unit, op),
+    }
+}
+
+/// Declares every unit's variables. A replicated unit is left out where its persistent state
+/// alone, beside every other unit sharded, exceeds `memory_bound` (a presolve that removes the
+/// AR columns of large models).
+pub(super) fn declare_units(
+    columns: &mut Columns,
+    profile: &Profile,
+    options: &SolveOptions,
+    memory_bound: Option<f64>,
+) -> Vec<UnitVars> {
+    let timeline = Timeline::new(profile.unit_count());
+    let sharded_total: f64 = (0..profile.unit_count())
+        .map(|i| persistent_bytes(profile, i, Level::Sdp))
+        .sum();
+    (0..profile.unit_count())
+        .map(|unit| {
+            let full = persistent_bytes(profile, unit, Level::None);
+            let sharded = persistent_bytes(profile, unit, Level::Sdp);
+            let replicable = memory_bound.is_none_or(|m| sharded_total - sharded + full <= m);
+            let u = &profile.units[unit];
+            let recomputable =
+                options.allow_recompute && u.checkpoint_activation_bytes < u.activation_bytes;
+            let can_fsdp = timeline.window(unit, Op::GatherBackward.window_kind()).len > 0;
+            let none = replicable.then(|| columns.binary());
+            let sdp = columns.binary();
+            let fsdp = can_fsdp.then(|| columns.binary());
+            let recompute = recomputable.then(|| columns.binary());
+            let ar = replicable
+                .then(|| op_vars(columns, profile, timeline, unit, Op::AllReduce, options));
+            let rs = op_vars(columns, profile, timeline, unit, Op::ReduceScatter, options);
+            let fg = op_vars(columns, profile, timeline, unit, Op::GatherForward, options);
+            let bg = can_fsdp.then(|| {
+                op_vars(
+                    columns,
+                    profile,
+                    timeline,
+                    unit,
+                    Op::GatherBackward,
+                    options,
+                )
+            });
+            let first_gather = fg.positions[0];
+            let last_reduction = *rs.positions.last().expect("RS has a position");
+            let boundary = (first_gather..last_reduction)
+                .map(|k| (k, columns.binary()))
+                .collect();
+            UnitVars {
+                blocks: profile.blocks(unit),
+                none,
+                sdp,
+                fsdp,
+                recompute,
+                ar,
+                rs,
+                fg,
+                bg,
+                boundary,
+                persistent_full: full,
+                persistent_sharded: sharded,
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,166 @@
+//! `shardplan solve`.
+
+use crate::cli::{ObjectiveArg, SolveArgs};
+use crate::output::{ms, print_json};
+use serde_json::json;
+use shardplan_scheduler::ilp::{Objective, SolveOptions, Solved, solve};
+use shardplan_scheduler::plan::{Plan, Predicted, Producer};
+use shardplan_scheduler::profile::Profile;
+use shardplan_scheduler::size::format_bytes;
+use shardplan_scheduler::timeline::Level;
+use std::collections::BTreeMap;
+
+pub fn run(args: SolveArgs) -> anyhow::Result<()> {
+    if !(args.time_limit > 0.0 && args.time_limit.is_finite()) {
+        anyhow::bail!(
+            "--time-limit: expected a positive number of seconds, got {}",
+            args.time_limit
+        );
+    }
+    if !(args.gap >= 0.0 && args.gap < 1.0) {
+        anyhow::bail!("--gap: expected a relative gap in [0, 1), got {}", args.gap);
+    }
+    if args.objective == ObjectiveArg::Time && args.memory_cap.is_none() {
+        anyhow::bail!("--memory-cap: required with --objective time (e.g. --memory-cap 78GiB)");
+    }
+    if args.max_iteration_time.is_some() && args.objective != ObjectiveArg::Memory {
+        anyhow::bail!("--max-iteration-time: only with --objective memory");
+    }
+    let profile = Profile::load(&args.profile)?;
+    let depth = args.window_depth.map(|d| d as usize);
+    let options = SolveOptions {
+        objective: match args.objective {
+            ObjectiveArg::Time => Objective::Time,
+            ObjectiveArg::Memory => Objective::Memory {
+                max_iteration_time_us: args.max_iteration_time,
+            },
+        },
+        memory_cap_bytes: args.memory_cap,
+        time_limit_s: args.time_limit,
+        relative_gap: args.gap,
+        threads: args.threads,
+        prefetch_depth: depth,
+        reduction_depth: depth,
+        allow_recompute: !args.no_recompute,
+        two_phase: !args.single_phase,
+    };
+    let solved = solve(&profile, &options)?;
+    let plan = plan_of(&profile, &solved, args.memory_cap);
+    plan.save(&args.out)?;
+    report(&args, &solved);
+    Ok(())
+}
+
+/// The plan file of a solve: the solver's figures go into the producer's details.
+pub fn plan_of(profile: &Profile, solved: &Solved, cap: Option<u64>) -> Plan {
+    let r = &solved.report;
+    let mut details = BTreeMap::from([
+        (
+            "status".to_string(),
+            toml::Value::String(status_name(solved).into()),
+        ),
+        ("objective".to_string(), toml::Value::Float(r.objective)),
+        ("best_bound".to_string(), toml::Value::Float(r.best_bound)),
+        ("gap".to_string(), toml::Value::Float(r.gap)),
+        (
+            "solve_seconds".to_string(),
+            toml::Value::Float(r.solve_seconds),
+        ),
+        (
+            "window_depth".to_string(),
+            toml::Value::String(r.window_depth.map_or("full".into(), |d| d.to_string())),
+        ),
+    ]);
+    if let Some((name, time)) = &r.warm_start {
+        details.insert(
+            "warm_start".into(),
+            toml::Value::String(format!("{name} ({time:.1} us)")),
+        );
+    }
+    let sim = &solved.simulation;
+    let predicted = Predicted {
+        iteration_time_us: sim.iteration_time_us,
+        peak_memory_bytes: sim.peak_memory_bytes.ceil() as u64,
+        peak_slot: sim.peak_slot.parse().expect("simulator slot names parse"),
+    };
+    Plan::from_schedule(
+        profile,
+        &solved.schedule,
+        Producer {
+            name: "ilp".into(),
+            details,
+        },
+        cap,
+        predicted,
+    )
+}
+
+fn status_name(solved: &Solved) -> &'static str {
+    match solved.report.status {
+        shardplan_scheduler::ilp::SolveStatus::Optimal => "optimal",
+        shardplan_scheduler::ilp::SolveStatus::GapLimit => "gap_limit",
+        shardplan_scheduler::ilp::SolveStatus::TimeLimit => "time_limit",
+    }
+}
+
+fn report(args: &SolveArgs, solved: &Solved) {
+    let r = &solved.report;
+    let sim = &solved.simulation;
+    let count = |level: Level| {
+        solved
+            .schedule
+            .units
+            .iter()
+            .filter(|u| u.level == level)
+            .count()
+    };
+    let recomputed = solved.schedule.units.iter().filter(|u| u.recompute).count();
+    if args.json {
+        print_json(&json!({
+            "out": args.out,
+            "status": status_name(solved),
+            "objective": if args.objective == ObjectiveArg::Time { "time" } else { "memory" },
+            "iteration_time_us": sim.iteration_time_us,
+            "best_bound_us": if args.objective == ObjectiveArg::Time { Some(r.best_bound) } else { None },
+            "best_bound": r.best_bound,
+            "gap": r.gap,
+            "solve_seconds": r.solve_seconds,
+            "peak_memory_bytes": sim.peak_memory_bytes.ceil() as u64,
+            "memory_cap_bytes": args.memory_cap,
+            "variables": r.variables,
+            "integer_variables": r.integer_variables,
+            "constraints": r.constraints,
+            "levels": {"none": count(Level::None), "sdp": count(Level::Sdp), "fsdp": count(Level::Fsdp)},
+            "recomputed_units": recomputed,
+            "warm_start": r.warm_start.as_ref().map(|(name, time)| json!({"name": name, "iteration_time_us": time})),
+            "window_depth": r.window_depth,
+            "phases": r.phases,
+        }));
+    } else {
+        println!(
+            "wrote {}: {} — iteration {}, peak {} at {}, gap {:.2e} (bound {}), {:.2} s",
+            args.out.display(),
+            status_name(solved),
+            ms(sim.iteration_time_us),
+            format_bytes(sim.peak_memory_bytes),
+            sim.peak_slot,
+            r.gap,
+            if args.objective == ObjectiveArg::Time {
+                ms(r.best_bound)
+            } else {
+                format_bytes(r.best_bound)
+            },
+            r.solve_seconds
+        );
+        println!(
+            "  levels: {} none, {} sdp, {} fsdp; {} recomputed; warm start {}",
+            count(Level::None),
+            count(Level::Sdp),
+            count(Level::Fsdp),
+            recomputed,
+            r.warm_start
+                .as_ref()
+                .map_or("none".to_string(), |(n, t)| format!("{n} ({})", ms(*t)))
+        );
+    }
+}

@@ -1,0 +1,256 @@
+//! The ILP's optimum equals an exhaustive search over every valid schedule of tiny instances
+//! (≤ 3 units, ≤ 2 blocks per unit, N ∈ {2, 4, 8}, κ ∈ {0, 0.1}, recompute on and off), at caps
+//! from infeasible through tight to loose. The search judges schedules with the simulator only.
+
+mod common;
+
+use common::{Rng, UnitSpec, affine, profile};
+use shardplan_scheduler::Error;
+use shardplan_scheduler::ilp::{Objective, SolveOptions, solve};
+use shardplan_scheduler::plan::{Launch, Schedule, UnitSchedule};
+use shardplan_scheduler::profile::Profile;
+use shardplan_scheduler::sim::{Semantics, simulate};
+use shardplan_scheduler::timeline::{Level, Op, Timeline};
+use std::collections::BTreeMap;
+
+/// Every way to put `nb` blocks on positions 0..len (nb ≤ 2), as sorted position lists.
+fn placements(nb: u32, len: usize) -> Vec<Vec<usize>> {
+    match nb {
+        1 => (0..len).map(|p| vec![p]).collect(),
+        2 => (0..len)
+            .flat_map(|a| (a..len).map(move |b| vec![a, b]))
+            .collect(),
+        _ => unreachable!("tiny instances have at most 2 blocks per unit"),
+    }
+}
+
+fn launches(timeline: Timeline, unit: usize, op: Op, positions: &[usize]) -> Vec<Launch> {
+    let window = timeline.window(unit, op.window_kind());
+    let mut counts = BTreeMap::new();
+    for &p in positions {
+        *counts.entry(window.slot_at(p)).or_insert(0) += 1;
+    }
+    counts
+        .into_iter()
+        .map(|(slot, blocks)| Launch { slot, blocks })
+        .collect()
+}
+
+/// Every valid choice for one unit.
+fn unit_options(profile: &Profile, unit: usize, recompute: bool) -> Vec<UnitSchedule> {
+    let timeline = Timeline::new(profile.unit_count());
+    let nb = profile.blocks(unit);
+    let after = timeline.window(unit, Op::ReduceScatter.window_kind()).len;
+    let between = timeline.window(unit, Op::GatherBackward.window_kind()).len;
+    let mut options = Vec::new();
+    for r in if recompute {
+        vec![false, true]
+    } else {
+        vec![false]
+    } {
+        for ar in placements(nb, after) {
+            let launches =
+                BTreeMap::from([(Op::AllReduce, launches(timeline, unit, Op::AllReduce, &ar))]);
+            options.push(UnitSchedule {
+                level: Level::None,
+                recompute: r,
+                launches,
+            });
+        }
+        for rs in placements(nb, after) {
+            for ag in placements(nb, after)
+                .into_iter()
+                .filter(|ag| ag[0] >= *rs.last().unwrap())
+            {
+                let sdp = BTreeMap::from([
+                    (
+                        Op::ReduceScatter,
+                        launches(timeline, unit, Op::ReduceScatter, &rs),
+                    ),
+                    (Op::Gather, launches(timeline, unit, Op::Gather, &ag)),
+                ]);
+                options.push(UnitSchedule {
+                    level: Level::Sdp,
+                    recompute: r,
+                    launches: sdp,
+                });
+                for agb in placements(nb, between) {
+                    let fsdp = BTreeMap::from([
+                        (
+                            Op::ReduceScatter,
+                            launches(timeline, unit, Op::ReduceScatter, &rs),
+                        ),
+                        (
+                            Op::GatherForward,
+                            launches(timeline, unit, Op::GatherForward, &ag),
+                        ),
+                        (
+                            Op::GatherBackward,
+                            launches(timeline, unit, Op::GatherBackward, &agb),
+                        ),
+                    ]);
+                    options.push(UnitSchedule {
+                        level: Level::Fsdp,
+                        recompute: r,
+                        launches: fsdp,
+                    });
+                }
+            }
+        }
+    }
+    options
+}
+
+/// (iteration time, peak) of every valid schedule.
+fn enumerate(profile: &Profile, recompute: bool) -> Vec<(f64, f64)> {
+    let per_unit: Vec<Vec<UnitSchedule>> = (0..profile.unit_count())
+        .map(|u| unit_options(profile, u, recompute))
+        .collect();
+    let mut results = Vec::new();
+    let mut index = vec![0usize; per_unit.len()];
+    loop {
+        let schedule = Schedule {
+            units: index
+                .iter()
+                .zip(&per_unit)
+                .map(|(&k, o)| o[k].clone())
+                .collect(),
+        };
+        debug_assert!(schedule.validate(profile).is_ok());
+        let sim = simulate(profile, &schedule, Semantics::Strict);
+        results.push((sim.iteration_time_us, sim.peak_memory_bytes));
+        let mut u = 0;
+        loop {
+            if u == index.len() {
+                return results;
+            }
+            index[u] += 1;
+            if index[u] < per_unit[u].len() {
+                break;
+            }
+            index[u] = 0;
+            u += 1;
+        }
+    }
+}
+
+fn tiny_profile(rng: &mut Rng, units: usize, kappa: f64) -> Profile {
+    let specs: Vec<UnitSpec> = (0..units)
+        .map(|_| {
+            let f = rng.range(5, 60) as f64;
+            let act = rng.range(500, 6000);
+            (
+                rng.range(100, 1000),
+                f,
+                2.0 * f,
+                act,
+                act / rng.range(2, 10),
+                rng.range(0, 300),
+                rng.range(0, 300),
+            )
+        })
+        .collect();
+    let n = [2, 4, 8][rng.range(0, 2) as usize];
+    profile(
+        n,
+        1000,
+        kappa,
+        rng.range(0, 10) as f64,
+        (2, 2, 12),
+        &specs,
+        affine(rng.range(2, 30) as f64, rng.range(5, 40) as f64),
+        affine(rng.range(2, 30) as f64, rng.range(5, 40) as f64),
+        affine(rng.range(2, 30) as f64, rng.range(5, 40) as f64),
+    )
+}
+
+/// Caps between distinct peaks (never on one, so the ILP's 1e-8 relative margin cannot matter):
+/// below the smallest, tight above it, a middle one and above the largest.
+fn caps(results: &[(f64, f64)]) -> Vec<f64> {
+    let mut peaks: Vec<f64> = results.iter().map(|r| r.1).collect();
+    peaks.sort_by(f64::total_cmp);
+    peaks.dedup_by(|a, b| (*a - *b).abs() < 1e-3);
+    let between = |k: usize| (peaks[k] + peaks[k + 1]) / 2.0;
+    let mut caps = vec![peaks[0] * 0.98];
+    if peaks.len() > 1 {
+        let last = peaks.len() - 2;
+        caps.extend([between(0), between(last / 3), between(2 * last / 3)]);
+    }
+    caps.push(peaks[peaks.len() - 1] * 1.01 + 1.0);
+    caps.dedup();
+    caps
+}
+
+#[test]
+fn ilp_optimum_equals_exhaustive_search() {
+    let mut instances = 0;
+    let mut solves = 0;
+    let mut infeasible = 0;
+    let mut schedules = 0;
+    for seed in 0..36u64 {
+        let mut rng = Rng(seed * 7919 + 1);
+        let units = 1 + (seed % 3) as usize;
+        let kappa = if seed % 2 == 0 { 0.0 } else { 0.1 };
+        let recompute = seed % 4 < 2;
+        let profile = tiny_profile(&mut rng, units, kappa);
+        let results = enumerate(&profile, recompute);
+        instances += 1;
+        schedules += results.len();
+        for cap in caps(&results) {
+            // The solver takes whole bytes.
+            let cap = cap.floor();
+            let best = results
+                .iter()
+                .filter(|r| r.1 <= cap)
+                .map(|r| r.0)
+                .fold(f64::INFINITY, f64::min);
+            let options = SolveOptions {
+                memory_cap_bytes: Some(cap as u64),
+                relative_gap: 0.0,
+                allow_recompute: recompute,
+                two_phase: false,
+                objective: Objective::Time,
+                ..SolveOptions::default()
+            };
+            solves += 1;
+            match solve(&profile, &options) {
+                Ok(solved) => {
+                    let t = solved.report.objective;
+                    assert!(
+                        (t - solved.simulation.iteration_time_us).abs() <= 1e-6 * t,
+                        "objective vs simulation"
+                    );
+                    assert!(
+                        (t - best).abs() <= 1e-6 * best,
+                        "seed {seed} cap {cap}: ILP {t}, exhaustive {best} ({} schedules)",
+                        results.len()
+                    );
+                    assert!(
+                        solved.simulation.peak_memory_bytes <= cap,
+                        "seed {seed}: peak over cap"
+                    );
+                }
+                Err(Error::Infeasible(msg)) => {
+                    infeasible += 1;
+                    assert!(
+                        best.is_infinite(),
+                        "seed {seed} cap {cap}: ILP says infeasible ({msg}), exhaustive finds {best}"
+                    );
+                    let smallest = results.iter().map(|r| r.1).fold(f64::INFINITY, f64::min);
+                    assert!(
+                        msg.contains(&format!("({} bytes)", smallest.ceil() as u64)),
+                        "seed {seed}: {msg} (smallest peak {smallest})"
+                    );
+                }
+                Err(e) => panic!("seed {seed} cap {cap}: {e}"),
+            }
+        }
+    }
+    eprintln!(
+        "{instances} instances, {schedules} schedules enumerated, {solves} solves, {infeasible} infeasible caps"
+    );
+    assert!(
+        instances >= 30 && infeasible >= instances && solves >= 3 * instances,
+        "{instances} instances, {solves} solves, {infeasible} infeasible"
+    );
+}
