@@ -43,6 +43,7 @@ pub fn run(args: SolveArgs) -> anyhow::Result<()> {
         reduction_depth: depth,
         allow_recompute: !args.no_recompute,
         two_phase: !args.single_phase,
+        hint: None,
     };
     let solved = solve(&profile, &options)?;
     let plan = plan_of(&profile, &solved, args.memory_cap);

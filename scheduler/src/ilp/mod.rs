@@ -40,8 +40,11 @@ pub struct SolveOptions {
     /// R: reductions only in the first R slots after B_i.
     pub reduction_depth: Option<usize>,
     pub allow_recompute: bool,
-    /// Solve with D = R = 4 first and warm-start the full windows, when the model is large.
+    /// Solve with D = 1 and D = 4 first and warm-start the full windows, when the model is large.
     pub two_phase: bool,
+    /// A plan to start from when it fits (e.g. the plan of a neighbouring cap in a sweep): the
+    /// answer is never worse than it.
+    pub hint: Option<Schedule>,
 }
 
 impl Default for SolveOptions {
@@ -56,6 +59,7 @@ impl Default for SolveOptions {
             reduction_depth: None,
             allow_recompute: true,
             two_phase: true,
+            hint: None,
         }
     }
 }
