@@ -22,6 +22,8 @@ pub enum Command {
     /// Solve for the plan (levels, recompute, launch slots) that minimises iteration time under a
     /// memory cap, or peak memory under a time ceiling.
     Solve(SolveArgs),
+    /// Compare the ILP with the baselines across memory caps: CSV, charts, summary.
+    Sweep(SweepArgs),
     /// Write the plan of a baseline (ddp, zero2, fsdp1, fsdp2, zero3, best-grid).
     Baseline(BaselineArgs),
     /// Simulate a plan: iteration time, communication, per-slot memory, optional trace.
@@ -190,6 +192,31 @@ pub struct SolveArgs {
     /// Never recompute activations.
     #[arg(long)]
     pub no_recompute: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct SweepArgs {
+    #[arg(long)]
+    pub profile: PathBuf,
+    /// `LOW..HIGH` (e.g. 20GiB..80GiB, with --points) or a list (24GiB,32GiB,48GiB). Default: from
+    /// the smallest feasible cap to the peak of the fastest unconstrained plan.
+    #[arg(long)]
+    pub caps: Option<String>,
+    #[arg(long, default_value_t = 20)]
+    pub points: usize,
+    #[arg(long)]
+    pub out_dir: PathBuf,
+    /// Comma-separated: ilp, ddp, zero2, fsdp1, fsdp2, zero3, best-grid.
+    #[arg(long, default_value_t = crate::commands::all_methods())]
+    pub methods: String,
+    /// Seconds per ILP solve.
+    #[arg(long, default_value_t = 5.0)]
+    pub time_limit: f64,
+    /// Relative MIP gap at which each solve stops.
+    #[arg(long, default_value_t = 1e-3)]
+    pub gap: f64,
     #[arg(long)]
     pub json: bool,
 }

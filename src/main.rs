@@ -5,6 +5,7 @@
 mod cli;
 mod commands;
 mod output;
+mod plots;
 
 use clap::Parser;
 use std::process::ExitCode;

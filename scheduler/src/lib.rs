@@ -16,6 +16,7 @@ pub mod plan;
 pub mod profile;
 pub mod sim;
 pub mod size;
+pub mod sweep;
 pub mod timeline;
 
 pub use error::{Error, Result};

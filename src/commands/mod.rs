@@ -6,6 +6,9 @@ mod inspect;
 mod profile;
 mod simulate;
 mod solve;
+mod sweep;
+
+pub use sweep::all_methods;
 
 use crate::cli::{Cli, Command, ProfileCommand};
 use shardplan_scheduler::plan::{Plan, Schedule};
@@ -16,6 +19,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Profile(ProfileCommand::Analytic(args)) => profile::analytic(args),
         Command::Solve(args) => solve::run(args),
+        Command::Sweep(args) => sweep::run(args),
         Command::Baseline(args) => baseline::run(args),
         Command::Simulate(args) => simulate::run(args),
         Command::Inspect(args) => inspect::run(args),

@@ -1,0 +1,258 @@
+//! Memory-budget sweeps: the ILP and the baselines across memory caps.
+//!
+//! The ILP caps run in two interleaved chains on two threads, each cap warm-started from the
+//! previous cap of its chain; then a repair pass walks the caps upward and, where a smaller cap's
+//! plan is faster, takes it (it fits the larger cap too). The ILP's time therefore never rises
+//! with the cap, and each cap's bound still comes from its own solve.
+
+use crate::baselines::{BaselineKind, baseline};
+use crate::ilp::{Objective, SolveOptions, solve};
+use crate::plan::Schedule;
+use crate::profile::Profile;
+use crate::sim::{Semantics, Simulation, simulate};
+use crate::timeline::Level;
+use crate::{Error, Result};
+use serde::Serialize;
+
+/// A method compared in a sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    Ilp,
+    Baseline(BaselineKind),
+}
+
+impl Method {
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Ilp => "ilp",
+            Method::Baseline(kind) => kind.name(),
+        }
+    }
+}
+
+impl std::str::FromStr for Method {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        if s == "ilp" {
+            return Ok(Method::Ilp);
+        }
+        s.parse::<BaselineKind>()
+            .map(Method::Baseline)
+            .map_err(|e| format!("{e}, or ilp"))
+    }
+}
+
+/// One (cap, method) result. Baselines report the faster of checkpointing off and on that fits.
+#[derive(Debug, Clone, Serialize)]
+pub struct SweepRow {
+    pub cap_bytes: u64,
+    pub method: String,
+    pub feasible: bool,
+    pub iteration_time_us: Option<f64>,
+    pub peak_memory_bytes: Option<u64>,
+    pub exposed_comm_us: Option<f64>,
+    pub units_none: usize,
+    pub units_sdp: usize,
+    pub units_fsdp: usize,
+    pub recomputed_units: usize,
+    /// ILP: proven relative gap of the plan (within `window_depth`).
+    pub gap: Option<f64>,
+    pub window_depth: Option<usize>,
+    pub solve_seconds: Option<f64>,
+}
+
+impl SweepRow {
+    fn new(cap: u64, method: Method, plan: Option<(&Schedule, &Simulation)>) -> Self {
+        let count = |level| {
+            plan.map_or(0, |(s, _)| {
+                s.units.iter().filter(|u| u.level == level).count()
+            })
+        };
+        SweepRow {
+            cap_bytes: cap,
+            method: method.name().to_string(),
+            feasible: plan.is_some(),
+            iteration_time_us: plan.map(|(_, sim)| sim.iteration_time_us),
+            peak_memory_bytes: plan.map(|(_, sim)| sim.peak_memory_bytes.ceil() as u64),
+            exposed_comm_us: plan.map(|(_, sim)| sim.exposed_comm_us),
+            units_none: count(Level::None),
+            units_sdp: count(Level::Sdp),
+            units_fsdp: count(Level::Fsdp),
+            recomputed_units: plan
+                .map_or(0, |(s, _)| s.units.iter().filter(|u| u.recompute).count()),
+            gap: None,
+            window_depth: None,
+            solve_seconds: None,
+        }
+    }
+}
+
+/// The fastest variant (checkpointing off or on) of a baseline that fits `cap`.
+pub fn best_baseline_row(profile: &Profile, kind: BaselineKind, cap: u64) -> SweepRow {
+    let mut best: Option<(Schedule, Simulation)> = None;
+    for checkpoint in [false, true] {
+        if let Ok(b) = baseline(profile, kind, checkpoint, Some(cap))
+            && b.simulation.peak_memory_bytes <= cap as f64
+            && best
+                .as_ref()
+                .is_none_or(|(_, s)| b.simulation.iteration_time_us < s.iteration_time_us)
+        {
+            best = Some((b.schedule, b.simulation));
+        }
+    }
+    SweepRow::new(
+        cap,
+        Method::Baseline(kind),
+        best.as_ref().map(|(s, sim)| (s, sim)),
+    )
+}
+
+/// One solved cap of a chain.
+#[derive(Clone)]
+struct IlpPoint {
+    schedule: Schedule,
+    time_us: f64,
+    /// The cap's own lower bound (None when the plan came from a smaller cap without a solve).
+    bound_us: Option<f64>,
+    window_depth: Option<usize>,
+    seconds: f64,
+}
+
+/// Solves the caps (ascending) of one chain, each warm-started from the previous plan.
+fn ilp_chain(
+    profile: &Profile,
+    caps: &[u64],
+    template: &SolveOptions,
+    progress: &(dyn Fn() + Sync),
+) -> Result<Vec<Option<IlpPoint>>> {
+    let mut hint: Option<Schedule> = None;
+    let mut points = Vec::with_capacity(caps.len());
+    for &cap in caps {
+        let options = SolveOptions {
+            memory_cap_bytes: Some(cap),
+            hint: hint.clone(),
+            objective: Objective::Time,
+            ..template.clone()
+        };
+        let point = match solve(profile, &options) {
+            Ok(solved) => {
+                hint = Some(solved.schedule.clone());
+                let r = &solved.report;
+                Some(IlpPoint {
+                    time_us: solved.simulation.iteration_time_us,
+                    bound_us: Some(r.best_bound),
+                    window_depth: r.window_depth,
+                    seconds: r.solve_seconds,
+                    schedule: solved.schedule,
+                })
+            }
+            Err(Error::Infeasible(_)) => None,
+            Err(e) => return Err(e),
+        };
+        points.push(point);
+        progress();
+    }
+    Ok(points)
+}
+
+/// The ILP at every cap (sorted ascending), monotone by the repair pass.
+pub fn ilp_rows(
+    profile: &Profile,
+    caps: &[u64],
+    template: &SolveOptions,
+    progress: &(dyn Fn() + Sync),
+) -> Result<Vec<SweepRow>> {
+    let single = SolveOptions {
+        threads: 1,
+        ..template.clone()
+    };
+    let even: Vec<u64> = caps.iter().step_by(2).copied().collect();
+    let odd: Vec<u64> = caps.iter().skip(1).step_by(2).copied().collect();
+    let (a, b) = std::thread::scope(|scope| {
+        let first = scope.spawn(|| ilp_chain(profile, &even, &single, progress));
+        let second = ilp_chain(profile, &odd, &single, progress);
+        (
+            first.join().expect("the sweep thread does not panic"),
+            second,
+        )
+    });
+    let (a, b) = (a?, b?);
+    let mut points: Vec<Option<IlpPoint>> = caps
+        .iter()
+        .enumerate()
+        .map(|(k, _)| {
+            if k % 2 == 0 {
+                a[k / 2].clone()
+            } else {
+                b[k / 2].clone()
+            }
+        })
+        .collect();
+    for k in 1..points.len() {
+        if let (Some(prev), Some(cur)) = (points[k - 1].clone(), points[k].as_mut())
+            && prev.time_us < cur.time_us
+        {
+            cur.schedule = prev.schedule;
+            cur.time_us = prev.time_us;
+        } else if points[k].is_none() {
+            points[k] = points[k - 1].clone().map(|p| IlpPoint {
+                bound_us: None,
+                ..p
+            });
+        }
+    }
+    Ok(caps
+        .iter()
+        .zip(points)
+        .map(|(&cap, point)| match point {
+            None => SweepRow::new(cap, Method::Ilp, None),
+            Some(p) => {
+                let sim = simulate(profile, &p.schedule, Semantics::Strict);
+                let mut row = SweepRow::new(cap, Method::Ilp, Some((&p.schedule, &sim)));
+                row.gap = p
+                    .bound_us
+                    .map(|bound| ((p.time_us - bound) / p.time_us).max(0.0));
+                row.window_depth = p.window_depth;
+                row.solve_seconds = Some(p.seconds);
+                row
+            }
+        })
+        .collect())
+}
+
+/// The smallest feasible cap (the memory objective's optimum, rounded up to a MiB) and the peak
+/// of the fastest plan when memory is unlimited (the zero2 or ddp plan, whichever is faster,
+/// compared with the ILP at that peak).
+pub fn cap_range(profile: &Profile, template: &SolveOptions) -> Result<(u64, u64)> {
+    let memory = SolveOptions {
+        objective: Objective::Memory {
+            max_iteration_time_us: None,
+        },
+        memory_cap_bytes: None,
+        ..template.clone()
+    };
+    let smallest = solve(profile, &memory)?;
+    let mib = 1u64 << 20;
+    let low = (smallest.simulation.peak_memory_bytes / mib as f64).ceil() as u64 * mib;
+    let high = [BaselineKind::Ddp, BaselineKind::Zero2]
+        .into_iter()
+        .filter_map(|k| baseline(profile, k, false, None).ok())
+        .min_by(|a, b| {
+            a.simulation
+                .iteration_time_us
+                .total_cmp(&b.simulation.iteration_time_us)
+        })
+        .map(|b| b.simulation.peak_memory_bytes.ceil() as u64)
+        .expect("baselines always build");
+    Ok((low, high.max(low + mib)))
+}
+
+/// `points` caps evenly spaced from `low` to `high` inclusive.
+pub fn even_caps(low: u64, high: u64, points: usize) -> Vec<u64> {
+    if points <= 1 {
+        return vec![high];
+    }
+    (0..points)
+        .map(|k| low + ((high - low) as f64 * k as f64 / (points - 1) as f64).round() as u64)
+        .collect()
+}

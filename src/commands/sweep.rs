@@ -1,0 +1,212 @@
+//! `shardplan sweep`: the ILP and the baselines across memory caps, as CSV, charts, a markdown
+//! summary and (with --json) the summary as JSON.
+
+use crate::cli::SweepArgs;
+use crate::output::{ms, print_json};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use shardplan_scheduler::baselines::BaselineKind;
+use shardplan_scheduler::ilp::SolveOptions;
+use shardplan_scheduler::io::write_atomic;
+use shardplan_scheduler::profile::Profile;
+use shardplan_scheduler::size::{format_bytes, parse_bytes};
+use shardplan_scheduler::sweep::{
+    Method, SweepRow, best_baseline_row, cap_range, even_caps, ilp_rows,
+};
+use std::time::Instant;
+
+/// `--caps`: `LOW..HIGH` (with --points) or a comma-separated list.
+fn parse_caps(text: &str, points: usize) -> anyhow::Result<Vec<u64>> {
+    let caps = if let Some((low, high)) = text.split_once("..") {
+        let (low, high) = (
+            parse_bytes(low).map_err(anyhow::Error::msg)?,
+            parse_bytes(high).map_err(anyhow::Error::msg)?,
+        );
+        anyhow::ensure!(
+            low < high,
+            "--caps: expected LOW..HIGH with LOW < HIGH, got `{text}`"
+        );
+        even_caps(low, high, points)
+    } else {
+        text.split(',')
+            .map(|c| parse_bytes(c).map_err(anyhow::Error::msg))
+            .collect::<anyhow::Result<Vec<_>>>()?
+    };
+    let mut caps = caps;
+    caps.sort_unstable();
+    caps.dedup();
+    Ok(caps)
+}
+
+fn csv(rows: &[SweepRow]) -> String {
+    let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v}"));
+    let mut out = String::from(
+        "cap_bytes,method,feasible,iteration_time_us,peak_memory_bytes,exposed_comm_us,units_none,units_sdp,units_fsdp,recomputed_units,gap,window_depth,solve_seconds\n",
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            r.cap_bytes,
+            r.method,
+            r.feasible,
+            opt(r.iteration_time_us),
+            r.peak_memory_bytes.map_or(String::new(), |v| v.to_string()),
+            opt(r.exposed_comm_us),
+            r.units_none,
+            r.units_sdp,
+            r.units_fsdp,
+            r.recomputed_units,
+            opt(r.gap),
+            r.window_depth.map_or(
+                if r.method == "ilp" && r.feasible {
+                    "full".to_string()
+                } else {
+                    String::new()
+                },
+                |d| d.to_string()
+            ),
+            opt(r.solve_seconds),
+        ));
+    }
+    out
+}
+
+/// Per cap: the ILP, the fastest feasible baseline, the speed-up.
+fn summary(caps: &[u64], rows: &[SweepRow]) -> Vec<serde_json::Value> {
+    caps.iter()
+        .map(|&cap| {
+            let at: Vec<&SweepRow> = rows.iter().filter(|r| r.cap_bytes == cap).collect();
+            let ilp = at.iter().find(|r| r.method == "ilp" && r.feasible);
+            let best = at
+                .iter()
+                .filter(|r| r.method != "ilp" && r.feasible)
+                .min_by(|a, b| {
+                    a.iteration_time_us
+                        .partial_cmp(&b.iteration_time_us)
+                        .expect("finite times")
+                });
+            let speedup = match (
+                ilp.and_then(|r| r.iteration_time_us),
+                best.and_then(|r| r.iteration_time_us),
+            ) {
+                (Some(i), Some(b)) => Some(b / i),
+                _ => None,
+            };
+            json!({
+                "cap_bytes": cap,
+                "ilp_iteration_time_us": ilp.and_then(|r| r.iteration_time_us),
+                "ilp_gap": ilp.and_then(|r| r.gap),
+                "best_baseline": best.map(|r| r.method.clone()),
+                "best_baseline_iteration_time_us": best.and_then(|r| r.iteration_time_us),
+                "speedup": speedup,
+            })
+        })
+        .collect()
+}
+
+fn markdown(profile: &Profile, table: &[serde_json::Value], seconds: f64) -> String {
+    let mut out = format!(
+        "# Sweep: {}\n\nILP against the fastest feasible baseline at each memory cap ({seconds:.1} s).\n\n\
+         | cap | ILP iteration | ILP gap | best baseline | its iteration | speed-up |\n|---|---|---|---|---|---|\n",
+        profile.name
+    );
+    let time = |v: &serde_json::Value| v.as_f64().map_or("infeasible".to_string(), ms);
+    for row in table {
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} |\n",
+            format_bytes(row["cap_bytes"].as_f64().unwrap_or_default()),
+            time(&row["ilp_iteration_time_us"]),
+            row["ilp_gap"]
+                .as_f64()
+                .map_or("-".into(), |g| format!("{:.3}%", g * 100.0)),
+            row["best_baseline"].as_str().unwrap_or("none fits"),
+            time(&row["best_baseline_iteration_time_us"]),
+            row["speedup"]
+                .as_f64()
+                .map_or("-".into(), |s| format!("{s:.3}x")),
+        ));
+    }
+    out
+}
+
+pub fn run(args: SweepArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.points >= 1, "--points: expected at least 1");
+    anyhow::ensure!(
+        args.time_limit > 0.0 && args.time_limit.is_finite(),
+        "--time-limit: expected positive seconds"
+    );
+    let methods: Vec<Method> = args
+        .methods
+        .split(',')
+        .map(|m| {
+            m.trim()
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!("--methods: {e}"))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let profile = Profile::load(&args.profile)?;
+    std::fs::create_dir_all(&args.out_dir)
+        .map_err(|e| anyhow::anyhow!("{}: cannot create: {e}", args.out_dir.display()))?;
+    let started = Instant::now();
+    let template = SolveOptions {
+        time_limit_s: args.time_limit,
+        relative_gap: args.gap,
+        ..SolveOptions::default()
+    };
+    let caps = match &args.caps {
+        Some(text) => parse_caps(text, args.points)?,
+        None => {
+            let (low, high) = cap_range(&profile, &template)?;
+            even_caps(low, high, args.points)
+        }
+    };
+    let bar = ProgressBar::new(caps.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} caps, {elapsed}")
+            .expect("valid template"),
+    );
+    bar.set_message("solving");
+    let mut rows = Vec::new();
+    if methods.contains(&Method::Ilp) {
+        rows.extend(ilp_rows(&profile, &caps, &template, &|| bar.inc(1))?);
+    }
+    bar.finish_and_clear();
+    for &cap in &caps {
+        for method in &methods {
+            if let Method::Baseline(kind) = method {
+                rows.push(best_baseline_row(&profile, *kind, cap));
+            }
+        }
+    }
+    rows.sort_by_key(|r| {
+        (
+            r.cap_bytes,
+            methods.iter().position(|m| m.name() == r.method),
+        )
+    });
+    let seconds = started.elapsed().as_secs_f64();
+    let table = summary(&caps, &rows);
+    let names: Vec<String> = methods.iter().map(|m| m.name().to_string()).collect();
+    write_atomic(&args.out_dir.join("sweep.csv"), csv(&rows).as_bytes())?;
+    crate::plots::write_charts(&args.out_dir, &profile.name, &rows, &names)?;
+    let md = markdown(&profile, &table, seconds);
+    write_atomic(&args.out_dir.join("summary.md"), md.as_bytes())?;
+    if args.json {
+        print_json(&json!({"profile": profile.name, "wall_seconds": seconds, "caps": table}));
+    } else {
+        print!("{md}");
+        println!(
+            "\nwrote sweep.csv, sweep.svg, sweep.png, levels.svg, levels.png, summary.md into {}",
+            args.out_dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Every method, in the order the CLI lists them.
+pub fn all_methods() -> String {
+    std::iter::once("ilp")
+        .chain(BaselineKind::ALL.iter().map(|k| k.name()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
