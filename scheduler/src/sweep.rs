@@ -59,6 +59,9 @@ pub struct SweepRow {
     pub gap: Option<f64>,
     pub window_depth: Option<usize>,
     pub solve_seconds: Option<f64>,
+    /// ILP: integer columns and rows of the widest model solved.
+    pub integer_variables: Option<usize>,
+    pub constraints: Option<usize>,
 }
 
 impl SweepRow {
@@ -83,6 +86,8 @@ impl SweepRow {
             gap: None,
             window_depth: None,
             solve_seconds: None,
+            integer_variables: None,
+            constraints: None,
         }
     }
 }
@@ -116,6 +121,7 @@ struct IlpPoint {
     bound_us: Option<f64>,
     window_depth: Option<usize>,
     seconds: f64,
+    size: (usize, usize),
 }
 
 /// Solves the caps (ascending) of one chain, each warm-started from the previous plan.
@@ -143,6 +149,7 @@ fn ilp_chain(
                     bound_us: Some(r.best_bound),
                     window_depth: r.window_depth,
                     seconds: r.solve_seconds,
+                    size: (r.integer_variables, r.constraints),
                     schedule: solved.schedule,
                 })
             }
@@ -214,6 +221,8 @@ pub fn ilp_rows(
                     .map(|bound| ((p.time_us - bound) / p.time_us).max(0.0));
                 row.window_depth = p.window_depth;
                 row.solve_seconds = Some(p.seconds);
+                row.integer_variables = Some(p.size.0);
+                row.constraints = Some(p.size.1);
                 row
             }
         })

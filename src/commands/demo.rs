@@ -1,12 +1,15 @@
-//! `shardplan demo`: the main job on a bundled profile.
+//! `shardplan demo`: the main job on a bundled profile — every baseline and the ILP under the
+//! device's memory, side by side.
 
 use crate::cli::DemoArgs;
 use crate::output::{Table, ms, print_json};
 use serde_json::json;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
+use shardplan_scheduler::ilp::{SolveOptions, solve};
 use shardplan_scheduler::io::write_atomic;
+use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::Profile;
-use shardplan_scheduler::sim::chrome_trace;
+use shardplan_scheduler::sim::{Simulation, chrome_trace};
 use shardplan_scheduler::size::format_bytes;
 
 /// The bundled default: Llama-2 70B on 64 H100s.
@@ -26,6 +29,26 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         std::fs::create_dir_all(dir)
             .map_err(|e| anyhow::anyhow!("{}: cannot create: {e}", dir.display()))?;
     }
+    let save = |name: &str, plan: &Plan, sim: &Simulation| -> anyhow::Result<()> {
+        if let Some(dir) = &args.out_dir {
+            plan.save(&dir.join(format!("{name}.plan.toml")))?;
+            write_atomic(
+                &dir.join(format!("{name}.trace.json")),
+                &serde_json::to_vec(&chrome_trace(&profile, sim))?,
+            )?;
+        }
+        Ok(())
+    };
+    let row = |name: &str, sim: &Simulation, note: String| {
+        json!({
+            "method": name,
+            "iteration_time_us": sim.iteration_time_us,
+            "exposed_comm_us": sim.exposed_comm_us,
+            "peak_memory_bytes": sim.peak_memory_bytes.ceil() as u64,
+            "fits_cap": sim.peak_memory_bytes <= cap as f64,
+            "note": note,
+        })
+    };
     let mut rows = Vec::new();
     for kind in BaselineKind::ALL {
         for checkpoint in [false, true] {
@@ -34,24 +57,36 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
                 Err(shardplan_scheduler::Error::Infeasible(_)) => continue,
                 Err(e) => return Err(e.into()),
             };
-            let sim = &result.simulation;
             let name = format!("{}{}", kind.name(), if checkpoint { "+ckpt" } else { "" });
-            if let Some(dir) = &args.out_dir {
-                result.plan.save(&dir.join(format!("{name}.plan.toml")))?;
-                write_atomic(
-                    &dir.join(format!("{name}.trace.json")),
-                    &serde_json::to_vec(&chrome_trace(&profile, sim))?,
-                )?;
-            }
-            rows.push(json!({
-                "method": name,
-                "iteration_time_us": sim.iteration_time_us,
-                "exposed_comm_us": sim.exposed_comm_us,
-                "peak_memory_bytes": sim.peak_memory_bytes.ceil() as u64,
-                "fits_cap": sim.peak_memory_bytes <= cap as f64,
-            }));
+            save(&name, &result.plan, &result.simulation)?;
+            rows.push(row(&name, &result.simulation, String::new()));
         }
     }
+    let options = SolveOptions {
+        memory_cap_bytes: Some(cap),
+        time_limit_s: 20.0,
+        relative_gap: 1e-3,
+        ..SolveOptions::default()
+    };
+    let solved = solve(&profile, &options)?;
+    save(
+        "ilp",
+        &super::solve::plan_of(&profile, &solved, Some(cap)),
+        &solved.simulation,
+    )?;
+    let r = &solved.report;
+    let window = r
+        .window_depth
+        .map_or("full windows".to_string(), |d| format!("window depth {d}"));
+    rows.push(row(
+        "ilp",
+        &solved.simulation,
+        format!(
+            "gap {:.3}% ({window}), {:.1} s",
+            r.gap * 100.0,
+            r.solve_seconds
+        ),
+    ));
     if args.json {
         print_json(&json!({"profile": profile.name, "memory_cap_bytes": cap, "methods": rows}));
         return Ok(());
@@ -61,7 +96,14 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         profile.name,
         format_bytes(cap as f64)
     );
-    let mut table = Table::new(&["method", "iteration", "exposed comm", "peak memory", "fits"]);
+    let mut table = Table::new(&[
+        "method",
+        "iteration",
+        "exposed comm",
+        "peak memory",
+        "fits",
+        "solver",
+    ]);
     for r in &rows {
         table.row(vec![
             r["method"].as_str().unwrap_or_default().to_string(),
@@ -74,8 +116,24 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
                 "no"
             }
             .to_string(),
+            r["note"].as_str().unwrap_or_default().to_string(),
         ]);
     }
     println!("{}", table.render());
+    let fastest = rows
+        .iter()
+        .filter(|r| r["fits_cap"].as_bool() == Some(true) && r["method"] != "ilp")
+        .filter_map(|r| {
+            r["iteration_time_us"]
+                .as_f64()
+                .map(|t| (t, r["method"].as_str().unwrap_or_default().to_string()))
+        })
+        .min_by(|a, b| a.0.total_cmp(&b.0));
+    if let Some((time, name)) = fastest {
+        println!(
+            "\nILP vs the fastest baseline that fits ({name}): {:.3}x faster",
+            time / solved.simulation.iteration_time_us
+        );
+    }
     Ok(())
 }

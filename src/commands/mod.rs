@@ -5,7 +5,7 @@ mod demo;
 mod inspect;
 mod profile;
 mod simulate;
-mod solve;
+pub mod solve;
 mod sweep;
 
 pub use sweep::all_methods;

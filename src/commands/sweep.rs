@@ -41,11 +41,11 @@ fn parse_caps(text: &str, points: usize) -> anyhow::Result<Vec<u64>> {
 fn csv(rows: &[SweepRow]) -> String {
     let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v}"));
     let mut out = String::from(
-        "cap_bytes,method,feasible,iteration_time_us,peak_memory_bytes,exposed_comm_us,units_none,units_sdp,units_fsdp,recomputed_units,gap,window_depth,solve_seconds\n",
+        "cap_bytes,method,feasible,iteration_time_us,peak_memory_bytes,exposed_comm_us,units_none,units_sdp,units_fsdp,recomputed_units,gap,window_depth,solve_seconds,integer_variables,constraints\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
             r.cap_bytes,
             r.method,
             r.feasible,
@@ -66,6 +66,8 @@ fn csv(rows: &[SweepRow]) -> String {
                 |d| d.to_string()
             ),
             opt(r.solve_seconds),
+            r.integer_variables.map_or(String::new(), |v| v.to_string()),
+            r.constraints.map_or(String::new(), |v| v.to_string()),
         ));
     }
     out

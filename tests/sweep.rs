@@ -1,0 +1,196 @@
+//! `shardplan sweep` end to end, and the ILP against every baseline at nine caps between the
+//! smallest feasible cap and the peak of the fastest plan, on zoo models at N = 64.
+
+use shardplan_scheduler::analytic::{AnalyticOptions, analytic_profile};
+use shardplan_scheduler::baselines::BaselineKind;
+use shardplan_scheduler::hardware::Catalog;
+use shardplan_scheduler::ilp::SolveOptions;
+use shardplan_scheduler::model::ModelSpec;
+use shardplan_scheduler::sweep::{SweepRow, best_baseline_row, cap_range, even_caps, ilp_rows};
+use std::path::Path;
+use std::process::Command;
+
+fn shardplan(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_shardplan"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap()
+}
+
+/// ILP times never rise with the cap and never exceed a feasible baseline's.
+fn check_frontier(name: &str, rows: &[SweepRow]) {
+    let ilp: Vec<&SweepRow> = rows.iter().filter(|r| r.method == "ilp").collect();
+    for pair in ilp.windows(2) {
+        let (a, b) = (
+            pair[0].iteration_time_us.unwrap(),
+            pair[1].iteration_time_us.unwrap(),
+        );
+        assert!(
+            b <= a,
+            "{name}: ILP time rose from {a} at {} to {b} at {}",
+            pair[0].cap_bytes,
+            pair[1].cap_bytes
+        );
+    }
+    for r in rows.iter().filter(|r| r.method != "ilp" && r.feasible) {
+        let i = ilp.iter().find(|i| i.cap_bytes == r.cap_bytes).unwrap();
+        assert!(
+            i.feasible,
+            "{name}: ILP infeasible where {} fits at {}",
+            r.method, r.cap_bytes
+        );
+        let (ti, tb) = (i.iteration_time_us.unwrap(), r.iteration_time_us.unwrap());
+        assert!(
+            ti <= tb * (1.0 + 1e-9),
+            "{name} at {}: ILP {ti} > {} {tb}",
+            r.cap_bytes,
+            r.method
+        );
+        assert!(
+            r.peak_memory_bytes.unwrap() <= r.cap_bytes
+                && i.peak_memory_bytes.unwrap() <= r.cap_bytes
+        );
+    }
+}
+
+#[test]
+fn sweep_writes_csv_charts_summary_and_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("p.toml").display().to_string();
+    let out = shardplan(&[
+        "profile",
+        "analytic",
+        "--model",
+        "models/gpt2-small.toml",
+        "--device",
+        "a100-80g",
+        "--world-size",
+        "16",
+        "--micro-batch",
+        "8",
+        "--out",
+        &profile,
+    ]);
+    assert!(out.status.success());
+    let sweep_dir = dir.path().join("sweep");
+    let out = shardplan(&[
+        "sweep",
+        "--profile",
+        &profile,
+        "--caps",
+        "2GiB,3GiB,4GiB,40GiB",
+        "--out-dir",
+        sweep_dir.to_str().unwrap(),
+        "--time-limit",
+        "5",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["caps"].as_array().unwrap().len(), 4);
+    for f in [
+        "sweep.csv",
+        "sweep.svg",
+        "sweep.png",
+        "levels.svg",
+        "levels.png",
+        "summary.md",
+    ] {
+        assert!(sweep_dir.join(f).is_file(), "{f} missing");
+    }
+    assert_eq!(
+        &std::fs::read(sweep_dir.join("sweep.png")).unwrap()[..8],
+        b"\x89PNG\r\n\x1a\n"
+    );
+    assert!(
+        std::fs::read_to_string(sweep_dir.join("sweep.svg"))
+            .unwrap()
+            .contains("memory cap per rank (GiB)")
+    );
+    let csv = std::fs::read_to_string(sweep_dir.join("sweep.csv")).unwrap();
+    let mut lines = csv.lines();
+    assert!(lines.next().unwrap().starts_with(
+        "cap_bytes,method,feasible,iteration_time_us,peak_memory_bytes,exposed_comm_us"
+    ));
+    assert_eq!(lines.count(), 4 * 7, "one row per (cap, method)");
+    assert!(
+        std::fs::read_dir(&sweep_dir).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with('.')),
+        "temporary files left"
+    );
+}
+
+#[test]
+fn sweep_rejects_bad_caps_and_methods() {
+    let bad = shardplan(&[
+        "sweep",
+        "--profile",
+        "profiles/llama2-7b-h100-n64.toml",
+        "--caps",
+        "80GiB..20GiB",
+        "--out-dir",
+        "/tmp/never",
+    ]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("LOW < HIGH"));
+    let bad = shardplan(&[
+        "sweep",
+        "--profile",
+        "profiles/llama2-7b-h100-n64.toml",
+        "--methods",
+        "ilp,zero9",
+        "--out-dir",
+        "/tmp/never",
+    ]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("zero9"));
+}
+
+#[test]
+fn ilp_beats_every_fitting_baseline_and_never_slows_as_the_cap_grows() {
+    let catalog = Catalog::bundled().unwrap();
+    for name in ["gpt2-small", "llama2-7b"] {
+        let model = ModelSpec::load(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("models/{name}.toml")),
+        )
+        .unwrap();
+        let profile =
+            analytic_profile(&model, &catalog, &AnalyticOptions::new("h100-sxm", 64)).unwrap();
+        let template = SolveOptions {
+            time_limit_s: 5.0,
+            relative_gap: 1e-3,
+            ..SolveOptions::default()
+        };
+        let (low, high) = cap_range(&profile, &template).unwrap();
+        let caps = even_caps(low, high, 9);
+        let mut rows = ilp_rows(&profile, &caps, &template, &|| {}).unwrap();
+        for &cap in &caps {
+            rows.extend(
+                BaselineKind::ALL
+                    .iter()
+                    .map(|&k| best_baseline_row(&profile, k, cap)),
+            );
+        }
+        check_frontier(name, &rows);
+        let ilp: Vec<&SweepRow> = rows.iter().filter(|r| r.method == "ilp").collect();
+        assert!(
+            ilp.iter().all(|r| r.feasible),
+            "{name}: the smallest feasible cap must be feasible"
+        );
+        // Less memory moves units toward fsdp.
+        assert!(
+            ilp[0].units_fsdp >= ilp[8].units_fsdp,
+            "{name}: {} fsdp units at the smallest cap, {} at the largest",
+            ilp[0].units_fsdp,
+            ilp[8].units_fsdp
+        );
+    }
+}
