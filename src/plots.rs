@@ -3,6 +3,7 @@
 //! DejaVu Sans, so no system font library is needed.
 
 use plotters::coord::Shift;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use shardplan_scheduler::sweep::SweepRow;
 use std::path::Path;
@@ -54,6 +55,56 @@ fn segments(rows: &[&SweepRow]) -> Vec<Vec<(f64, f64)>> {
 /// How many units of a sweep row a chart line counts.
 type UnitCount = fn(&SweepRow) -> usize;
 
+/// A chart over (cap in GiB) × (value).
+type Frame<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// Smallest and largest of some values.
+fn extent(values: impl Iterator<Item = f64> + Clone) -> (f64, f64) {
+    (
+        values.clone().fold(f64::INFINITY, f64::min),
+        values.fold(f64::NEG_INFINITY, f64::max),
+    )
+}
+
+/// Title, axes with their units and the mesh, shared by both charts.
+fn frame<'a, DB: DrawingBackend>(
+    root: &'a DrawingArea<DB, Shift>,
+    title: &str,
+    caps: (f64, f64),
+    y: std::ops::Range<f64>,
+    y_desc: &str,
+) -> Result<Frame<'a, DB>, DrawingAreaErrorKind<DB::ErrorType>> {
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, ("sans-serif", 26))
+        .margin(20)
+        .x_label_area_size(55)
+        .y_label_area_size(80)
+        .build_cartesian_2d(caps.0..caps.1.max(caps.0 + 1e-9), y)?;
+    chart
+        .configure_mesh()
+        .x_desc("memory cap per rank (GiB)")
+        .y_desc(y_desc)
+        .axis_desc_style(("sans-serif", 20))
+        .label_style(("sans-serif", 16))
+        .draw()?;
+    Ok(chart)
+}
+
+/// The legend box, shared by both charts.
+fn legend<'a, DB: DrawingBackend + 'a>(
+    chart: &mut Frame<'a, DB>,
+    position: SeriesLabelPosition,
+) -> Drawn<DB> {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .label_font(("sans-serif", 18))
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()
+}
+
 type Drawn<DB> = Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
 
 fn draw_times<DB: DrawingBackend>(
@@ -62,35 +113,20 @@ fn draw_times<DB: DrawingBackend>(
     rows: &[SweepRow],
     methods: &[String],
 ) -> Drawn<DB> {
-    root.fill(&WHITE)?;
-    let caps: Vec<f64> = rows.iter().map(|r| r.cap_bytes as f64 / GIB).collect();
-    let times: Vec<f64> = rows
-        .iter()
-        .filter_map(|r| r.iteration_time_us)
-        .map(|t| t / 1e6)
-        .collect();
-    let (x0, x1) = (
-        caps.iter().copied().fold(f64::INFINITY, f64::min),
-        caps.iter().copied().fold(0.0, f64::max),
-    );
-    let (y0, y1) = (
-        times.iter().copied().fold(f64::INFINITY, f64::min),
-        times.iter().copied().fold(0.0, f64::max),
+    let caps = extent(rows.iter().map(|r| r.cap_bytes as f64 / GIB));
+    let (y0, y1) = extent(
+        rows.iter()
+            .filter_map(|r| r.iteration_time_us)
+            .map(|t| t / 1e6),
     );
     let pad = ((y1 - y0) * 0.08).max(y1 * 0.01);
-    let mut chart = ChartBuilder::on(root)
-        .caption(title, ("sans-serif", 26))
-        .margin(20)
-        .x_label_area_size(55)
-        .y_label_area_size(80)
-        .build_cartesian_2d(x0..x1.max(x0 + 1e-9), (y0 - pad).max(0.0)..y1 + pad)?;
-    chart
-        .configure_mesh()
-        .x_desc("memory cap per rank (GiB)")
-        .y_desc("iteration time (s)")
-        .axis_desc_style(("sans-serif", 20))
-        .label_style(("sans-serif", 16))
-        .draw()?;
+    let mut chart = frame(
+        root,
+        title,
+        caps,
+        (y0 - pad).max(0.0)..y1 + pad,
+        "iteration time (s)",
+    )?;
     for (k, method) in methods.iter().enumerate() {
         let mine: Vec<&SweepRow> = rows.iter().filter(|r| &r.method == method).collect();
         let style = color(k);
@@ -113,13 +149,7 @@ fn draw_times<DB: DrawingBackend>(
             chart.draw_series(segment.iter().map(|&p| Circle::new(p, 4, style.filled())))?;
         }
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .label_font(("sans-serif", 18))
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()?;
+    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     root.present()
 }
 
@@ -128,29 +158,12 @@ fn draw_levels<DB: DrawingBackend>(
     title: &str,
     rows: &[SweepRow],
 ) -> Drawn<DB> {
-    root.fill(&WHITE)?;
     let ilp: Vec<&SweepRow> = rows
         .iter()
         .filter(|r| r.method == "ilp" && r.feasible)
         .collect();
-    let caps: Vec<f64> = ilp.iter().map(|r| r.cap_bytes as f64 / GIB).collect();
-    let (x0, x1) = (
-        caps.iter().copied().fold(f64::INFINITY, f64::min),
-        caps.iter().copied().fold(0.0, f64::max),
-    );
-    let mut chart = ChartBuilder::on(root)
-        .caption(title, ("sans-serif", 26))
-        .margin(20)
-        .x_label_area_size(55)
-        .y_label_area_size(80)
-        .build_cartesian_2d(x0..x1.max(x0 + 1e-9), 0.0..100.0)?;
-    chart
-        .configure_mesh()
-        .x_desc("memory cap per rank (GiB)")
-        .y_desc("share of units (%)")
-        .axis_desc_style(("sans-serif", 20))
-        .label_style(("sans-serif", 16))
-        .draw()?;
+    let caps = extent(ilp.iter().map(|r| r.cap_bytes as f64 / GIB));
+    let mut chart = frame(root, title, caps, 0.0..100.0, "share of units (%)")?;
     let share = |r: &SweepRow, n: usize| {
         100.0 * n as f64 / (r.units_none + r.units_sdp + r.units_fsdp).max(1) as f64
     };
@@ -174,13 +187,7 @@ fn draw_levels<DB: DrawingBackend>(
             });
         chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, style.filled())))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::MiddleRight)
-        .label_font(("sans-serif", 18))
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()?;
+    legend(&mut chart, SeriesLabelPosition::MiddleRight)?;
     root.present()
 }
 

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Rng, UnitSpec, affine, profile};
+use common::{Rng, random_profile};
 use shardplan_scheduler::Error;
 use shardplan_scheduler::ilp::{Objective, SolveOptions, solve};
 use shardplan_scheduler::plan::{Launch, Schedule, UnitSchedule};
@@ -134,36 +134,6 @@ fn enumerate(profile: &Profile, recompute: bool) -> Vec<(f64, f64)> {
     }
 }
 
-fn tiny_profile(rng: &mut Rng, units: usize, kappa: f64) -> Profile {
-    let specs: Vec<UnitSpec> = (0..units)
-        .map(|_| {
-            let f = rng.range(5, 60) as f64;
-            let act = rng.range(500, 6000);
-            (
-                rng.range(100, 1000),
-                f,
-                2.0 * f,
-                act,
-                act / rng.range(2, 10),
-                rng.range(0, 300),
-                rng.range(0, 300),
-            )
-        })
-        .collect();
-    let n = [2, 4, 8][rng.range(0, 2) as usize];
-    profile(
-        n,
-        1000,
-        kappa,
-        rng.range(0, 10) as f64,
-        (2, 2, 12),
-        &specs,
-        affine(rng.range(2, 30) as f64, rng.range(5, 40) as f64),
-        affine(rng.range(2, 30) as f64, rng.range(5, 40) as f64),
-        affine(rng.range(2, 30) as f64, rng.range(5, 40) as f64),
-    )
-}
-
 /// Caps between distinct peaks (never on one, so the ILP's 1e-8 relative margin cannot matter):
 /// below the smallest, tight above it, a middle one and above the largest.
 fn caps(results: &[(f64, f64)]) -> Vec<f64> {
@@ -192,7 +162,8 @@ fn ilp_optimum_equals_exhaustive_search() {
         let units = 1 + (seed % 3) as usize;
         let kappa = if seed % 2 == 0 { 0.0 } else { 0.1 };
         let recompute = seed % 4 < 2;
-        let profile = tiny_profile(&mut rng, units, kappa);
+        // Up to 1000 parameters: at most 2 blocks per unit.
+        let profile = random_profile(&mut rng, units, kappa, 1000);
         let results = enumerate(&profile, recompute);
         instances += 1;
         schedules += results.len();

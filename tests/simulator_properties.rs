@@ -16,7 +16,7 @@ proptest! {
     #[test]
     fn relaxed_is_never_slower_than_strict(seed in any::<u64>(), units in 1usize..7, kappa in prop::sample::select(vec![0.0, 0.1, 0.5])) {
         let mut rng = Rng(seed);
-        let profile = random_profile(&mut rng, units, kappa);
+        let profile = random_profile(&mut rng, units, kappa, 1500);
         let schedule = random_schedule(&mut rng, &profile);
         let strict = simulate(&profile, &schedule, Semantics::Strict);
         let relaxed = simulate(&profile, &schedule, Semantics::Relaxed);
@@ -30,7 +30,7 @@ proptest! {
     #[test]
     fn plans_round_trip_through_toml(seed in any::<u64>(), units in 1usize..7) {
         let mut rng = Rng(seed);
-        let profile = random_profile(&mut rng, units, 0.0);
+        let profile = random_profile(&mut rng, units, 0.0, 1500);
         let schedule = random_schedule(&mut rng, &profile);
         let (plan, _) = plan_with_prediction(&profile, &schedule, Producer { name: "random".into(), details: Default::default() }, None);
         let parsed: Plan = shardplan_scheduler::io::parse_toml(&plan.to_toml(), "round trip").unwrap();
@@ -41,7 +41,7 @@ proptest! {
     #[test]
     fn every_rule_breaking_mutation_is_rejected(seed in any::<u64>(), units in 2usize..7, which in 0usize..8) {
         let mut rng = Rng(seed);
-        let profile = random_profile(&mut rng, units, 0.0);
+        let profile = random_profile(&mut rng, units, 0.0, 1500);
         let mut schedule = random_schedule(&mut rng, &profile);
         let timeline = schedule.timeline();
         let unit = rng.range(0, units as u64 - 1) as usize;

@@ -17,6 +17,15 @@ const ZOO: [&str; 8] = [
     "gpt3-175b",
 ];
 
+fn h100_n64(name: &str) -> shardplan_scheduler::profile::Profile {
+    analytic_profile(
+        &model(name),
+        &Catalog::bundled().unwrap(),
+        &AnalyticOptions::new("h100-sxm", 64),
+    )
+    .unwrap()
+}
+
 fn model(name: &str) -> ModelSpec {
     ModelSpec::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("models/{name}.toml")))
         .unwrap()
@@ -46,14 +55,8 @@ fn parameter_counts_within_one_percent_of_published() {
 
 #[test]
 fn peak_memory_ddp_at_least_zero2_at_least_fsdp1_for_every_zoo_model() {
-    let catalog = Catalog::bundled().unwrap();
     for name in ZOO {
-        let profile = analytic_profile(
-            &model(name),
-            &catalog,
-            &AnalyticOptions::new("h100-sxm", 64),
-        )
-        .unwrap();
+        let profile = h100_n64(name);
         let peak = |kind| {
             baseline(&profile, kind, false, None)
                 .unwrap()
@@ -82,14 +85,8 @@ fn peak_memory_ddp_at_least_zero2_at_least_fsdp1_for_every_zoo_model() {
 
 #[test]
 fn every_baseline_is_a_valid_plan_for_every_zoo_model() {
-    let catalog = Catalog::bundled().unwrap();
     for name in ZOO {
-        let profile = analytic_profile(
-            &model(name),
-            &catalog,
-            &AnalyticOptions::new("h100-sxm", 64),
-        )
-        .unwrap();
+        let profile = h100_n64(name);
         for kind in BaselineKind::ALL {
             for checkpoint in [false, true] {
                 let b = baseline(&profile, kind, checkpoint, None).unwrap();

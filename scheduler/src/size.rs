@@ -4,12 +4,8 @@
 /// units (KB, MB, GB, TB) powers of 1000; a bare number is bytes. Fractions are allowed
 /// (`1.5GiB`) and rounded to whole bytes.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+    let (number, unit) = split_unit(text);
+    let scale: f64 = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "kb" => 1e3,
         "mb" => 1e6,
@@ -35,6 +31,16 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
+/// Splits `12.5GiB` into `("12.5", "GiB")` (surrounding and inner white space dropped).
+fn split_unit(text: &str) -> (&str, &str) {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    (number, unit.trim())
+}
+
 /// Renders bytes with a binary unit and two decimals (`12.50 GiB`).
 pub fn format_bytes(bytes: f64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -53,12 +59,8 @@ pub fn format_bytes(bytes: f64) -> String {
 
 /// Parses a positive duration (`8.5s`, `850ms`, `1200us`, `1200µs`) into microseconds.
 pub fn parse_duration_us(text: &str) -> Result<f64, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let scale = match unit.trim() {
+    let (number, unit) = split_unit(text);
+    let scale = match unit {
         "s" => 1e6,
         "ms" => 1e3,
         "us" | "µs" => 1.0,

@@ -117,25 +117,27 @@ impl Rng {
     }
 }
 
-/// A random profile of `units` units with 1–3 blocks each (B = 1000 bytes, p = g = 2).
-pub fn random_profile(rng: &mut Rng, units: usize, kappa: f64) -> Profile {
+/// A random profile of `units` units with parameter counts in 100..=`max_params` (B = 1000
+/// bytes, p = g = 2: up to ceil(2·max_params/1000) blocks per unit).
+pub fn random_profile(rng: &mut Rng, units: usize, kappa: f64, max_params: u64) -> Profile {
     let specs: Vec<UnitSpec> = (0..units)
         .map(|_| {
-            let params = rng.range(100, 1500);
             let f = rng.range(1, 100) as f64;
-            let act = rng.range(100, 5000);
+            let act = rng.range(100, 6000);
             (
-                params,
+                rng.range(100, max_params),
                 f,
                 2.0 * f,
                 act,
-                act / 10,
+                act / rng.range(2, 10),
                 rng.range(0, 500),
                 rng.range(0, 500),
             )
         })
         .collect();
     let n = [2, 4, 8][rng.range(0, 2) as usize];
+    let mut curve = || affine(rng.range(1, 30) as f64, rng.range(5, 50) as f64);
+    let (all_gather, reduce_scatter, all_reduce) = (curve(), curve(), curve());
     profile(
         n,
         1000,
@@ -143,9 +145,9 @@ pub fn random_profile(rng: &mut Rng, units: usize, kappa: f64) -> Profile {
         rng.range(0, 20) as f64,
         (2, 2, 12),
         &specs,
-        affine(rng.range(1, 20) as f64, rng.range(5, 50) as f64),
-        affine(rng.range(1, 20) as f64, rng.range(5, 50) as f64),
-        affine(rng.range(1, 20) as f64, rng.range(5, 50) as f64),
+        all_gather,
+        reduce_scatter,
+        all_reduce,
     )
 }
 
