@@ -134,7 +134,7 @@ struct Run {
 fn run_highs(
     profile: &Profile,
     options: &SolveOptions,
-    warm: Option<&Schedule>,
+    warm: &[(Schedule, f64)],
     time_limit: f64,
 ) -> Result<Run> {
     let started = Instant::now();
@@ -176,8 +176,9 @@ fn run_highs(
     model
         .try_set_option("threads", options.threads.max(1) as i32)
         .map_err(|e| Error::Mismatch(format!("HiGHS option threads: {e:?}")))?;
-    if let Some(schedule) = warm
-        && let Some(mut values) = schedule_values(&built.units, schedule, built.columns)
+    if let Some((schedule, mut values)) = warm
+        .iter()
+        .find_map(|(s, _)| schedule_values(&built.units, s, built.columns).map(|v| (s, v)))
     {
         let terms = slot_terms(profile, &built.units, &values);
         for (d, (c, q)) in built.durations.iter().zip(terms) {
@@ -300,15 +301,16 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     let started = Instant::now();
     let score = |schedule: &Schedule| objective_of(profile, options.objective, schedule);
     let warm = best_baseline(profile, options.memory_cap_bytes, options.allow_recompute);
-    let mut best: Option<(Schedule, f64)> = None;
-    let offer = |best: &mut Option<(Schedule, f64)>, schedule: Schedule| {
+    // Every feasible plan met so far, best first: each phase warm-starts from the best one its
+    // window limit can represent (a neighbour's plan outside D = 4 must not leave D = 4 cold).
+    let mut pool: Vec<(Schedule, f64)> = Vec::new();
+    let offer = |pool: &mut Vec<(Schedule, f64)>, schedule: Schedule| {
         let value = score(&schedule);
-        if best.as_ref().is_none_or(|(_, b)| value < *b) {
-            *best = Some((schedule, value));
-        }
+        let at = pool.partition_point(|(_, v)| *v <= value);
+        pool.insert(at, (schedule, value));
     };
     if let Some((_, schedule, _)) = &warm {
-        offer(&mut best, schedule.clone());
+        offer(&mut pool, schedule.clone());
     }
     if let Some(hint) = &options.hint
         && hint.validate(profile).is_ok()
@@ -317,7 +319,7 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
                 <= cap as f64 * (1.0 - CAP_MARGIN)
         })
     {
-        offer(&mut best, hint.clone());
+        offer(&mut pool, hint.clone());
     }
     let mut phases = Vec::new();
     let user_limited = options.prefetch_depth.is_some() || options.reduction_depth.is_some();
@@ -331,27 +333,22 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
             reduction_depth: Some(depth),
             ..options.clone()
         };
-        let run = run_highs(
-            profile,
-            &limited,
-            best.as_ref().map(|b| &b.0),
-            options.time_limit_s * share,
-        )?;
+        let run = run_highs(profile, &limited, &pool, options.time_limit_s * share)?;
         if let Some(schedule) = run.schedule {
-            offer(&mut best, schedule);
+            offer(&mut pool, schedule);
         }
         phases.push(run.phase);
     }
     let remaining = options.time_limit_s - started.elapsed().as_secs_f64();
-    let run = run_highs(profile, options, best.as_ref().map(|b| &b.0), remaining)?;
+    let run = run_highs(profile, options, &pool, remaining)?;
     phases.push(run.phase);
     if run.infeasible {
         return Err(explain_infeasible(profile, options));
     }
     if let Some(schedule) = run.schedule {
-        offer(&mut best, schedule);
+        offer(&mut pool, schedule);
     }
-    let Some((schedule, objective)) = best else {
+    let Some((schedule, objective)) = pool.into_iter().next() else {
         return Err(Error::Infeasible(
             "the time limit ended before any feasible plan was found".into(),
         ));
@@ -511,7 +508,7 @@ fn explain_infeasible(profile: &Profile, options: &SolveOptions) -> Error {
         two_phase: false,
         ..options.clone()
     };
-    match run_highs(profile, &relaxed, None, options.time_limit_s)
+    match run_highs(profile, &relaxed, &[], options.time_limit_s)
         .ok()
         .and_then(|r| r.schedule)
     {
