@@ -24,6 +24,8 @@ pub enum Command {
     Solve(SolveArgs),
     /// Compare the ILP with the baselines across memory caps: CSV, charts, summary.
     Sweep(SweepArgs),
+    /// Execute a plan: one process per rank (under mpirun), real training of an MLP model.
+    Run(RunArgs),
     /// Write the plan of a baseline (ddp, zero2, fsdp1, fsdp2, zero3, best-grid).
     Baseline(BaselineArgs),
     /// Simulate a plan: iteration time, communication, per-slot memory, optional trace.
@@ -38,6 +40,9 @@ pub enum Command {
 pub enum ProfileCommand {
     /// Analytic profile from a model spec and a hardware spec.
     Analytic(AnalyticArgs),
+    /// Measured profile of an MLP model: unit times on this machine, collective curves across the
+    /// ranks of `mpirun -np N`.
+    Measure(MeasureArgs),
 }
 
 /// Parses a byte size for clap.
@@ -217,6 +222,64 @@ pub struct SweepArgs {
     /// Relative MIP gap at which each solve stops.
     #[arg(long, default_value_t = 1e-3)]
     pub gap: f64,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+pub enum BackendArg {
+    /// Host threads as streams, MPI collectives.
+    Cpu,
+}
+
+#[derive(Args, Debug)]
+pub struct MeasureArgs {
+    #[arg(long, value_enum)]
+    pub backend: BackendArg,
+    /// An MLP model, e.g. models/mlp-small.toml.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Must equal the number of MPI ranks.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub world_size: u32,
+    /// Largest collective message to time.
+    #[arg(long, default_value = "64MiB", value_parser = bytes_arg)]
+    pub max_message: u64,
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    pub repeats: u64,
+    /// Override the block size derived from the measured curves.
+    #[arg(long, value_parser = bytes_arg)]
+    pub block_size: Option<u64>,
+    #[arg(long)]
+    pub out: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[arg(long, value_enum)]
+    pub backend: BackendArg,
+    #[arg(long)]
+    pub profile: PathBuf,
+    #[arg(long)]
+    pub plan: PathBuf,
+    /// The MLP model the profile was made for.
+    #[arg(long)]
+    pub model: PathBuf,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub steps: u64,
+    #[arg(long, value_enum, default_value_t = SemanticsArg::Strict)]
+    pub semantics: SemanticsArg,
+    /// Write a Chrome/Perfetto trace of rank 0's streams.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Write the trained parameters (JSON, one array per unit) — for checks against a reference.
+    #[arg(long)]
+    pub dump_params: Option<PathBuf>,
+    /// Seconds any stream may wait for another or for a peer before the run fails.
+    #[arg(long, default_value_t = 30.0)]
+    pub timeout: f64,
     #[arg(long)]
     pub json: bool,
 }

@@ -4,6 +4,7 @@ mod baseline;
 mod demo;
 mod inspect;
 mod profile;
+mod run;
 mod simulate;
 pub mod solve;
 mod sweep;
@@ -18,6 +19,8 @@ use std::path::Path;
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Profile(ProfileCommand::Analytic(args)) => profile::analytic(args),
+        Command::Profile(ProfileCommand::Measure(args)) => run::measure(args),
+        Command::Run(args) => run::run(args),
         Command::Solve(args) => solve::run(args),
         Command::Sweep(args) => sweep::run(args),
         Command::Baseline(args) => baseline::run(args),

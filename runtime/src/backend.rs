@@ -1,0 +1,305 @@
+//! Backends: buffers (regions of one arena), the compute kernels and the three collectives. The
+//! executor addresses memory only through [`Region`]s and calls only this trait, so it never knows
+//! which backend runs. `CpuBackend` keeps the arena in host memory and runs the kernels of
+//! [`crate::mlp`]; its collectives come from MPI (one process per rank) or, for one rank, a
+//! loopback.
+
+use crate::mlp;
+use crate::{Error, Result};
+use std::cell::UnsafeCell;
+
+/// A range of f32 elements in the arena.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    pub offset: usize,
+    pub len: usize,
+}
+
+impl Region {
+    /// Whether the two ranges share an element.
+    pub fn overlaps(self, other: Region) -> bool {
+        self.offset < other.offset + other.len && other.offset < self.offset + self.len
+    }
+
+    /// The `index`-th of `parts` equal sub-ranges.
+    pub fn part(self, index: usize, parts: usize) -> Region {
+        let len = self.len / parts;
+        Region {
+            offset: self.offset + index * len,
+            len,
+        }
+    }
+}
+
+/// What the executor needs from a device.
+pub trait Backend: Sync {
+    fn name(&self) -> &'static str;
+    fn rank(&self) -> usize;
+    fn world_size(&self) -> usize;
+    /// Allocates the arena (once, before the first step).
+    fn allocate(&mut self, elements: usize) -> Result<()>;
+    fn upload(&self, region: Region, data: &[f32]);
+    fn download(&self, region: Region, out: &mut [f32]);
+    fn linear_forward(
+        &self,
+        x: Region,
+        params: Region,
+        out: Region,
+        rows: usize,
+        dims: (usize, usize),
+        relu: bool,
+    );
+    #[allow(clippy::too_many_arguments)]
+    fn linear_backward(
+        &self,
+        x: Region,
+        params: Region,
+        output: Region,
+        grad_out: Region,
+        grads: Region,
+        grad_in: Option<Region>,
+        rows: usize,
+        dims: (usize, usize),
+        relu: bool,
+    );
+    /// Writes dL/dz into `grad` and returns the partial loss.
+    fn mse_grad(&self, z: Region, y: Region, grad: Region, scale: f32) -> f32;
+    fn adam(&self, params: Region, grads: Region, m: Region, v: Region, step: u32, lr: f32);
+    /// Every rank's `shard` concatenated in rank order into `full`.
+    fn all_gather(&self, shard: Region, full: Region) -> Result<()>;
+    /// The sum over ranks of `full`, this rank's part into `shard`.
+    fn reduce_scatter(&self, full: Region, shard: Region) -> Result<()>;
+    /// The sum over ranks, in place.
+    fn all_reduce(&self, data: Region) -> Result<()>;
+    /// The sum over ranks of a host vector, in place (outside the timed steps).
+    fn all_reduce_host(&self, data: &mut [f32]) -> Result<()>;
+}
+
+/// The three collectives on host slices.
+pub trait Collectives: Sync {
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+    fn all_gather(&self, send: &[f32], recv: &mut [f32]);
+    fn reduce_scatter(&self, send: &[f32], recv: &mut [f32]);
+    fn all_reduce(&self, send: &[f32], recv: &mut [f32]);
+}
+
+/// One rank, no communication.
+pub struct Loopback;
+
+impl Collectives for Loopback {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        1
+    }
+    fn all_gather(&self, send: &[f32], recv: &mut [f32]) {
+        recv.copy_from_slice(send);
+    }
+    fn reduce_scatter(&self, send: &[f32], recv: &mut [f32]) {
+        recv.copy_from_slice(send);
+    }
+    fn all_reduce(&self, send: &[f32], recv: &mut [f32]) {
+        recv.copy_from_slice(send);
+    }
+}
+
+/// MPI's world communicator.
+pub struct Mpi {
+    world: mpi::topology::SimpleCommunicator,
+}
+
+impl Mpi {
+    /// Initialises MPI with thread support for a communication thread. Fails (never panics)
+    /// when MPI is already initialised or gives too little thread support.
+    pub fn init() -> Result<(mpi::environment::Universe, Mpi)> {
+        use mpi::topology::Communicator;
+        let (universe, threading) = mpi::initialize_with_threading(mpi::Threading::Multiple)
+            .ok_or_else(|| Error::Backend("MPI was already initialised".into()))?;
+        if threading < mpi::Threading::Serialized {
+            return Err(Error::Backend(format!(
+                "MPI provides {threading:?} threading; the runtime needs at least Serialized"
+            )));
+        }
+        let world = universe.world();
+        let _ = world.size();
+        Ok((universe, Mpi { world }))
+    }
+}
+
+// SAFETY: MPI was initialised with at least `Serialized` thread support (checked in `init`), and
+// the runtime calls MPI from one thread at a time: the communication thread during the steps, the
+// main thread before and after them.
+unsafe impl Sync for Mpi {}
+
+impl Collectives for Mpi {
+    fn rank(&self) -> usize {
+        use mpi::topology::Communicator;
+        self.world.rank() as usize
+    }
+    fn size(&self) -> usize {
+        use mpi::topology::Communicator;
+        self.world.size() as usize
+    }
+    fn all_gather(&self, send: &[f32], recv: &mut [f32]) {
+        use mpi::collective::CommunicatorCollectives;
+        self.world.all_gather_into(send, recv);
+    }
+    fn reduce_scatter(&self, send: &[f32], recv: &mut [f32]) {
+        use mpi::collective::{CommunicatorCollectives, SystemOperation};
+        self.world
+            .reduce_scatter_block_into(send, recv, SystemOperation::sum());
+    }
+    fn all_reduce(&self, send: &[f32], recv: &mut [f32]) {
+        use mpi::collective::{CommunicatorCollectives, SystemOperation};
+        self.world
+            .all_reduce_into(send, recv, SystemOperation::sum());
+    }
+}
+
+/// Host memory and host kernels, collectives from `C`.
+pub struct CpuBackend<C: Collectives> {
+    collectives: C,
+    arena: UnsafeCell<Vec<f32>>,
+    /// A block-sized buffer for AllReduce (MPI has no in-place form here); comm thread only.
+    scratch: UnsafeCell<Vec<f32>>,
+}
+
+// SAFETY: the executor's schedule guarantees that no two concurrent operations touch overlapping
+// regions (lifetimes from the plan, ordering by events), and `scratch` is used by the
+// communication thread alone.
+unsafe impl<C: Collectives> Sync for CpuBackend<C> {}
+
+impl<C: Collectives> CpuBackend<C> {
+    pub fn new(collectives: C) -> Self {
+        CpuBackend {
+            collectives,
+            arena: UnsafeCell::new(Vec::new()),
+            scratch: UnsafeCell::new(Vec::new()),
+        }
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    fn slice(&self, r: Region) -> &mut [f32] {
+        // SAFETY: see the Sync impl: regions used concurrently never overlap.
+        unsafe { &mut (&mut *self.arena.get())[r.offset..r.offset + r.len] }
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    fn scratch(&self, len: usize) -> &mut [f32] {
+        // SAFETY: only the communication thread calls collectives.
+        unsafe { &mut (&mut *self.scratch.get())[..len] }
+    }
+
+    /// Sizes the AllReduce scratch buffer (once, before the first step).
+    pub fn reserve_scratch(&mut self, elements: usize) {
+        self.scratch.get_mut().resize(elements, 0.0);
+    }
+}
+
+impl<C: Collectives> Backend for CpuBackend<C> {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+    fn rank(&self) -> usize {
+        self.collectives.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.collectives.size()
+    }
+    fn allocate(&mut self, elements: usize) -> Result<()> {
+        let arena = self.arena.get_mut();
+        arena.try_reserve_exact(elements).map_err(|e| {
+            Error::Backend(format!(
+                "cannot allocate the {} MiB arena: {e}",
+                (elements * 4) >> 20
+            ))
+        })?;
+        arena.resize(elements, 0.0);
+        Ok(())
+    }
+    fn upload(&self, region: Region, data: &[f32]) {
+        self.slice(region).copy_from_slice(data);
+    }
+    fn download(&self, region: Region, out: &mut [f32]) {
+        out.copy_from_slice(self.slice(region));
+    }
+    fn linear_forward(
+        &self,
+        x: Region,
+        params: Region,
+        out: Region,
+        rows: usize,
+        dims: (usize, usize),
+        relu: bool,
+    ) {
+        mlp::linear_forward(
+            self.slice(x),
+            self.slice(params),
+            self.slice(out),
+            rows,
+            dims,
+            relu,
+        );
+    }
+    fn linear_backward(
+        &self,
+        x: Region,
+        params: Region,
+        output: Region,
+        grad_out: Region,
+        grads: Region,
+        grad_in: Option<Region>,
+        rows: usize,
+        dims: (usize, usize),
+        relu: bool,
+    ) {
+        let grad_in = grad_in.map(|r| self.slice(r));
+        mlp::linear_backward(
+            self.slice(x),
+            self.slice(params),
+            self.slice(output),
+            self.slice(grad_out),
+            self.slice(grads),
+            grad_in,
+            rows,
+            dims,
+            relu,
+        );
+    }
+    fn mse_grad(&self, z: Region, y: Region, grad: Region, scale: f32) -> f32 {
+        mlp::mse_grad(self.slice(z), self.slice(y), self.slice(grad), scale)
+    }
+    fn adam(&self, params: Region, grads: Region, m: Region, v: Region, step: u32, lr: f32) {
+        mlp::adam(
+            self.slice(params),
+            self.slice(grads),
+            self.slice(m),
+            self.slice(v),
+            step,
+            lr,
+        );
+    }
+    fn all_gather(&self, shard: Region, full: Region) -> Result<()> {
+        self.collectives
+            .all_gather(self.slice(shard), self.slice(full));
+        Ok(())
+    }
+    fn reduce_scatter(&self, full: Region, shard: Region) -> Result<()> {
+        self.collectives
+            .reduce_scatter(self.slice(full), self.slice(shard));
+        Ok(())
+    }
+    fn all_reduce(&self, data: Region) -> Result<()> {
+        let send = self.scratch(data.len);
+        send.copy_from_slice(self.slice(data));
+        self.collectives.all_reduce(send, self.slice(data));
+        Ok(())
+    }
+    fn all_reduce_host(&self, data: &mut [f32]) -> Result<()> {
+        let send = data.to_vec();
+        self.collectives.all_reduce(&send, data);
+        Ok(())
+    }
+}

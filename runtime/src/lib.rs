@@ -1,0 +1,18 @@
+//! shardplan's runtime: executes a saved plan, one process per rank, compute and communication on
+//! separate streams synchronised at the planned points (DESIGN §6).
+//!
+//! `event` (monotonic counters), `arena` (static buffer offsets from plan lifetimes), `mlp` (the
+//! CPU workload and its single-process reference), `layout` (which buffers a plan needs and when),
+//! `backend` (the collectives; MPI and a single-rank loopback), `executor` (the slot walker),
+//! `measure` (the measuring profiler).
+
+pub mod arena;
+pub mod backend;
+pub mod error;
+pub mod event;
+pub mod executor;
+pub mod layout;
+pub mod measure;
+pub mod mlp;
+
+pub use error::{Error, Result};

@@ -1,0 +1,478 @@
+//! The CPU workload: an MLP of Linear(+ReLU) units with an MSE loss, trained with Adam in fp32 on
+//! deterministic synthetic data, and its single-process reference trainer.
+//!
+//! Unit i maps d_i → d_{i+1} (W: out×in row-major, then the bias; one flat parameter vector per
+//! unit) followed by ReLU except on the last unit. ReLU's backward mask is taken from its output
+//! (a > 0 ⇔ z > 0), so a unit saves only its output; the first unit also keeps the input batch
+//! and the last the targets. Rank r of N holds samples r·b … (r+1)·b−1 of each global batch of
+//! N·b; the loss is mean((z − y)²) over the global batch, so summing the ranks' gradients gives
+//! exactly the reference gradient (up to the order of floating-point sums).
+
+use crate::{Error, Result};
+use serde::Deserialize;
+use std::path::Path;
+
+/// `models/mlp-*.toml`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MlpSpec {
+    pub name: String,
+    /// Input features d_0.
+    pub input: usize,
+    /// Output widths d_1 … d_L of the units.
+    pub widths: Vec<usize>,
+    /// Samples per rank and step (b).
+    pub batch_per_rank: usize,
+    pub seed: u64,
+    pub learning_rate: f32,
+}
+
+/// Adam's fixed hyper-parameters.
+pub const BETA1: f32 = 0.9;
+pub const BETA2: f32 = 0.999;
+pub const EPSILON: f32 = 1e-8;
+
+impl MlpSpec {
+    /// Loads and validates a model file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let spec: MlpSpec = shardplan_scheduler::io::read_toml(path)?;
+        let origin = path.display().to_string();
+        let bad = |field: &str, expected: &str| {
+            Err(shardplan_scheduler::Error::invalid(&origin, field, expected).into())
+        };
+        if spec.input == 0 || spec.widths.is_empty() || spec.widths.contains(&0) {
+            return bad(
+                "widths",
+                "a non-empty list of positive widths and a positive input",
+            );
+        }
+        if spec.batch_per_rank == 0 {
+            return bad("batch_per_rank", "a positive integer");
+        }
+        if !(spec.learning_rate > 0.0 && spec.learning_rate.is_finite()) {
+            return bad("learning_rate", "a positive number");
+        }
+        Ok(spec)
+    }
+
+    pub fn units(&self) -> usize {
+        self.widths.len()
+    }
+
+    /// (in, out) of unit i.
+    pub fn dims(&self, unit: usize) -> (usize, usize) {
+        let input = if unit == 0 {
+            self.input
+        } else {
+            self.widths[unit - 1]
+        };
+        (input, self.widths[unit])
+    }
+
+    /// Ψ_i = out·in + out.
+    pub fn params(&self, unit: usize) -> usize {
+        let (i, o) = self.dims(unit);
+        o * i + o
+    }
+
+    pub fn unit_name(&self, unit: usize) -> String {
+        format!("linear.{}", unit + 1)
+    }
+
+    /// ReLU after every unit but the last.
+    pub fn relu(&self, unit: usize) -> bool {
+        unit + 1 < self.units()
+    }
+
+    /// The initial flat parameters of a unit (identical on every rank): W uniform in ±1/√in,
+    /// bias 0; `padded` ≥ Ψ entries, the padding zero.
+    pub fn initial_params(&self, unit: usize, padded: usize) -> Vec<f32> {
+        let (i, o) = self.dims(unit);
+        let bound = 1.0 / (i as f32).sqrt();
+        let mut p = vec![0.0; padded];
+        for (k, w) in p.iter_mut().take(o * i).enumerate() {
+            *w = bound * uniform(self.seed, 1 + unit as u64, k as u64);
+        }
+        p
+    }
+
+    /// The fixed random teacher T (d_L × d_0) that defines the targets.
+    pub fn teacher(&self) -> Vec<f32> {
+        let (d0, dl) = (self.input, *self.widths.last().expect("validated"));
+        (0..dl * d0)
+            .map(|k| uniform(self.seed ^ 0x7EAC, (k / d0) as u64, (k % d0) as u64))
+            .collect()
+    }
+
+    /// Fills `x` (rows × d_0) and `y` (rows × d_L) with the samples `first..first+rows` of `step`:
+    /// inputs uniform in ±1, targets y = tanh(x·Tᵀ/√d_0) for the `teacher` T.
+    pub fn batch(
+        &self,
+        step: usize,
+        first: usize,
+        rows: usize,
+        teacher: &[f32],
+        x: &mut [f32],
+        y: &mut [f32],
+    ) {
+        let (d0, dl) = (self.input, *self.widths.last().expect("validated"));
+        for r in 0..rows {
+            let sample = (step as u64) << 32 | (first + r) as u64;
+            for k in 0..d0 {
+                x[r * d0 + k] = uniform(self.seed ^ 0xDA7A, sample, k as u64);
+            }
+        }
+        let scale = 1.0 / (d0 as f32).sqrt();
+        // SAFETY: x is rows×d0, the teacher dl×d0 (read as its transpose), y rows×dl.
+        unsafe {
+            matrixmultiply::sgemm(
+                rows,
+                d0,
+                dl,
+                scale,
+                x.as_ptr(),
+                d0 as isize,
+                1,
+                teacher.as_ptr(),
+                1,
+                d0 as isize,
+                0.0,
+                y.as_mut_ptr(),
+                dl as isize,
+                1,
+            );
+        }
+        y.iter_mut().for_each(|v| *v = v.tanh());
+    }
+}
+
+/// A deterministic uniform value in [−1, 1) from three integers (SplitMix64 finaliser).
+fn uniform(a: u64, b: u64, c: u64) -> f32 {
+    let mut z = a.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ b.wrapping_mul(0xBF58_476D_1CE4_E5B9)
+        ^ c.wrapping_mul(0x94D0_49BB_1331_11EB);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+/// out = x·Wᵀ + bias (rows × out), then ReLU in place when `relu`.
+pub fn linear_forward(
+    x: &[f32],
+    params: &[f32],
+    out: &mut [f32],
+    rows: usize,
+    (din, dout): (usize, usize),
+    relu: bool,
+) {
+    let (w, bias) = params.split_at(dout * din);
+    for r in 0..rows {
+        out[r * dout..(r + 1) * dout].copy_from_slice(&bias[..dout]);
+    }
+    // SAFETY: the slices hold rows×din, dout×din and rows×dout elements, as the strides say.
+    unsafe {
+        matrixmultiply::sgemm(
+            rows,
+            din,
+            dout,
+            1.0,
+            x.as_ptr(),
+            din as isize,
+            1,
+            w.as_ptr(),
+            1,
+            din as isize,
+            1.0,
+            out.as_mut_ptr(),
+            dout as isize,
+            1,
+        );
+    }
+    if relu {
+        out.iter_mut().for_each(|v| *v = v.max(0.0));
+    }
+}
+
+/// Backward of one unit. `grad_out` (rows × out) holds dL/d(output) and is turned into dL/dz in
+/// place (masked by `output > 0` when `relu`); writes the parameter gradient (W then bias) into
+/// `grads` and, when given, dL/dx into `grad_in` (rows × in).
+#[allow(clippy::too_many_arguments)]
+pub fn linear_backward(
+    x: &[f32],
+    params: &[f32],
+    output: &[f32],
+    grad_out: &mut [f32],
+    grads: &mut [f32],
+    grad_in: Option<&mut [f32]>,
+    rows: usize,
+    (din, dout): (usize, usize),
+    relu: bool,
+) {
+    if relu {
+        grad_out.iter_mut().zip(output).for_each(|(g, a)| {
+            if *a <= 0.0 {
+                *g = 0.0
+            }
+        });
+    }
+    let (gw, gb) = grads.split_at_mut(dout * din);
+    // SAFETY: dW (dout×din) = dZᵀ (dout×rows) · x (rows×din); the strides match the slices.
+    unsafe {
+        matrixmultiply::sgemm(
+            dout,
+            rows,
+            din,
+            1.0,
+            grad_out.as_ptr(),
+            1,
+            dout as isize,
+            x.as_ptr(),
+            din as isize,
+            1,
+            0.0,
+            gw.as_mut_ptr(),
+            din as isize,
+            1,
+        );
+    }
+    for (j, g) in gb.iter_mut().take(dout).enumerate() {
+        *g = (0..rows).map(|r| grad_out[r * dout + j]).sum();
+    }
+    if let Some(gx) = grad_in {
+        // SAFETY: dX (rows×din) = dZ (rows×dout) · W (dout×din).
+        unsafe {
+            matrixmultiply::sgemm(
+                rows,
+                dout,
+                din,
+                1.0,
+                grad_out.as_ptr(),
+                dout as isize,
+                1,
+                params.as_ptr(),
+                din as isize,
+                1,
+                0.0,
+                gx.as_mut_ptr(),
+                din as isize,
+                1,
+            );
+        }
+    }
+}
+
+/// dL/dz for L = Σ (z − y)² · scale; returns the partial loss Σ (z − y)² · scale.
+pub fn mse_grad(z: &[f32], y: &[f32], grad: &mut [f32], scale: f32) -> f32 {
+    let mut loss = 0.0;
+    for ((g, a), b) in grad.iter_mut().zip(z).zip(y) {
+        let d = a - b;
+        loss += d * d * scale;
+        *g = 2.0 * d * scale;
+    }
+    loss
+}
+
+/// One Adam step (step ≥ 1) on matching slices.
+pub fn adam(params: &mut [f32], grads: &[f32], m: &mut [f32], v: &mut [f32], step: u32, lr: f32) {
+    let (c1, c2) = (1.0 - BETA1.powi(step as i32), 1.0 - BETA2.powi(step as i32));
+    for k in 0..params.len() {
+        let g = grads[k];
+        m[k] = BETA1 * m[k] + (1.0 - BETA1) * g;
+        v[k] = BETA2 * v[k] + (1.0 - BETA2) * g * g;
+        params[k] -= lr * (m[k] / c1) / ((v[k] / c2).sqrt() + EPSILON);
+    }
+}
+
+/// The reference: one process trains on the union of the ranks' batches (N·b samples a step)
+/// for `steps` steps; returns each unit's final parameters (Ψ entries) and the loss per step.
+pub fn reference_training(
+    spec: &MlpSpec,
+    world_size: usize,
+    steps: usize,
+) -> (Vec<Vec<f32>>, Vec<f32>) {
+    let rows = spec.batch_per_rank * world_size;
+    let l = spec.units();
+    let mut params: Vec<Vec<f32>> = (0..l)
+        .map(|u| spec.initial_params(u, spec.params(u)))
+        .collect();
+    let mut m: Vec<Vec<f32>> = params.iter().map(|p| vec![0.0; p.len()]).collect();
+    let mut v = m.clone();
+    let mut losses = Vec::with_capacity(steps);
+    let (d0, dl) = (spec.input, *spec.widths.last().expect("validated"));
+    let scale = 1.0 / (rows * dl) as f32;
+    let teacher = spec.teacher();
+    for step in 0..steps {
+        let mut x = vec![0.0; rows * d0];
+        let mut y = vec![0.0; rows * dl];
+        spec.batch(step, 0, rows, &teacher, &mut x, &mut y);
+        let mut outputs: Vec<Vec<f32>> = Vec::with_capacity(l);
+        for u in 0..l {
+            let (din, dout) = spec.dims(u);
+            let mut out = vec![0.0; rows * dout];
+            linear_forward(
+                if u == 0 { &x } else { &outputs[u - 1] },
+                &params[u],
+                &mut out,
+                rows,
+                (din, dout),
+                spec.relu(u),
+            );
+            outputs.push(out);
+        }
+        let mut grad = vec![0.0; rows * dl];
+        losses.push(mse_grad(&outputs[l - 1], &y, &mut grad, scale));
+        for u in (0..l).rev() {
+            let dims = spec.dims(u);
+            let mut grads = vec![0.0; params[u].len()];
+            let mut grad_in = (u > 0).then(|| vec![0.0; rows * dims.0]);
+            let input = if u == 0 { &x } else { &outputs[u - 1] };
+            linear_backward(
+                input,
+                &params[u],
+                &outputs[u],
+                &mut grad,
+                &mut grads,
+                grad_in.as_deref_mut(),
+                rows,
+                dims,
+                spec.relu(u),
+            );
+            adam(
+                &mut params[u],
+                &grads,
+                &mut m[u],
+                &mut v[u],
+                step as u32 + 1,
+                spec.learning_rate,
+            );
+            if let Some(g) = grad_in {
+                grad = g;
+            }
+        }
+    }
+    (params, losses)
+}
+
+/// Compares trained parameters with a reference: the largest |a − b| over the unit's largest
+/// |b| (a relative error per unit, robust to near-zero entries such as biases).
+pub fn max_relative_error(a: &[Vec<f32>], b: &[Vec<f32>]) -> Result<f64> {
+    if a.len() != b.len() {
+        return Err(Error::Mismatch(format!(
+            "{} units against {}",
+            a.len(),
+            b.len()
+        )));
+    }
+    let mut worst = 0.0f64;
+    for (x, y) in a.iter().zip(b) {
+        let scale = y.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-12) as f64;
+        let err = x
+            .iter()
+            .zip(y)
+            .fold(0.0f32, |m, (p, q)| m.max((p - q).abs())) as f64;
+        worst = worst.max(err / scale);
+    }
+    Ok(worst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> MlpSpec {
+        MlpSpec {
+            name: "t".into(),
+            input: 8,
+            widths: vec![16, 12, 4],
+            batch_per_rank: 5,
+            seed: 3,
+            learning_rate: 1e-2,
+        }
+    }
+
+    /// Finite differences check the analytic gradient of a tiny network.
+    #[test]
+    fn backward_matches_finite_differences() {
+        let s = spec();
+        let rows = 5;
+        let mut x = vec![0.0; rows * 8];
+        let mut y = vec![0.0; rows * 4];
+        s.batch(0, 0, rows, &s.teacher(), &mut x, &mut y);
+        let mut params: Vec<Vec<f32>> = (0..3).map(|u| s.initial_params(u, s.params(u))).collect();
+        let loss = |params: &[Vec<f32>]| -> f64 {
+            let mut input = x.clone();
+            for (u, p) in params.iter().enumerate() {
+                let mut out = vec![0.0; rows * s.dims(u).1];
+                linear_forward(&input, p, &mut out, rows, s.dims(u), s.relu(u));
+                input = out;
+            }
+            input
+                .iter()
+                .zip(&y)
+                .map(|(a, b)| ((a - b) as f64).powi(2))
+                .sum()
+        };
+        // Analytic gradient of unit 1 (the middle one).
+        let mut outs = vec![x.clone()];
+        for u in 0..3 {
+            let mut out = vec![0.0; rows * s.dims(u).1];
+            linear_forward(&outs[u], &params[u], &mut out, rows, s.dims(u), s.relu(u));
+            outs.push(out);
+        }
+        let mut g = vec![0.0; rows * 4];
+        mse_grad(&outs[3], &y, &mut g, 1.0);
+        let mut gin = vec![0.0; rows * 12];
+        let mut grads2 = vec![0.0; s.params(2)];
+        linear_backward(
+            &outs[2],
+            &params[2],
+            &outs[3],
+            &mut g,
+            &mut grads2,
+            Some(&mut gin),
+            rows,
+            s.dims(2),
+            false,
+        );
+        let mut grads1 = vec![0.0; s.params(1)];
+        linear_backward(
+            &outs[1],
+            &params[1],
+            &outs[2],
+            &mut gin,
+            &mut grads1,
+            None,
+            rows,
+            s.dims(1),
+            true,
+        );
+        for k in [0, 7, 50, s.params(1) - 1] {
+            let h = 1e-2f32;
+            params[1][k] += h;
+            let up = loss(&params);
+            params[1][k] -= 2.0 * h;
+            let down = loss(&params);
+            params[1][k] += h;
+            let numeric = (up - down) / (2.0 * h as f64);
+            assert!(
+                (numeric - grads1[k] as f64).abs() < 2e-2 * numeric.abs().max(1e-2),
+                "param {k}: numeric {numeric}, analytic {}",
+                grads1[k]
+            );
+        }
+    }
+
+    #[test]
+    fn reference_training_reduces_the_loss() {
+        let (_, losses) = reference_training(
+            &MlpSpec {
+                learning_rate: 3e-3,
+                ..spec()
+            },
+            2,
+            60,
+        );
+        assert!(losses[59] < 0.5 * losses[0], "{losses:?}");
+    }
+}

@@ -1,0 +1,355 @@
+//! The runtime end to end: plans executed by `shardplan run` (one rank, and N = 2, 4 MPI ranks
+//! under mpirun) end with the same weights as a single process training on the union of the
+//! ranks' batches, in strict and relaxed semantics; bad runs are refused; a killed rank ends the
+//! job.
+
+mod common;
+
+use common::{Rng, affine, random_schedule};
+use shardplan_runtime::layout::layout;
+use shardplan_runtime::measure::mlp_profile;
+use shardplan_runtime::mlp::{MlpSpec, max_relative_error, reference_training};
+use shardplan_scheduler::baselines::{BaselineKind, baseline};
+use shardplan_scheduler::plan::{Producer, Schedule, plan_with_prediction};
+use shardplan_scheduler::profile::{CommCurves, Profile};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const STEPS: usize = 4;
+
+const MODEL: &str = "name = \"mlp-test\"\ninput = 24\nwidths = [40, 32, 48, 8]\nbatch_per_rank = 6\nseed = 11\nlearning_rate = 0.01\n";
+
+fn spec(dir: &Path) -> (MlpSpec, PathBuf) {
+    let path = dir.join("mlp.toml");
+    std::fs::write(&path, MODEL).unwrap();
+    (MlpSpec::load(&path).unwrap(), path)
+}
+
+/// A profile with 2–4 blocks per unit (block size 1 KiB; units hold 1–2 k parameters).
+fn profile(spec: &MlpSpec, world: u32) -> Profile {
+    let times = (0..spec.units())
+        .map(|u| (10.0 + u as f64, 20.0 + u as f64))
+        .collect();
+    let comm = CommCurves {
+        all_gather: affine(5.0, 100.0),
+        reduce_scatter: affine(5.0, 100.0),
+        all_reduce: affine(8.0, 100.0),
+    };
+    mlp_profile(spec, world, &times, comm, Some(1024), Default::default()).unwrap()
+}
+
+fn write_plan(dir: &Path, name: &str, profile: &Profile, schedule: &Schedule) -> PathBuf {
+    let (plan, _) = plan_with_prediction(
+        profile,
+        schedule,
+        Producer {
+            name: name.into(),
+            details: Default::default(),
+        },
+        None,
+    );
+    let path = dir.join(format!("{name}.plan.toml"));
+    plan.save(&path).unwrap();
+    path
+}
+
+fn run(world: usize, args: &[&str]) -> Output {
+    let bin = env!("CARGO_BIN_EXE_shardplan");
+    let mut cmd = if world == 1 {
+        Command::new(bin)
+    } else {
+        let mut c = Command::new("mpirun");
+        c.args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            &world.to_string(),
+            bin,
+        ]);
+        c.env("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
+        c
+    };
+    cmd.args(args).output().expect("mpirun or shardplan starts")
+}
+
+fn params(path: &Path) -> Vec<Vec<f32>> {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// Baselines and random plans at `world` ranks, strict and relaxed, against the reference.
+fn check_world(world: usize, random_plans: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let (spec, model) = spec(dir.path());
+    let profile = profile(&spec, world as u32);
+    let profile_path = dir.path().join("profile.toml");
+    profile.save(&profile_path).unwrap();
+    let (reference, _) = reference_training(&spec, world, STEPS);
+    // Negative control: the reference of another world size trains on other data and must be
+    // told apart by the same check.
+    let (other_data, _) = reference_training(&spec, world + 1, STEPS);
+    let mut plans: Vec<(String, Schedule)> = [
+        BaselineKind::Ddp,
+        BaselineKind::Zero2,
+        BaselineKind::Fsdp1,
+        BaselineKind::Zero3,
+    ]
+    .into_iter()
+    .map(|k| {
+        (
+            k.name().to_string(),
+            baseline(&profile, k, k == BaselineKind::Zero2, None)
+                .unwrap()
+                .schedule,
+        )
+    })
+    .collect();
+    let mut rng = Rng(world as u64 * 1_000_003);
+    plans.extend(
+        (0..random_plans).map(|k| (format!("random{k}"), random_schedule(&mut rng, &profile))),
+    );
+    for (name, schedule) in &plans {
+        let plan = write_plan(dir.path(), name, &profile, schedule);
+        let mut results = Vec::new();
+        for semantics in ["strict", "relaxed"] {
+            let dump = dir.path().join(format!("{name}-{semantics}.json"));
+            let out = run(
+                world,
+                &[
+                    "run",
+                    "--backend",
+                    "cpu",
+                    "--profile",
+                    profile_path.to_str().unwrap(),
+                    "--plan",
+                    plan.to_str().unwrap(),
+                    "--model",
+                    model.to_str().unwrap(),
+                    "--steps",
+                    &STEPS.to_string(),
+                    "--semantics",
+                    semantics,
+                    "--dump-params",
+                    dump.to_str().unwrap(),
+                    "--json",
+                ],
+            );
+            assert!(
+                out.status.success(),
+                "N={world} {name} {semantics}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let trained = params(&dump);
+            let error = max_relative_error(&trained, &reference).unwrap();
+            assert!(
+                error <= 1e-5,
+                "N={world} {name} {semantics}: relative error {error:e} against the reference"
+            );
+            let control = max_relative_error(&trained, &other_data).unwrap();
+            assert!(
+                control > 1e-3,
+                "N={world} {name}: the check cannot tell other data apart ({control:e})"
+            );
+            results.push(trained);
+        }
+        assert_eq!(
+            results[0], results[1],
+            "N={world} {name}: strict and relaxed runs differ"
+        );
+    }
+}
+
+#[test]
+fn one_rank_matches_the_reference() {
+    check_world(1, 3);
+}
+
+#[test]
+fn two_mpi_ranks_match_the_reference() {
+    check_world(2, 6);
+}
+
+#[test]
+fn four_mpi_ranks_match_the_reference() {
+    check_world(4, 6);
+}
+
+/// The arena is packed from the plan's lifetimes; for whole-op launches (the baselines) it must
+/// come within 5% of the simulator's peak, which counts the same buffers.
+#[test]
+fn arena_is_within_five_percent_of_the_predicted_peak_for_baselines() {
+    let dir = tempfile::tempdir().unwrap();
+    let (spec, _) = spec(dir.path());
+    for world in [2usize, 4] {
+        let profile = profile(&spec, world as u32);
+        for kind in [
+            BaselineKind::Ddp,
+            BaselineKind::Zero2,
+            BaselineKind::Fsdp1,
+            BaselineKind::Fsdp2,
+            BaselineKind::Zero3,
+        ] {
+            let b = baseline(&profile, kind, false, None).unwrap();
+            let l = layout(&spec, &profile, &b.schedule, world).unwrap();
+            let ratio = l.arena.size_bytes as f64 / b.simulation.peak_memory_bytes;
+            assert!(
+                (0.95..=1.05).contains(&ratio),
+                "N={world} {}: arena {} vs predicted {} (ratio {ratio:.3})",
+                kind.name(),
+                l.arena.size_bytes,
+                b.simulation.peak_memory_bytes
+            );
+        }
+    }
+}
+
+#[test]
+fn mismatched_runs_are_refused_before_any_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let (spec, model) = spec(dir.path());
+    let profile = profile(&spec, 2);
+    let profile_path = dir.path().join("profile.toml");
+    profile.save(&profile_path).unwrap();
+    let plan = write_plan(
+        dir.path(),
+        "zero2",
+        &profile,
+        &baseline(&profile, BaselineKind::Zero2, false, None)
+            .unwrap()
+            .schedule,
+    );
+    let out = run(
+        1,
+        &[
+            "run",
+            "--backend",
+            "cpu",
+            "--profile",
+            profile_path.to_str().unwrap(),
+            "--plan",
+            plan.to_str().unwrap(),
+            "--model",
+            model.to_str().unwrap(),
+            "--steps",
+            "2",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        msg.contains("the plan is for 2 ranks, this run has 1") && msg.contains("mpirun -np 2"),
+        "{msg}"
+    );
+    assert!(out.stdout.is_empty(), "no step may run");
+
+    let other = dir.path().join("other.toml");
+    mlp_profile(
+        &spec,
+        2,
+        &vec![(1.0, 2.0); spec.units()],
+        profile.comm.clone(),
+        Some(2048),
+        Default::default(),
+    )
+    .unwrap()
+    .save(&other)
+    .unwrap();
+    let out = run(
+        1,
+        &[
+            "run",
+            "--backend",
+            "cpu",
+            "--profile",
+            other.to_str().unwrap(),
+            "--plan",
+            plan.to_str().unwrap(),
+            "--model",
+            model.to_str().unwrap(),
+            "--steps",
+            "2",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("made for profile"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_killed_rank_ends_every_rank_with_an_error_within_30_seconds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (spec, model) = spec(dir.path());
+    let profile = profile(&spec, 2);
+    let profile_path = dir.path().join("profile.toml");
+    profile.save(&profile_path).unwrap();
+    let plan = write_plan(
+        dir.path(),
+        "fsdp1",
+        &profile,
+        &baseline(&profile, BaselineKind::Fsdp1, false, None)
+            .unwrap()
+            .schedule,
+    );
+    let mut child = Command::new("mpirun")
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            "2",
+            env!("CARGO_BIN_EXE_shardplan"),
+            "run",
+            "--backend",
+            "cpu",
+        ])
+        .args([
+            "--profile",
+            profile_path.to_str().unwrap(),
+            "--plan",
+            plan.to_str().unwrap(),
+            "--model",
+            model.to_str().unwrap(),
+        ])
+        .args(["--steps", "100000000", "--timeout", "10"])
+        .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let ranks = String::from_utf8(
+        Command::new("pgrep")
+            .args(["-P", &child.id().to_string()])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let victim = ranks
+        .split_whitespace()
+        .next()
+        .expect("mpirun has rank processes");
+    let killed_at = std::time::Instant::now();
+    assert!(
+        Command::new("kill")
+            .args(["-9", victim])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            killed_at.elapsed().as_secs() < 30,
+            "ranks still running 30 s after one was killed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(!status.success(), "the job must fail when a rank dies");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(!stderr.trim().is_empty(), "a message says what happened");
+}
