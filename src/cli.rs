@@ -24,6 +24,9 @@ pub enum Command {
     Solve(SolveArgs),
     /// Compare the ILP with the baselines across memory caps: CSV, charts, summary.
     Sweep(SweepArgs),
+    /// Collective curves: import measurements.
+    #[command(subcommand)]
+    Comm(CommCommand),
     /// Execute a plan: one process per rank (under mpirun), real training of an MLP model.
     Run(RunArgs),
     /// Write the plan of a baseline (ddp, zero2, fsdp1, fsdp2, zero3, best-grid).
@@ -280,6 +283,37 @@ pub struct RunArgs {
     /// Seconds any stream may wait for another or for a peer before the run fails.
     #[arg(long, default_value_t = 30.0)]
     pub timeout: f64,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CommCommand {
+    /// Replace a profile's collective curves with nccl-tests outputs (text or -J JSON) and
+    /// recompute its block size.
+    Import(CommImportArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CommImportArgs {
+    /// Output of all_gather_perf.
+    #[arg(long)]
+    pub all_gather: Option<PathBuf>,
+    /// Output of reduce_scatter_perf.
+    #[arg(long)]
+    pub reduce_scatter: Option<PathBuf>,
+    /// Output of all_reduce_perf.
+    #[arg(long)]
+    pub all_reduce: Option<PathBuf>,
+    /// The profile to update.
+    #[arg(long)]
+    pub into: PathBuf,
+    /// Write the updated profile here instead of replacing --into.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Keep this block size instead of recomputing it from the curves.
+    #[arg(long, value_parser = bytes_arg)]
+    pub block_size: Option<u64>,
     #[arg(long)]
     pub json: bool,
 }

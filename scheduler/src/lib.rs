@@ -12,6 +12,7 @@ pub mod hardware;
 pub mod ilp;
 pub mod io;
 pub mod model;
+pub mod nccl_tests;
 pub mod plan;
 pub mod profile;
 pub mod sim;

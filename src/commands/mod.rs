@@ -1,6 +1,7 @@
 //! One module per subcommand; each returns `anyhow::Result` and prints its own output.
 
 mod baseline;
+mod comm;
 mod demo;
 mod inspect;
 mod profile;
@@ -11,7 +12,7 @@ mod sweep;
 
 pub use sweep::all_methods;
 
-use crate::cli::{Cli, Command, ProfileCommand};
+use crate::cli::{Cli, CommCommand, Command, ProfileCommand};
 use shardplan_scheduler::plan::{Plan, Schedule};
 use shardplan_scheduler::profile::Profile;
 use std::path::Path;
@@ -21,6 +22,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Profile(ProfileCommand::Analytic(args)) => profile::analytic(args),
         Command::Profile(ProfileCommand::Measure(args)) => run::measure(args),
         Command::Run(args) => run::run(args),
+        Command::Comm(CommCommand::Import(args)) => comm::import(args),
         Command::Solve(args) => solve::run(args),
         Command::Sweep(args) => sweep::run(args),
         Command::Baseline(args) => baseline::run(args),

@@ -1,0 +1,129 @@
+//! Executor overhead: 5 steps of mlp-small (one rank, loopback collectives) run by the executor
+//! under the ddp plan (strict), against a hand-written loop doing the same kernels, AllReduces and
+//! Adam steps in the same order with no executor.
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use shardplan_runtime::backend::{Backend, CpuBackend, Loopback};
+use shardplan_runtime::executor::{RunOptions, initialise, run};
+use shardplan_runtime::layout::layout;
+use shardplan_runtime::measure::mlp_profile;
+use shardplan_runtime::mlp::{MlpSpec, adam, linear_backward, linear_forward, mse_grad};
+use shardplan_scheduler::baselines::{BaselineKind, baseline};
+use shardplan_scheduler::curve::CommCurve;
+use shardplan_scheduler::profile::CommCurves;
+use shardplan_scheduler::sim::Semantics;
+use std::path::Path;
+use std::time::Duration;
+
+const STEPS: usize = 5;
+
+/// The same work as the executor's ddp steps, written as one loop.
+fn hand_written(spec: &MlpSpec, params: &mut [Vec<f32>], m: &mut [Vec<f32>], v: &mut [Vec<f32>]) {
+    let rows = spec.batch_per_rank;
+    let l = spec.units();
+    let teacher = spec.teacher();
+    let dl = *spec.widths.last().unwrap();
+    let mut x = vec![0.0; rows * spec.input];
+    let mut y = vec![0.0; rows * dl];
+    let mut outputs: Vec<Vec<f32>> = (0..l).map(|u| vec![0.0; rows * spec.dims(u).1]).collect();
+    let mut grads: Vec<Vec<f32>> = params.iter().map(|p| vec![0.0; p.len()]).collect();
+    let mut grad_in: Vec<Vec<f32>> = (0..l).map(|u| vec![0.0; rows * spec.dims(u).0]).collect();
+    let mut loss_grad = vec![0.0; rows * dl];
+    let mut scratch = vec![0.0; params.iter().map(Vec::len).max().unwrap()];
+    for step in 0..STEPS {
+        spec.batch(step, 0, rows, &teacher, &mut x, &mut y);
+        for u in 0..l {
+            let (before, rest) = outputs.split_at_mut(u);
+            linear_forward(
+                if u == 0 { &x } else { &before[u - 1] },
+                &params[u],
+                &mut rest[0],
+                rows,
+                spec.dims(u),
+                spec.relu(u),
+            );
+        }
+        mse_grad(
+            &outputs[l - 1],
+            &y,
+            &mut loss_grad,
+            1.0 / (rows * dl) as f32,
+        );
+        for u in (0..l).rev() {
+            let (lower, upper) = grad_in.split_at_mut(u + 1);
+            let grad_out: &mut [f32] = if u + 1 == l {
+                &mut loss_grad
+            } else {
+                &mut upper[0]
+            };
+            let input: &[f32] = if u == 0 { &x } else { &outputs[u - 1] };
+            linear_backward(
+                input,
+                &params[u],
+                &outputs[u],
+                grad_out,
+                &mut grads[u],
+                (u > 0).then_some(lower[u].as_mut_slice()),
+                rows,
+                spec.dims(u),
+                spec.relu(u),
+            );
+            let n = grads[u].len();
+            scratch[..n].copy_from_slice(&grads[u]);
+            grads[u].copy_from_slice(&scratch[..n]);
+            adam(
+                &mut params[u],
+                &grads[u],
+                &mut m[u],
+                &mut v[u],
+                step as u32 + 1,
+                spec.learning_rate,
+            );
+        }
+    }
+}
+
+fn overhead(c: &mut Criterion) {
+    let spec = MlpSpec::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("models/mlp-small.toml"))
+        .unwrap();
+    let flat = CommCurve {
+        points: vec![(1, 1.0), (1 << 40, 1.0)],
+    };
+    let comm = CommCurves {
+        all_gather: flat.clone(),
+        reduce_scatter: flat.clone(),
+        all_reduce: flat,
+    };
+    let times = vec![(100.0, 200.0); spec.units()];
+    let profile = mlp_profile(&spec, 1, &times, comm, Some(1 << 30), Default::default()).unwrap();
+    let plan = baseline(&profile, BaselineKind::Ddp, false, None).unwrap();
+    let lay = layout(&spec, &profile, &plan.schedule, 1).unwrap();
+    let mut backend = CpuBackend::new(Loopback);
+    backend
+        .allocate((lay.arena.size_bytes / 4) as usize)
+        .unwrap();
+    backend.reserve_scratch(lay.largest_block);
+    initialise(&backend, &spec, &lay);
+    let options = RunOptions {
+        steps: STEPS,
+        semantics: Semantics::Strict,
+        timeout: Duration::from_secs(30),
+        trace: false,
+    };
+    let mut group = c.benchmark_group("mlp-small 5 steps, 1 rank");
+    group.bench_function("executor (ddp plan, strict)", |b| {
+        b.iter(|| run(&backend, &spec, &plan.schedule, &lay, &options).unwrap())
+    });
+    let mut params: Vec<Vec<f32>> = (0..spec.units())
+        .map(|u| spec.initial_params(u, spec.params(u)))
+        .collect();
+    let mut m: Vec<Vec<f32>> = params.iter().map(|p| vec![0.0; p.len()]).collect();
+    let mut v = m.clone();
+    group.bench_function("hand-written loop", |b| {
+        b.iter(|| hand_written(&spec, &mut params, &mut m, &mut v))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, overhead);
+criterion_main!(benches);

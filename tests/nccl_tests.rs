@@ -1,0 +1,215 @@
+//! nccl-tests import: real outputs of each layout parse to their (bytes, µs) points; failed
+//! validations and malformed files are refused with a clear error; `comm import` updates a
+//! profile.
+
+use shardplan_scheduler::nccl_tests::parse;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn fixture(name: &str) -> (String, String) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/nccl-tests")
+        .join(name);
+    (
+        std::fs::read_to_string(&path).unwrap(),
+        path.display().to_string(),
+    )
+}
+
+fn points(name: &str) -> Vec<(u64, f64)> {
+    let (text, origin) = fixture(name);
+    parse(&text, &origin)
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+        .points
+}
+
+#[test]
+fn current_layout_with_root_and_wrong_counts() {
+    let p = points("current-layout.txt");
+    assert_eq!(p.len(), 10);
+    assert_eq!(p[0], (4, 12.49));
+    assert_eq!(
+        p[3],
+        (32, 24.63),
+        "the out-of-place time, not the in-place 13.10"
+    );
+    assert_eq!(p[9], (2048, 16.49));
+}
+
+#[test]
+fn header_without_hash_marks_and_interleaved_logs_and_na() {
+    let p = points("current-layout-no-hash.txt");
+    assert_eq!(
+        (p.len(), p[0], p[5]),
+        (6, (8388608, 784.9), (268435456, 5066.8))
+    );
+    let p = points("current-layout-na-and-logs.txt");
+    assert_eq!(
+        (p.len(), p[0], p[5]),
+        (6, (1048576, 52.94), (33554432, 538.8))
+    );
+}
+
+#[test]
+fn older_layout_without_root_and_with_error_deviation_or_na() {
+    let p = points("older-layout-error.txt");
+    assert_eq!((p.len(), p[0], p[5]), (6, (8, 22.54), (256, 24.35)));
+    let p = points("older-layout-na.txt");
+    assert_eq!((p.len(), p[0], p[2]), (6, (8, 4849.2), (32, 113.5)));
+}
+
+#[test]
+fn mpirun_tagged_output_and_json() {
+    assert_eq!(points("mpirun-tagged.txt"), points("current-layout.txt"));
+    assert_eq!(
+        points("json-output.json"),
+        vec![(4, 12.49), (1024, 16.38), (2048, 16.49)]
+    );
+}
+
+#[test]
+fn failed_validation_and_malformed_files_are_refused() {
+    let (text, _) = fixture("current-layout.txt");
+    let wrong = text.replacen(
+        "16.26    0.03    0.06      0",
+        "16.26    0.03    0.06      3",
+        1,
+    );
+    let e = parse(&wrong, "ag.txt").unwrap_err().to_string();
+    assert!(
+        e.contains("ag.txt:")
+            && e.contains("#wrong")
+            && e.contains("got 3 out-of-place at size 512"),
+        "{e}"
+    );
+    let footer = text.replace(
+        "Out of bounds values : 0 OK",
+        "Out of bounds values : 2 FAILED",
+    );
+    assert!(
+        parse(&footer, "ag.txt")
+            .unwrap_err()
+            .to_string()
+            .contains("got 2: the run failed validation")
+    );
+    let (json, _) = fixture("json-output.json");
+    let e = parse(
+        &json.replacen("\"nwrong\":0.000000", "\"nwrong\":5.000000", 1),
+        "ar.json",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("results[0].out_of_place.nwrong"), "{e}");
+    assert!(
+        parse("{\"results\": 3}", "x.json")
+            .unwrap_err()
+            .to_string()
+            .contains("field `results`")
+    );
+    assert!(
+        parse("{not json", "x.json")
+            .unwrap_err()
+            .to_string()
+            .starts_with("x.json:1:")
+    );
+    let e = parse("hello\nworld\n", "empty.txt")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("found none"), "{e}");
+    let bad_time = text.replacen("16.26", "fast", 1);
+    assert!(
+        parse(&bad_time, "ag.txt")
+            .unwrap_err()
+            .to_string()
+            .contains("out-of-place time")
+    );
+    let twice = format!(
+        "{text}{}",
+        text.lines()
+            .filter(|l| l.contains(" 2048 "))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(
+        parse(&twice, "ag.txt")
+            .unwrap_err()
+            .to_string()
+            .contains("2048 appears twice")
+    );
+}
+
+#[test]
+fn comm_import_replaces_curves_and_recomputes_the_block_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_shardplan");
+    let profile = dir.path().join("p.toml");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    assert!(
+        Command::new(bin)
+            .current_dir(root)
+            .args([
+                "profile",
+                "analytic",
+                "--model",
+                "models/llama2-7b.toml",
+                "--device",
+                "h100-sxm",
+                "--world-size",
+                "8",
+                "--out",
+                profile.to_str().unwrap()
+            ])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let fixtures = root.join("tests/fixtures/nccl-tests");
+    let out = dir.path().join("measured.toml");
+    let output = Command::new(bin)
+        .args([
+            "comm",
+            "import",
+            "--all-gather",
+            fixtures
+                .join("current-layout-no-hash.txt")
+                .to_str()
+                .unwrap(),
+        ])
+        .args([
+            "--reduce-scatter",
+            fixtures
+                .join("current-layout-na-and-logs.txt")
+                .to_str()
+                .unwrap(),
+        ])
+        .args([
+            "--all-reduce",
+            fixtures.join("json-output.json").to_str().unwrap(),
+        ])
+        .args([
+            "--into",
+            profile.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let p = shardplan_scheduler::profile::Profile::load(&out).unwrap();
+    assert_eq!(p.comm.all_gather.points[0], (8388608, 784.9));
+    assert_eq!(p.comm.all_reduce.points.len(), 3);
+    // Algorithmic bandwidth of the all-gather rows: 64 MiB / 1432.6 µs = 46.8 GB/s, 88% of the best
+    // (128 MiB / 2516.9 µs = 53.3 GB/s), so 128 MiB is the first power of two at 90%; the
+    // reduce-scatter reaches 90% at 16 MiB and the all-reduce rows at 2 KiB: the block is 128 MiB.
+    assert_eq!(p.block_size_bytes, 134217728);
+    let refused = Command::new(bin)
+        .args(["comm", "import", "--into", profile.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+}
