@@ -107,6 +107,7 @@ fn check_world(world: usize, random_plans: usize) {
     plans.extend(
         (0..random_plans).map(|k| (format!("random{k}"), random_schedule(&mut rng, &profile))),
     );
+    let mut worst = 0.0f64;
     for (name, schedule) in &plans {
         let plan = write_plan(dir.path(), name, &profile, schedule);
         let mut results = Vec::new();
@@ -144,6 +145,7 @@ fn check_world(world: usize, random_plans: usize) {
                 error <= 1e-5,
                 "N={world} {name} {semantics}: relative error {error:e} against the reference"
             );
+            worst = worst.max(error);
             let control = max_relative_error(&trained, &other_data).unwrap();
             assert!(
                 control > 1e-3,
@@ -156,6 +158,10 @@ fn check_world(world: usize, random_plans: usize) {
             "N={world} {name}: strict and relaxed runs differ"
         );
     }
+    eprintln!(
+        "N={world}: {} plans x 2 semantics, worst relative error {worst:e} against the reference",
+        plans.len()
+    );
 }
 
 #[test]
@@ -202,21 +208,41 @@ fn arena_is_within_five_percent_of_the_predicted_peak_for_baselines() {
     }
 }
 
+/// A two-rank setup in `dir`: the model file, the profile file and a baseline's plan file.
+struct TwoRanks {
+    spec: MlpSpec,
+    model: PathBuf,
+    profile: Profile,
+    profile_path: PathBuf,
+    plan: PathBuf,
+}
+
+fn two_ranks(dir: &Path, kind: BaselineKind) -> TwoRanks {
+    let (spec, model) = spec(dir);
+    let profile = profile(&spec, 2);
+    let profile_path = dir.join("profile.toml");
+    profile.save(&profile_path).unwrap();
+    let schedule = baseline(&profile, kind, false, None).unwrap().schedule;
+    let plan = write_plan(dir, kind.name(), &profile, &schedule);
+    TwoRanks {
+        spec,
+        model,
+        profile,
+        profile_path,
+        plan,
+    }
+}
+
 #[test]
 fn mismatched_runs_are_refused_before_any_step() {
     let dir = tempfile::tempdir().unwrap();
-    let (spec, model) = spec(dir.path());
-    let profile = profile(&spec, 2);
-    let profile_path = dir.path().join("profile.toml");
-    profile.save(&profile_path).unwrap();
-    let plan = write_plan(
-        dir.path(),
-        "zero2",
-        &profile,
-        &baseline(&profile, BaselineKind::Zero2, false, None)
-            .unwrap()
-            .schedule,
-    );
+    let TwoRanks {
+        spec,
+        model,
+        profile,
+        profile_path,
+        plan,
+    } = two_ranks(dir.path(), BaselineKind::Zero2);
     let out = run(
         1,
         &[
@@ -280,18 +306,12 @@ fn mismatched_runs_are_refused_before_any_step() {
 #[test]
 fn a_killed_rank_ends_every_rank_with_an_error_within_30_seconds() {
     let dir = tempfile::tempdir().unwrap();
-    let (spec, model) = spec(dir.path());
-    let profile = profile(&spec, 2);
-    let profile_path = dir.path().join("profile.toml");
-    profile.save(&profile_path).unwrap();
-    let plan = write_plan(
-        dir.path(),
-        "fsdp1",
-        &profile,
-        &baseline(&profile, BaselineKind::Fsdp1, false, None)
-            .unwrap()
-            .schedule,
-    );
+    let TwoRanks {
+        model,
+        profile_path,
+        plan,
+        ..
+    } = two_ranks(dir.path(), BaselineKind::Fsdp1);
     let mut child = Command::new("mpirun")
         .args([
             "--allow-run-as-root",

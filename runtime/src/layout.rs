@@ -18,9 +18,10 @@ use shardplan_scheduler::plan::Schedule;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::timeline::{Level, Op, Timeline};
 
-/// One unit's sizes and regions.
+/// One unit's sizes and buffers; `R` is the buffer handle (an arena request index while the
+/// layout is built, a [`Region`] after packing).
 #[derive(Debug, Clone)]
-pub struct UnitLayout {
+pub struct UnitLayout<R = Region> {
     pub level: Level,
     pub recompute: bool,
     pub dims: (usize, usize),
@@ -28,15 +29,37 @@ pub struct UnitLayout {
     pub blocks: usize,
     /// Elements per block (a multiple of N).
     pub block_elements: usize,
-    pub params: Region,
-    pub grads: Region,
-    pub adam_m: Region,
-    pub adam_v: Region,
-    pub full_grad: Option<Region>,
-    pub gathered_forward: Option<Region>,
-    pub gathered_backward: Option<Region>,
-    pub output: Region,
-    pub grad_in: Option<Region>,
+    pub params: R,
+    pub grads: R,
+    pub adam_m: R,
+    pub adam_v: R,
+    pub full_grad: Option<R>,
+    pub gathered_forward: Option<R>,
+    pub gathered_backward: Option<R>,
+    pub output: R,
+    pub grad_in: Option<R>,
+}
+
+impl<R: Copy> UnitLayout<R> {
+    fn map<S>(self, f: impl Fn(R) -> S) -> UnitLayout<S> {
+        UnitLayout {
+            level: self.level,
+            recompute: self.recompute,
+            dims: self.dims,
+            relu: self.relu,
+            blocks: self.blocks,
+            block_elements: self.block_elements,
+            params: f(self.params),
+            grads: f(self.grads),
+            adam_m: f(self.adam_m),
+            adam_v: f(self.adam_v),
+            full_grad: self.full_grad.map(&f),
+            gathered_forward: self.gathered_forward.map(&f),
+            gathered_backward: self.gathered_backward.map(&f),
+            output: f(self.output),
+            grad_in: self.grad_in.map(&f),
+        }
+    }
 }
 
 impl UnitLayout {
@@ -90,25 +113,20 @@ impl Builder {
     }
 }
 
-/// The window positions an op's launches start at (its first launch), if it has any.
-fn first_launch(schedule: &Schedule, timeline: Timeline, unit: usize, op: Op) -> Option<usize> {
+/// The first and last window positions of an op's launches, if it has any.
+fn launch_span(
+    schedule: &Schedule,
+    timeline: Timeline,
+    unit: usize,
+    op: Op,
+) -> Option<(usize, usize)> {
     let window = timeline.window(unit, op.window_kind());
-    schedule.units[unit]
+    let positions = schedule.units[unit]
         .launches
         .get(&op)?
         .iter()
-        .filter_map(|l| window.position(l.slot))
-        .min()
-}
-
-fn last_launch(schedule: &Schedule, timeline: Timeline, unit: usize, op: Op) -> Option<usize> {
-    let window = timeline.window(unit, op.window_kind());
-    schedule.units[unit]
-        .launches
-        .get(&op)?
-        .iter()
-        .filter_map(|l| window.position(l.slot))
-        .max()
+        .filter_map(|l| window.position(l.slot));
+    Some((positions.clone().min()?, positions.max()?))
 }
 
 /// Lays out a validated schedule for `spec` on `world` ranks.
@@ -168,7 +186,7 @@ pub fn layout(
         let (f, bw) = (timeline.forward(i), timeline.backward(i));
         let after = timeline.window(i, Op::ReduceScatter.window_kind());
         let full_grad = (u.level != Level::None).then(|| {
-            let last = last_launch(schedule, timeline, i, Op::ReduceScatter)
+            let (_, last) = launch_span(schedule, timeline, i, Op::ReduceScatter)
                 .expect("validated: sharded units reduce-scatter");
             b.add(format!("{name} full gradient"), padded, |s| {
                 s == bw || after.position(s).is_some_and(|p| p <= last)
@@ -180,7 +198,7 @@ pub fn layout(
             Op::GatherForward
         };
         let gathered_forward = (u.level != Level::None).then(|| {
-            let first = first_launch(schedule, timeline, i, gather_op)
+            let (first, _) = launch_span(schedule, timeline, i, gather_op)
                 .expect("validated: sharded units gather");
             let until = if u.level == Level::Sdp { bw } else { f };
             b.add(format!("{name} gathered"), padded, |s| {
@@ -189,7 +207,7 @@ pub fn layout(
         });
         let gathered_backward = (u.level == Level::Fsdp).then(|| {
             let between = timeline.window(i, Op::GatherBackward.window_kind());
-            let first = first_launch(schedule, timeline, i, Op::GatherBackward)
+            let (first, _) = launch_span(schedule, timeline, i, Op::GatherBackward)
                 .expect("validated: fsdp units gather twice");
             b.add(format!("{name} gathered for backward"), padded, |s| {
                 s == bw || between.position(s).is_some_and(|p| p >= first)
@@ -204,20 +222,23 @@ pub fn layout(
                 s == bw || s == previous
             })
         });
-        pending.push((
-            u.level,
-            u.recompute,
-            (din, dout),
-            spec.relu(i),
-            nb,
+        pending.push(UnitLayout {
+            level: u.level,
+            recompute: u.recompute,
+            dims: (din, dout),
+            relu: spec.relu(i),
+            blocks: nb,
             block_elements,
-            [params, grads, adam_m, adam_v],
+            params,
+            grads,
+            adam_m,
+            adam_v,
             full_grad,
             gathered_forward,
             gathered_backward,
             output,
             grad_in,
-        ));
+        });
     }
     let (f1, b1) = (timeline.forward(0), timeline.backward(0));
     let (fl, bl) = (timeline.forward(l - 1), timeline.backward(l - 1));
@@ -232,42 +253,8 @@ pub fn layout(
         offset: (arena.offsets[k] / 4) as usize,
         len: (b.requests[k].bytes / 4) as usize,
     };
-    let largest_block = pending.iter().map(|p| p.5).max().unwrap_or(0);
-    let units = pending
-        .into_iter()
-        .map(
-            |(
-                level,
-                recompute,
-                dims,
-                relu,
-                blocks,
-                block_elements,
-                [p, g, m, v],
-                fg,
-                gf,
-                gb,
-                out,
-                gin,
-            )| UnitLayout {
-                level,
-                recompute,
-                dims,
-                relu,
-                blocks,
-                block_elements,
-                params: region(p),
-                grads: region(g),
-                adam_m: region(m),
-                adam_v: region(v),
-                full_grad: fg.map(region),
-                gathered_forward: gf.map(region),
-                gathered_backward: gb.map(region),
-                output: region(out),
-                grad_in: gin.map(region),
-            },
-        )
-        .collect();
+    let largest_block = pending.iter().map(|u| u.block_elements).max().unwrap_or(0);
+    let units = pending.into_iter().map(|u| u.map(region)).collect();
     let regions = (0..b.requests.len())
         .map(|k| (region(k), b.requests[k].clone()))
         .collect();
