@@ -24,6 +24,9 @@ pub enum Command {
     Solve(SolveArgs),
     /// Compare the ILP with the baselines across memory caps: CSV, charts, summary.
     Sweep(SweepArgs),
+    /// Export a plan to other systems.
+    #[command(subcommand)]
+    Export(ExportCommand),
     /// Collective curves: import measurements.
     #[command(subcommand)]
     Comm(CommCommand),
@@ -314,6 +317,24 @@ pub struct CommImportArgs {
     /// Keep this block size instead of recomputing it from the curves.
     #[arg(long, value_parser = bytes_arg)]
     pub block_size: Option<u64>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ExportCommand {
+    /// PyTorch FSDP2 settings per unit (JSON for python/shardplan_torch's apply_plan).
+    Fsdp2(ExportFsdp2Args),
+}
+
+#[derive(Args, Debug)]
+pub struct ExportFsdp2Args {
+    #[arg(long)]
+    pub plan: PathBuf,
+    #[arg(long)]
+    pub profile: PathBuf,
+    #[arg(long)]
+    pub out: PathBuf,
     #[arg(long)]
     pub json: bool,
 }

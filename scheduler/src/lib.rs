@@ -8,6 +8,7 @@ pub mod baselines;
 pub mod cost;
 pub mod curve;
 pub mod error;
+pub mod export;
 pub mod hardware;
 pub mod ilp;
 pub mod io;

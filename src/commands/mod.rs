@@ -3,6 +3,7 @@
 mod baseline;
 mod comm;
 mod demo;
+mod export;
 mod inspect;
 mod profile;
 mod run;
@@ -12,7 +13,7 @@ mod sweep;
 
 pub use sweep::all_methods;
 
-use crate::cli::{Cli, CommCommand, Command, ProfileCommand};
+use crate::cli::{Cli, CommCommand, Command, ExportCommand, ProfileCommand};
 use shardplan_scheduler::plan::{Plan, Schedule};
 use shardplan_scheduler::profile::Profile;
 use std::path::Path;
@@ -23,6 +24,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Profile(ProfileCommand::Measure(args)) => run::measure(args),
         Command::Run(args) => run::run(args),
         Command::Comm(CommCommand::Import(args)) => comm::import(args),
+        Command::Export(ExportCommand::Fsdp2(args)) => export::fsdp2(args),
         Command::Solve(args) => solve::run(args),
         Command::Sweep(args) => sweep::run(args),
         Command::Baseline(args) => baseline::run(args),

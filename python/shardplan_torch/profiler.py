@@ -1,0 +1,175 @@
+"""Profile a model's units into a shardplan profile (schema 1).
+
+Per unit, with hooks on the unit modules: forward time (pre- to post-forward hook), backward time
+(from the unit's backward pre-hook to the next unit's in backward order, the first unit's ending
+when `backward()` returns), parameter count, saved-activation bytes (every tensor autograd saves
+while the unit's forward runs, parameters excluded, each storage once), checkpointed bytes (the
+unit's inputs: what full recompute keeps), forward workspace (the output bytes) and backward
+workspace (the gradients of the unit's output and input). Times are the median of `repeats`
+runs after `warmup`; on CUDA they are taken with CUDA events. Collective curves, block size and
+world size come from an existing shardplan profile (`shardplan profile analytic` for the target
+hardware, or one with curves imported from nccl-tests).
+"""
+
+import statistics
+import time
+import tomllib
+
+import torch
+
+
+def _bytes(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (tuple, list)):
+        return sum(_bytes(o) for o in obj)
+    if isinstance(obj, dict):
+        return sum(_bytes(o) for o in obj.values())
+    return 0
+
+
+class _Clock:
+    """Wall-clock on CPU, CUDA events on GPU (synchronised when read)."""
+
+    def __init__(self, cuda):
+        self.cuda = cuda
+        self.marks = []
+
+    def mark(self, key):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append((key, event))
+        else:
+            self.marks.append((key, time.perf_counter()))
+
+    def times_us(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+            first = self.marks[0][1]
+            return {k: first.elapsed_time(e) * 1e3 for k, e in self.marks}
+        first = self.marks[0][1]
+        return {k: (t - first) * 1e6 for k, t in self.marks}
+
+
+def _measure(model, units, sample_batch, loss_fn, cuda):
+    """One forward and backward with hooks; returns per-unit times and bytes."""
+    clock = _Clock(cuda)
+    params = {p.data_ptr() for p in model.parameters()}
+    names = [n for n, _ in units]
+    current = [None]
+    saved = {n: {} for n in names}
+    info = {n: {"in": 0, "out": 0, "grad": 0} for n in names}
+    handles = []
+
+    def pack(t):
+        if current[0] is not None and t.data_ptr() not in params:
+            saved[current[0]][(t.data_ptr(), t.numel(), t.dtype)] = t.numel() * t.element_size()
+        return t
+
+    for name, module in units:
+        def pre(mod, args, name=name):
+            current[0] = name
+            info[name]["in"] = _bytes(args)
+            clock.mark(("f0", name))
+
+        def post(mod, args, out, name=name):
+            clock.mark(("f1", name))
+            info[name]["out"] = _bytes(out)
+            current[0] = None
+
+        def bpre(mod, grad_out, name=name):
+            info[name]["grad"] = _bytes(grad_out)
+            clock.mark(("b0", name))
+
+        handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post),
+                    module.register_full_backward_pre_hook(bpre)]
+    try:
+        clock.mark(("start", None))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = loss_fn(model, sample_batch)
+        loss.backward()
+        clock.mark(("end", None))
+    finally:
+        for h in handles:
+            h.remove()
+    model.zero_grad(set_to_none=True)
+    t = clock.times_us()
+    result = {}
+    for k, name in enumerate(names):
+        backward_end = t[("b0", names[k - 1])] if k > 0 else t[("end", None)]
+        result[name] = {
+            "forward_us": t[("f1", name)] - t[("f0", name)],
+            "backward_us": backward_end - t[("b0", name)],
+            "activation_bytes": sum(saved[name].values()),
+            "checkpoint_activation_bytes": info[name]["in"],
+            "forward_workspace_bytes": info[name]["out"],
+            "backward_workspace_bytes": info[name]["grad"] + info[name]["in"],
+        }
+    return result
+
+
+def _toml_value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v)} to TOML")
+
+
+def profile(model, units, sample_batch, loss_fn, comm_profile, out, *, name="pytorch model",
+            bytes_per_param=(4, 4, 8), warmup=2, repeats=5):
+    """Measures `units` (a list of (name, module) in forward order) of `model` running
+    `loss_fn(model, sample_batch)` (a scalar loss) and writes a shardplan profile to `out`.
+    Collective curves, block size and world size are taken from the profile at `comm_profile`.
+    `bytes_per_param` is (gathered parameter, gradient, optimizer state) bytes per parameter."""
+    with open(comm_profile, "rb") as f:
+        base = tomllib.load(f)
+    cuda = next(model.parameters()).is_cuda
+    for _ in range(warmup):
+        _measure(model, units, sample_batch, loss_fn, cuda)
+    runs = [_measure(model, units, sample_batch, loss_fn, cuda) for _ in range(repeats)]
+    lines = [
+        "schema = 1",
+        f"name = {_toml_value(name)}",
+        f"world_size = {base['world_size']}",
+        f"block_size_bytes = {base['block_size_bytes']}",
+        f"overlap_slowdown = {_toml_value(float(base['overlap_slowdown']))}",
+        "iteration_extra_us = 0.0",
+        "",
+        "[source]",
+        'generator = "shardplan_torch"',
+        f"comm_from = {_toml_value(str(comm_profile))}",
+        f'device = "{"cuda" if cuda else "cpu"}"',
+        "",
+        "[bytes_per_param]",
+        f"param = {bytes_per_param[0]}",
+        f"grad = {bytes_per_param[1]}",
+        f"optimizer = {bytes_per_param[2]}",
+    ]
+    for unit_name, module in units:
+        samples = [r[unit_name] for r in runs]
+        median = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
+        lines += [
+            "",
+            "[[units]]",
+            f"name = {_toml_value(unit_name)}",
+            f"params = {sum(p.numel() for p in module.parameters())}",
+            f"forward_us = {_toml_value(max(float(median['forward_us']), 0.0))}",
+            f"backward_us = {_toml_value(max(float(median['backward_us']), 0.0))}",
+        ]
+        for key in ["activation_bytes", "checkpoint_activation_bytes", "forward_workspace_bytes",
+                    "backward_workspace_bytes"]:
+            lines.append(f"{key} = {int(median[key])}")
+    for op in ["all_gather", "reduce_scatter", "all_reduce"]:
+        points = [[int(b), float(t)] for b, t in base["comm"][op]["points"]]
+        lines += ["", f"[comm.{op}]", f"points = {_toml_value(points)}"]
+    with open(out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return out

@@ -1,0 +1,148 @@
+//! Export of a plan to PyTorch FSDP2 (`fully_shard`), unit by unit.
+//!
+//! FSDP2 decides per module: `reshard_after_forward` (fsdp → True, sdp → False), and which other
+//! modules' all-gathers to issue when a module's forward or backward starts
+//! (`set_modules_to_forward_prefetch`, `set_modules_to_backward_prefetch`). A `none` unit is
+//! replicated by `fully_shard` over a 2-D (replicate = N, shard = 1) mesh (HSDP with shard groups
+//! of one: full parameters on every rank, gradients all-reduced).
+//!
+//! What FSDP2 cannot express, and how the export rounds it (each rounding is listed in the
+//! exported `approximations`):
+//! - blocks: a unit's parameters are gathered whole, at the slot of its earliest block;
+//! - gathers launched in the previous iteration (slots B_k or E before F_i): FSDP2 prefetches only
+//!   within an iteration, so they start at F_1 (the first module's forward);
+//! - backward gathers launched in the forward (slots F_k after F_i): they start at B_L;
+//! - reductions: FSDP2 reduce-scatters (or all-reduces) right after the unit's backward, i.e. in
+//!   the slot after B_i, whatever the plan says.
+//!
+//! A plan is exactly expressible when every op launches whole in one slot, forward gathers in
+//! F_1 … F_{i−1} (or implicitly at F_i's start, depth 1 in FSDP2's own order), backward gathers in
+//! B_L … B_{i+1}, and reductions in the slot right after B_i.
+
+use crate::plan::Schedule;
+use crate::profile::Profile;
+use crate::timeline::{Level, Op, Slot};
+use serde::Serialize;
+
+/// One unit's FSDP2 settings.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Fsdp2Unit {
+    pub name: String,
+    pub level: &'static str,
+    /// True: `fully_shard` over the shard mesh; false: over the (N, 1) replicate mesh.
+    pub sharded: bool,
+    /// FSDP2's `reshard_after_forward` (None for replicated units).
+    pub reshard_after_forward: Option<bool>,
+    /// Activation checkpointing (wrap the unit with `torch.utils.checkpoint`).
+    pub recompute: bool,
+    /// Units whose all-gather starts when this unit's forward starts.
+    pub forward_prefetch: Vec<String>,
+    /// Units whose all-gather starts when this unit's backward starts.
+    pub backward_prefetch: Vec<String>,
+}
+
+/// The exported plan.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Fsdp2Plan {
+    pub schema: u32,
+    pub world_size: u32,
+    pub profile_digest: String,
+    /// Units in forward order.
+    pub units: Vec<Fsdp2Unit>,
+    /// True when nothing had to be rounded.
+    pub exact: bool,
+    pub approximations: Vec<String>,
+}
+
+/// Exports a validated schedule.
+pub fn fsdp2(profile: &Profile, schedule: &Schedule) -> Fsdp2Plan {
+    let timeline = schedule.timeline();
+    let l = schedule.units.len();
+    let name = |i: usize| profile.units[i].name.clone();
+    let mut forward_prefetch: Vec<Vec<String>> = vec![Vec::new(); l];
+    let mut backward_prefetch: Vec<Vec<String>> = vec![Vec::new(); l];
+    let mut notes = Vec::new();
+    for (i, u) in schedule.units.iter().enumerate() {
+        for (&op, launches) in &u.launches {
+            let window = timeline.window(i, op.window_kind());
+            let first = launches
+                .iter()
+                .min_by_key(|l| window.position(l.slot))
+                .expect("validated ops launch");
+            if launches.len() > 1 {
+                notes.push(format!(
+                    "{}: {} launches {} blocks over {} slots; FSDP2 gathers the unit whole at {}",
+                    name(i),
+                    op,
+                    u.launches[&op].iter().map(|l| l.blocks).sum::<u32>(),
+                    launches.len(),
+                    timeline.slot(first.slot)
+                ));
+            }
+            let slot = timeline.slot(first.slot);
+            match op {
+                Op::AllReduce | Op::ReduceScatter => {
+                    if window.position(first.slot) != Some(0) || launches.len() > 1 {
+                        notes.push(format!(
+                            "{}: {} planned at {slot}; FSDP2 reduces right after B{}",
+                            name(i),
+                            op,
+                            i + 1
+                        ));
+                    }
+                }
+                Op::Gather | Op::GatherForward => match slot {
+                    // Depth 1 (FSDP2's own issue order), and unit 1's only slot E (its forward
+                    // is the first of the iteration): nothing to set.
+                    Slot::F(k) if k == i => {}
+                    Slot::E if i == 0 => {}
+                    Slot::F(k) => forward_prefetch[k - 1].push(name(i)),
+                    _ => {
+                        notes.push(format!("{}: {} planned at {slot} (previous iteration); FSDP2 prefetches within an iteration, so it starts at F1", name(i), op));
+                        if i > 0 {
+                            forward_prefetch[0].push(name(i));
+                        }
+                    }
+                },
+                Op::GatherBackward => match slot {
+                    Slot::B(k) if k == i + 2 => {}
+                    Slot::B(k) => backward_prefetch[k - 1].push(name(i)),
+                    _ => {
+                        notes.push(format!(
+                            "{}: {} planned at {slot} (during the forward); it starts at B{l}",
+                            name(i),
+                            op
+                        ));
+                        backward_prefetch[l - 1].push(name(i));
+                    }
+                },
+            }
+        }
+    }
+    let units = schedule
+        .units
+        .iter()
+        .enumerate()
+        .map(|(i, u)| Fsdp2Unit {
+            name: name(i),
+            level: u.level.name(),
+            sharded: u.level != Level::None,
+            reshard_after_forward: match u.level {
+                Level::None => None,
+                Level::Sdp => Some(false),
+                Level::Fsdp => Some(true),
+            },
+            recompute: u.recompute,
+            forward_prefetch: std::mem::take(&mut forward_prefetch[i]),
+            backward_prefetch: std::mem::take(&mut backward_prefetch[i]),
+        })
+        .collect();
+    Fsdp2Plan {
+        schema: 1,
+        world_size: profile.world_size,
+        profile_digest: profile.digest(),
+        units,
+        exact: notes.is_empty(),
+        approximations: notes,
+    }
+}
