@@ -230,6 +230,26 @@ fn bad_inputs_exit_1_with_one_line_naming_file_and_field() {
         "{msg}"
     );
 
+    std::fs::write(
+        &broken,
+        text.replacen("block_size_bytes = 67108864", "block_size_bytes = 1", 1),
+    )
+    .unwrap();
+    let (code, msg) = fails(&[
+        "baseline",
+        "--profile",
+        &broken,
+        "--kind",
+        "ddp",
+        "--out",
+        &out,
+    ]);
+    assert_eq!(code, 1);
+    assert!(
+        msg.contains("field `block_size_bytes`") && msg.contains("at most 100000 blocks"),
+        "{msg}"
+    );
+
     std::fs::write(&broken, text.replacen("params = ", "parameters = ", 1)).unwrap();
     let (code, msg) = fails(&[
         "baseline",

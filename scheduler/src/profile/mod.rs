@@ -11,6 +11,11 @@ use std::path::Path;
 /// The profile schema this build reads and writes.
 pub const PROFILE_SCHEMA: u32 = 1;
 
+/// Most parameters a unit may have (2^50: byte arithmetic stays exact in u64 and f64).
+pub const MAX_UNIT_PARAMS: u64 = 1 << 50;
+/// Most blocks a unit may be cut into (a smaller block size makes the ILP intractable).
+pub const MAX_UNIT_BLOCKS: u64 = 100_000;
+
 /// Bytes per parameter of each kind of state (DESIGN: p, g, o).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -149,10 +154,11 @@ impl Profile {
                 format!("a finite number >= 0, got {}", self.iteration_extra_us),
             );
         }
-        if self.bytes_per_param.param == 0 || self.bytes_per_param.grad == 0 {
+        let b = self.bytes_per_param;
+        if b.param == 0 || b.grad == 0 || b.param > 64 || b.grad > 64 || b.optimizer > 256 {
             return bad(
                 "bytes_per_param".into(),
-                "param and grad of at least 1 byte".into(),
+                "param and grad of 1 to 64 bytes, optimizer of at most 256".into(),
             );
         }
         if self.units.is_empty() {
@@ -164,6 +170,25 @@ impl Profile {
                 return bad(
                     format!("units[{k}].name"),
                     format!("a unique name, `{}` appears twice", u.name),
+                );
+            }
+            if u.params > MAX_UNIT_PARAMS {
+                return bad(
+                    format!("units[{k}].params"),
+                    format!(
+                        "at most {MAX_UNIT_PARAMS} parameters for unit `{}`, got {}",
+                        u.name, u.params
+                    ),
+                );
+            }
+            let blocks = (u.params * b.param).div_ceil(self.block_size_bytes);
+            if blocks > MAX_UNIT_BLOCKS {
+                return bad(
+                    "block_size_bytes".into(),
+                    format!(
+                        "a block size that cuts unit `{}` into at most {MAX_UNIT_BLOCKS} blocks, got {blocks} blocks of {} bytes",
+                        u.name, self.block_size_bytes
+                    ),
                 );
             }
             if u.params == 0 {
