@@ -348,3 +348,91 @@ fn best_grid_with_an_impossible_cap_exits_3() {
     assert!(msg.contains("smallest grid peak"), "{msg}");
     assert!(!out.exists());
 }
+
+#[test]
+fn solve_reports_its_claim_and_explains_infeasible_caps_and_ceilings() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = analytic(dir.path(), "gpt2-small", "64");
+    let plan = path(dir.path(), "ilp.toml");
+    let json = ok_json(&[
+        "solve",
+        "--profile",
+        &profile,
+        "--memory-cap",
+        "700MiB",
+        "--out",
+        &plan,
+        "--gap",
+        "1e-4",
+        "--json",
+    ]);
+    for field in [
+        "iteration_time_us",
+        "best_bound_us",
+        "gap",
+        "solve_seconds",
+        "peak_memory_bytes",
+        "variables",
+        "constraints",
+        "recomputed_units",
+    ] {
+        assert!(json[field].is_number(), "{field}: {}", json[field]);
+    }
+    assert!(
+        ["optimal", "gap_limit"].contains(&json["status"].as_str().unwrap()),
+        "{}",
+        json["status"]
+    );
+    assert!(json["gap"].as_f64().unwrap() <= 1e-4);
+    assert!(
+        json["best_bound_us"].as_f64().unwrap()
+            <= json["iteration_time_us"].as_f64().unwrap() * (1.0 + 1e-9)
+    );
+    assert!(json["peak_memory_bytes"].as_u64().unwrap() <= 700 << 20);
+    let levels = &json["levels"];
+    assert_eq!(
+        ["none", "sdp", "fsdp"]
+            .iter()
+            .map(|l| levels[l].as_u64().unwrap())
+            .sum::<u64>(),
+        14
+    );
+    assert!(json["warm_start"]["name"].is_string() && json.get("window_depth").is_some());
+    // The written plan simulates to the reported time.
+    let sim = ok_json(&["simulate", "--profile", &profile, "--plan", &plan, "--json"]);
+    assert_eq!(sim["iteration_time_us"], json["iteration_time_us"]);
+
+    let never = path(dir.path(), "never.toml");
+    let (code, msg) = fails(&[
+        "solve",
+        "--profile",
+        &profile,
+        "--memory-cap",
+        "100MiB",
+        "--out",
+        &never,
+    ]);
+    assert_eq!(code, 3, "{msg}");
+    assert!(
+        msg.contains("no plan fits the memory cap of 100.00 MiB")
+            && msg.contains("smallest feasible cap is")
+            && msg.contains("peaking at slot"),
+        "{msg}"
+    );
+    let (code, msg) = fails(&[
+        "solve",
+        "--profile",
+        &profile,
+        "--objective",
+        "memory",
+        "--max-iteration-time",
+        "1us",
+        "--out",
+        &never,
+    ]);
+    assert_eq!(code, 3, "{msg}");
+    assert!(msg.contains("iteration-time ceiling of 0.001 ms"), "{msg}");
+    assert!(!Path::new(&never).exists());
+    let (code, _) = fails(&["solve", "--profile", &profile, "--out", &never]);
+    assert_eq!(code, 1, "the time objective needs a cap");
+}

@@ -40,9 +40,12 @@ pub enum Error {
     /// Two inputs that must belong together do not (plan vs profile, world sizes).
     #[error("{0}")]
     Mismatch(String),
-    /// No schedule of the requested kind fits the memory cap.
+    /// No schedule of the requested kind fits the memory cap (or the time ceiling).
     #[error("{0}")]
     Infeasible(String),
+    /// The solver failed, or its answer failed the check against the simulator.
+    #[error("solver: {0}")]
+    Solver(String),
 }
 
 impl Error {

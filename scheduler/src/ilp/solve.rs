@@ -157,7 +157,7 @@ fn run_highs(
     let set = |model: &mut highs::Model, name: &str, value: f64| {
         model
             .try_set_option(name, value)
-            .map_err(|e| Error::Mismatch(format!("HiGHS option {name}: {e:?}")))
+            .map_err(|e| Error::Solver(format!("HiGHS option {name}: {e:?}")))
     };
     set(&mut model, "time_limit", time_limit.max(0.01))?;
     set(&mut model, "mip_rel_gap", options.relative_gap)?;
@@ -175,7 +175,7 @@ fn run_highs(
     )?;
     model
         .try_set_option("threads", options.threads.max(1) as i32)
-        .map_err(|e| Error::Mismatch(format!("HiGHS option threads: {e:?}")))?;
+        .map_err(|e| Error::Solver(format!("HiGHS option threads: {e:?}")))?;
     if let Some((schedule, mut values)) = warm
         .iter()
         .find_map(|(s, _)| schedule_values(&built.units, s, built.columns).map(|v| (s, v)))
@@ -193,11 +193,11 @@ fn run_highs(
         }
         model
             .try_set_solution(Some(&values), None, None, None)
-            .map_err(|e| Error::Mismatch(format!("HiGHS warm start: {e:?}")))?;
+            .map_err(|e| Error::Solver(format!("HiGHS warm start: {e:?}")))?;
     }
     let solved = model
         .try_solve()
-        .map_err(|e| Error::Mismatch(format!("HiGHS failed: {e:?}")))?;
+        .map_err(|e| Error::Solver(format!("HiGHS failed: {e:?}")))?;
     let status = solved.status();
     let has_solution = solved.primal_solution_status() == highs::HighsSolutionStatus::Feasible;
     let infeasible = matches!(
@@ -257,35 +257,41 @@ fn run_highs(
     })
 }
 
-/// The fastest baseline (checkpointing on or off) that fits the cap, as a warm start.
-fn best_baseline(
-    profile: &Profile,
-    cap: Option<u64>,
-    allow_recompute: bool,
-) -> Option<(String, Schedule, f64)> {
-    let mut best: Option<(String, Schedule, f64)> = None;
+/// The best baseline for the objective (checkpointing on or off) that fits the cap and the time
+/// ceiling, as a warm start: the fastest for the time objective, the smallest peak for memory.
+fn best_baseline(profile: &Profile, options: &SolveOptions) -> Option<(String, Schedule, f64)> {
+    let cap = options.memory_cap_bytes;
+    let mut best: Option<(String, Schedule, f64, f64)> = None;
     for kind in BaselineKind::ALL {
         for checkpoint in [false, true] {
-            if checkpoint && !allow_recompute {
+            if checkpoint && !options.allow_recompute {
                 continue;
             }
             let Ok(b) = baseline(profile, kind, checkpoint, cap) else {
                 continue;
             };
-            let fits =
-                cap.is_none_or(|c| b.simulation.peak_memory_bytes <= c as f64 * (1.0 - CAP_MARGIN));
-            let time = b.simulation.iteration_time_us;
-            if fits && best.as_ref().is_none_or(|(_, _, t)| time < *t) {
+            let (time, peak) = (
+                b.simulation.iteration_time_us,
+                b.simulation.peak_memory_bytes,
+            );
+            let fits = cap.is_none_or(|c| peak <= c as f64 * (1.0 - CAP_MARGIN));
+            let (score, within_ceiling) = match options.objective {
+                Objective::Time => (time, true),
+                Objective::Memory {
+                    max_iteration_time_us,
+                } => (peak, max_iteration_time_us.is_none_or(|t| time <= t)),
+            };
+            if fits && within_ceiling && best.as_ref().is_none_or(|b| score < b.3) {
                 let name = format!(
                     "{}{}",
                     kind.name(),
                     if checkpoint { "+checkpoint" } else { "" }
                 );
-                best = Some((name, b.schedule, time));
+                best = Some((name, b.schedule, time, score));
             }
         }
     }
-    best
+    best.map(|(name, schedule, time, _)| (name, schedule, time))
 }
 
 /// Solves for the plan that minimises the chosen objective. Errors with [`Error::Infeasible`]
@@ -300,7 +306,7 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     }
     let started = Instant::now();
     let score = |schedule: &Schedule| objective_of(profile, options.objective, schedule);
-    let warm = best_baseline(profile, options.memory_cap_bytes, options.allow_recompute);
+    let warm = best_baseline(profile, options);
     // Every feasible plan met so far, best first: each phase warm-starts from the best one its
     // window limit can represent (a neighbour's plan outside D = 4 must not leave D = 4 cold).
     let mut pool: Vec<(Schedule, f64)> = Vec::new();
@@ -343,6 +349,19 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     let run = run_highs(profile, options, &pool, remaining)?;
     phases.push(run.phase);
     if run.infeasible {
+        if let Objective::Memory {
+            max_iteration_time_us: Some(ceiling),
+        } = options.objective
+        {
+            return Err(Error::Infeasible(format!(
+                "no plan meets the iteration-time ceiling of {:.3} ms{}",
+                ceiling / 1e3,
+                options.memory_cap_bytes.map_or(String::new(), |c| format!(
+                    " within {}",
+                    format_bytes(c as f64)
+                ))
+            )));
+        }
         return Err(explain_infeasible(profile, options));
     }
     if let Some(schedule) = run.schedule {
@@ -359,7 +378,7 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
         .memory_cap_bytes
         .is_some_and(|cap| simulation.peak_memory_bytes > cap as f64)
     {
-        return Err(Error::Mismatch(
+        return Err(Error::Solver(
             "internal check failed: the chosen plan exceeds the cap".into(),
         ));
     }
@@ -469,7 +488,7 @@ fn check_consistency(
     let sim = simulate(profile, schedule, Semantics::Strict);
     let error = (sim.iteration_time_us - ilp_time).abs() / ilp_time.max(1e-12);
     if error > CONSISTENCY {
-        return Err(Error::Mismatch(format!(
+        return Err(Error::Solver(format!(
             "internal check failed: the ILP's objective {ilp_time} µs differs from the simulated {} µs",
             sim.iteration_time_us
         )));
@@ -477,7 +496,7 @@ fn check_consistency(
     if let Some(peak) = ilp_peak
         && sim.peak_memory_bytes > peak * (1.0 + CONSISTENCY)
     {
-        return Err(Error::Mismatch(format!(
+        return Err(Error::Solver(format!(
             "internal check failed: the ILP's peak {peak} bytes is below the simulated {}",
             sim.peak_memory_bytes
         )));
@@ -485,7 +504,7 @@ fn check_consistency(
     if let Some(cap) = options.memory_cap_bytes
         && sim.peak_memory_bytes > cap as f64
     {
-        return Err(Error::Mismatch(format!(
+        return Err(Error::Solver(format!(
             "internal check failed: the plan's simulated peak {} exceeds the cap {cap}",
             sim.peak_memory_bytes
         )));
