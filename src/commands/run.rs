@@ -94,6 +94,7 @@ fn run_with<C: Collectives>(mut backend: CpuBackend<C>, args: &RunArgs) -> anyho
     if args.json {
         print_json(&json!({
             "steps": args.steps,
+            "backend": backend.name(),
             "world_size": world,
             "semantics": semantics.name(),
             "losses": report.losses,
@@ -111,7 +112,8 @@ fn run_with<C: Collectives>(mut backend: CpuBackend<C>, args: &RunArgs) -> anyho
             println!("step {:>4}  loss {loss:.6}  {}", k + 1, ms(*us));
         }
         println!(
-            "{} ranks, {} semantics, plan by {}",
+            "{} backend, {} ranks, {} semantics, plan by {}",
+            backend.name(),
             world,
             semantics.name(),
             plan.producer.name
