@@ -373,3 +373,26 @@ fn a_killed_rank_ends_every_rank_with_an_error_within_30_seconds() {
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     assert!(!stderr.trim().is_empty(), "a message says what happened");
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+
+    /// The invariant the CPU backend's `unsafe impl Sync` rests on: buffers alive in a common
+    /// slot never share an element, for random valid plans at N = 1, 2, 4; and the arena is never
+    /// below the live peak of its own buffers.
+    #[test]
+    fn buffers_alive_together_never_overlap(seed in proptest::prelude::any::<u64>(), world in proptest::sample::select(vec![1usize, 2, 4])) {
+        let dir = tempfile::tempdir().unwrap();
+        let (spec, _) = spec(dir.path());
+        let profile = profile(&spec, world as u32);
+        let schedule = random_schedule(&mut Rng(seed), &profile);
+        let l = layout(&spec, &profile, &schedule, world).unwrap();
+        for (i, (a, ra)) in l.regions.iter().enumerate() {
+            for (b, rb) in &l.regions[..i] {
+                let together = ra.alive.iter().zip(&rb.alive).any(|(x, y)| *x && *y);
+                proptest::prop_assert!(!(together && a.overlaps(*b)), "{} and {} overlap while alive together", ra.name, rb.name);
+            }
+        }
+        proptest::prop_assert!(l.arena.size_bytes >= l.arena.live_peak_bytes);
+    }
+}
