@@ -72,6 +72,27 @@ fn run(world: usize, args: &[&str]) -> Output {
     cmd.args(args).output().expect("mpirun or shardplan starts")
 }
 
+/// `shardplan run` of two steps on one rank (no mpirun).
+fn run_two_steps(profile: &Path, plan: &Path, model: &Path) -> Output {
+    let [profile, plan, model] = [profile, plan, model].map(|p| p.to_str().unwrap());
+    run(
+        1,
+        &[
+            "run",
+            "--backend",
+            "cpu",
+            "--profile",
+            profile,
+            "--plan",
+            plan,
+            "--model",
+            model,
+            "--steps",
+            "2",
+        ],
+    )
+}
+
 fn params(path: &Path) -> Vec<Vec<f32>> {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
@@ -243,22 +264,7 @@ fn mismatched_runs_are_refused_before_any_step() {
         profile_path,
         plan,
     } = two_ranks(dir.path(), BaselineKind::Zero2);
-    let out = run(
-        1,
-        &[
-            "run",
-            "--backend",
-            "cpu",
-            "--profile",
-            profile_path.to_str().unwrap(),
-            "--plan",
-            plan.to_str().unwrap(),
-            "--model",
-            model.to_str().unwrap(),
-            "--steps",
-            "2",
-        ],
-    );
+    let out = run_two_steps(&profile_path, &plan, &model);
     assert_eq!(out.status.code(), Some(1));
     let msg = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -279,22 +285,7 @@ fn mismatched_runs_are_refused_before_any_step() {
     .unwrap()
     .save(&other)
     .unwrap();
-    let out = run(
-        1,
-        &[
-            "run",
-            "--backend",
-            "cpu",
-            "--profile",
-            other.to_str().unwrap(),
-            "--plan",
-            plan.to_str().unwrap(),
-            "--model",
-            model.to_str().unwrap(),
-            "--steps",
-            "2",
-        ],
-    );
+    let out = run_two_steps(&other, &plan, &model);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("made for profile"),
