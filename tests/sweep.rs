@@ -1,13 +1,12 @@
 //! `shardplan sweep` end to end, and the ILP against every baseline at nine caps between the
 //! smallest feasible cap and the peak of the fastest plan, on zoo models at N = 64.
 
-use shardplan_scheduler::analytic::{AnalyticOptions, analytic_profile};
+mod common;
+
+use common::zoo_profile;
 use shardplan_scheduler::baselines::BaselineKind;
-use shardplan_scheduler::hardware::Catalog;
 use shardplan_scheduler::ilp::SolveOptions;
-use shardplan_scheduler::model::ModelSpec;
 use shardplan_scheduler::sweep::{SweepRow, best_baseline_row, cap_range, even_caps, ilp_rows};
-use std::path::Path;
 use std::process::Command;
 
 fn shardplan(args: &[&str]) -> std::process::Output {
@@ -156,14 +155,8 @@ fn sweep_rejects_bad_caps_and_methods() {
 
 #[test]
 fn ilp_beats_every_fitting_baseline_and_never_slows_as_the_cap_grows() {
-    let catalog = Catalog::bundled().unwrap();
     for name in ["gpt2-small", "llama2-7b"] {
-        let model = ModelSpec::load(
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("models/{name}.toml")),
-        )
-        .unwrap();
-        let profile =
-            analytic_profile(&model, &catalog, &AnalyticOptions::new("h100-sxm", 64)).unwrap();
+        let profile = zoo_profile(name);
         let template = SolveOptions {
             time_limit_s: 5.0,
             relative_gap: 1e-3,
@@ -199,15 +192,7 @@ fn ilp_beats_every_fitting_baseline_and_never_slows_as_the_cap_grows() {
 #[test]
 fn the_ilp_is_deterministic_when_no_limit_is_hit() {
     use shardplan_scheduler::ilp::{SolveStatus, solve};
-    let model =
-        ModelSpec::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gpt2-small.toml"))
-            .unwrap();
-    let profile = analytic_profile(
-        &model,
-        &Catalog::bundled().unwrap(),
-        &AnalyticOptions::new("h100-sxm", 64),
-    )
-    .unwrap();
+    let profile = zoo_profile("gpt2-small");
     let options = SolveOptions {
         memory_cap_bytes: Some(600 << 20),
         time_limit_s: 60.0,

@@ -1,8 +1,9 @@
 //! The model zoo against published parameter counts, and baseline memory ordering at N = 64.
 
-use shardplan_scheduler::analytic::{AnalyticOptions, analytic_profile};
+mod common;
+
+use common::zoo_profile;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
-use shardplan_scheduler::hardware::Catalog;
 use shardplan_scheduler::model::ModelSpec;
 use std::path::PathBuf;
 
@@ -16,15 +17,6 @@ const ZOO: [&str; 8] = [
     "llama3-70b",
     "gpt3-175b",
 ];
-
-fn h100_n64(name: &str) -> shardplan_scheduler::profile::Profile {
-    analytic_profile(
-        &model(name),
-        &Catalog::bundled().unwrap(),
-        &AnalyticOptions::new("h100-sxm", 64),
-    )
-    .unwrap()
-}
 
 fn model(name: &str) -> ModelSpec {
     ModelSpec::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("models/{name}.toml")))
@@ -56,7 +48,7 @@ fn parameter_counts_within_one_percent_of_published() {
 #[test]
 fn peak_memory_ddp_at_least_zero2_at_least_fsdp1_for_every_zoo_model() {
     for name in ZOO {
-        let profile = h100_n64(name);
+        let profile = zoo_profile(name);
         let peak = |kind| {
             baseline(&profile, kind, false, None)
                 .unwrap()
@@ -86,7 +78,7 @@ fn peak_memory_ddp_at_least_zero2_at_least_fsdp1_for_every_zoo_model() {
 #[test]
 fn every_baseline_is_a_valid_plan_for_every_zoo_model() {
     for name in ZOO {
-        let profile = h100_n64(name);
+        let profile = zoo_profile(name);
         for kind in BaselineKind::ALL {
             for checkpoint in [false, true] {
                 let b = baseline(&profile, kind, checkpoint, None).unwrap();

@@ -1,13 +1,27 @@
 //! Test fixtures: tiny profiles with affine collective curves, and plans written as TOML text.
 #![allow(dead_code)]
 
+use shardplan_scheduler::analytic::{AnalyticOptions, analytic_profile};
 use shardplan_scheduler::curve::CommCurve;
+use shardplan_scheduler::hardware::Catalog;
+use shardplan_scheduler::model::ModelSpec;
 use shardplan_scheduler::plan::{Plan, Schedule};
 use shardplan_scheduler::profile::{BytesPerParam, CommCurves, Profile, UnitProfile};
 use std::collections::BTreeMap;
 
 /// One unit: (params, forward µs, backward µs, act, ckpt, ws_f, ws_b).
 pub type UnitSpec = (u64, f64, f64, u64, u64, u64, u64);
+
+/// The analytic profile of zoo model `name` on 64 H100s.
+pub fn zoo_profile(name: &str) -> Profile {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("models/{name}.toml"));
+    analytic_profile(
+        &ModelSpec::load(&path).unwrap(),
+        &Catalog::bundled().unwrap(),
+        &AnalyticOptions::new("h100-sxm", 64),
+    )
+    .unwrap()
+}
 
 /// A curve with t(bytes) = latency + bytes / bytes_per_us (exact for any message of ≥ 1 byte).
 pub fn affine(latency_us: f64, bytes_per_us: f64) -> CommCurve {

@@ -2,6 +2,7 @@
 //! and the ILP's own evaluation of an integer solution (for the consistency check).
 
 use super::variables::{OpVars, UnitVars};
+use crate::cost::compute_us;
 use crate::plan::{Launch, Schedule, UnitSchedule};
 use crate::profile::Profile;
 use crate::timeline::{Level, Op, Timeline};
@@ -107,18 +108,9 @@ pub(super) fn schedule_from_values(units: &[UnitVars], values: &[f64]) -> Schedu
 /// Per slot (c_s, Q_s) of an integer solution, from the ILP's own coefficients.
 pub(super) fn slot_terms(profile: &Profile, units: &[UnitVars], values: &[f64]) -> Vec<(f64, f64)> {
     let timeline = Timeline::new(units.len());
+    let recompute = |u: usize| units[u].recompute.is_some_and(|r| values[r.index] > 0.5);
     let mut terms: Vec<(f64, f64)> = (0..timeline.slot_count())
-        .map(|s| {
-            let c = match timeline.compute_unit(s) {
-                None => profile.iteration_extra_us,
-                Some(i) if s == timeline.forward(i) => profile.units[i].forward_us,
-                Some(i) => {
-                    let r = units[i].recompute.map_or(0.0, |r| values[r.index].round());
-                    profile.units[i].backward_us + r * profile.units[i].forward_us
-                }
-            };
-            (c, 0.0)
-        })
+        .map(|s| (compute_us(profile, timeline, s, recompute), 0.0))
         .collect();
     for op in units.iter().flat_map(UnitVars::ops) {
         for (&pos, x) in op.positions.iter().zip(&op.launches) {
