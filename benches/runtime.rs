@@ -100,10 +100,10 @@ fn overhead(c: &mut Criterion) {
     let lay = layout(&spec, &profile, &plan.schedule, 1).unwrap();
     let mut backend = CpuBackend::new(Loopback);
     backend
-        .allocate((lay.arena.size_bytes / 4) as usize)
+        .allocate((lay.arena.size_bytes / 4) as usize, STEPS)
         .unwrap();
     backend.reserve_scratch(lay.largest_block);
-    initialise(&backend, &spec, &lay);
+    initialise(&backend, &spec, &lay).unwrap();
     let options = RunOptions {
         steps: STEPS,
         semantics: Semantics::Strict,

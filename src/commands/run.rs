@@ -64,9 +64,9 @@ fn run_with<C: Collectives>(mut backend: CpuBackend<C>, args: &RunArgs) -> anyho
         plan.world_size
     );
     let layout = layout(&spec, &profile, &schedule, world)?;
-    backend.allocate((layout.arena.size_bytes / 4) as usize)?;
+    backend.allocate((layout.arena.size_bytes / 4) as usize, args.steps as usize)?;
     backend.reserve_scratch(layout.largest_block);
-    initialise(&backend, &spec, &layout);
+    initialise(&backend, &spec, &layout)?;
     let semantics = match args.semantics {
         SemanticsArg::Strict => Semantics::Strict,
         SemanticsArg::Relaxed => Semantics::Relaxed,

@@ -1,79 +1,13 @@
-//! Backends: buffers (regions of one arena), the compute kernels and the three collectives. The
-//! executor addresses memory only through [`Region`]s and calls only this trait, so it never knows
-//! which backend runs. `CpuBackend` keeps the arena in host memory and runs the kernels of
-//! [`crate::mlp`]; its collectives come from MPI (one process per rank) or, for one rank, a
-//! loopback.
+//! The CPU backend: the arena in host memory, the kernels of [`crate::mlp`], collectives from MPI
+//! (one process per rank) or, for one rank, a loopback. Every operation completes before it
+//! returns, so a stream's mark is the instant it was taken and waiting on one is a no-op.
 
+use super::{Backend, Region, Stream};
 use crate::mlp;
 use crate::{Error, Result};
 use std::cell::UnsafeCell;
-
-/// A range of f32 elements in the arena.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Region {
-    pub offset: usize,
-    pub len: usize,
-}
-
-impl Region {
-    /// Whether the two ranges share an element.
-    pub fn overlaps(self, other: Region) -> bool {
-        self.offset < other.offset + other.len && other.offset < self.offset + self.len
-    }
-
-    /// The `index`-th of `parts` equal sub-ranges.
-    pub fn part(self, index: usize, parts: usize) -> Region {
-        let len = self.len / parts;
-        Region {
-            offset: self.offset + index * len,
-            len,
-        }
-    }
-}
-
-/// What the executor needs from a device.
-pub trait Backend: Sync {
-    fn name(&self) -> &'static str;
-    fn rank(&self) -> usize;
-    fn world_size(&self) -> usize;
-    /// Allocates the arena (once, before the first step).
-    fn allocate(&mut self, elements: usize) -> Result<()>;
-    fn upload(&self, region: Region, data: &[f32]);
-    fn download(&self, region: Region, out: &mut [f32]);
-    fn linear_forward(
-        &self,
-        x: Region,
-        params: Region,
-        out: Region,
-        rows: usize,
-        dims: (usize, usize),
-        relu: bool,
-    );
-    #[allow(clippy::too_many_arguments)]
-    fn linear_backward(
-        &self,
-        x: Region,
-        params: Region,
-        output: Region,
-        grad_out: Region,
-        grads: Region,
-        grad_in: Option<Region>,
-        rows: usize,
-        dims: (usize, usize),
-        relu: bool,
-    );
-    /// Writes dL/dz into `grad` and returns the partial loss.
-    fn mse_grad(&self, z: Region, y: Region, grad: Region, scale: f32) -> f32;
-    fn adam(&self, params: Region, grads: Region, m: Region, v: Region, step: u32, lr: f32);
-    /// Every rank's `shard` concatenated in rank order into `full`.
-    fn all_gather(&self, shard: Region, full: Region) -> Result<()>;
-    /// The sum over ranks of `full`, this rank's part into `shard`.
-    fn reduce_scatter(&self, full: Region, shard: Region) -> Result<()>;
-    /// The sum over ranks, in place.
-    fn all_reduce(&self, data: Region) -> Result<()>;
-    /// The sum over ranks of a host vector, in place (outside the timed steps).
-    fn all_reduce_host(&self, data: &mut [f32]) -> Result<()>;
-}
+use std::sync::Mutex;
+use std::time::Instant;
 
 /// The three collectives on host slices.
 pub trait Collectives: Sync {
@@ -162,6 +96,7 @@ impl Collectives for Mpi {
 pub struct CpuBackend<C: Collectives> {
     collectives: C,
     arena: UnsafeCell<Vec<f32>>,
+    losses: Mutex<Vec<f32>>,
     /// A block-sized buffer for AllReduce (MPI has no in-place form here); comm thread only.
     scratch: UnsafeCell<Vec<f32>>,
 }
@@ -176,6 +111,7 @@ impl<C: Collectives> CpuBackend<C> {
         CpuBackend {
             collectives,
             arena: UnsafeCell::new(Vec::new()),
+            losses: Mutex::new(Vec::new()),
             scratch: UnsafeCell::new(Vec::new()),
         }
     }
@@ -199,6 +135,8 @@ impl<C: Collectives> CpuBackend<C> {
 }
 
 impl<C: Collectives> Backend for CpuBackend<C> {
+    type Mark = Instant;
+
     fn name(&self) -> &'static str {
         "cpu"
     }
@@ -208,7 +146,8 @@ impl<C: Collectives> Backend for CpuBackend<C> {
     fn world_size(&self) -> usize {
         self.collectives.size()
     }
-    fn allocate(&mut self, elements: usize) -> Result<()> {
+    fn allocate(&mut self, elements: usize, loss_slots: usize) -> Result<()> {
+        *self.losses.get_mut().expect("loss lock is never poisoned") = vec![0.0; loss_slots];
         let arena = self.arena.get_mut();
         arena.try_reserve_exact(elements).map_err(|e| {
             Error::Backend(format!(
@@ -219,11 +158,13 @@ impl<C: Collectives> Backend for CpuBackend<C> {
         arena.resize(elements, 0.0);
         Ok(())
     }
-    fn upload(&self, region: Region, data: &[f32]) {
+    fn upload(&self, region: Region, data: &[f32]) -> Result<()> {
         self.slice(region).copy_from_slice(data);
+        Ok(())
     }
-    fn download(&self, region: Region, out: &mut [f32]) {
+    fn download(&self, region: Region, out: &mut [f32]) -> Result<()> {
         out.copy_from_slice(self.slice(region));
+        Ok(())
     }
     fn linear_forward(
         &self,
@@ -233,7 +174,7 @@ impl<C: Collectives> Backend for CpuBackend<C> {
         rows: usize,
         dims: (usize, usize),
         relu: bool,
-    ) {
+    ) -> Result<()> {
         mlp::linear_forward(
             self.slice(x),
             self.slice(params),
@@ -242,6 +183,7 @@ impl<C: Collectives> Backend for CpuBackend<C> {
             dims,
             relu,
         );
+        Ok(())
     }
     fn linear_backward(
         &self,
@@ -254,7 +196,7 @@ impl<C: Collectives> Backend for CpuBackend<C> {
         rows: usize,
         dims: (usize, usize),
         relu: bool,
-    ) {
+    ) -> Result<()> {
         let grad_in = grad_in.map(|r| self.slice(r));
         mlp::linear_backward(
             self.slice(x),
@@ -267,11 +209,35 @@ impl<C: Collectives> Backend for CpuBackend<C> {
             dims,
             relu,
         );
+        Ok(())
     }
-    fn mse_grad(&self, z: Region, y: Region, grad: Region, scale: f32) -> f32 {
-        mlp::mse_grad(self.slice(z), self.slice(y), self.slice(grad), scale)
+    fn mse_grad(&self, z: Region, y: Region, grad: Region, scale: f32, step: usize) -> Result<()> {
+        let loss = mlp::mse_grad(self.slice(z), self.slice(y), self.slice(grad), scale);
+        let mut losses = self.losses.lock().expect("loss lock is never poisoned");
+        let slot = losses
+            .get_mut(step)
+            .ok_or_else(|| Error::Backend(format!("loss slot {step} was not allocated")))?;
+        *slot = loss;
+        Ok(())
     }
-    fn adam(&self, params: Region, grads: Region, m: Region, v: Region, step: u32, lr: f32) {
+    fn losses(&self, steps: usize) -> Result<Vec<f32>> {
+        let losses = self.losses.lock().expect("loss lock is never poisoned");
+        losses.get(..steps).map(<[f32]>::to_vec).ok_or_else(|| {
+            Error::Backend(format!(
+                "{steps} losses asked, {} slots allocated",
+                losses.len()
+            ))
+        })
+    }
+    fn adam(
+        &self,
+        params: Region,
+        grads: Region,
+        m: Region,
+        v: Region,
+        step: u32,
+        lr: f32,
+    ) -> Result<()> {
         mlp::adam(
             self.slice(params),
             self.slice(grads),
@@ -280,6 +246,7 @@ impl<C: Collectives> Backend for CpuBackend<C> {
             step,
             lr,
         );
+        Ok(())
     }
     fn all_gather(&self, shard: Region, full: Region) -> Result<()> {
         self.collectives
@@ -300,6 +267,18 @@ impl<C: Collectives> Backend for CpuBackend<C> {
     fn all_reduce_host(&self, data: &mut [f32]) -> Result<()> {
         let send = data.to_vec();
         self.collectives.all_reduce(&send, data);
+        Ok(())
+    }
+    fn mark(&self, _stream: Stream) -> Result<Instant> {
+        Ok(Instant::now())
+    }
+    fn wait_mark(&self, _stream: Stream, _mark: &Instant) -> Result<()> {
+        Ok(())
+    }
+    fn elapsed_us(&self, from: &Instant, to: &Instant) -> Result<f64> {
+        Ok(to.saturating_duration_since(*from).as_secs_f64() * 1e6)
+    }
+    fn synchronize(&self) -> Result<()> {
         Ok(())
     }
 }

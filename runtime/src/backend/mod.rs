@@ -1,0 +1,114 @@
+//! Backends: buffers (regions of one arena), the compute kernels, the three collectives and the
+//! two streams. The executor addresses memory only through [`Region`]s and calls only this
+//! trait, so it never knows which backend runs.
+//!
+//! Every operation runs on a [`Stream`]: uploads, the layers and the loss on the compute stream;
+//! the collectives and the optimizer on the communication stream. An operation may return before
+//! it completes (CUDA) or after (CPU); ordering across streams is expressed only with marks: a
+//! [`Backend::mark`] taken on one stream, a [`Backend::wait_mark`] on the other. Marks also time
+//! the run ([`Backend::elapsed_us`]), so GPU timings are device times, not host times.
+
+mod cpu;
+
+pub use cpu::{Collectives, CpuBackend, Loopback, Mpi};
+
+use crate::Result;
+
+/// A range of f32 elements in the arena.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    pub offset: usize,
+    pub len: usize,
+}
+
+impl Region {
+    /// Whether the two ranges share an element.
+    pub fn overlaps(self, other: Region) -> bool {
+        self.offset < other.offset + other.len && other.offset < self.offset + self.len
+    }
+
+    /// The `index`-th of `parts` equal sub-ranges.
+    pub fn part(self, index: usize, parts: usize) -> Region {
+        let len = self.len / parts;
+        Region {
+            offset: self.offset + index * len,
+            len,
+        }
+    }
+}
+
+/// The two streams of a rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Compute,
+    Communication,
+}
+
+/// What the executor needs from a device.
+pub trait Backend: Sync {
+    /// A point in a stream's work: what a wait refers to and what timings are taken between.
+    type Mark: Clone + Send + Sync;
+
+    fn name(&self) -> &'static str;
+    fn rank(&self) -> usize;
+    fn world_size(&self) -> usize;
+    /// Allocates the arena and room for `loss_slots` per-step losses (once, before the first
+    /// step).
+    fn allocate(&mut self, elements: usize, loss_slots: usize) -> Result<()>;
+    /// Copies host data into the arena (compute stream; `data` may be reused on return).
+    fn upload(&self, region: Region, data: &[f32]) -> Result<()>;
+    /// Copies arena data to the host after every stream's work has completed.
+    fn download(&self, region: Region, out: &mut [f32]) -> Result<()>;
+    fn linear_forward(
+        &self,
+        x: Region,
+        params: Region,
+        out: Region,
+        rows: usize,
+        dims: (usize, usize),
+        relu: bool,
+    ) -> Result<()>;
+    #[allow(clippy::too_many_arguments)]
+    fn linear_backward(
+        &self,
+        x: Region,
+        params: Region,
+        output: Region,
+        grad_out: Region,
+        grads: Region,
+        grad_in: Option<Region>,
+        rows: usize,
+        dims: (usize, usize),
+        relu: bool,
+    ) -> Result<()>;
+    /// Writes dL/dz into `grad` and this rank's partial loss into loss slot `step`.
+    fn mse_grad(&self, z: Region, y: Region, grad: Region, scale: f32, step: usize) -> Result<()>;
+    /// The first `steps` loss slots (after every stream's work has completed).
+    fn losses(&self, steps: usize) -> Result<Vec<f32>>;
+    /// One Adam step on the communication stream (after the unit's last reduction).
+    fn adam(
+        &self,
+        params: Region,
+        grads: Region,
+        m: Region,
+        v: Region,
+        step: u32,
+        lr: f32,
+    ) -> Result<()>;
+    /// Every rank's `shard` concatenated in rank order into `full`.
+    fn all_gather(&self, shard: Region, full: Region) -> Result<()>;
+    /// The sum over ranks of `full`, this rank's part into `shard`.
+    fn reduce_scatter(&self, full: Region, shard: Region) -> Result<()>;
+    /// The sum over ranks, in place.
+    fn all_reduce(&self, data: Region) -> Result<()>;
+    /// The sum over ranks of a host vector, in place (outside the timed steps).
+    fn all_reduce_host(&self, data: &mut [f32]) -> Result<()>;
+    /// The point `stream` has reached (the work enqueued on it so far).
+    fn mark(&self, stream: Stream) -> Result<Self::Mark>;
+    /// Makes later work on `stream` wait until `mark` is reached.
+    fn wait_mark(&self, stream: Stream, mark: &Self::Mark) -> Result<()>;
+    /// Microseconds from `from` to `to`; blocks until both are reached.
+    fn elapsed_us(&self, from: &Self::Mark, to: &Self::Mark) -> Result<f64>;
+    /// Blocks until all work on both streams has completed.
+    fn synchronize(&self) -> Result<()>;
+}

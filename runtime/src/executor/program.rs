@@ -1,0 +1,155 @@
+//! The executor's static program: per slot of the plan's timeline, the blocks the
+//! communication stream runs (with the data step each serves), the compute stream's relaxed waits
+//! and its buffer-reuse fences.
+
+use crate::layout::Layout;
+use shardplan_scheduler::plan::Schedule;
+use shardplan_scheduler::timeline::{Level, Op, Timeline};
+
+/// The communication kinds of the executor (RS serves both sharded levels; FG is AG or AGF).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    AllReduce,
+    ReduceScatter,
+    ForwardGather,
+    BackwardGather,
+}
+
+impl Kind {
+    pub(super) fn of(op: Op) -> Kind {
+        match op {
+            Op::AllReduce => Kind::AllReduce,
+            Op::ReduceScatter => Kind::ReduceScatter,
+            Op::Gather | Op::GatherForward => Kind::ForwardGather,
+            Op::GatherBackward => Kind::BackwardGather,
+        }
+    }
+
+    pub(super) fn index(self) -> usize {
+        self as usize
+    }
+
+    pub(super) fn name(self) -> &'static str {
+        ["AR", "RS", "AG", "AGB"][self.index()]
+    }
+}
+
+/// One block on the communication stream's queue for a slot.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Block {
+    pub(super) unit: usize,
+    pub(super) kind: Kind,
+    pub(super) index: usize,
+    /// Data step = iteration + offset.
+    pub(super) offset: i64,
+}
+
+/// A wait of the compute stream before a slot: event (unit, kind) must reach `per_step`·(step +
+/// `shift`) blocks, or (fences) the count of blocks launched before the slot.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Need {
+    pub(super) unit: usize,
+    pub(super) kind: Kind,
+    pub(super) shift: i64,
+}
+
+/// The static program: per slot its queue, the relaxed waits and the fences.
+pub(super) struct Program {
+    pub(super) slots: usize,
+    pub(super) queues: Vec<Vec<Block>>,
+    pub(super) needs: Vec<Vec<Need>>,
+    /// Per slot, the units whose reductions must have completed as far as launched.
+    pub(super) fences: Vec<Vec<usize>>,
+}
+
+pub(super) fn program(schedule: &Schedule, layout: &Layout) -> Program {
+    let timeline: Timeline = schedule.timeline();
+    let slots = timeline.slot_count();
+    let mut queues = vec![Vec::new(); slots];
+    for (s, queue) in schedule.queues().into_iter().enumerate() {
+        for q in queue {
+            let window = timeline.window(q.unit, q.op.window_kind());
+            let launches = &schedule.units[q.unit].launches[&q.op];
+            let pos = window.position(s).expect("validated");
+            let first: u32 = launches
+                .iter()
+                .filter(|l| window.position(l.slot).expect("validated") < pos)
+                .map(|l| l.blocks)
+                .sum();
+            let (f, b) = (timeline.forward(q.unit), timeline.backward(q.unit));
+            let offset = match Kind::of(q.op) {
+                Kind::AllReduce | Kind::ReduceScatter => {
+                    if s > b {
+                        0
+                    } else {
+                        -1
+                    }
+                }
+                Kind::ForwardGather => {
+                    if s < f {
+                        0
+                    } else {
+                        1
+                    }
+                }
+                Kind::BackwardGather => 0,
+            };
+            for k in 0..q.blocks {
+                queues[s].push(Block {
+                    unit: q.unit,
+                    kind: Kind::of(q.op),
+                    index: (first + k) as usize,
+                    offset,
+                });
+            }
+        }
+    }
+    let needs = (0..slots)
+        .map(|s| match timeline.compute_unit(s) {
+            None => vec![],
+            Some(i) => match (schedule.units[i].level, s == timeline.forward(i)) {
+                (Level::None, true) => vec![Need {
+                    unit: i,
+                    kind: Kind::AllReduce,
+                    shift: 0,
+                }],
+                (Level::None, false) | (Level::Sdp, false) => vec![],
+                (_, true) => vec![Need {
+                    unit: i,
+                    kind: Kind::ForwardGather,
+                    shift: 1,
+                }],
+                (Level::Fsdp, false) => vec![Need {
+                    unit: i,
+                    kind: Kind::BackwardGather,
+                    shift: 1,
+                }],
+            },
+        })
+        .collect();
+    let fences = (0..slots)
+        .map(|s| {
+            layout
+                .units
+                .iter()
+                .enumerate()
+                .filter_map(|(u, ul)| {
+                    let grad = ul.full_grad?;
+                    let (_, req) = layout.regions.iter().find(|(r, _)| *r == grad)?;
+                    let reused = !req.alive[s]
+                        && layout
+                            .regions
+                            .iter()
+                            .any(|(r, q)| q.alive[s] && r.overlaps(grad));
+                    reused.then_some(u)
+                })
+                .collect()
+        })
+        .collect();
+    Program {
+        slots,
+        queues,
+        needs,
+        fences,
+    }
+}
