@@ -3,7 +3,7 @@
 //! Adam steps in the same order with no executor.
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use shardplan_runtime::backend::{Backend, CpuBackend, Loopback};
+use shardplan_runtime::backend::{Allocation, Backend, CpuBackend, Loopback};
 use shardplan_runtime::executor::{RunOptions, initialise, run};
 use shardplan_runtime::layout::layout;
 use shardplan_runtime::measure::mlp_profile;
@@ -100,9 +100,12 @@ fn overhead(c: &mut Criterion) {
     let lay = layout(&spec, &profile, &plan.schedule, 1).unwrap();
     let mut backend = CpuBackend::new(Loopback);
     backend
-        .allocate((lay.arena.size_bytes / 4) as usize, STEPS)
+        .allocate(Allocation {
+            arena_elements: (lay.arena.size_bytes / 4) as usize,
+            largest_block: lay.largest_block,
+            loss_slots: STEPS,
+        })
         .unwrap();
-    backend.reserve_scratch(lay.largest_block);
     initialise(&backend, &spec, &lay).unwrap();
     let options = RunOptions {
         steps: STEPS,

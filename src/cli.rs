@@ -236,18 +236,33 @@ pub struct SweepArgs {
 pub enum BackendArg {
     /// Host threads as streams, MPI collectives.
     Cpu,
+    /// One GPU per process: CUDA streams and events, cuBLAS, NVRTC kernels, NCCL (cudarc; the
+    /// libraries load at run time, see README "GPU").
+    Cuda,
 }
 
 #[derive(Args, Debug)]
 pub struct MeasureArgs {
     #[arg(long, value_enum)]
     pub backend: BackendArg,
-    /// An MLP model, e.g. models/mlp-small.toml.
+    /// An MLP model (models/mlp-small.toml: trained as in `run`), or a zoo transformer
+    /// (models/llama2-7b.toml: its units' matrix products replayed; CUDA backend only).
     #[arg(long)]
     pub model: PathBuf,
-    /// Must equal the number of MPI ranks.
+    /// The world size the profile is for: the number of MPI ranks, or any N with one rank and
+    /// --device (the catalog's curves for N ranks).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub world_size: u32,
+    /// Catalog device (h100-sxm, h200, a100-80g): the collective curves when one rank cannot
+    /// measure them, and the byte counts of a transformer's profile.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Transformer micro-batch.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub micro_batch: u64,
+    /// Transformer sequence length; defaults to the model's.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub seq_len: Option<u64>,
     /// Largest collective message to time.
     #[arg(long, default_value = "64MiB", value_parser = bytes_arg)]
     pub max_message: u64,

@@ -8,11 +8,13 @@
 
 pub mod arena;
 pub mod backend;
+pub mod cuda;
 pub mod error;
 pub mod event;
 pub mod executor;
 pub mod layout;
 pub mod measure;
 pub mod mlp;
+pub mod transformer;
 
 pub use error::{Error, Result};

@@ -80,6 +80,19 @@ fn analytic_curve(busbw_gbps: f64, ic: &Interconnect, n: u32, all_reduce: bool) 
     }
 }
 
+/// The α–β curves of the three collectives for `world_size` ranks of catalog device `device`
+/// (over the interconnect the catalog gives that many ranks).
+pub fn comm_curves(catalog: &Catalog, device: &str, world_size: u32) -> Result<CommCurves> {
+    let device = catalog.device(device)?;
+    let ic = catalog.interconnect_for(device, world_size);
+    let n = world_size;
+    Ok(CommCurves {
+        all_gather: analytic_curve(ic.all_gather_busbw_gbps, ic, n, false),
+        reduce_scatter: analytic_curve(ic.reduce_scatter_busbw_gbps, ic, n, false),
+        all_reduce: analytic_curve(ic.all_reduce_busbw_gbps, ic, n, true),
+    })
+}
+
 /// Builds the analytic profile of `model` under `opts`.
 pub fn analytic_profile(
     model: &ModelSpec,
@@ -112,13 +125,8 @@ pub fn analytic_profile(
     if seq_len == 0 {
         return Err(Error::invalid("--seq-len", "seq_len", "a positive integer"));
     }
-    let ic = catalog.interconnect_for(device, opts.world_size);
     let n = opts.world_size;
-    let comm = CommCurves {
-        all_gather: analytic_curve(ic.all_gather_busbw_gbps, ic, n, false),
-        reduce_scatter: analytic_curve(ic.reduce_scatter_busbw_gbps, ic, n, false),
-        all_reduce: analytic_curve(ic.all_reduce_busbw_gbps, ic, n, true),
-    };
+    let comm = comm_curves(catalog, &opts.device, n)?;
     let block_size_bytes = opts.block_size_bytes.unwrap_or_else(|| {
         [&comm.all_gather, &comm.reduce_scatter, &comm.all_reduce]
             .iter()

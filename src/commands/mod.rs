@@ -5,6 +5,7 @@ mod comm;
 mod demo;
 mod export;
 mod inspect;
+mod measure;
 mod profile;
 mod run;
 mod simulate;
@@ -21,7 +22,7 @@ use std::path::Path;
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Profile(ProfileCommand::Analytic(args)) => profile::analytic(args),
-        Command::Profile(ProfileCommand::Measure(args)) => run::measure(args),
+        Command::Profile(ProfileCommand::Measure(args)) => measure::measure(args),
         Command::Run(args) => run::run(args),
         Command::Comm(CommCommand::Import(args)) => comm::import(args),
         Command::Export(ExportCommand::Fsdp2(args)) => export::fsdp2(args),

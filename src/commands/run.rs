@@ -1,56 +1,79 @@
-//! `shardplan run` and `shardplan profile measure` (the CPU backend: MPI ranks, or one rank
-//! without mpirun).
+//! `shardplan run` and `shardplan profile measure`: the CPU backend (MPI ranks, or one rank
+//! without mpirun) and the CUDA backend (one GPU per process; under mpirun the ranks share an NCCL
+//! id over MPI, without it one GPU alone).
 
-use crate::cli::{MeasureArgs, RunArgs, SemanticsArg};
+use crate::cli::{BackendArg, RunArgs, SemanticsArg};
 use crate::output::{ms, print_json};
 use serde_json::json;
-use shardplan_runtime::backend::{Backend, Collectives, CpuBackend, Loopback, Mpi};
+use shardplan_runtime::backend::{
+    Allocation, Backend, Collectives, CpuBackend, Loopback, Mpi, MpiUniverse,
+};
+use shardplan_runtime::cuda::{CudaBackend, NcclSetup, libraries, unique_id};
 use shardplan_runtime::executor::{RunOptions, Span, final_params, initialise, run as execute};
 use shardplan_runtime::layout::layout;
-use shardplan_runtime::measure::{
-    mlp_profile, time_collectives, time_overlap_slowdown, time_units,
-};
 use shardplan_runtime::mlp::MlpSpec;
 use shardplan_scheduler::io::write_atomic;
 use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::sim::{Semantics, simulate};
 use shardplan_scheduler::size::format_bytes;
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Whether this process was started by an MPI launcher.
-fn under_mpi() -> bool {
+pub(super) fn under_mpi() -> bool {
     ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
         .iter()
         .any(|v| std::env::var_os(v).is_some())
 }
 
-/// `shardplan run`: MPI ranks under mpirun, one rank (loopback collectives) without.
+/// This process's index among the launcher's processes on this machine (its GPU).
+fn local_rank(rank: usize) -> usize {
+    [
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "SLURM_LOCALID",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.parse().ok())
+    .unwrap_or(rank)
+}
+
+/// This rank's GPU: the libraries first (before MPI or any thread: finding them may re-execute
+/// the process), then under mpirun MPI for the rank and rank 0's NCCL id, else one GPU alone.
+/// The MPI universe, when there is one, must outlive the backend's use of MPI.
+pub(super) fn cuda_backend() -> anyhow::Result<(Option<MpiUniverse>, CudaBackend)> {
+    libraries::prepare()?;
+    if !under_mpi() {
+        return Ok((None, CudaBackend::new(0, NcclSetup::Single)?));
+    }
+    let (universe, mpi) = Mpi::init()?;
+    let (rank, size) = (mpi.rank(), mpi.size());
+    let mut id = if rank == 0 { unique_id()? } else { [0; 128] };
+    mpi.broadcast_from_first(&mut id);
+    let setup = NcclSetup::Rank { rank, size, id };
+    Ok((Some(universe), CudaBackend::new(local_rank(rank), setup)?))
+}
+
+/// `shardplan run`.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.timeout > 0.0 && args.timeout.is_finite(),
         "--timeout: expected positive seconds"
     );
-    if under_mpi() {
-        let (_universe, mpi) = Mpi::init()?;
-        run_with(CpuBackend::new(mpi), &args)
-    } else {
-        run_with(CpuBackend::new(Loopback), &args)
+    match args.backend {
+        BackendArg::Cpu if under_mpi() => {
+            let (_universe, mpi) = Mpi::init()?;
+            run_with(CpuBackend::new(mpi), &args)
+        }
+        BackendArg::Cpu => run_with(CpuBackend::new(Loopback), &args),
+        BackendArg::Cuda => {
+            let (_universe, backend) = cuda_backend()?;
+            run_with(backend, &args)
+        }
     }
 }
 
-/// `shardplan profile measure`.
-pub fn measure(args: MeasureArgs) -> anyhow::Result<()> {
-    if under_mpi() {
-        let (_universe, mpi) = Mpi::init()?;
-        measure_with(&mpi, &args)
-    } else {
-        measure_with(&Loopback, &args)
-    }
-}
-
-fn run_with<C: Collectives>(mut backend: CpuBackend<C>, args: &RunArgs) -> anyhow::Result<()> {
+fn run_with<B: Backend>(mut backend: B, args: &RunArgs) -> anyhow::Result<()> {
     let profile = Profile::load(&args.profile)?;
     let plan = Plan::load(&args.plan)?;
     let spec = MlpSpec::load(&args.model)?;
@@ -64,8 +87,11 @@ fn run_with<C: Collectives>(mut backend: CpuBackend<C>, args: &RunArgs) -> anyho
         plan.world_size
     );
     let layout = layout(&spec, &profile, &schedule, world)?;
-    backend.allocate((layout.arena.size_bytes / 4) as usize, args.steps as usize)?;
-    backend.reserve_scratch(layout.largest_block);
+    backend.allocate(Allocation {
+        arena_elements: (layout.arena.size_bytes / 4) as usize,
+        largest_block: layout.largest_block,
+        loss_slots: args.steps as usize,
+    })?;
     initialise(&backend, &spec, &layout)?;
     let semantics = match args.semantics {
         SemanticsArg::Strict => Semantics::Strict,
@@ -78,6 +104,7 @@ fn run_with<C: Collectives>(mut backend: CpuBackend<C>, args: &RunArgs) -> anyho
         trace: args.trace.is_some(),
     };
     let report = execute(&backend, &spec, &schedule, &layout, &options)?;
+    let memory = backend.device_memory()?;
     let params = final_params(&backend, &spec, &layout)?;
     if backend.rank() != 0 {
         return Ok(());
@@ -106,6 +133,11 @@ fn run_with<C: Collectives>(mut backend: CpuBackend<C>, args: &RunArgs) -> anyho
             "arena_live_peak_bytes": report.live_peak_bytes,
             "predicted_peak_memory_bytes": predicted.peak_memory_bytes.ceil() as u64,
             "executor_overhead_us_per_slot": if report.executor_overhead_us_per_slot.is_finite() { Some(report.executor_overhead_us_per_slot) } else { None },
+            "device_memory": memory.map(|m| json!({
+                "total_bytes": m.total, "before_arena_bytes": m.before_arena,
+                "after_arena_bytes": m.after_arena, "after_run_bytes": m.now,
+                "used_by_run_bytes": m.now - m.before_arena,
+            })),
         }));
     } else {
         for (k, (loss, us)) in report.losses.iter().zip(&report.step_us).enumerate() {
@@ -129,6 +161,14 @@ fn run_with<C: Collectives>(mut backend: CpuBackend<C>, args: &RunArgs) -> anyho
             format_bytes(report.live_peak_bytes as f64),
             format_bytes(predicted.peak_memory_bytes)
         );
+        if let Some(m) = memory {
+            println!(
+                "  device      {} used by the run (arena and workspaces; set-up before it {}, of {})",
+                format_bytes((m.now - m.before_arena) as f64),
+                format_bytes(m.before_arena as f64),
+                format_bytes(m.total as f64)
+            );
+        }
     }
     Ok(())
 }
@@ -153,49 +193,4 @@ fn trace(spec: &MlpSpec, spans: &[Span]) -> serde_json::Value {
                "ts": s.start_us, "dur": s.end_us - s.start_us, "args": {"step": s.step}})
     }));
     json!({"traceEvents": events, "displayTimeUnit": "ms"})
-}
-
-fn measure_with<C: Collectives>(c: &C, args: &MeasureArgs) -> anyhow::Result<()> {
-    let spec = MlpSpec::load(&args.model)?;
-    anyhow::ensure!(
-        args.world_size as usize == c.size(),
-        "--world-size {} but {} MPI ranks: start it with mpirun -np {}",
-        args.world_size,
-        c.size(),
-        args.world_size
-    );
-    let times = time_units(&spec, args.repeats as usize);
-    let curves = time_collectives(c, args.max_message, args.repeats as usize)?;
-    let source = BTreeMap::from([
-        ("generator".to_string(), "measured".to_string()),
-        ("backend".to_string(), "cpu".to_string()),
-        ("model".to_string(), spec.name.clone()),
-    ]);
-    let mut profile = mlp_profile(
-        &spec,
-        args.world_size,
-        &times,
-        curves,
-        args.block_size,
-        source,
-    )?;
-    profile.overlap_slowdown = time_overlap_slowdown(c, &spec, profile.block_size_bytes, 400);
-    if c.rank() == 0 {
-        profile.save(&args.out)?;
-        if args.json {
-            print_json(
-                &json!({"out": args.out, "units": profile.unit_count(), "block_size_bytes": profile.block_size_bytes,
-                               "unit_times_us": times, "overlap_slowdown": profile.overlap_slowdown}),
-            );
-        } else {
-            println!(
-                "wrote {}: {} units, block size {}, overlap slowdown {:.2}",
-                args.out.display(),
-                profile.unit_count(),
-                format_bytes(profile.block_size_bytes as f64),
-                profile.overlap_slowdown
-            );
-        }
-    }
-    Ok(())
 }

@@ -2,7 +2,7 @@
 //! (one process per rank) or, for one rank, a loopback. Every operation completes before it
 //! returns, so a stream's mark is the instant it was taken and waiting on one is a no-op.
 
-use super::{Backend, Region, Stream};
+use super::{Allocation, Backend, DeviceMemory, Region, Stream};
 use crate::mlp;
 use crate::{Error, Result};
 use std::cell::UnsafeCell;
@@ -59,6 +59,13 @@ impl Mpi {
         let world = universe.world();
         let _ = world.size();
         Ok((universe, Mpi { world }))
+    }
+
+    /// Rank 0's `bytes` on every rank (e.g. the NCCL unique id).
+    pub fn broadcast_from_first(&self, bytes: &mut [u8]) {
+        use mpi::collective::Root;
+        use mpi::topology::Communicator;
+        self.world.process_at_rank(0).broadcast_into(bytes);
     }
 }
 
@@ -127,11 +134,6 @@ impl<C: Collectives> CpuBackend<C> {
         // SAFETY: only the communication thread calls collectives.
         unsafe { &mut (&mut *self.scratch.get())[..len] }
     }
-
-    /// Sizes the AllReduce scratch buffer (once, before the first step).
-    pub fn reserve_scratch(&mut self, elements: usize) {
-        self.scratch.get_mut().resize(elements, 0.0);
-    }
 }
 
 impl<C: Collectives> Backend for CpuBackend<C> {
@@ -146,8 +148,10 @@ impl<C: Collectives> Backend for CpuBackend<C> {
     fn world_size(&self) -> usize {
         self.collectives.size()
     }
-    fn allocate(&mut self, elements: usize, loss_slots: usize) -> Result<()> {
-        *self.losses.get_mut().expect("loss lock is never poisoned") = vec![0.0; loss_slots];
+    fn allocate(&mut self, sizes: Allocation) -> Result<()> {
+        *self.losses.get_mut().expect("loss lock is never poisoned") = vec![0.0; sizes.loss_slots];
+        self.scratch.get_mut().resize(sizes.largest_block, 0.0);
+        let elements = sizes.arena_elements;
         let arena = self.arena.get_mut();
         arena.try_reserve_exact(elements).map_err(|e| {
             Error::Backend(format!(
@@ -157,6 +161,9 @@ impl<C: Collectives> Backend for CpuBackend<C> {
         })?;
         arena.resize(elements, 0.0);
         Ok(())
+    }
+    fn device_memory(&self) -> Result<Option<DeviceMemory>> {
+        Ok(None)
     }
     fn upload(&self, region: Region, data: &[f32]) -> Result<()> {
         self.slice(region).copy_from_slice(data);

@@ -11,6 +11,8 @@
 mod cpu;
 
 pub use cpu::{Collectives, CpuBackend, Loopback, Mpi};
+/// MPI stays initialised while this lives.
+pub use mpi::environment::Universe as MpiUniverse;
 
 use crate::Result;
 
@@ -44,6 +46,29 @@ pub enum Stream {
     Communication,
 }
 
+/// What a run allocates before its first step.
+#[derive(Debug, Clone, Copy)]
+pub struct Allocation {
+    /// f32 elements of the arena.
+    pub arena_elements: usize,
+    /// The largest block (a backend without in-place AllReduce keeps a buffer of it).
+    pub largest_block: usize,
+    /// Per-step loss slots.
+    pub loss_slots: usize,
+}
+
+/// Device memory as the driver reports it (bytes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceMemory {
+    pub total: u64,
+    /// In use once the backend was set up (context, libraries' workspaces, communicator).
+    pub before_arena: u64,
+    /// In use right after the arena was allocated.
+    pub after_arena: u64,
+    /// In use now; nothing is freed during a run, so after a run this is its peak.
+    pub now: u64,
+}
+
 /// What the executor needs from a device.
 pub trait Backend: Sync {
     /// A point in a stream's work: what a wait refers to and what timings are taken between.
@@ -52,9 +77,10 @@ pub trait Backend: Sync {
     fn name(&self) -> &'static str;
     fn rank(&self) -> usize;
     fn world_size(&self) -> usize;
-    /// Allocates the arena and room for `loss_slots` per-step losses (once, before the first
-    /// step).
-    fn allocate(&mut self, elements: usize, loss_slots: usize) -> Result<()>;
+    /// Allocates the arena and the loss slots (once, before the first step).
+    fn allocate(&mut self, sizes: Allocation) -> Result<()>;
+    /// The device's memory use, where the backend has a device.
+    fn device_memory(&self) -> Result<Option<DeviceMemory>>;
     /// Copies host data into the arena (compute stream; `data` may be reused on return).
     fn upload(&self, region: Region, data: &[f32]) -> Result<()>;
     /// Copies arena data to the host after every stream's work has completed.

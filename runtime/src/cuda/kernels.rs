@@ -1,0 +1,119 @@
+//! The MLP's element-wise kernels, compiled at start-up by NVRTC (no CUDA toolkit is needed to
+//! build shardplan). Each does what its namesake in [`crate::mlp`] does, in the same order of
+//! floating-point operations (column sums run one thread per column over the rows in order; the
+//! loss is one thread's sum in element order, tiny next to the layers; Adam computes the same
+//! expression), compiled without fused multiply-adds, so the kernels round as the CPU does. Every
+//! kernel is free of barriers and shared memory, so a test can run this very source on the CPU,
+//! one thread after another (tests/cuda_kernels.rs).
+
+use crate::{Error, Result};
+use cudarc::driver::{CudaContext, CudaFunction, LaunchConfig};
+use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+use std::sync::Arc;
+
+/// The CUDA C source: one `extern "C"` kernel per operation.
+pub const SOURCE: &str = r#"
+extern "C" __global__ void fill_rows(float* out, const float* row, int rows, int cols) {
+    long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k < (long long)rows * cols) out[k] = row[k % cols];
+}
+
+extern "C" __global__ void relu(float* x, long long n) {
+    long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k < n) x[k] = fmaxf(x[k], 0.0f);
+}
+
+extern "C" __global__ void relu_mask(float* grad, const float* output, long long n) {
+    long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k < n && output[k] <= 0.0f) grad[k] = 0.0f;
+}
+
+extern "C" __global__ void column_sums(float* out, const float* x, int rows, int cols) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= cols) return;
+    float sum = 0.0f;
+    for (int r = 0; r < rows; ++r) sum += x[(long long)r * cols + j];
+    out[j] = sum;
+}
+
+extern "C" __global__ void mse_grad(const float* z, const float* y, float* grad, float scale,
+                                    long long n) {
+    long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k < n) grad[k] = 2.0f * (z[k] - y[k]) * scale;
+}
+
+extern "C" __global__ void mse_loss(const float* z, const float* y, float scale, long long n,
+                                    float* loss) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    float sum = 0.0f;
+    for (long long k = 0; k < n; ++k) {
+        float d = z[k] - y[k];
+        sum += d * d * scale;
+    }
+    *loss = sum;
+}
+
+extern "C" __global__ void adam(float* params, const float* grads, float* m, float* v,
+                                long long n, float lr, float c1, float c2, float beta1,
+                                float beta2, float epsilon) {
+    long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n) return;
+    float g = grads[k];
+    m[k] = beta1 * m[k] + (1.0f - beta1) * g;
+    v[k] = beta2 * v[k] + (1.0f - beta2) * g * g;
+    params[k] -= lr * (m[k] / c1) / (sqrtf(v[k] / c2) + epsilon);
+}
+"#;
+
+/// The loaded kernels.
+pub struct Kernels {
+    pub fill_rows: CudaFunction,
+    pub relu: CudaFunction,
+    pub relu_mask: CudaFunction,
+    pub column_sums: CudaFunction,
+    pub mse_grad: CudaFunction,
+    pub mse_loss: CudaFunction,
+    pub adam: CudaFunction,
+}
+
+impl Kernels {
+    /// Compiles [`SOURCE`] and loads its functions into `ctx`.
+    pub fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
+        let options = CompileOptions {
+            fmad: Some(false),
+            prec_div: Some(true),
+            prec_sqrt: Some(true),
+            ftz: Some(false),
+            name: Some("shardplan_mlp.cu".into()),
+            ..Default::default()
+        };
+        let ptx = compile_ptx_with_opts(SOURCE, options)
+            .map_err(|e| Error::Backend(format!("NVRTC could not compile the MLP kernels: {e}")))?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(|e| Error::Backend(format!("cannot load the MLP kernels: {e}")))?;
+        let function = |name: &str| {
+            module
+                .load_function(name)
+                .map_err(|e| Error::Backend(format!("kernel {name} is missing: {e}")))
+        };
+        Ok(Kernels {
+            fill_rows: function("fill_rows")?,
+            relu: function("relu")?,
+            relu_mask: function("relu_mask")?,
+            column_sums: function("column_sums")?,
+            mse_grad: function("mse_grad")?,
+            mse_loss: function("mse_loss")?,
+            adam: function("adam")?,
+        })
+    }
+}
+
+/// One thread per element, 256 per block.
+pub fn per_element(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(256).max(1) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}

@@ -1,0 +1,12 @@
+//! The CUDA backend (cudarc with dynamic loading: it builds without CUDA and loads the driver,
+//! cuBLAS, NVRTC and NCCL at run time). `libraries` finds them before any CUDA call, `kernels`
+//! holds the NVRTC source, `nccl` the communicator, `backend` the [`crate::backend::Backend`].
+
+pub mod backend;
+pub mod kernels;
+pub mod libraries;
+pub mod nccl;
+pub mod replay;
+
+pub use backend::CudaBackend;
+pub use nccl::{NcclSetup, unique_id};

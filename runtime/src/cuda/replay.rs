@@ -1,0 +1,133 @@
+//! Replaying a transformer unit's matrix products on the GPU (bf16 inputs, fp32 accumulation, as
+//! mixed-precision training runs them), timed with CUDA events on the compute stream.
+
+use super::CudaBackend;
+use super::backend::driver_error;
+use crate::transformer::Gemm;
+use crate::{Error, Result};
+use cudarc::cublas::{result as cublas, sys};
+use cudarc::driver::{CudaSlice, DevicePtr};
+use std::ffi::c_void;
+
+/// Buffers large enough for every product of a list, filled with random bf16 values (all-zero
+/// inputs run measurably faster on Hopper).
+pub struct ReplayBuffers {
+    a: CudaSlice<u16>,
+    b: CudaSlice<u16>,
+    c: CudaSlice<u16>,
+}
+
+/// Random bf16 bit patterns of moderate magnitude (exponent near 1, either sign).
+fn random_bf16(len: usize, seed: u64) -> Vec<u16> {
+    let mut z = seed;
+    (0..len)
+        .map(|_| {
+            z = z
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let bits = (z >> 33) as u16;
+            (bits & 0x807f) | 0x3f00
+        })
+        .collect()
+}
+
+impl CudaBackend {
+    /// Buffers for the largest A, B and C of `gemms`.
+    pub fn replay_buffers(&self, gemms: &[Gemm]) -> Result<ReplayBuffers> {
+        let largest = |f: fn(&Gemm) -> usize| gemms.iter().map(f).max().unwrap_or(1).max(1);
+        let sizes = [
+            largest(|g| g.elements().0 * g.batch),
+            largest(|g| g.elements().1 * g.batch),
+            largest(|g| g.elements().2 * g.batch),
+        ];
+        let upload = |len: usize, seed: u64| {
+            self.compute
+                .clone_htod(&random_bf16(len, seed))
+                .map_err(driver_error("allocating replay buffers"))
+        };
+        Ok(ReplayBuffers {
+            a: upload(sizes[0], 1)?,
+            b: upload(sizes[1], 2)?,
+            c: upload(sizes[2], 3)?,
+        })
+    }
+
+    /// Enqueues every product of `gemms` once on the compute stream.
+    pub fn replay(&self, gemms: &[Gemm], buffers: &ReplayBuffers) -> Result<()> {
+        use sys::cublasOperation_t::CUBLAS_OP_N;
+        use sys::cudaDataType::CUDA_R_16BF;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (a, _) = buffers.a.device_ptr(&self.compute);
+        let (b, _) = buffers.b.device_ptr(&self.compute);
+        let (c, _) = buffers.c.device_ptr(&self.compute);
+        let int = |v: usize| {
+            i32::try_from(v).map_err(|_| Error::Backend(format!("GEMM dimension {v} exceeds i32")))
+        };
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver_error("binding the context"))?;
+        for g in gemms {
+            let (ea, eb, ec) = g.elements();
+            // Column-major C′ (n × m) = B′ (n × k) · A′ (k × m): the row-major product.
+            // SAFETY: the buffers hold the largest batch of each operand (`replay_buffers`).
+            unsafe {
+                cublas::gemm_strided_batched_ex(
+                    self.blas,
+                    CUBLAS_OP_N,
+                    CUBLAS_OP_N,
+                    int(g.n)?,
+                    int(g.m)?,
+                    int(g.k)?,
+                    &alpha as *const f32 as *const c_void,
+                    b as *const c_void,
+                    CUDA_R_16BF,
+                    int(g.n)?,
+                    eb as i64,
+                    a as *const c_void,
+                    CUDA_R_16BF,
+                    int(g.k)?,
+                    ea as i64,
+                    &beta as *const f32 as *const c_void,
+                    c as *mut c_void,
+                    CUDA_R_16BF,
+                    int(g.n)?,
+                    ec as i64,
+                    int(g.batch)?,
+                    sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(|e| Error::Backend(format!("cuBLAS GemmStridedBatchedEx {g:?}: {e:?}")))?;
+        }
+        Ok(())
+    }
+}
+
+impl CudaBackend {
+    /// µs of one pass over `gemms` on the compute stream: 3 warm-up passes, the median of
+    /// `repeats`, timed with CUDA events.
+    pub fn time_replay(
+        &self,
+        gemms: &[Gemm],
+        buffers: &ReplayBuffers,
+        repeats: usize,
+    ) -> Result<f64> {
+        use crate::backend::{Backend, Stream};
+        if gemms.is_empty() {
+            return Ok(0.0);
+        }
+        let mut marks = Vec::with_capacity(repeats + 3);
+        for _ in 0..repeats + 3 {
+            let before = self.mark(Stream::Compute)?;
+            self.replay(gemms, buffers)?;
+            marks.push((before, self.mark(Stream::Compute)?));
+        }
+        self.synchronize()?;
+        let samples = marks
+            .iter()
+            .skip(3)
+            .map(|(a, b)| self.elapsed_us(a, b))
+            .collect::<Result<Vec<f64>>>()?;
+        Ok(crate::measure::median(samples))
+    }
+}

@@ -1,0 +1,230 @@
+//! `shardplan profile measure`: an MLP's units, the collectives and κ timed through a backend
+//! (CPU or CUDA), or a zoo transformer's units replayed on the GPU (their matrix products, bytes
+//! from the model).
+
+use super::run::{cuda_backend, under_mpi};
+use crate::cli::{BackendArg, MeasureArgs};
+use crate::output::print_json;
+use anyhow::Context;
+use serde_json::json;
+use shardplan_runtime::backend::{Backend, CpuBackend, Loopback, Mpi};
+use shardplan_runtime::cuda::CudaBackend;
+use shardplan_runtime::measure::{
+    measurement_allocation, mlp_profile, time_collectives, time_overlap_slowdown, time_units,
+};
+use shardplan_runtime::mlp::MlpSpec;
+use shardplan_runtime::transformer::{UnitKind, backward_gemms, forward_gemms};
+use shardplan_scheduler::analytic::{
+    AnalyticOptions, BLOCK_BANDWIDTH_FRACTION, analytic_profile, comm_curves,
+};
+use shardplan_scheduler::hardware::Catalog;
+use shardplan_scheduler::model::ModelSpec;
+use shardplan_scheduler::profile::{CommCurves, Profile};
+use shardplan_scheduler::size::format_bytes;
+use std::collections::BTreeMap;
+
+/// What `--model` names.
+enum Model {
+    Mlp(MlpSpec),
+    Transformer(ModelSpec),
+}
+
+impl Model {
+    /// An MLP file has `widths`; anything else is read as a zoo transformer.
+    fn load(path: &std::path::Path) -> anyhow::Result<Model> {
+        let table: toml::Table = shardplan_scheduler::io::read_toml(path)?;
+        Ok(if table.contains_key("widths") {
+            Model::Mlp(MlpSpec::load(path)?)
+        } else {
+            Model::Transformer(ModelSpec::load(path)?)
+        })
+    }
+}
+
+pub fn measure(args: MeasureArgs) -> anyhow::Result<()> {
+    match (args.backend, Model::load(&args.model)?) {
+        (BackendArg::Cpu, Model::Mlp(spec)) if under_mpi() => {
+            let (_universe, mpi) = Mpi::init()?;
+            measure_mlp(CpuBackend::new(mpi), &spec, &args)
+        }
+        (BackendArg::Cpu, Model::Mlp(spec)) => measure_mlp(CpuBackend::new(Loopback), &spec, &args),
+        (BackendArg::Cpu, Model::Transformer(_)) => anyhow::bail!(
+            "{}: a transformer's units are replayed on a GPU: use --backend cuda (or `profile analytic`)",
+            args.model.display()
+        ),
+        (BackendArg::Cuda, model) => {
+            let (_universe, backend) = cuda_backend()?;
+            match model {
+                Model::Mlp(spec) => measure_mlp(backend, &spec, &args),
+                Model::Transformer(model) => measure_transformer(backend, &model, &args),
+            }
+        }
+    }
+}
+
+/// Measured curves with two or more ranks (which must be the profile's world size); with one,
+/// the catalog's curves for `--world-size` ranks of `--device`. Returns where they came from.
+fn curves<B: Backend>(
+    backend: &B,
+    start: usize,
+    args: &MeasureArgs,
+) -> anyhow::Result<(CommCurves, String)> {
+    let ranks = backend.world_size();
+    match (&args.device, ranks) {
+        (Some(device), 1) => {
+            let curves = comm_curves(&Catalog::bundled()?, device, args.world_size)?;
+            Ok((
+                curves,
+                format!(
+                    "hardware catalog {device} x{} (one rank: collectives not measured)",
+                    args.world_size
+                ),
+            ))
+        }
+        _ => {
+            anyhow::ensure!(
+                ranks == 1 || args.world_size as usize == ranks,
+                "--world-size {} but {ranks} ranks: start it with mpirun -np {}",
+                args.world_size,
+                args.world_size
+            );
+            let curves = time_collectives(backend, start, args.max_message, args.repeats as usize)?;
+            Ok((
+                curves,
+                format!("measured on {ranks} ranks ({})", backend.name()),
+            ))
+        }
+    }
+}
+
+fn block_size(comm: &CommCurves) -> u64 {
+    [&comm.all_gather, &comm.reduce_scatter, &comm.all_reduce]
+        .iter()
+        .map(|c| c.block_size(BLOCK_BANDWIDTH_FRACTION))
+        .max()
+        .expect("three curves")
+}
+
+fn measure_mlp<B: Backend>(
+    mut backend: B,
+    spec: &MlpSpec,
+    args: &MeasureArgs,
+) -> anyhow::Result<()> {
+    let world = backend.world_size();
+    let message_bytes = args.max_message.max(args.block_size.unwrap_or(0));
+    let (allocation, start) = measurement_allocation(Some(spec), world, message_bytes);
+    backend.allocate(allocation)?;
+    let times = time_units(&backend, spec, args.repeats as usize)?;
+    let (comm, comm_source) = curves(&backend, start, args)?;
+    let source = BTreeMap::from([
+        ("generator".to_string(), "measured".to_string()),
+        ("backend".to_string(), backend.name().to_string()),
+        ("model".to_string(), spec.name.clone()),
+        ("comm".to_string(), comm_source),
+    ]);
+    let mut profile = mlp_profile(spec, args.world_size, &times, comm, args.block_size, source)?;
+    let kappa_bytes = profile.block_size_bytes.min(message_bytes);
+    profile.overlap_slowdown = time_overlap_slowdown(&backend, spec, start, kappa_bytes, 400)?;
+    if backend.rank() == 0 {
+        save(
+            &profile,
+            args,
+            json!({"unit_times_us": times, "overlap_slowdown": profile.overlap_slowdown}),
+        )?;
+    }
+    Ok(())
+}
+
+fn measure_transformer(
+    mut backend: CudaBackend,
+    model: &ModelSpec,
+    args: &MeasureArgs,
+) -> anyhow::Result<()> {
+    let device = args.device.as_deref().with_context(|| {
+        format!("{}: a transformer's profile needs --device (its byte counts and curves come from the catalog)", args.model.display())
+    })?;
+    let mut options = AnalyticOptions::new(device, args.world_size);
+    options.micro_batch = args.micro_batch;
+    options.seq_len = args.seq_len;
+    options.block_size_bytes = args.block_size;
+    let mut profile = analytic_profile(model, &Catalog::bundled()?, &options)?;
+    let seq_len = args.seq_len.unwrap_or(model.seq_len);
+    let layers = model.layers as usize;
+    let repeats = args.repeats as usize;
+    let mut times = BTreeMap::new();
+    for kind in [UnitKind::Embedding, UnitKind::Block, UnitKind::Head] {
+        let forward = forward_gemms(model, kind, args.micro_batch, seq_len);
+        let backward = backward_gemms(&forward);
+        let all: Vec<_> = forward.iter().chain(&backward).copied().collect();
+        let buffers = backend.replay_buffers(&all)?;
+        let f = backend.time_replay(&forward, &buffers, repeats)?;
+        let b = backend.time_replay(&backward, &buffers, repeats)?;
+        times.insert(format!("{kind:?}"), (f, b));
+    }
+    for (i, unit) in profile.units.iter_mut().enumerate() {
+        let (f, b) = times[&format!("{:?}", UnitKind::of(i, layers))];
+        (unit.forward_us, unit.backward_us) = (f, b);
+    }
+    let world = backend.world_size();
+    let comm_source = if world >= 2 {
+        let (allocation, start) = measurement_allocation(None, world, args.max_message);
+        backend.allocate(allocation)?;
+        let (comm, source) = curves(&backend, start, args)?;
+        profile.block_size_bytes = args.block_size.unwrap_or_else(|| block_size(&comm));
+        profile.comm = comm;
+        source
+    } else {
+        format!(
+            "hardware catalog {device} x{} (one GPU: collectives not measured)",
+            args.world_size
+        )
+    };
+    profile.source = BTreeMap::from([
+        (
+            "generator".to_string(),
+            "measured: matrix products replayed".to_string(),
+        ),
+        ("backend".to_string(), "cuda".to_string()),
+        ("gpu".to_string(), backend.device_name()),
+        ("model".to_string(), model.name.clone()),
+        ("micro_batch".to_string(), args.micro_batch.to_string()),
+        ("seq_len".to_string(), seq_len.to_string()),
+        (
+            "bytes".to_string(),
+            format!("model formulas ({device} catalog)"),
+        ),
+        (
+            "overlap_slowdown".to_string(),
+            "not measured (0)".to_string(),
+        ),
+        ("comm".to_string(), comm_source),
+    ]);
+    profile.name = format!(
+        "{} on {} x{}",
+        model.name,
+        backend.device_name(),
+        args.world_size
+    );
+    profile.validate("measured profile")?;
+    if backend.rank() == 0 {
+        save(&profile, args, json!({"unit_times_us": times}))?;
+    }
+    Ok(())
+}
+
+fn save(profile: &Profile, args: &MeasureArgs, details: serde_json::Value) -> anyhow::Result<()> {
+    profile.save(&args.out)?;
+    if args.json {
+        print_json(&json!({"out": args.out, "units": profile.unit_count(),
+                           "block_size_bytes": profile.block_size_bytes, "details": details}));
+    } else {
+        println!(
+            "wrote {}: {} units, block size {}, overlap slowdown {:.2}",
+            args.out.display(),
+            profile.unit_count(),
+            format_bytes(profile.block_size_bytes as f64),
+            profile.overlap_slowdown
+        );
+    }
+    Ok(())
+}
