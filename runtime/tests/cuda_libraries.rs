@@ -1,0 +1,119 @@
+//! Finding the CUDA libraries: `SHARDPLAN_NCCL_LIB`, a `libnccl.so.2` found only as a file (as the
+//! nvidia-nccl wheel ships it), the error that names what is missing and where it looked, and
+//! the folder of links that makes such files loadable under cudarc's names.
+
+use shardplan_runtime::cuda::libraries::{
+    Found, NCCL_LIB_VAR, Needed, SearchPaths, find, link_folder,
+};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// An empty shared library at `dir/name`.
+fn fake_library(dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(name);
+    let out = Command::new("c++")
+        .args(["-shared", "-fPIC", "-x", "c++", "/dev/null", "-o"])
+        .arg(&path)
+        .output()
+        .expect("a C++ compiler (c++) is installed: HiGHS needs one too");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    path
+}
+
+/// Whether this machine's loader already finds NCCL under cudarc's names (then a search is never
+/// needed and the file-based cases cannot be exercised).
+fn system_has_nccl() -> bool {
+    matches!(
+        find(Needed::Nccl, &SearchPaths::default()),
+        Ok(Found::Loadable(_))
+    )
+}
+
+#[test]
+fn the_override_variable_names_the_library_and_gets_a_link_under_cudarcs_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = fake_library(dir.path(), "libnccl.so.2");
+    let search = SearchPaths {
+        folders: vec![],
+        nccl_override: Some(lib.clone()),
+    };
+    assert_eq!(
+        find(Needed::Nccl, &search).unwrap(),
+        Found::File {
+            path: lib,
+            alias: "libnccl.so".into()
+        }
+    );
+    let missing = dir.path().join("nope/libnccl.so.2");
+    let search = SearchPaths {
+        folders: vec![],
+        nccl_override: Some(missing.clone()),
+    };
+    let err = find(Needed::Nccl, &search).unwrap_err().to_string();
+    assert!(
+        err.contains(NCCL_LIB_VAR) && err.contains(&missing.display().to_string()),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_wheel_style_libnccl_so_2_in_a_searched_folder_is_found() {
+    if system_has_nccl() {
+        eprintln!("skipped: this machine's loader finds NCCL itself");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let lib = fake_library(dir.path(), "libnccl.so.2");
+    let search = SearchPaths {
+        folders: vec![dir.path().join("absent"), dir.path().to_path_buf()],
+        nccl_override: None,
+    };
+    assert_eq!(
+        find(Needed::Nccl, &search).unwrap(),
+        Found::File {
+            path: lib,
+            alias: "libnccl.so".into()
+        }
+    );
+}
+
+#[test]
+fn a_missing_library_is_named_with_every_name_and_folder_tried() {
+    if system_has_nccl() {
+        eprintln!("skipped: this machine's loader finds NCCL itself");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    fake_library(dir.path(), "libcublas.so.13");
+    let search = SearchPaths {
+        folders: vec![dir.path().to_path_buf()],
+        nccl_override: None,
+    };
+    let err = find(Needed::Nccl, &search).unwrap_err().to_string();
+    for part in ["NCCL", "libnccl.so", "libnccl.so.1", NCCL_LIB_VAR] {
+        assert!(err.contains(part), "`{part}` missing from: {err}");
+    }
+    assert!(err.contains(&dir.path().display().to_string()), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+#[test]
+fn the_link_folder_makes_the_file_loadable_under_the_alias() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = fake_library(dir.path(), "libnccl.so.2");
+    let alias = "libnccl.so".to_string();
+    let folder = link_folder(&[(&lib, &alias)]).unwrap();
+    let link = folder.join(&alias);
+    assert_eq!(std::fs::read_link(&link).unwrap(), lib);
+    // SAFETY: an empty library built above.
+    unsafe { libloading::Library::new(&link) }.unwrap();
+    assert_eq!(
+        link_folder(&[(&lib, &alias)]).unwrap(),
+        folder,
+        "the same links, the same folder"
+    );
+}
