@@ -298,6 +298,10 @@ pub struct RunArgs {
     /// Write the trained parameters (JSON, one array per unit) — for checks against a reference.
     #[arg(long)]
     pub dump_params: Option<PathBuf>,
+    /// Also train the single-process CPU reference (N·b samples a step) and report the largest
+    /// relative difference of the trained weights.
+    #[arg(long)]
+    pub compare_reference: bool,
     /// Seconds any stream may wait for another or for a peer before the run fails.
     #[arg(long, default_value_t = 30.0)]
     pub timeout: f64,

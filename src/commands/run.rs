@@ -11,7 +11,7 @@ use shardplan_runtime::backend::{
 use shardplan_runtime::cuda::{CudaBackend, NcclSetup, libraries, unique_id};
 use shardplan_runtime::executor::{RunOptions, Span, final_params, initialise, run as execute};
 use shardplan_runtime::layout::layout;
-use shardplan_runtime::mlp::MlpSpec;
+use shardplan_runtime::mlp::{MlpSpec, max_relative_error, reference_training};
 use shardplan_scheduler::io::write_atomic;
 use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::Profile;
@@ -115,6 +115,12 @@ fn run_with<B: Backend>(mut backend: B, args: &RunArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.trace {
         write_atomic(path, &serde_json::to_vec(&trace(&spec, &report.spans))?)?;
     }
+    let reference_error = if args.compare_reference {
+        let (reference, _) = reference_training(&spec, world, args.steps as usize);
+        Some(max_relative_error(&params, &reference)?)
+    } else {
+        None
+    };
     let predicted = simulate(&profile, &schedule, semantics);
     let measured = steady_mean(&report.step_us);
     let final_loss = *report.losses.last().expect("at least one step");
@@ -133,6 +139,7 @@ fn run_with<B: Backend>(mut backend: B, args: &RunArgs) -> anyhow::Result<()> {
             "arena_live_peak_bytes": report.live_peak_bytes,
             "predicted_peak_memory_bytes": predicted.peak_memory_bytes.ceil() as u64,
             "executor_overhead_us_per_slot": if report.executor_overhead_us_per_slot.is_finite() { Some(report.executor_overhead_us_per_slot) } else { None },
+            "weights_max_relative_error_vs_reference": reference_error,
             "device_memory": memory.map(|m| json!({
                 "total_bytes": m.total, "before_arena_bytes": m.before_arena,
                 "after_arena_bytes": m.after_arena, "after_run_bytes": m.now,
@@ -161,6 +168,9 @@ fn run_with<B: Backend>(mut backend: B, args: &RunArgs) -> anyhow::Result<()> {
             format_bytes(report.live_peak_bytes as f64),
             format_bytes(predicted.peak_memory_bytes)
         );
+        if let Some(error) = reference_error {
+            println!("  weights     max relative difference from the CPU reference {error:.2e}");
+        }
         if let Some(m) = memory {
             println!(
                 "  device      {} used by the run (arena and workspaces; set-up before it {}, of {})",
