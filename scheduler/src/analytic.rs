@@ -127,13 +127,7 @@ pub fn analytic_profile(
     }
     let n = opts.world_size;
     let comm = comm_curves(catalog, &opts.device, n)?;
-    let block_size_bytes = opts.block_size_bytes.unwrap_or_else(|| {
-        [&comm.all_gather, &comm.reduce_scatter, &comm.all_reduce]
-            .iter()
-            .map(|c| c.block_size(BLOCK_BANDWIDTH_FRACTION))
-            .max()
-            .expect("three curves")
-    });
+    let block_size_bytes = opts.block_size_bytes.unwrap_or_else(|| comm.block_size());
     let flops_per_us = device.peak_bf16_tflops * 1e6 * opts.mfu;
     let units = model
         .unit_shapes(opts.micro_batch, seq_len, opts.attention)

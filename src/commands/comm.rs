@@ -3,7 +3,6 @@
 use crate::cli::CommImportArgs;
 use crate::output::print_json;
 use serde_json::json;
-use shardplan_scheduler::analytic::BLOCK_BANDWIDTH_FRACTION;
 use shardplan_scheduler::io::read_text;
 use shardplan_scheduler::nccl_tests::parse;
 use shardplan_scheduler::profile::Profile;
@@ -36,17 +35,7 @@ pub fn import(args: CommImportArgs) -> anyhow::Result<()> {
             format!("nccl-tests: {}", path.display()),
         );
     }
-    profile.block_size_bytes = args.block_size.unwrap_or_else(|| {
-        [
-            &profile.comm.all_gather,
-            &profile.comm.reduce_scatter,
-            &profile.comm.all_reduce,
-        ]
-        .iter()
-        .map(|c| c.block_size(BLOCK_BANDWIDTH_FRACTION))
-        .max()
-        .expect("three curves")
-    });
+    profile.block_size_bytes = args.block_size.unwrap_or_else(|| profile.comm.block_size());
     let out = args.out.as_ref().unwrap_or(&args.into);
     profile.validate(&out.display().to_string())?;
     profile.save(out)?;

@@ -14,9 +14,7 @@ use shardplan_runtime::measure::{
 };
 use shardplan_runtime::mlp::MlpSpec;
 use shardplan_runtime::transformer::{UnitKind, backward_gemms, forward_gemms};
-use shardplan_scheduler::analytic::{
-    AnalyticOptions, BLOCK_BANDWIDTH_FRACTION, analytic_profile, comm_curves,
-};
+use shardplan_scheduler::analytic::{AnalyticOptions, analytic_profile, comm_curves};
 use shardplan_scheduler::hardware::Catalog;
 use shardplan_scheduler::model::ModelSpec;
 use shardplan_scheduler::profile::{CommCurves, Profile};
@@ -97,14 +95,6 @@ fn curves<B: Backend>(
     }
 }
 
-fn block_size(comm: &CommCurves) -> u64 {
-    [&comm.all_gather, &comm.reduce_scatter, &comm.all_reduce]
-        .iter()
-        .map(|c| c.block_size(BLOCK_BANDWIDTH_FRACTION))
-        .max()
-        .expect("three curves")
-}
-
 fn measure_mlp<B: Backend>(
     mut backend: B,
     spec: &MlpSpec,
@@ -170,7 +160,7 @@ fn measure_transformer(
         let (allocation, start) = measurement_allocation(None, world, args.max_message);
         backend.allocate(allocation)?;
         let (comm, source) = curves(&backend, start, args)?;
-        profile.block_size_bytes = args.block_size.unwrap_or_else(|| block_size(&comm));
+        profile.block_size_bytes = args.block_size.unwrap_or_else(|| comm.block_size());
         profile.comm = comm;
         source
     } else {

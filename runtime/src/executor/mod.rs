@@ -215,6 +215,7 @@ pub fn run<B: Backend>(
 
         let mut compute = || -> Result<()> {
             let stream = Stream::Compute;
+            let timeline = schedule.timeline();
             for (g, fences) in fence_targets.iter().enumerate() {
                 let (iter, s) = ((g / p.slots) as i64 - 1, g % p.slots);
                 let computing = iter >= 0 && (iter as usize) < steps;
@@ -260,7 +261,7 @@ pub fn run<B: Backend>(
                     continue;
                 }
                 let step = iter as usize;
-                let Some(i) = schedule.timeline().compute_unit(s) else {
+                let Some(i) = timeline.compute_unit(s) else {
                     continue;
                 };
                 let start = if options.trace {
@@ -268,7 +269,7 @@ pub fn run<B: Backend>(
                 } else {
                     None
                 };
-                let forward = s == schedule.timeline().forward(i);
+                let forward = s == timeline.forward(i);
                 workload.compute(i, forward, step)?;
                 if let Some(start) = start {
                     compute_spans.push(PendingSpan {

@@ -13,7 +13,6 @@ pub use timing::{measurement_allocation, time_collectives, time_overlap_slowdown
 
 use crate::Result;
 use crate::mlp::MlpSpec;
-use shardplan_scheduler::analytic::BLOCK_BANDWIDTH_FRACTION;
 use shardplan_scheduler::profile::{
     BytesPerParam, CommCurves, PROFILE_SCHEMA, Profile, UnitProfile,
 };
@@ -51,13 +50,7 @@ pub fn mlp_profile(
             }
         })
         .collect();
-    let block = block_size_bytes.unwrap_or_else(|| {
-        [&comm.all_gather, &comm.reduce_scatter, &comm.all_reduce]
-            .iter()
-            .map(|c| c.block_size(BLOCK_BANDWIDTH_FRACTION))
-            .max()
-            .expect("three curves")
-    });
+    let block = block_size_bytes.unwrap_or_else(|| comm.block_size());
     let profile = Profile {
         schema: PROFILE_SCHEMA,
         name: format!("{} x{world}", spec.name),

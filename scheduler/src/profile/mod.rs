@@ -58,6 +58,18 @@ pub struct CommCurves {
     pub all_reduce: CommCurve,
 }
 
+impl CommCurves {
+    /// The block size (DESIGN §1): the largest of the three ops' smallest power-of-two sizes that
+    /// reach 90% of their best bandwidth (ARCHITECTURE item 7).
+    pub fn block_size(&self) -> u64 {
+        [&self.all_gather, &self.reduce_scatter, &self.all_reduce]
+            .iter()
+            .map(|c| c.block_size(crate::analytic::BLOCK_BANDWIDTH_FRACTION))
+            .max()
+            .expect("three curves")
+    }
+}
+
 /// A whole profile file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
