@@ -41,7 +41,7 @@ impl Gemm {
 }
 
 /// Which unit of the zoo model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum UnitKind {
     Embedding,
     Block,

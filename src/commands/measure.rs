@@ -149,10 +149,10 @@ fn measure_transformer(
         let buffers = backend.replay_buffers(&all)?;
         let f = backend.time_replay(&forward, &buffers, repeats)?;
         let b = backend.time_replay(&backward, &buffers, repeats)?;
-        times.insert(format!("{kind:?}"), (f, b));
+        times.insert(kind, (f, b));
     }
     for (i, unit) in profile.units.iter_mut().enumerate() {
-        let (f, b) = times[&format!("{:?}", UnitKind::of(i, layers))];
+        let (f, b) = times[&UnitKind::of(i, layers)];
         (unit.forward_us, unit.backward_us) = (f, b);
     }
     let world = backend.world_size();
@@ -197,7 +197,11 @@ fn measure_transformer(
     );
     profile.validate("measured profile")?;
     if backend.rank() == 0 {
-        save(&profile, args, json!({"unit_times_us": times}))?;
+        let by_kind: BTreeMap<String, _> = times
+            .iter()
+            .map(|(kind, t)| (format!("{kind:?}"), t))
+            .collect();
+        save(&profile, args, json!({"unit_times_us": by_kind}))?;
     }
     Ok(())
 }
