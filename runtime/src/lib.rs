@@ -4,7 +4,8 @@
 //! `event` (monotonic counters), `arena` (static buffer offsets from plan lifetimes), `mlp` (the
 //! CPU workload and its single-process reference), `layout` (which buffers a plan needs and when),
 //! `backend` (the collectives; MPI and a single-rank loopback), `executor` (the slot walker),
-//! `measure` (the measuring profiler).
+//! `measure` (the measuring profiler), `gemm` (products and their cuBLAS calls), `transformer`
+//! (a zoo unit's products), `cuda` (the GPU backend).
 
 pub mod arena;
 pub mod backend;
@@ -12,6 +13,7 @@ pub mod cuda;
 pub mod error;
 pub mod event;
 pub mod executor;
+pub mod gemm;
 pub mod layout;
 pub mod measure;
 pub mod mlp;

@@ -1,43 +1,21 @@
 //! The matrix products of a zoo transformer's units, for replaying a unit's compute on a GPU.
 //!
 //! Per block, for T = b·s tokens, hidden h, key/value width h_kv = g·h/a, head width d = h/a:
-//! QKV (T × (h + 2h_kv) × h), attention scores and values per (sample, head) (s × s × d and
-//! s × d × s, batched b·a times), the output projection (T × h × h) and the MLP (T × 2ffn × h and
-//! T × h × ffn when gated, T × ffn × h and T × h × ffn otherwise). The head is T × V × h; the
-//! embedding is a lookup (no product). Backward runs two products per forward product: the input
-//! gradient (m × k × n) and the weight gradient (n × k × m). The forward FLOPs equal
+//! QKV (T × (h + 2h_kv) × h), attention scores Q·Kᵀ and values P·V per (sample, head) (s × s × d
+//! and s × d × s, batched b·a times), the output projection (T × h × h) and the MLP (T × 2ffn × h
+//! and T × h × ffn when gated, T × ffn × h and T × h × ffn otherwise). The head is T × V × h; the
+//! embedding is a lookup (no product). Linear layers multiply by Wᵀ with W stored out × in, as
+//! frameworks store it, so the replay runs the same operand layouts as training. Backward runs
+//! each forward product's input and weight gradients ([`Gemm::backward`]). The forward FLOPs equal
 //! `ModelSpec::unit_shapes`' (tested), so a replay times exactly the work the analytic profile
 //! counts; element-wise work (norms, activations, rotary embeddings, softmax) is left out.
 
+pub use crate::gemm::Gemm;
 use shardplan_scheduler::model::ModelSpec;
 
-/// C (m × n) = A (m × k) · B (k × n), `batch` times.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Gemm {
-    pub m: usize,
-    pub n: usize,
-    pub k: usize,
-    pub batch: usize,
-}
-
-impl Gemm {
-    fn new(m: u64, n: u64, k: u64, batch: u64) -> Self {
-        Gemm {
-            m: m as usize,
-            n: n as usize,
-            k: k as usize,
-            batch: batch as usize,
-        }
-    }
-
-    pub fn flops(&self) -> f64 {
-        2.0 * (self.m * self.n * self.k * self.batch) as f64
-    }
-
-    /// Elements of A, B and C of one product.
-    pub fn elements(&self) -> (usize, usize, usize) {
-        (self.m * self.k, self.k * self.n, self.m * self.n)
-    }
+/// A product of `batch` independent m × n × k products.
+fn product(m: u64, n: u64, k: u64, batch: u64) -> Gemm {
+    Gemm::new(m as usize, n as usize, k as usize).batched(batch as usize)
 }
 
 /// Which unit of the zoo model.
@@ -70,49 +48,33 @@ pub fn forward_gemms(
     let tokens = b * s;
     let head_width = h / model.heads;
     let kv = model.kv_heads * head_width;
+    // A linear layer, as frameworks store it: x (T × in) · Wᵀ with W stored out × in.
+    let linear = |out: u64, inp: u64| product(tokens, out, inp, 1).b_transposed();
     match unit {
         UnitKind::Embedding => vec![],
-        UnitKind::Head => vec![Gemm::new(tokens, model.vocab, h, 1)],
+        UnitKind::Head => vec![linear(model.vocab, h)],
         UnitKind::Block => {
-            let mut gemms = vec![
-                Gemm::new(tokens, h + 2 * kv, h, 1),
-                Gemm::new(s, s, head_width, b * model.heads),
-                Gemm::new(s, head_width, s, b * model.heads),
-                Gemm::new(tokens, h, h, 1),
-            ];
-            if model.gated_mlp {
-                gemms.push(Gemm::new(tokens, 2 * model.ffn, h, 1));
+            let up = if model.gated_mlp {
+                2 * model.ffn
             } else {
-                gemms.push(Gemm::new(tokens, model.ffn, h, 1));
-            }
-            gemms.push(Gemm::new(tokens, h, model.ffn, 1));
-            gemms
+                model.ffn
+            };
+            vec![
+                linear(h + 2 * kv, h),
+                product(s, s, head_width, b * model.heads).b_transposed(),
+                product(s, head_width, s, b * model.heads),
+                linear(h, h),
+                linear(up, h),
+                linear(h, model.ffn),
+            ]
         }
     }
 }
 
-/// The backward products: for each forward product, the input gradient dA = dC·Bᵀ (m × k × n)
-/// and the weight gradient dB = Aᵀ·dC (k × n × m).
+/// The backward products: each forward product's input and weight gradients
+/// ([`Gemm::backward`]), in the forward's order.
 pub fn backward_gemms(forward: &[Gemm]) -> Vec<Gemm> {
-    forward
-        .iter()
-        .flat_map(|g| {
-            [
-                Gemm {
-                    m: g.m,
-                    n: g.k,
-                    k: g.n,
-                    batch: g.batch,
-                },
-                Gemm {
-                    m: g.k,
-                    n: g.n,
-                    k: g.m,
-                    batch: g.batch,
-                },
-            ]
-        })
-        .collect()
+    forward.iter().flat_map(Gemm::backward).collect()
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 use super::kernels::{Kernels, per_element};
 use super::nccl::{Nccl, NcclSetup};
 use crate::backend::{Allocation, Backend, DeviceMemory, Region, Stream};
+use crate::gemm::Gemm;
 use crate::mlp::{BETA1, BETA2, EPSILON};
 use crate::{Error, Result};
 use cudarc::cublas::{result as cublas, sys as cublas_sys};
@@ -157,23 +158,18 @@ impl CudaBackend {
             .map_err(driver_error("launching a kernel"))
     }
 
-    /// Row-major C (m×n) = op(A)·op(B) + beta·C on the compute stream, through cuBLAS's
-    /// column-major view (C′ = op(B)′·op(A)′).
-    #[allow(clippy::too_many_arguments)]
+    /// Row-major C = op(A)·op(B) + beta·C on the compute stream, through cuBLAS's column-major
+    /// call ([`Gemm::cublas`]).
     fn gemm(
         &self,
-        (a, a_transposed, lda): (CUdeviceptr, bool, usize),
-        (b, b_transposed, ldb): (CUdeviceptr, bool, usize),
-        c: CUdeviceptr,
-        (m, n, k): (usize, usize, usize),
+        product: &Gemm,
+        (a, b, c): (CUdeviceptr, CUdeviceptr, CUdeviceptr),
         beta: f32,
     ) -> Result<()> {
         use cublas_sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
         let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
+        let call = product.cublas();
         let alpha = 1.0f32;
-        let int = |v: usize| {
-            i32::try_from(v).map_err(|_| Error::Backend(format!("GEMM dimension {v} exceeds i32")))
-        };
         self.ctx
             .bind_to_thread()
             .map_err(driver_error("binding the context"))?;
@@ -182,23 +178,28 @@ impl CudaBackend {
         unsafe {
             cublas::sgemm(
                 self.blas,
-                op(b_transposed),
-                op(a_transposed),
-                int(n)?,
-                int(m)?,
-                int(k)?,
+                op(call.transa),
+                op(call.transb),
+                blas_int(call.m)?,
+                blas_int(call.n)?,
+                blas_int(call.k)?,
                 &alpha,
                 b as *const f32,
-                int(ldb)?,
+                blas_int(call.lda)?,
                 a as *const f32,
-                int(lda)?,
+                blas_int(call.ldb)?,
                 &beta,
                 c as *mut f32,
-                int(n)?,
+                blas_int(call.ldc)?,
             )
         }
-        .map_err(|e| Error::Backend(format!("cuBLAS sgemm: {e:?}")))
+        .map_err(|e| Error::Backend(format!("cuBLAS sgemm {product:?}: {e:?}")))
     }
+}
+
+/// A matrix dimension as cuBLAS's 32-bit integer.
+pub(super) fn blas_int(v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::Backend(format!("GEMM dimension {v} exceeds i32")))
 }
 
 impl Drop for CudaBackend {
@@ -330,8 +331,7 @@ impl Backend for CudaBackend {
         let mut k = self.kernel(&self.kernels.fill_rows, Stream::Compute);
         k.arg(&o).arg(&bias).arg(&r).arg(&c);
         self.launch(k, per_element(rows * dout))?;
-        // out (rows×dout) = x (rows×din) · Wᵀ (W: dout×din) + out
-        self.gemm((x, false, din), (w, true, din), o, (rows, dout, din), 1.0)?;
+        self.gemm(&Gemm::linear(rows, din, dout), (x, w, o), 1.0)?;
         if relu {
             let n = (rows * dout) as i64;
             let mut k = self.kernel(&self.kernels.relu, Stream::Compute);
@@ -365,23 +365,16 @@ impl Backend for CudaBackend {
             k.arg(&dz).arg(&a).arg(&n);
             self.launch(k, per_element(rows * dout))?;
         }
-        // dW (dout×din) = dZᵀ (dout×rows) · x (rows×din)
-        self.gemm((dz, true, dout), (x, false, din), g, (dout, din, rows), 0.0)?;
+        // dX = dZ · W and dW = dZᵀ · x: the products `Gemm::backward` names.
+        let [input_grad, weight_grad] = Gemm::linear(rows, din, dout).backward();
+        self.gemm(&weight_grad, (dz, x, g), 0.0)?;
         let gb = g + 4 * (dout * din) as u64;
         let (r, c) = (rows as i32, dout as i32);
         let mut k = self.kernel(&self.kernels.column_sums, Stream::Compute);
         k.arg(&gb).arg(&dz).arg(&r).arg(&c);
         self.launch(k, per_element(dout))?;
         if let Some(grad_in) = grad_in {
-            // dX (rows×din) = dZ (rows×dout) · W (dout×din)
-            let dx = self.ptr(grad_in)?;
-            self.gemm(
-                (dz, false, dout),
-                (w, false, din),
-                dx,
-                (rows, din, dout),
-                0.0,
-            )?;
+            self.gemm(&input_grad, (dz, w, self.ptr(grad_in)?), 0.0)?;
         }
         Ok(())
     }
