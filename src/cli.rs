@@ -40,6 +40,9 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Run the main job on a bundled profile: every baseline under the device's memory.
     Demo(DemoArgs),
+    /// Check what the CUDA backend finds here: its libraries, the GPUs, the MLP kernels compiled
+    /// by NVRTC (no GPU needed); exit 1 when `run --backend cuda` cannot start.
+    Doctor(DoctorArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -275,6 +278,13 @@ pub struct MeasureArgs {
     pub out: PathBuf,
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    /// Compile the kernels for this architecture (default: GPU 0's, else sm_90).
+    #[arg(long)]
+    pub arch: Option<String>,
 }
 
 #[derive(Args, Debug)]

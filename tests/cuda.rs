@@ -1,6 +1,7 @@
 //! The CUDA backend where there is no GPU (CI): `run --backend cuda` and `profile measure
 //! --backend cuda` exit 1 with one line naming the missing driver library and where it was
-//! searched — never a panic — and write nothing.
+//! searched — never a panic — and write nothing; `doctor` finds the CUDA wheels of a Python
+//! environment and NVRTC compiles the kernels, which needs no GPU.
 
 use shardplan_runtime::cuda::libraries::{Needed, SearchPaths, find};
 use std::process::Command;
@@ -80,4 +81,80 @@ fn without_a_driver_the_cuda_backend_fails_with_one_clear_line() {
         out,
     ]);
     assert!(!std::path::Path::new(out).exists(), "nothing is written");
+}
+
+/// Runs `shardplan doctor` with `VIRTUAL_ENV` naming a Python environment whose torch brought
+/// the nvidia-* wheels (scripts/test sets `SHARDPLAN_CUDA_WHEELS`; unset, the test is skipped).
+fn doctor(venv: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_shardplan"))
+        .arg("doctor")
+        .args(args)
+        .env("VIRTUAL_ENV", venv)
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("SHARDPLAN_NCCL_LIB")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).trim().to_string(),
+    )
+}
+
+/// The real wheels, found where pip puts them (cuBLAS and NVRTC in `nvidia/cu13/lib`, NCCL only
+/// as `nvidia/nccl/lib/libnccl.so.2`), made loadable (links + one re-execution, from a relative
+/// `VIRTUAL_ENV`), and NVRTC compiling the MLP kernels for Hopper: every entry point, no fused
+/// multiply-add, machine code. A virtual architecture is refused with a clear line.
+#[test]
+fn doctor_finds_the_wheels_and_nvrtc_compiles_the_kernels() {
+    let Some(venv) = std::env::var_os("SHARDPLAN_CUDA_WHEELS") else {
+        eprintln!("skipped: SHARDPLAN_CUDA_WHEELS (a Python environment with torch) is not set");
+        return;
+    };
+    let venv = venv.to_str().unwrap();
+    let (code, stdout, stderr) = doctor(venv, &[]);
+    let line = |label: &str| {
+        stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(label))
+            .unwrap_or_else(|| panic!("no `{label}` line in:\n{stdout}"))
+            .to_string()
+    };
+    for library in ["libcublas", "libnvrtc", "libnccl"] {
+        let found = line(library);
+        assert!(!found.contains("missing"), "{found}");
+        assert!(found.contains("site-packages/nvidia/"), "{found}");
+    }
+    assert!(
+        line("libnccl").ends_with("nccl/lib/libnccl.so.2"),
+        "{stdout}"
+    );
+    assert!(line("nccl").contains("version 2."), "{stdout}");
+    let kernels = line("kernels");
+    for part in [
+        "compiled the 7 MLP kernels for sm_90",
+        "(no fused multiply-add)",
+        "bytes of machine code",
+    ] {
+        assert!(kernels.contains(part), "`{part}` missing from: {kernels}");
+    }
+    if !driver_present() {
+        assert_eq!(code, Some(1), "{stderr}");
+        assert_eq!(
+            stderr,
+            "error: the CUDA backend cannot start here: no libcuda (details above)"
+        );
+    }
+
+    let (code, stdout, stderr) = doctor(venv, &["--arch", "compute_90"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("the MLP kernels do not compile"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("name a real architecture (sm_90)"),
+        "{stdout}"
+    );
 }

@@ -3,7 +3,7 @@
 //! the folder of links that makes such files loadable under cudarc's names.
 
 use shardplan_runtime::cuda::libraries::{
-    Found, NCCL_LIB_VAR, Needed, SearchPaths, find, link_folder,
+    Found, NCCL_LIB_VAR, Needed, SearchPaths, find, link_folder, loader_path,
 };
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -115,5 +115,27 @@ fn the_link_folder_makes_the_file_loadable_under_the_alias() {
         link_folder(&[(&lib, &alias)]).unwrap(),
         folder,
         "the same links, the same folder"
+    );
+}
+
+/// The re-executed process finds a linked library's companions (NVRTC opens
+/// `libnvrtc-builtins.so.*` by bare name from the wheel's folder), and an empty
+/// `LD_LIBRARY_PATH` entry, which the loader reads as the working directory, is dropped.
+#[test]
+fn the_loader_path_holds_the_links_then_each_library_folder_then_the_old_path() {
+    let links = PathBuf::from("/tmp/links");
+    let nvrtc = PathBuf::from("/venv/nvidia/cu13/lib/libnvrtc.so.13");
+    let nccl = PathBuf::from("/venv/nvidia/nccl/lib/libnccl.so.2");
+    let old = std::ffi::OsString::from("/opt/a::/venv/nvidia/cu13/lib");
+    let path = loader_path(&links, &[&nvrtc, &nccl], Some(&old));
+    assert_eq!(
+        path,
+        [
+            "/tmp/links",
+            "/venv/nvidia/cu13/lib",
+            "/venv/nvidia/nccl/lib",
+            "/opt/a"
+        ]
+        .map(PathBuf::from)
     );
 }

@@ -3,6 +3,7 @@
 mod baseline;
 mod comm;
 mod demo;
+mod doctor;
 mod export;
 mod inspect;
 mod measure;
@@ -32,6 +33,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Simulate(args) => simulate::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Doctor(args) => doctor::run(args),
     }
 }
 

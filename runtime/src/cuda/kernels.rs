@@ -6,9 +6,10 @@
 //! kernel is free of barriers and shared memory, so a test can run this very source on the CPU,
 //! one thread after another (tests/cuda_kernels.rs).
 
+use super::nvrtc::{self, Compiled};
 use crate::{Error, Result};
 use cudarc::driver::{CudaContext, CudaFunction, LaunchConfig};
-use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+use cudarc::nvrtc::Ptx;
 use std::sync::Arc;
 
 /// The CUDA C source: one `extern "C"` kernel per operation.
@@ -65,6 +66,17 @@ extern "C" __global__ void adam(float* params, const float* grads, float* m, flo
 }
 "#;
 
+/// The kernels of [`SOURCE`], in [`Kernels`]' field order.
+pub const ENTRY_POINTS: [&str; 7] = [
+    "fill_rows",
+    "relu",
+    "relu_mask",
+    "column_sums",
+    "mse_grad",
+    "mse_loss",
+    "adam",
+];
+
 /// The loaded kernels.
 pub struct Kernels {
     pub fill_rows: CudaFunction,
@@ -76,35 +88,74 @@ pub struct Kernels {
     pub adam: CudaFunction,
 }
 
+/// [`SOURCE`] compiled for the real architecture `arch` (`sm_90` for Hopper) by NVRTC alone: no
+/// driver or GPU is needed. Compiled without fused multiply-adds, with IEEE division and square
+/// root and denormals kept, as the CPU backend rounds. Checks that every entry point is in the
+/// PTX under its unmangled name and that no fused multiply-add is (the kernels equal the CPU
+/// backend bitwise only if none is).
+pub fn compile(arch: &str) -> Result<Compiled> {
+    let options = [
+        "--fmad=false",
+        "--prec-div=true",
+        "--prec-sqrt=true",
+        "--ftz=false",
+        &format!("--gpu-architecture={arch}"),
+    ]
+    .map(String::from);
+    let compiled = nvrtc::compile(SOURCE, "shardplan_mlp.cu", &options)?;
+    if let Some(name) = ENTRY_POINTS
+        .iter()
+        .find(|name| !compiled.ptx.contains(&format!(".entry {name}(")))
+    {
+        return Err(Error::Backend(format!(
+            "NVRTC's PTX for {arch} has no entry point {name}"
+        )));
+    }
+    if compiled.ptx.contains("fma.") {
+        return Err(Error::Backend(format!(
+            "NVRTC fused multiply-adds in the PTX for {arch} despite --fmad=false"
+        )));
+    }
+    Ok(compiled)
+}
+
+/// The real architecture of the context's GPU (`sm_<major><minor>`).
+pub fn architecture(ctx: &CudaContext) -> Result<String> {
+    let (major, minor) = ctx
+        .compute_capability()
+        .map_err(|e| Error::Backend(format!("CUDA: reading the compute capability: {e}")))?;
+    Ok(format!("sm_{major}{minor}"))
+}
+
 impl Kernels {
-    /// Compiles [`SOURCE`] and loads its functions into `ctx`.
+    /// Compiles [`SOURCE`] for the context's GPU and loads its machine code into `ctx`.
     pub fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
-        let options = CompileOptions {
-            fmad: Some(false),
-            prec_div: Some(true),
-            prec_sqrt: Some(true),
-            ftz: Some(false),
-            name: Some("shardplan_mlp.cu".into()),
-            ..Default::default()
-        };
-        let ptx = compile_ptx_with_opts(SOURCE, options)
-            .map_err(|e| Error::Backend(format!("NVRTC could not compile the MLP kernels: {e}")))?;
+        let compiled = compile(&architecture(ctx)?)?;
         let module = ctx
-            .load_module(ptx)
+            .load_module(Ptx::from_binary(compiled.cubin))
             .map_err(|e| Error::Backend(format!("cannot load the MLP kernels: {e}")))?;
         let function = |name: &str| {
             module
                 .load_function(name)
                 .map_err(|e| Error::Backend(format!("kernel {name} is missing: {e}")))
         };
+        let [
+            fill_rows,
+            relu,
+            relu_mask,
+            column_sums,
+            mse_grad,
+            mse_loss,
+            adam,
+        ] = ENTRY_POINTS;
         Ok(Kernels {
-            fill_rows: function("fill_rows")?,
-            relu: function("relu")?,
-            relu_mask: function("relu_mask")?,
-            column_sums: function("column_sums")?,
-            mse_grad: function("mse_grad")?,
-            mse_loss: function("mse_loss")?,
-            adam: function("adam")?,
+            fill_rows: function(fill_rows)?,
+            relu: function(relu)?,
+            relu_mask: function(relu_mask)?,
+            column_sums: function(column_sums)?,
+            mse_grad: function(mse_grad)?,
+            mse_loss: function(mse_loss)?,
+            adam: function(adam)?,
         })
     }
 }

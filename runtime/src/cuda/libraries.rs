@@ -42,6 +42,11 @@ impl Needed {
         }
     }
 
+    /// The library's name for a person (`libcuda`, …).
+    pub fn library(self) -> String {
+        format!("lib{}", self.stem())
+    }
+
     pub fn describe(self) -> &'static str {
         match self {
             Needed::Driver => "the CUDA driver (libcuda; install the NVIDIA driver)",
@@ -67,6 +72,20 @@ pub enum Found {
     Loadable(String),
     /// Found as a file: cudarc needs a link under `alias` pointing to it.
     File { path: PathBuf, alias: String },
+}
+
+impl Found {
+    /// Where the library is, for a person: its file, or the name the loader resolves (in a
+    /// re-executed process, through the link folder, whose link target is then shown).
+    pub fn location(&self) -> String {
+        match self {
+            Found::File { path, .. } => path.display().to_string(),
+            Found::Loadable(name) => std::env::var_os(ALIASES_VAR)
+                .and_then(|folder| std::fs::read_link(Path::new(&folder).join(name)).ok())
+                .map(|target| target.display().to_string())
+                .unwrap_or_else(|| format!("{name} (through the loader's search path)")),
+        }
+    }
 }
 
 /// The folders searched for library files, in order.
@@ -152,6 +171,15 @@ fn loads(name_or_path: &std::ffi::OsStr) -> std::result::Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
+/// A library found as a file, by its absolute path (a link to a relative path would resolve from
+/// the link folder, not from where it was found).
+fn found_file(path: &Path, alias: String) -> Found {
+    Found::File {
+        path: std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()),
+        alias,
+    }
+}
+
 /// Finds one library, or says where it looked.
 pub fn find(needed: Needed, search: &SearchPaths) -> Result<Found> {
     let names = needed.names();
@@ -160,10 +188,7 @@ pub fn find(needed: Needed, search: &SearchPaths) -> Result<Found> {
         && let Some(path) = &search.nccl_override
     {
         return match loads(path.as_os_str()) {
-            Ok(()) => Ok(Found::File {
-                path: path.clone(),
-                alias,
-            }),
+            Ok(()) => Ok(found_file(path, alias)),
             Err(e) => Err(Error::Backend(format!(
                 "{NCCL_LIB_VAR}={}: cannot load it as NCCL: {e}",
                 path.display()
@@ -187,7 +212,7 @@ pub fn find(needed: Needed, search: &SearchPaths) -> Result<Found> {
             .collect();
         files.sort();
         if let Some(path) = files.into_iter().find(|p| loads(p.as_os_str()).is_ok()) {
-            return Ok(Found::File { path, alias });
+            return Ok(found_file(&path, alias));
         }
     }
     let folders: Vec<String> = search
@@ -208,22 +233,24 @@ pub fn find(needed: Needed, search: &SearchPaths) -> Result<Found> {
     )))
 }
 
-/// Finds every library (the driver first, so a machine without a GPU hears about the driver).
-pub fn find_all(search: &SearchPaths) -> Result<Vec<(Needed, Found)>> {
-    Needed::ALL
-        .iter()
-        .map(|&n| find(n, search).map(|f| (n, f)))
-        .collect()
+/// Makes every library loadable by cudarc, or fails naming the first one missing
+/// ([`prepare_for`] all four).
+pub fn prepare() -> Result<()> {
+    prepare_for(&Needed::ALL)
 }
 
-/// Makes every library loadable by cudarc, or fails naming the first one missing. When some are
-/// only files, links them in a private folder and re-executes this process (once) with it in
-/// `LD_LIBRARY_PATH`; call before MPI or any thread starts.
-pub fn prepare() -> Result<()> {
-    let found = find_all(&SearchPaths::from_environment())?;
+/// Makes the `needed` libraries loadable by cudarc, or fails naming the first one missing. When
+/// some are only files, links them in a private folder and re-executes this process (once, with
+/// the same arguments) with it in `LD_LIBRARY_PATH`; call before MPI or any thread starts.
+pub fn prepare_for(needed: &[Needed]) -> Result<()> {
+    let search = SearchPaths::from_environment();
+    let found = needed
+        .iter()
+        .map(|&n| find(n, &search))
+        .collect::<Result<Vec<Found>>>()?;
     let links: Vec<(&PathBuf, &String)> = found
         .iter()
-        .filter_map(|(_, f)| match f {
+        .filter_map(|f| match f {
             Found::File { path, alias } => Some((path, alias)),
             Found::Loadable(_) => None,
         })
@@ -232,16 +259,23 @@ pub fn prepare() -> Result<()> {
         return Ok(());
     }
     if let Some(folder) = std::env::var_os(ALIASES_VAR) {
+        let named: Vec<String> = links
+            .iter()
+            .map(|(path, alias)| format!("{alias} → {}", path.display()))
+            .collect();
         return Err(Error::Backend(format!(
-            "the libraries linked in {} still do not load under cudarc's names",
-            Path::new(&folder).display()
+            "these libraries, linked in {}, still do not load under cudarc's names: {}",
+            Path::new(&folder).display(),
+            named.join(", ")
         )));
     }
     let folder = link_folder(&links)?;
-    let mut paths = vec![folder.clone()];
-    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
-        paths.extend(std::env::split_paths(&old));
-    }
+    let files: Vec<&PathBuf> = links.iter().map(|(path, _)| *path).collect();
+    let paths = loader_path(
+        &folder,
+        &files,
+        std::env::var_os("LD_LIBRARY_PATH").as_deref(),
+    );
     let joined = std::env::join_paths(paths)
         .map_err(|e| Error::Backend(format!("cannot extend LD_LIBRARY_PATH: {e}")))?;
     let exe = std::env::current_exe()
@@ -256,6 +290,28 @@ pub fn prepare() -> Result<()> {
         "cannot re-execute with the CUDA libraries in {}: {err}",
         folder.display()
     )))
+}
+
+/// The re-executed process's `LD_LIBRARY_PATH`: the link folder, then each linked file's own
+/// folder (a library there opens its companions by bare name: NVRTC its `libnvrtc-builtins`,
+/// cuBLAS its `libcublasLt`), then the old path. Empty entries are dropped: the loader would read
+/// one as the working directory.
+pub fn loader_path(
+    link_folder: &Path,
+    files: &[&PathBuf],
+    old: Option<&std::ffi::OsStr>,
+) -> Vec<PathBuf> {
+    let mut paths = vec![link_folder.to_path_buf()];
+    paths.extend(
+        files
+            .iter()
+            .filter_map(|f| f.parent())
+            .map(Path::to_path_buf),
+    );
+    paths.extend(old.into_iter().flat_map(std::env::split_paths));
+    let mut seen = std::collections::HashSet::new();
+    paths.retain(|p| !p.as_os_str().is_empty() && seen.insert(p.clone()));
+    paths
 }
 
 /// A folder (named by what it links, so every rank and run shares it) of links `alias → path`.

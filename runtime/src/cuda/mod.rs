@@ -1,11 +1,15 @@
 //! The CUDA backend (cudarc with dynamic loading: it builds without CUDA and loads the driver,
 //! cuBLAS, NVRTC and NCCL at run time). `libraries` finds them before any CUDA call, `kernels`
-//! holds the NVRTC source, `nccl` the communicator, `backend` the [`crate::backend::Backend`].
+//! holds the NVRTC source, `nccl` the communicator, `backend` the [`crate::backend::Backend`],
+//! `replay` a transformer unit's products, `inventory` the versions and GPUs `doctor` reports,
+//! `nvrtc` run-time compilation to PTX and machine code.
 
 pub mod backend;
+pub mod inventory;
 pub mod kernels;
 pub mod libraries;
 pub mod nccl;
+pub mod nvrtc;
 pub mod replay;
 
 pub use backend::CudaBackend;
