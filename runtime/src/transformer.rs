@@ -48,8 +48,7 @@ pub fn forward_gemms(
     let tokens = b * s;
     let head_width = h / model.heads;
     let kv = model.kv_heads * head_width;
-    // A linear layer, as frameworks store it: x (T × in) · Wᵀ with W stored out × in.
-    let linear = |out: u64, inp: u64| product(tokens, out, inp, 1).b_transposed();
+    let linear = |out: u64, inp: u64| Gemm::linear(tokens as usize, inp as usize, out as usize);
     match unit {
         UnitKind::Embedding => vec![],
         UnitKind::Head => vec![linear(model.vocab, h)],
