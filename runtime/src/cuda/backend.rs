@@ -166,9 +166,7 @@ impl CudaBackend {
         (a, b, c): (CUdeviceptr, CUdeviceptr, CUdeviceptr),
         beta: f32,
     ) -> Result<()> {
-        use cublas_sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
-        let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
-        let call = product.cublas();
+        let call = BlasCall::of(product)?;
         let alpha = 1.0f32;
         self.ctx
             .bind_to_thread()
@@ -178,19 +176,19 @@ impl CudaBackend {
         unsafe {
             cublas::sgemm(
                 self.blas,
-                op(call.transa),
-                op(call.transb),
-                blas_int(call.m)?,
-                blas_int(call.n)?,
-                blas_int(call.k)?,
+                call.transa,
+                call.transb,
+                call.m,
+                call.n,
+                call.k,
                 &alpha,
                 b as *const f32,
-                blas_int(call.lda)?,
+                call.lda,
                 a as *const f32,
-                blas_int(call.ldb)?,
+                call.ldb,
                 &beta,
                 c as *mut f32,
-                blas_int(call.ldc)?,
+                call.ldc,
             )
         }
         .map_err(|e| Error::Backend(format!("cuBLAS sgemm {product:?}: {e:?}")))
@@ -200,6 +198,36 @@ impl CudaBackend {
 /// A matrix dimension as cuBLAS's 32-bit integer.
 pub(super) fn blas_int(v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::Backend(format!("GEMM dimension {v} exceeds i32")))
+}
+
+/// [`Gemm::cublas`]'s arguments in cuBLAS's own types (its "A" is the product's B).
+pub(super) struct BlasCall {
+    pub transa: cublas_sys::cublasOperation_t,
+    pub transb: cublas_sys::cublasOperation_t,
+    pub m: i32,
+    pub n: i32,
+    pub k: i32,
+    pub lda: i32,
+    pub ldb: i32,
+    pub ldc: i32,
+}
+
+impl BlasCall {
+    pub(super) fn of(product: &Gemm) -> Result<Self> {
+        use cublas_sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
+        let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
+        let call = product.cublas();
+        Ok(BlasCall {
+            transa: op(call.transa),
+            transb: op(call.transb),
+            m: blas_int(call.m)?,
+            n: blas_int(call.n)?,
+            k: blas_int(call.k)?,
+            lda: blas_int(call.lda)?,
+            ldb: blas_int(call.ldb)?,
+            ldc: blas_int(call.ldc)?,
+        })
+    }
 }
 
 impl Drop for CudaBackend {

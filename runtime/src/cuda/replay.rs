@@ -2,7 +2,7 @@
 //! mixed-precision training runs them), timed with CUDA events on the compute stream.
 
 use super::CudaBackend;
-use super::backend::{blas_int, driver_error};
+use super::backend::{BlasCall, blas_int, driver_error};
 use crate::transformer::Gemm;
 use crate::{Error, Result};
 use cudarc::cublas::{result as cublas, sys};
@@ -54,8 +54,6 @@ impl CudaBackend {
 
     /// Enqueues every product of `gemms` once on the compute stream.
     pub fn replay(&self, gemms: &[Gemm], buffers: &ReplayBuffers) -> Result<()> {
-        use sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
-        let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
         use sys::cudaDataType::CUDA_R_16BF;
         let (alpha, beta) = (1.0f32, 0.0f32);
         let (a, _) = buffers.a.device_ptr(&self.compute);
@@ -66,29 +64,29 @@ impl CudaBackend {
             .map_err(driver_error("binding the context"))?;
         for g in gemms {
             let (ea, eb, ec) = g.elements();
-            let call = g.cublas();
+            let call = BlasCall::of(g)?;
             // SAFETY: the buffers hold the largest batch of each operand (`replay_buffers`).
             unsafe {
                 cublas::gemm_strided_batched_ex(
                     self.blas,
-                    op(call.transa),
-                    op(call.transb),
-                    blas_int(call.m)?,
-                    blas_int(call.n)?,
-                    blas_int(call.k)?,
+                    call.transa,
+                    call.transb,
+                    call.m,
+                    call.n,
+                    call.k,
                     &alpha as *const f32 as *const c_void,
                     b as *const c_void,
                     CUDA_R_16BF,
-                    blas_int(call.lda)?,
+                    call.lda,
                     eb as i64,
                     a as *const c_void,
                     CUDA_R_16BF,
-                    blas_int(call.ldb)?,
+                    call.ldb,
                     ea as i64,
                     &beta as *const f32 as *const c_void,
                     c as *mut c_void,
                     CUDA_R_16BF,
-                    blas_int(call.ldc)?,
+                    call.ldc,
                     ec as i64,
                     blas_int(g.batch)?,
                     sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
