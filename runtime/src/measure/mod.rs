@@ -9,7 +9,9 @@
 
 mod timing;
 
-pub use timing::{measurement_allocation, time_collectives, time_overlap_slowdown, time_units};
+pub use timing::{
+    measurement_allocation, mlp_compute_round, time_collectives, time_overlap_slowdown, time_units,
+};
 
 use crate::Result;
 use crate::mlp::MlpSpec;

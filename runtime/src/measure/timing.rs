@@ -177,32 +177,33 @@ pub fn time_collectives<B: Backend>(
     })
 }
 
-/// κ: the share of compute time lost while collectives run beside it. A compute round (every
-/// unit's forward and backward, as in a step) is timed alone; then `rounds` AllReduces of `bytes`
-/// start on the communication stream together with as many compute rounds as cover their
-/// duration alone; κ = (t_with − t_alone)/t_with per round, clamped to [0, 1]. Every rank must
-/// call it (all run the same AllReduces).
+/// One compute round of an MLP: every unit's forward and backward, as in a step.
+pub fn mlp_compute_round<B: Backend>(backend: &B, spec: &MlpSpec) -> Result<()> {
+    let rows = spec.batch_per_rank;
+    for i in 0..spec.units() {
+        let r = unit_regions(spec, i, 0);
+        let (dims, relu) = (spec.dims(i), spec.relu(i));
+        backend.linear_forward(r.x, r.params, r.out, rows, dims, relu)?;
+        let grad_in = Some(r.grad_in);
+        backend.linear_backward(
+            r.x, r.params, r.out, r.grad_out, r.grads, grad_in, rows, dims, relu,
+        )?;
+    }
+    Ok(())
+}
+
+/// κ: the share of compute time lost while collectives run beside it. A compute round
+/// (`compute_round` enqueues it on the compute stream, touching no byte of the message) is timed
+/// alone; then `rounds` AllReduces of `bytes` start on the communication stream together with as
+/// many compute rounds as cover their duration alone; κ = (t_with − t_alone)/t_with per round,
+/// clamped to [0, 1]. Every rank must call it (all run the same AllReduces).
 pub fn time_overlap_slowdown<B: Backend>(
     backend: &B,
-    spec: &MlpSpec,
+    compute_round: &dyn Fn() -> Result<()>,
     start: usize,
     bytes: u64,
     rounds: usize,
 ) -> Result<f64> {
-    let rows = spec.batch_per_rank;
-    let compute_round = || -> Result<()> {
-        for i in 0..spec.units() {
-            let r = unit_regions(spec, i, 0);
-            let dims = spec.dims(i);
-            backend.linear_forward(r.x, r.params, r.out, rows, dims, spec.relu(i))?;
-            let grad_in = Some(r.grad_in);
-            let relu = spec.relu(i);
-            backend.linear_backward(
-                r.x, r.params, r.out, r.grad_out, r.grads, grad_in, rows, dims, relu,
-            )?;
-        }
-        Ok(())
-    };
     let timed = |stream: Stream, work: &dyn Fn() -> Result<()>| -> Result<f64> {
         let before = backend.mark(stream)?;
         work()?;
