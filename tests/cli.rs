@@ -184,16 +184,19 @@ fn bad_inputs_exit_1_with_one_line_naming_file_and_field() {
     let dir = tempfile::tempdir().unwrap();
     let profile = analytic(dir.path(), "gpt2-small", "8");
     let out = path(dir.path(), "never.toml");
+    let ddp_baseline = |profile: &str| {
+        fails(&[
+            "baseline",
+            "--profile",
+            profile,
+            "--kind",
+            "ddp",
+            "--out",
+            &out,
+        ])
+    };
 
-    let (code, msg) = fails(&[
-        "baseline",
-        "--profile",
-        "missing.toml",
-        "--kind",
-        "ddp",
-        "--out",
-        &out,
-    ]);
+    let (code, msg) = ddp_baseline("missing.toml");
     assert_eq!((code, msg.lines().count()), (1, 1), "{msg}");
     assert!(msg.contains("missing.toml: cannot read"), "{msg}");
 
@@ -215,15 +218,7 @@ fn bad_inputs_exit_1_with_one_line_naming_file_and_field() {
     let text = std::fs::read_to_string(&profile).unwrap();
     let broken = path(dir.path(), "broken.toml");
     std::fs::write(&broken, text.replacen("forward_us = ", "forward_us = -", 2)).unwrap();
-    let (code, msg) = fails(&[
-        "baseline",
-        "--profile",
-        &broken,
-        "--kind",
-        "ddp",
-        "--out",
-        &out,
-    ]);
+    let (code, msg) = ddp_baseline(&broken);
     assert_eq!(code, 1);
     assert!(
         msg.contains("broken.toml") && msg.contains("units[1].forward_us"),
@@ -235,15 +230,7 @@ fn bad_inputs_exit_1_with_one_line_naming_file_and_field() {
         text.replacen("block_size_bytes = 67108864", "block_size_bytes = 1", 1),
     )
     .unwrap();
-    let (code, msg) = fails(&[
-        "baseline",
-        "--profile",
-        &broken,
-        "--kind",
-        "ddp",
-        "--out",
-        &out,
-    ]);
+    let (code, msg) = ddp_baseline(&broken);
     assert_eq!(code, 1);
     assert!(
         msg.contains("field `block_size_bytes`") && msg.contains("at most 100000 blocks"),
@@ -251,15 +238,7 @@ fn bad_inputs_exit_1_with_one_line_naming_file_and_field() {
     );
 
     std::fs::write(&broken, text.replacen("params = ", "parameters = ", 1)).unwrap();
-    let (code, msg) = fails(&[
-        "baseline",
-        "--profile",
-        &broken,
-        "--kind",
-        "ddp",
-        "--out",
-        &out,
-    ]);
+    let (code, msg) = ddp_baseline(&broken);
     assert_eq!(code, 1);
     assert!(
         msg.contains("broken.toml:") && msg.contains("parameters"),

@@ -191,15 +191,10 @@ mod tests {
         c
     }
 
+    /// `len` deterministic values in [−0.5, 0.5) (the MLP's generator).
     fn values(len: usize, seed: u64) -> Vec<f32> {
-        let mut z = seed;
-        (0..len)
-            .map(|_| {
-                z = z
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((z >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-            })
+        (0..len as u64)
+            .map(|i| 0.5 * crate::mlp::uniform(seed, i, 0))
             .collect()
     }
 

@@ -147,7 +147,7 @@ impl MlpSpec {
 }
 
 /// A deterministic uniform value in [−1, 1) from three integers (SplitMix64 finaliser).
-fn uniform(a: u64, b: u64, c: u64) -> f32 {
+pub(crate) fn uniform(a: u64, b: u64, c: u64) -> f32 {
     let mut z = a.wrapping_mul(0x9E37_79B9_7F4A_7C15)
         ^ b.wrapping_mul(0xBF58_476D_1CE4_E5B9)
         ^ c.wrapping_mul(0x94D0_49BB_1331_11EB);

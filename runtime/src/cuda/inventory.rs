@@ -2,6 +2,7 @@
 //! architecture and memory, and whether the MLP kernels load on a GPU. Every call needs its
 //! library loadable ([`super::libraries::prepare_for`]).
 
+use super::backend::driver_error;
 use super::kernels::{self, Kernels};
 use crate::{Error, Result};
 use cudarc::driver::CudaContext;
@@ -16,17 +17,13 @@ pub struct Gpu {
     pub total_bytes: u64,
 }
 
-fn driver(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
-    move |e| Error::Backend(format!("CUDA: {what}: {e}"))
-}
-
 /// The CUDA version the driver supports, as "major.minor".
 pub fn driver_version() -> Result<String> {
     let mut version = 0;
     // SAFETY: the pointer is valid for the call; cuDriverGetVersion needs no cuInit.
     unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) }
         .result()
-        .map_err(driver("reading the driver's version"))?;
+        .map_err(driver_error("reading the driver's version"))?;
     Ok(format!("{}.{}", version / 1000, (version % 1000) / 10))
 }
 
@@ -45,15 +42,18 @@ pub fn nccl_version() -> Result<String> {
 
 /// Every GPU the driver shows (after `CUDA_VISIBLE_DEVICES`).
 pub fn gpus() -> Result<Vec<Gpu>> {
-    let count = CudaContext::device_count().map_err(driver("counting GPUs"))?;
+    let count = CudaContext::device_count().map_err(driver_error("counting GPUs"))?;
     (0..count.max(0) as usize)
         .map(|ordinal| {
-            let ctx = CudaContext::new(ordinal).map_err(driver("opening a GPU"))?;
+            let ctx = CudaContext::new(ordinal).map_err(driver_error("opening a GPU"))?;
             Ok(Gpu {
                 ordinal,
-                name: ctx.name().map_err(driver("reading a GPU's name"))?,
+                name: ctx.name().map_err(driver_error("reading a GPU's name"))?,
                 architecture: kernels::architecture(&ctx)?,
-                total_bytes: ctx.total_mem().map_err(driver("reading a GPU's memory"))? as u64,
+                total_bytes: ctx
+                    .total_mem()
+                    .map_err(driver_error("reading a GPU's memory"))?
+                    as u64,
             })
         })
         .collect()
@@ -62,6 +62,6 @@ pub fn gpus() -> Result<Vec<Gpu>> {
 /// Compiles the MLP kernels for GPU `ordinal` and loads them there (the driver turns the PTX
 /// into machine code), as the backend does when it starts.
 pub fn load_kernels(ordinal: usize) -> Result<()> {
-    let ctx = CudaContext::new(ordinal).map_err(driver("opening a GPU"))?;
+    let ctx = CudaContext::new(ordinal).map_err(driver_error("opening a GPU"))?;
     Kernels::load(&ctx).map(drop)
 }

@@ -6,6 +6,7 @@
 //! kernel is free of barriers and shared memory, so a test can run this very source on the CPU,
 //! one thread after another (tests/cuda_kernels.rs).
 
+use super::backend::driver_error;
 use super::nvrtc::{self, Compiled};
 use crate::{Error, Result};
 use cudarc::driver::{CudaContext, CudaFunction, LaunchConfig};
@@ -123,7 +124,7 @@ pub fn compile(arch: &str) -> Result<Compiled> {
 pub fn architecture(ctx: &CudaContext) -> Result<String> {
     let (major, minor) = ctx
         .compute_capability()
-        .map_err(|e| Error::Backend(format!("CUDA: reading the compute capability: {e}")))?;
+        .map_err(driver_error("reading the compute capability"))?;
     Ok(format!("sm_{major}{minor}"))
 }
 
