@@ -6,8 +6,8 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use shardplan_runtime::backend::{Allocation, Backend, CpuBackend, Loopback};
 use shardplan_runtime::executor::{RunOptions, initialise, run};
 use shardplan_runtime::layout::layout;
-use shardplan_runtime::measure::mlp_profile;
-use shardplan_runtime::mlp::{MlpSpec, adam, linear_backward, linear_forward, mse_grad};
+use shardplan_runtime::measure::workload_profile;
+use shardplan_runtime::mlp::{Mlp, MlpSpec, adam, linear_backward, linear_forward, mse_grad};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::curve::CommCurve;
 use shardplan_scheduler::profile::CommCurves;
@@ -95,9 +95,11 @@ fn overhead(c: &mut Criterion) {
         all_reduce: flat,
     };
     let times = vec![(100.0, 200.0); spec.units()];
-    let profile = mlp_profile(&spec, 1, &times, comm, Some(1 << 30), Default::default()).unwrap();
+    let mlp = Mlp::new(spec.clone(), 0, 1);
+    let profile =
+        workload_profile(&mlp, 1, &times, comm, Some(1 << 30), Default::default()).unwrap();
     let plan = baseline(&profile, BaselineKind::Ddp, false, None).unwrap();
-    let lay = layout(&spec, &profile, &plan.schedule, 1).unwrap();
+    let lay = layout(&mlp, &profile, &plan.schedule, 1).unwrap();
     let mut backend = CpuBackend::new(Loopback);
     backend
         .allocate(Allocation {
@@ -106,7 +108,7 @@ fn overhead(c: &mut Criterion) {
             loss_slots: STEPS,
         })
         .unwrap();
-    initialise(&backend, &spec, &lay).unwrap();
+    initialise(&backend, &mlp, &lay).unwrap();
     let options = RunOptions {
         steps: STEPS,
         semantics: Semantics::Strict,
@@ -115,7 +117,7 @@ fn overhead(c: &mut Criterion) {
     };
     let mut group = c.benchmark_group("mlp-small 5 steps, 1 rank");
     group.bench_function("executor (ddp plan, strict)", |b| {
-        b.iter(|| run(&backend, &spec, &plan.schedule, &lay, &options).unwrap())
+        b.iter(|| run(&backend, &mlp, &plan.schedule, &lay, &options).unwrap())
     });
     let mut params: Vec<Vec<f32>> = (0..spec.units())
         .map(|u| spec.initial_params(u, spec.params(u)))

@@ -295,11 +295,21 @@ pub struct RunArgs {
     pub profile: PathBuf,
     #[arg(long)]
     pub plan: PathBuf,
-    /// The MLP model the profile was made for.
+    /// The model the profile was made for: an MLP (models/mlp-small.toml) or a GPT-2 with a
+    /// `[training]` table (models/gpt2-tiny.toml).
     #[arg(long)]
     pub model: PathBuf,
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub steps: u64,
+    /// GPT-2: the text file to train on, tokenized as bytes.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// GPT-2: start from these weights (safetensors with transformers' names, fp32).
+    #[arg(long)]
+    pub init_weights: Option<PathBuf>,
+    /// GPT-2: write the trained weights (safetensors with transformers' names, fp32).
+    #[arg(long)]
+    pub save_weights: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = SemanticsArg::Strict)]
     pub semantics: SemanticsArg,
     /// Write a Chrome/Perfetto trace of rank 0's streams.

@@ -7,8 +7,8 @@ mod common;
 
 use common::{Rng, affine, random_schedule};
 use shardplan_runtime::layout::layout;
-use shardplan_runtime::measure::mlp_profile;
-use shardplan_runtime::mlp::{MlpSpec, max_relative_error, reference_training};
+use shardplan_runtime::measure::workload_profile;
+use shardplan_runtime::mlp::{Mlp, MlpSpec, max_relative_error, reference_training};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::plan::{Producer, Schedule, plan_with_prediction};
 use shardplan_scheduler::profile::{CommCurves, Profile};
@@ -35,7 +35,8 @@ fn profile(spec: &MlpSpec, world: u32) -> Profile {
         reduce_scatter: affine(5.0, 100.0),
         all_reduce: affine(8.0, 100.0),
     };
-    mlp_profile(spec, world, &times, comm, Some(1024), Default::default()).unwrap()
+    let mlp = Mlp::new(spec.clone(), 0, world as usize);
+    workload_profile(&mlp, world, &times, comm, Some(1024), Default::default()).unwrap()
 }
 
 fn write_plan(dir: &Path, name: &str, profile: &Profile, schedule: &Schedule) -> PathBuf {
@@ -216,7 +217,13 @@ fn arena_is_within_five_percent_of_the_predicted_peak_for_baselines() {
             BaselineKind::Zero3,
         ] {
             let b = baseline(&profile, kind, false, None).unwrap();
-            let l = layout(&spec, &profile, &b.schedule, world).unwrap();
+            let l = layout(
+                &Mlp::new(spec.clone(), 0, world),
+                &profile,
+                &b.schedule,
+                world,
+            )
+            .unwrap();
             let ratio = l.arena.size_bytes as f64 / b.simulation.peak_memory_bytes;
             assert!(
                 (0.95..=1.05).contains(&ratio),
@@ -274,8 +281,8 @@ fn mismatched_runs_are_refused_before_any_step() {
     assert!(out.stdout.is_empty(), "no step may run");
 
     let other = dir.path().join("other.toml");
-    mlp_profile(
-        &spec,
+    workload_profile(
+        &Mlp::new(spec.clone(), 0, 2),
         2,
         &vec![(1.0, 2.0); spec.units()],
         profile.comm.clone(),
@@ -377,7 +384,7 @@ proptest::proptest! {
         let (spec, _) = spec(dir.path());
         let profile = profile(&spec, world as u32);
         let schedule = random_schedule(&mut Rng(seed), &profile);
-        let l = layout(&spec, &profile, &schedule, world).unwrap();
+        let l = layout(&Mlp::new(spec.clone(), 0, world), &profile, &schedule, world).unwrap();
         for (i, (a, ra)) in l.regions.iter().enumerate() {
             for (b, rb) in &l.regions[..i] {
                 let together = ra.alive.iter().zip(&rb.alive).any(|(x, y)| *x && *y);

@@ -5,14 +5,18 @@
 //! persistent parameters, gradients and Adam m, v (full for `none`, the rank's shard of every
 //! block for `sdp`/`fsdp`); for sharded units the full gradient (B_i to the last RS launch) and
 //! the gathered parameters (first gather launch to F_i for fsdp's forward, to B_i for sdp; first
-//! AGB launch to B_i for fsdp's backward); the unit's output (F_i to B_i); the gradient of its
-//! input (B_i and B_{i−1}). Plus the input batch (F_1 to B_1), the targets and the loss gradient.
-//! A region lives from its first block's launch: when an op's blocks launch in several slots the
-//! arena holds the whole op from the first (the simulator counts each block from its own).
+//! AGB launch to B_i for fsdp's backward); then the workload's activation and workspace buffers
+//! ([`crate::workload`]). A region lives from its first block's launch: when an op's blocks launch
+//! in several slots the arena holds the whole op from the first (the simulator counts each block
+//! from its own).
+//!
+//! A unit that borrows an earlier unit's parameters (GPT-2's tied head) extends the lender's
+//! lifetimes: the lender's full gradient is alive from the borrower's backward (which writes it
+//! first), and an `fsdp` lender's forward gather stays until the borrower's backward.
 
 use crate::arena::{Arena, Request, pack};
 use crate::backend::Region;
-use crate::mlp::MlpSpec;
+use crate::workload::{Pass, Workload};
 use crate::{Error, Result};
 use shardplan_scheduler::plan::Schedule;
 use shardplan_scheduler::profile::Profile;
@@ -24,8 +28,6 @@ use shardplan_scheduler::timeline::{Level, Op, Timeline};
 pub struct UnitLayout<R = Region> {
     pub level: Level,
     pub recompute: bool,
-    pub dims: (usize, usize),
-    pub relu: bool,
     pub blocks: usize,
     /// Elements per block (a multiple of N).
     pub block_elements: usize,
@@ -36,8 +38,14 @@ pub struct UnitLayout<R = Region> {
     pub full_grad: Option<R>,
     pub gathered_forward: Option<R>,
     pub gathered_backward: Option<R>,
-    pub output: R,
-    pub grad_in: Option<R>,
+    pub saved: R,
+    /// Without recompute.
+    pub internals: Option<R>,
+    /// With recompute.
+    pub recomputed: Option<R>,
+    pub forward_workspace: R,
+    pub backward_workspace: R,
+    pub input_gradient: Option<R>,
 }
 
 impl<R: Copy> UnitLayout<R> {
@@ -45,8 +53,6 @@ impl<R: Copy> UnitLayout<R> {
         UnitLayout {
             level: self.level,
             recompute: self.recompute,
-            dims: self.dims,
-            relu: self.relu,
             blocks: self.blocks,
             block_elements: self.block_elements,
             params: f(self.params),
@@ -56,8 +62,12 @@ impl<R: Copy> UnitLayout<R> {
             full_grad: self.full_grad.map(&f),
             gathered_forward: self.gathered_forward.map(&f),
             gathered_backward: self.gathered_backward.map(&f),
-            output: f(self.output),
-            grad_in: self.grad_in.map(&f),
+            saved: f(self.saved),
+            internals: self.internals.map(&f),
+            recomputed: self.recomputed.map(&f),
+            forward_workspace: f(self.forward_workspace),
+            backward_workspace: f(self.backward_workspace),
+            input_gradient: self.input_gradient.map(&f),
         }
     }
 }
@@ -79,16 +89,34 @@ impl UnitLayout {
     pub fn backward_grads(&self) -> Region {
         self.full_grad.unwrap_or(self.grads)
     }
+
+    /// Where a forward of `pass` writes what it saves besides `saved`: the internals buffer; with
+    /// recompute, the forward workspace in the step's own forward (nothing of it is kept) and the
+    /// recomputed buffer past its copy of `saved` in the recomputation.
+    pub fn forward_internals(&self, pass: Pass) -> Region {
+        match pass {
+            Pass::Forward => self.internals.unwrap_or(self.forward_workspace),
+            Pass::Recompute => self.backward_internals(),
+        }
+    }
+
+    /// Where the backward reads the internals.
+    pub fn backward_internals(&self) -> Region {
+        match (self.internals, self.recomputed) {
+            (Some(internals), _) => internals,
+            (None, Some(r)) => Region {
+                offset: r.offset + self.saved.len,
+                len: r.len - self.saved.len,
+            },
+            (None, None) => unreachable!("a unit has internals or a recomputed buffer"),
+        }
+    }
 }
 
 /// All regions of a rank.
 #[derive(Debug, Clone)]
 pub struct Layout {
     pub units: Vec<UnitLayout>,
-    pub input: Region,
-    pub targets: Region,
-    pub loss_grad: Region,
-    pub rows: usize,
     pub arena: Arena,
     /// Every region with its lifetime (what the arena packed), in request order.
     pub regions: Vec<(Region, Request)>,
@@ -129,67 +157,77 @@ fn launch_span(
     Some((positions.clone().min()?, positions.max()?))
 }
 
-/// Lays out a validated schedule for `spec` on `world` ranks.
-pub fn layout(
-    spec: &MlpSpec,
-    profile: &Profile,
-    schedule: &Schedule,
-    world: usize,
-) -> Result<Layout> {
-    if profile.unit_count() != spec.units() {
+/// Checks that the profile describes `workload`: the same units, names and parameter counts.
+pub fn check_profile(workload: &dyn Workload, profile: &Profile) -> Result<()> {
+    if profile.unit_count() != workload.unit_count() {
         return Err(Error::Mismatch(format!(
-            "the profile has {} units, the model `{}` {}",
+            "the profile has {} units, the model `{}` {}: the profile was made for another model",
             profile.unit_count(),
-            spec.name,
-            spec.units()
+            workload.name(),
+            workload.unit_count()
         )));
     }
-    for u in 0..spec.units() {
-        if profile.units[u].params != spec.params(u) as u64
-            || profile.units[u].name != spec.unit_name(u)
+    for u in 0..workload.unit_count() {
+        if profile.units[u].params != workload.params(u) as u64
+            || profile.units[u].name != workload.unit_name(u)
         {
             return Err(Error::Mismatch(format!(
                 "profile unit {} is `{}` with {} parameters; the model's is `{}` with {}",
                 u + 1,
                 profile.units[u].name,
                 profile.units[u].params,
-                spec.unit_name(u),
-                spec.params(u)
+                workload.unit_name(u),
+                workload.params(u)
             )));
         }
     }
+    Ok(())
+}
+
+/// Lays out a validated schedule for `workload` on `world` ranks.
+pub fn layout(
+    workload: &dyn Workload,
+    profile: &Profile,
+    schedule: &Schedule,
+    world: usize,
+) -> Result<Layout> {
+    check_profile(workload, profile)?;
     let timeline = schedule.timeline();
     let slots = timeline.slot_count();
-    let rows = spec.batch_per_rank;
-    let l = spec.units();
     let mut b = Builder {
         slots,
         requests: Vec::new(),
     };
     let always = |_: usize| true;
+    // The backward slot of the unit that borrows each unit's parameters, if any.
+    let borrower_backward = |lender: usize| {
+        (lender + 1..workload.unit_count())
+            .find(|&u| workload.borrows_params_of(u) == Some(lender))
+            .map(|u| timeline.backward(u))
+    };
     let mut pending = Vec::new();
     for (i, u) in schedule.units.iter().enumerate() {
-        let (din, dout) = spec.dims(i);
         let nb = profile.blocks(i) as usize;
-        let block_elements = spec.params(i).div_ceil(nb).div_ceil(world) * world;
+        let block_elements = workload.params(i).div_ceil(nb).div_ceil(world) * world;
         let padded = nb * block_elements;
         let persistent = if u.level == Level::None {
             padded
         } else {
             padded / world
         };
-        let name = spec.unit_name(i);
+        let name = workload.unit_name(i);
         let params = b.add(format!("{name} params"), persistent, always);
         let grads = b.add(format!("{name} grads"), persistent, always);
         let adam_m = b.add(format!("{name} adam m"), persistent, always);
         let adam_v = b.add(format!("{name} adam v"), persistent, always);
         let (f, bw) = (timeline.forward(i), timeline.backward(i));
+        let first_use = borrower_backward(i).unwrap_or(bw);
         let after = timeline.window(i, Op::ReduceScatter.window_kind());
         let full_grad = (u.level != Level::None).then(|| {
             let (_, last) = launch_span(schedule, timeline, i, Op::ReduceScatter)
                 .expect("validated: sharded units reduce-scatter");
             b.add(format!("{name} full gradient"), padded, |s| {
-                s == bw || after.position(s).is_some_and(|p| p <= last)
+                (first_use..=bw).contains(&s) || after.position(s).is_some_and(|p| p <= last)
             })
         });
         let gather_op = if u.level == Level::Sdp {
@@ -200,7 +238,11 @@ pub fn layout(
         let gathered_forward = (u.level != Level::None).then(|| {
             let (first, _) = launch_span(schedule, timeline, i, gather_op)
                 .expect("validated: sharded units gather");
-            let until = if u.level == Level::Sdp { bw } else { f };
+            let until = match (u.level, borrower_backward(i)) {
+                (Level::Sdp, _) => bw,
+                (_, Some(borrower)) => borrower,
+                _ => f,
+            };
             b.add(format!("{name} gathered"), padded, |s| {
                 (f..=until).contains(&s) || after.position(s).is_some_and(|p| p >= first)
             })
@@ -213,20 +255,49 @@ pub fn layout(
                 s == bw || between.position(s).is_some_and(|p| p >= first)
             })
         });
-        let output = b.add(format!("{name} output"), rows * dout, |s| {
+        let sizes = workload.buffers(i);
+        if u.recompute && sizes.forward_workspace < sizes.internals {
+            return Err(Error::Mismatch(format!(
+                "{name}: a recomputed unit's forward needs {} workspace elements, the model gives {}",
+                sizes.internals, sizes.forward_workspace
+            )));
+        }
+        let saved = b.add(format!("{name} saved"), sizes.saved, |s| {
             (f..=bw).contains(&s)
         });
-        let grad_in = (i > 0).then(|| {
-            let previous = timeline.backward(i - 1);
-            b.add(format!("{name} input gradient"), rows * din, |s| {
-                s == bw || s == previous
+        let internals = (!u.recompute).then(|| {
+            b.add(format!("{name} internals"), sizes.internals, |s| {
+                (f..=bw).contains(&s)
             })
+        });
+        let recomputed = u.recompute.then(|| {
+            b.add(
+                format!("{name} recomputed"),
+                sizes.saved + sizes.internals,
+                |s| s == bw,
+            )
+        });
+        let forward_workspace = b.add(
+            format!("{name} forward workspace"),
+            sizes.forward_workspace,
+            |s| s == f,
+        );
+        let backward_workspace = b.add(
+            format!("{name} backward workspace"),
+            sizes.backward_workspace,
+            |s| s == bw,
+        );
+        let input_gradient = (i > 0).then(|| {
+            let previous = timeline.backward(i - 1);
+            b.add(
+                format!("{name} input gradient"),
+                sizes.input_gradient,
+                |s| s == bw || s == previous,
+            )
         });
         pending.push(UnitLayout {
             level: u.level,
             recompute: u.recompute,
-            dims: (din, dout),
-            relu: spec.relu(i),
             blocks: nb,
             block_elements,
             params,
@@ -236,18 +307,14 @@ pub fn layout(
             full_grad,
             gathered_forward,
             gathered_backward,
-            output,
-            grad_in,
+            saved,
+            internals,
+            recomputed,
+            forward_workspace,
+            backward_workspace,
+            input_gradient,
         });
     }
-    let (f1, b1) = (timeline.forward(0), timeline.backward(0));
-    let (fl, bl) = (timeline.forward(l - 1), timeline.backward(l - 1));
-    let dl = *spec.widths.last().expect("validated");
-    let input = b.add("input batch".into(), rows * spec.input, |s| {
-        (f1..=b1).contains(&s)
-    });
-    let targets = b.add("targets".into(), rows * dl, |s| (fl..=bl).contains(&s));
-    let loss_grad = b.add("loss gradient".into(), rows * dl, |s| s == bl);
     let arena = pack(&b.requests);
     let region = |k: usize| Region {
         offset: (arena.offsets[k] / 4) as usize,
@@ -260,10 +327,6 @@ pub fn layout(
         .collect();
     Ok(Layout {
         units,
-        input: region(input),
-        targets: region(targets),
-        loss_grad: region(loss_grad),
-        rows,
         arena,
         regions,
         largest_block,

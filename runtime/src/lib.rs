@@ -14,9 +14,12 @@ pub mod error;
 pub mod event;
 pub mod executor;
 pub mod gemm;
+pub mod gpt2;
 pub mod layout;
 pub mod measure;
 pub mod mlp;
+pub mod model_file;
 pub mod transformer;
+pub mod workload;
 
 pub use error::{Error, Result};

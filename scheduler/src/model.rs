@@ -56,6 +56,82 @@ pub struct ModelSpec {
     pub position_embedding: PositionEmbedding,
     /// Output projection shares the token-embedding matrix.
     pub tied_embeddings: bool,
+    /// How the runtime trains it (`[training]`; only the runtime's GPT-2 workload reads it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training: Option<TrainingSpec>,
+}
+
+/// `[training]` of a model file: the global batch and AdamW's settings (as
+/// `torch.optim.AdamW`; weight decay applies to tensors of two or more dimensions only).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainingSpec {
+    /// Sequences per step over all ranks (each rank takes batch_size / N of them).
+    pub batch_size: u64,
+    pub learning_rate: f32,
+    #[serde(default = "default_weight_decay")]
+    pub weight_decay: f32,
+    #[serde(default = "default_betas")]
+    pub betas: [f32; 2],
+    #[serde(default = "default_eps")]
+    pub eps: f32,
+    /// Seed of the initial weights (GPT-2's initialisation) when none are given.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn default_weight_decay() -> f32 {
+    0.1
+}
+
+fn default_betas() -> [f32; 2] {
+    [0.9, 0.95]
+}
+
+fn default_eps() -> f32 {
+    1e-8
+}
+
+impl TrainingSpec {
+    /// Checks ranges: a positive batch, a positive finite learning rate, β in [0, 1), ε > 0,
+    /// weight decay ≥ 0.
+    pub fn validate(&self, origin: &str) -> Result<()> {
+        let bad = |field: &str, expected: &str, got: String| {
+            Err(Error::invalid(
+                origin,
+                field,
+                format!("{expected}, got {got}"),
+            ))
+        };
+        if self.batch_size == 0 {
+            return bad("training.batch_size", "a positive integer", "0".into());
+        }
+        if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {
+            return bad(
+                "training.learning_rate",
+                "a positive number",
+                self.learning_rate.to_string(),
+            );
+        }
+        if !(self.weight_decay >= 0.0 && self.weight_decay.is_finite()) {
+            return bad(
+                "training.weight_decay",
+                "a number >= 0",
+                self.weight_decay.to_string(),
+            );
+        }
+        if self.betas.iter().any(|b| !(0.0..1.0).contains(b)) {
+            return bad(
+                "training.betas",
+                "two numbers in [0, 1)",
+                format!("{:?}", self.betas),
+            );
+        }
+        if !(self.eps > 0.0 && self.eps.is_finite()) {
+            return bad("training.eps", "a positive number", self.eps.to_string());
+        }
+        Ok(())
+    }
 }
 
 /// The shape-dependent figures of one unit for a given micro-batch and sequence length.
@@ -118,7 +194,10 @@ impl ModelSpec {
                 format!("a divisor of heads = {}, got {}", self.heads, self.kv_heads),
             ));
         }
-        Ok(())
+        match &self.training {
+            Some(training) => training.validate(origin),
+            None => Ok(()),
+        }
     }
 
     fn norm_params(&self) -> u64 {
@@ -262,6 +341,7 @@ mod tests {
             norm: Norm::RmsNorm,
             position_embedding: PositionEmbedding::Rotary,
             tied_embeddings: false,
+            training: None,
         }
     }
 

@@ -7,14 +7,20 @@ use crate::cli::{BackendArg, MeasureArgs};
 use crate::output::print_json;
 use anyhow::Context;
 use serde_json::json;
+use shardplan_runtime::backend::Collectives;
 use shardplan_runtime::backend::{Backend, CpuBackend, Loopback, Mpi};
 use shardplan_runtime::cuda::CudaBackend;
+use shardplan_runtime::executor::initialise;
+use shardplan_runtime::gpt2::Gpt2;
+use shardplan_runtime::gpt2::data::Tokens;
 use shardplan_runtime::measure::{
-    measurement_allocation, mlp_compute_round, mlp_profile, time_collectives,
-    time_overlap_slowdown, time_units,
+    compute_layout, compute_round, measurement_allocation, time_collectives, time_overlap_slowdown,
+    time_units, workload_profile,
 };
-use shardplan_runtime::mlp::MlpSpec;
+use shardplan_runtime::mlp::Mlp;
+use shardplan_runtime::model_file::ModelFile;
 use shardplan_runtime::transformer::{UnitKind, backward_gemms, forward_gemms};
+use shardplan_runtime::workload::Train;
 use shardplan_scheduler::analytic::{AnalyticOptions, analytic_profile, comm_curves};
 use shardplan_scheduler::hardware::Catalog;
 use shardplan_scheduler::model::ModelSpec;
@@ -22,41 +28,58 @@ use shardplan_scheduler::profile::{CommCurves, Profile};
 use shardplan_scheduler::size::format_bytes;
 use std::collections::BTreeMap;
 
-/// What `--model` names.
-enum Model {
-    Mlp(MlpSpec),
-    Transformer(ModelSpec),
-}
-
-impl Model {
-    /// An MLP file has `widths`; anything else is read as a zoo transformer.
-    fn load(path: &std::path::Path) -> anyhow::Result<Model> {
-        let table: toml::Table = shardplan_scheduler::io::read_toml(path)?;
-        Ok(if table.contains_key("widths") {
-            Model::Mlp(MlpSpec::load(path)?)
-        } else {
-            Model::Transformer(ModelSpec::load(path)?)
-        })
-    }
-}
-
 pub fn measure(args: MeasureArgs) -> anyhow::Result<()> {
-    match (args.backend, Model::load(&args.model)?) {
-        (BackendArg::Cpu, Model::Mlp(spec)) if under_mpi() => {
+    match (args.backend, ModelFile::load(&args.model)?) {
+        (BackendArg::Cpu, model) if under_mpi() => {
             let (_universe, mpi) = Mpi::init()?;
-            measure_mlp(CpuBackend::new(mpi), &spec, &args)
+            measure_on_cpu(CpuBackend::new(mpi), model, &args)
         }
-        (BackendArg::Cpu, Model::Mlp(spec)) => measure_mlp(CpuBackend::new(Loopback), &spec, &args),
-        (BackendArg::Cpu, Model::Transformer(_)) => anyhow::bail!(
-            "{}: a transformer's units are replayed on a GPU: use --backend cuda (or `profile analytic`)",
-            args.model.display()
-        ),
+        (BackendArg::Cpu, model) => measure_on_cpu(CpuBackend::new(Loopback), model, &args),
         (BackendArg::Cuda, model) => {
             let (_universe, backend) = cuda_backend()?;
             match model {
-                Model::Mlp(spec) => measure_mlp(backend, &spec, &args),
-                Model::Transformer(model) => measure_transformer(backend, &model, &args),
+                ModelFile::Mlp(spec) => {
+                    let mlp = Mlp::new(spec, backend.rank(), backend.world_size());
+                    measure_workload(backend, &mlp, &args)
+                }
+                ModelFile::Transformer(model) => measure_transformer(backend, &model, &args),
             }
+        }
+    }
+}
+
+/// The CPU backend: the MLP, or a GPT-2 with `[training]` (synthetic tokens: timing does not
+/// depend on the data).
+fn measure_on_cpu<C: Collectives>(
+    backend: CpuBackend<C>,
+    model: ModelFile,
+    args: &MeasureArgs,
+) -> anyhow::Result<()> {
+    let (rank, world) = (backend.rank(), backend.world_size());
+    match model {
+        ModelFile::Mlp(spec) => measure_workload(backend, &Mlp::new(spec, rank, world), args),
+        ModelFile::Transformer(model) => {
+            let origin = args.model.display().to_string();
+            anyhow::ensure!(
+                model.training.is_some(),
+                "{origin}: on the CPU a transformer is measured by training it, which needs a \
+                 [training] table (models/gpt2-tiny.toml); zoo models are replayed on a GPU \
+                 (--backend cuda) or profiled with `profile analytic`"
+            );
+            let tokens = Tokens::Synthetic {
+                seed: 1,
+                vocab: model.vocab as usize,
+            };
+            // The profile is for --world-size ranks: each holds batch_size / N sequences.
+            let gpt2 = Gpt2::new(
+                &model,
+                &origin,
+                rank,
+                args.world_size as usize,
+                tokens,
+                None,
+            )?;
+            measure_workload(backend, &gpt2, args)
         }
     }
 }
@@ -96,26 +119,36 @@ fn curves<B: Backend>(
     }
 }
 
-fn measure_mlp<B: Backend>(
+fn measure_workload<B: Backend, W: Train<B>>(
     mut backend: B,
-    spec: &MlpSpec,
+    workload: &W,
     args: &MeasureArgs,
 ) -> anyhow::Result<()> {
     let world = backend.world_size();
     let message_bytes = args.max_message.max(args.block_size.unwrap_or(0));
-    let (allocation, start) = measurement_allocation(Some(spec), world, message_bytes);
+    let layout = compute_layout(workload, args.world_size)?;
+    let compute_elements = (layout.arena.size_bytes / 4) as usize;
+    let (allocation, start) = measurement_allocation(compute_elements, world, message_bytes);
     backend.allocate(allocation)?;
-    let times = time_units(&backend, spec, args.repeats as usize)?;
+    initialise(&backend, workload, &layout)?;
+    let times = time_units(&backend, workload, &layout, args.repeats as usize)?;
     let (comm, comm_source) = curves(&backend, start, args)?;
     let source = BTreeMap::from([
         ("generator".to_string(), "measured".to_string()),
         ("backend".to_string(), backend.name().to_string()),
-        ("model".to_string(), spec.name.clone()),
+        ("model".to_string(), workload.name().to_string()),
         ("comm".to_string(), comm_source),
     ]);
-    let mut profile = mlp_profile(spec, args.world_size, &times, comm, args.block_size, source)?;
+    let mut profile = workload_profile(
+        workload,
+        args.world_size,
+        &times,
+        comm,
+        args.block_size,
+        source,
+    )?;
     let kappa_bytes = profile.block_size_bytes.min(message_bytes);
-    let round = || mlp_compute_round(&backend, spec);
+    let round = || compute_round(&backend, workload, &layout);
     profile.overlap_slowdown = time_overlap_slowdown(&backend, &round, start, kappa_bytes, 400)?;
     if backend.rank() == 0 {
         save(
@@ -162,7 +195,7 @@ fn measure_transformer(
         (unit.forward_us, unit.backward_us) = (f, b);
     }
     let world = backend.world_size();
-    let (allocation, start) = measurement_allocation(None, world, args.max_message);
+    let (allocation, start) = measurement_allocation(0, world, args.max_message);
     backend.allocate(allocation)?;
     let comm_source = if world >= 2 {
         let (comm, source) = curves(&backend, start, args)?;

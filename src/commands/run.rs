@@ -4,14 +4,19 @@
 
 use crate::cli::{BackendArg, RunArgs, SemanticsArg};
 use crate::output::{ms, print_json};
+use anyhow::Context;
 use serde_json::json;
 use shardplan_runtime::backend::{
     Allocation, Backend, Collectives, CpuBackend, Loopback, Mpi, MpiUniverse,
 };
 use shardplan_runtime::cuda::{CudaBackend, NcclSetup, libraries, unique_id};
 use shardplan_runtime::executor::{RunOptions, Span, final_params, initialise, run as execute};
+use shardplan_runtime::gpt2::data::Tokens;
+use shardplan_runtime::gpt2::{Gpt2, weights};
 use shardplan_runtime::layout::layout;
-use shardplan_runtime::mlp::{MlpSpec, max_relative_error, reference_training};
+use shardplan_runtime::mlp::{Mlp, max_relative_error, reference_training};
+use shardplan_runtime::model_file::ModelFile;
+use shardplan_runtime::workload::{Train, Workload};
 use shardplan_scheduler::io::write_atomic;
 use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::Profile;
@@ -60,23 +65,79 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         args.timeout > 0.0 && args.timeout.is_finite(),
         "--timeout: expected positive seconds"
     );
+    let model = ModelFile::load(&args.model)?;
     match args.backend {
         BackendArg::Cpu if under_mpi() => {
             let (_universe, mpi) = Mpi::init()?;
-            run_with(CpuBackend::new(mpi), &args)
+            run_on_cpu(CpuBackend::new(mpi), model, &args)
         }
-        BackendArg::Cpu => run_with(CpuBackend::new(Loopback), &args),
+        BackendArg::Cpu => run_on_cpu(CpuBackend::new(Loopback), model, &args),
         BackendArg::Cuda => {
+            let ModelFile::Mlp(spec) = model else {
+                anyhow::bail!(
+                    "{}: GPT-2 trains on the CPU backend only so far (its CUDA kernels are not written yet)",
+                    args.model.display()
+                );
+            };
             let (_universe, backend) = cuda_backend()?;
-            run_with(backend, &args)
+            let mlp = Mlp::new(spec, backend.rank(), backend.world_size());
+            run_with(backend, &mlp, &args, |params| {
+                mlp_check(&mlp, params, &args)
+            })
         }
     }
 }
 
-fn run_with<B: Backend>(mut backend: B, args: &RunArgs) -> anyhow::Result<()> {
+/// The CPU backend with either workload.
+fn run_on_cpu<C: Collectives>(
+    backend: CpuBackend<C>,
+    model: ModelFile,
+    args: &RunArgs,
+) -> anyhow::Result<()> {
+    let (rank, world) = (backend.rank(), backend.world_size());
+    match model {
+        ModelFile::Mlp(spec) => {
+            let mlp = Mlp::new(spec, rank, world);
+            run_with(backend, &mlp, args, |params| mlp_check(&mlp, params, args))
+        }
+        ModelFile::Transformer(model) => {
+            let origin = args.model.display().to_string();
+            let data = args
+                .data
+                .as_deref()
+                .with_context(|| format!("{origin}: a GPT-2 trains on text: give --data FILE"))?;
+            let tokens = Tokens::load(data, model.seq_len as usize, model.vocab as usize)?;
+            let init = args.init_weights.as_deref();
+            let gpt2 = Gpt2::new(&model, &origin, rank, world, tokens, init)?;
+            run_with(backend, &gpt2, args, |params| {
+                if let Some(path) = &args.save_weights {
+                    write_atomic(path, &weights::serialize(gpt2.tensors(), params)?)?;
+                }
+                Ok(None)
+            })
+        }
+    }
+}
+
+/// The MLP's check against its single-process reference, when asked for.
+fn mlp_check(mlp: &Mlp, params: &[Vec<f32>], args: &RunArgs) -> anyhow::Result<Option<f64>> {
+    if !args.compare_reference {
+        return Ok(None);
+    }
+    let (reference, _) = reference_training(mlp.spec(), mlp.world(), args.steps as usize);
+    Ok(Some(max_relative_error(params, &reference)?))
+}
+
+/// Runs `workload`; rank 0 then hands the trained weights to `finish` (which may report the
+/// largest relative difference from a reference) and prints the report.
+fn run_with<B: Backend, W: Train<B>>(
+    mut backend: B,
+    workload: &W,
+    args: &RunArgs,
+    finish: impl FnOnce(&[Vec<f32>]) -> anyhow::Result<Option<f64>>,
+) -> anyhow::Result<()> {
     let profile = Profile::load(&args.profile)?;
     let plan = Plan::load(&args.plan)?;
-    let spec = MlpSpec::load(&args.model)?;
     let schedule = plan.schedule(&profile, &args.plan.display().to_string())?;
     let world = backend.world_size();
     anyhow::ensure!(
@@ -86,13 +147,19 @@ fn run_with<B: Backend>(mut backend: B, args: &RunArgs) -> anyhow::Result<()> {
         plan.world_size,
         plan.world_size
     );
-    let layout = layout(&spec, &profile, &schedule, world)?;
+    let layout = layout(workload, &profile, &schedule, world).with_context(|| {
+        format!(
+            "{} against {}",
+            args.profile.display(),
+            args.model.display()
+        )
+    })?;
     backend.allocate(Allocation {
         arena_elements: (layout.arena.size_bytes / 4) as usize,
         largest_block: layout.largest_block,
         loss_slots: args.steps as usize,
     })?;
-    initialise(&backend, &spec, &layout)?;
+    initialise(&backend, workload, &layout)?;
     let semantics = match args.semantics {
         SemanticsArg::Strict => Semantics::Strict,
         SemanticsArg::Relaxed => Semantics::Relaxed,
@@ -103,9 +170,9 @@ fn run_with<B: Backend>(mut backend: B, args: &RunArgs) -> anyhow::Result<()> {
         timeout: Duration::from_secs_f64(args.timeout),
         trace: args.trace.is_some(),
     };
-    let report = execute(&backend, &spec, &schedule, &layout, &options)?;
+    let report = execute(&backend, workload, &schedule, &layout, &options)?;
     let memory = backend.device_memory()?;
-    let params = final_params(&backend, &spec, &layout)?;
+    let params = final_params(&backend, workload, &layout)?;
     if backend.rank() != 0 {
         return Ok(());
     }
@@ -113,14 +180,9 @@ fn run_with<B: Backend>(mut backend: B, args: &RunArgs) -> anyhow::Result<()> {
         write_atomic(path, serde_json::to_string(&params)?.as_bytes())?;
     }
     if let Some(path) = &args.trace {
-        write_atomic(path, &serde_json::to_vec(&trace(&spec, &report.spans))?)?;
+        write_atomic(path, &serde_json::to_vec(&trace(workload, &report.spans))?)?;
     }
-    let reference_error = if args.compare_reference {
-        let (reference, _) = reference_training(&spec, world, args.steps as usize);
-        Some(max_relative_error(&params, &reference)?)
-    } else {
-        None
-    };
+    let reference_error = finish(&params)?;
     let predicted = simulate(&profile, &schedule, semantics);
     let measured = steady_mean(&report.step_us);
     let final_loss = *report.losses.last().expect("at least one step");
@@ -193,13 +255,13 @@ fn steady_mean(step_us: &[f64]) -> f64 {
     tail.iter().sum::<f64>() / tail.len() as f64
 }
 
-fn trace(spec: &MlpSpec, spans: &[Span]) -> serde_json::Value {
+fn trace(workload: &dyn Workload, spans: &[Span]) -> serde_json::Value {
     let mut events = vec![
         json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": 0, "args": {"name": "compute"}}),
         json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "communication"}}),
     ];
     events.extend(spans.iter().map(|s| {
-        json!({"name": format!("{} {}", s.what, spec.unit_name(s.unit)), "ph": "X", "pid": 1, "tid": s.stream,
+        json!({"name": format!("{} {}", s.what, workload.unit_name(s.unit)), "ph": "X", "pid": 1, "tid": s.stream,
                "ts": s.start_us, "dur": s.end_us - s.start_us, "args": {"step": s.step}})
     }));
     json!({"traceEvents": events, "displayTimeUnit": "ms"})

@@ -124,9 +124,19 @@ impl<C: Collectives> CpuBackend<C> {
     }
 
     #[allow(clippy::mut_from_ref)]
-    fn slice(&self, r: Region) -> &mut [f32] {
+    pub(crate) fn slice(&self, r: Region) -> &mut [f32] {
         // SAFETY: see the Sync impl: regions used concurrently never overlap.
         unsafe { &mut (&mut *self.arena.get())[r.offset..r.offset + r.len] }
+    }
+
+    /// Stores this rank's partial loss of `step`.
+    pub(crate) fn record_loss(&self, step: usize, loss: f32) -> Result<()> {
+        let mut losses = self.losses.lock().expect("loss lock is never poisoned");
+        let slot = losses
+            .get_mut(step)
+            .ok_or_else(|| Error::Backend(format!("loss slot {step} was not allocated")))?;
+        *slot = loss;
+        Ok(())
     }
 
     #[allow(clippy::mut_from_ref)]
@@ -220,12 +230,7 @@ impl<C: Collectives> Backend for CpuBackend<C> {
     }
     fn mse_grad(&self, z: Region, y: Region, grad: Region, scale: f32, step: usize) -> Result<()> {
         let loss = mlp::mse_grad(self.slice(z), self.slice(y), self.slice(grad), scale);
-        let mut losses = self.losses.lock().expect("loss lock is never poisoned");
-        let slot = losses
-            .get_mut(step)
-            .ok_or_else(|| Error::Backend(format!("loss slot {step} was not allocated")))?;
-        *slot = loss;
-        Ok(())
+        self.record_loss(step, loss)
     }
     fn losses(&self, steps: usize) -> Result<Vec<f32>> {
         let losses = self.losses.lock().expect("loss lock is never poisoned");

@@ -27,7 +27,7 @@ mod program;
 use crate::backend::{Backend, Region, Stream};
 use crate::event::Event;
 use crate::layout::Layout;
-use crate::mlp::MlpSpec;
+use crate::workload::{Pass, Train, Workload};
 use crate::{Error, Result};
 use program::{Kind, program};
 use shardplan_scheduler::plan::Schedule;
@@ -96,11 +96,11 @@ fn wait_for<B: Backend>(
     }
 }
 
-/// Runs `options.steps` steps of `spec` under `schedule` on `backend` (its arena already
+/// Runs `options.steps` steps of `workload` under `schedule` on `backend` (its arena already
 /// allocated with `layout` and at least `steps` loss slots) and returns what it measured.
-pub fn run<B: Backend>(
+pub fn run<B: Backend, W: Train<B>>(
     backend: &B,
-    spec: &MlpSpec,
+    workload: &W,
     schedule: &Schedule,
     layout: &Layout,
     options: &RunOptions,
@@ -144,7 +144,6 @@ pub fn run<B: Backend>(
     let origin = backend.mark(Stream::Compute)?;
     let mut step_marks: Vec<Option<B::Mark>> = vec![None; steps + 1];
     let mut compute_spans: Vec<PendingSpan<B::Mark>> = Vec::with_capacity(span_capacity);
-    let mut workload = Workload::new(backend, spec, layout);
 
     let comm_spans = std::thread::scope(|scope| -> Result<Vec<PendingSpan<B::Mark>>> {
         let comm = scope.spawn(|| -> Result<Vec<PendingSpan<B::Mark>>> {
@@ -186,14 +185,7 @@ pub fn run<B: Backend>(
                     let last_reduction = matches!(b.kind, Kind::AllReduce | Kind::ReduceScatter)
                         && b.index + 1 == u.blocks;
                     if last_reduction {
-                        backend.adam(
-                            u.params,
-                            u.grads,
-                            u.adam_m,
-                            u.adam_v,
-                            d as u32 + 1,
-                            spec.learning_rate,
-                        )?;
+                        workload.optimize(backend, layout, b.unit, d as u32 + 1)?;
                     }
                     let end = backend.mark(stream)?;
                     if let Some(start) = start {
@@ -238,7 +230,7 @@ pub fn run<B: Backend>(
                                     format!(
                                         "{} of {} for step {iter}",
                                         n.kind.name(),
-                                        spec.unit_name(n.unit)
+                                        workload.unit_name(n.unit)
                                     )
                                 },
                             )?;
@@ -246,7 +238,7 @@ pub fn run<B: Backend>(
                         for &(u, target) in fences {
                             let reductions = event(u, Kind::ReduceScatter);
                             wait_for(backend, stream, reductions, target, timeout, &|| {
-                                format!("RS of {} (buffer reuse)", spec.unit_name(u))
+                                format!("RS of {} (buffer reuse)", workload.unit_name(u))
                             })?;
                         }
                     }
@@ -270,7 +262,14 @@ pub fn run<B: Backend>(
                     None
                 };
                 let forward = s == timeline.forward(i);
-                workload.compute(i, forward, step)?;
+                if forward {
+                    workload.forward(backend, layout, i, step, Pass::Forward)?;
+                } else {
+                    if layout.units[i].recompute {
+                        workload.forward(backend, layout, i, step, Pass::Recompute)?;
+                    }
+                    workload.backward(backend, layout, i, step)?;
+                }
                 if let Some(start) = start {
                     compute_spans.push(PendingSpan {
                         stream: 0,
@@ -335,101 +334,13 @@ pub fn run<B: Backend>(
     })
 }
 
-/// The MLP's compute of one slot on the compute stream: the batch for the first unit's forward,
-/// the targets for the last unit's, the layer forward (recomputed before a checkpointed unit's
-/// backward), the loss gradient before the last unit's backward, and the layer backward.
-struct Workload<'a, B> {
-    backend: &'a B,
-    spec: &'a MlpSpec,
-    layout: &'a Layout,
-    teacher: Vec<f32>,
-    x: Vec<f32>,
-    y: Vec<f32>,
-    scale: f32,
-}
-
-impl<'a, B: Backend> Workload<'a, B> {
-    fn new(backend: &'a B, spec: &'a MlpSpec, layout: &'a Layout) -> Self {
-        let dl = *spec.widths.last().expect("validated");
-        Workload {
-            backend,
-            spec,
-            layout,
-            teacher: spec.teacher(),
-            x: vec![0.0; layout.rows * spec.input],
-            y: vec![0.0; layout.rows * dl],
-            scale: 1.0 / (backend.world_size() * layout.rows * dl) as f32,
-        }
-    }
-
-    fn compute(&mut self, i: usize, forward: bool, step: usize) -> Result<()> {
-        let (backend, layout) = (self.backend, self.layout);
-        let l = layout.units.len();
-        let u = &layout.units[i];
-        let input = if i == 0 {
-            layout.input
-        } else {
-            layout.units[i - 1].output
-        };
-        if forward {
-            if i == 0 {
-                let first = backend.rank() * layout.rows;
-                let (x, y) = (&mut self.x, &mut self.y);
-                self.spec
-                    .batch(step, first, layout.rows, &self.teacher, x, y);
-                backend.upload(layout.input, &self.x)?;
-            }
-            if i + 1 == l {
-                backend.upload(layout.targets, &self.y)?;
-            }
-            return backend.linear_forward(
-                input,
-                u.forward_params(),
-                u.output,
-                layout.rows,
-                u.dims,
-                u.relu,
-            );
-        }
-        if u.recompute {
-            backend.linear_forward(
-                input,
-                u.backward_params(),
-                u.output,
-                layout.rows,
-                u.dims,
-                u.relu,
-            )?;
-        }
-        let grad_out = if i + 1 == l {
-            let targets = layout.targets;
-            backend.mse_grad(u.output, targets, layout.loss_grad, self.scale, step)?;
-            layout.loss_grad
-        } else {
-            layout.units[i + 1]
-                .grad_in
-                .expect("units after the first pass an input gradient")
-        };
-        backend.linear_backward(
-            input,
-            u.backward_params(),
-            u.output,
-            grad_out,
-            u.backward_grads(),
-            u.grad_in,
-            layout.rows,
-            u.dims,
-            u.relu,
-        )
-    }
-}
-
 /// Initialises every rank's persistent state: full parameters for replicated units, this rank's
 /// shard of every block for sharded ones (gradients and Adam state start at zero).
-pub fn initialise<B: Backend>(backend: &B, spec: &MlpSpec, layout: &Layout) -> Result<()> {
+pub fn initialise<B: Backend>(backend: &B, workload: &dyn Workload, layout: &Layout) -> Result<()> {
     let (rank, world) = (backend.rank(), backend.world_size());
     for (i, u) in layout.units.iter().enumerate() {
-        let full = spec.initial_params(i, u.blocks * u.block_elements);
+        let mut full = workload.initial_params(i)?;
+        full.resize(u.blocks * u.block_elements, 0.0);
         if u.level == Level::None {
             backend.upload(u.params, &full)?;
         } else {
@@ -447,7 +358,7 @@ pub fn initialise<B: Backend>(backend: &B, spec: &MlpSpec, layout: &Layout) -> R
 /// rank must call it).
 pub fn final_params<B: Backend>(
     backend: &B,
-    spec: &MlpSpec,
+    workload: &dyn Workload,
     layout: &Layout,
 ) -> Result<Vec<Vec<f32>>> {
     layout
@@ -467,7 +378,7 @@ pub fn final_params<B: Backend>(
             };
             let mut out = vec![0.0; full.len];
             backend.download(full, &mut out)?;
-            out.truncate(spec.params(i));
+            out.truncate(workload.params(i));
             Ok(out)
         })
         .collect()

@@ -1,20 +1,22 @@
-//! The measuring profiler, for any backend (`timing`), and the MLP's profile.
+//! The measuring profiler, for any backend and workload (`timing`), and a workload's profile.
 //!
-//! A unit's bytes in the profile are exactly the runtime's buffers (fp32): activations = its
-//! output (the first unit also keeps the input batch, the last the targets), with recompute the
-//! same (a Linear+ReLU unit has nothing inside to drop); forward workspace 0 (the output is the
-//! activation); backward workspace = the gradient of its output plus, past the first unit, the
-//! gradient of its input. p = g = 4, o = 8 (Adam m and v; the fp32 parameters are the master
-//! copy).
+//! A unit's bytes in the profile are exactly the runtime's buffers (fp32; [`crate::workload`]):
+//! activations = 4·(saved + internals), with recompute 4·saved; forward workspace as the workload
+//! says; backward workspace = its own plus the gradients of its input and of its output (the next
+//! unit's input gradient). p = g = 4, o = 8 (Adam m and v; the fp32 parameters are the master
+//! copy). Units are timed in a compute-only round of a DDP layout, in slot order.
 
 mod timing;
 
 pub use timing::{
-    measurement_allocation, mlp_compute_round, time_collectives, time_overlap_slowdown, time_units,
+    compute_round, measurement_allocation, time_collectives, time_overlap_slowdown, time_units,
 };
 
 use crate::Result;
-use crate::mlp::MlpSpec;
+use crate::layout::{Layout, layout};
+use crate::workload::Workload;
+use shardplan_scheduler::baselines::{BaselineKind, baseline};
+use shardplan_scheduler::curve::CommCurve;
 use shardplan_scheduler::profile::{
     BytesPerParam, CommCurves, PROFILE_SCHEMA, Profile, UnitProfile,
 };
@@ -23,39 +25,43 @@ use std::collections::BTreeMap;
 /// Measured (forward, backward) µs of each unit.
 pub type UnitTimes = Vec<(f64, f64)>;
 
-/// The profile of `spec` on `world` ranks from unit times and collective curves.
-pub fn mlp_profile(
-    spec: &MlpSpec,
+/// The profile of `workload` on `world` ranks from unit times and collective curves.
+pub fn workload_profile(
+    workload: &dyn Workload,
     world: u32,
     times: &UnitTimes,
     comm: CommCurves,
     block_size_bytes: Option<u64>,
     source: BTreeMap<String, String>,
 ) -> Result<Profile> {
-    let b = spec.batch_per_rank as u64;
-    let l = spec.units();
+    let l = workload.unit_count();
+    let bytes = |elements: usize| 4 * elements as u64;
     let units = (0..l)
         .map(|i| {
-            let (din, dout) = spec.dims(i);
-            let (din, dout) = (din as u64, dout as u64);
-            let activation =
-                4 * b * (dout + if i == 0 { din } else { 0 } + if i + 1 == l { dout } else { 0 });
+            let b = workload.buffers(i);
+            let next_gradient = if i + 1 < l {
+                workload.buffers(i + 1).input_gradient
+            } else {
+                0
+            };
             UnitProfile {
-                name: spec.unit_name(i),
-                params: spec.params(i) as u64,
+                name: workload.unit_name(i),
+                params: workload.params(i) as u64,
                 forward_us: times[i].0,
                 backward_us: times[i].1,
-                activation_bytes: activation,
-                checkpoint_activation_bytes: activation,
-                forward_workspace_bytes: 0,
-                backward_workspace_bytes: 4 * b * (dout + if i > 0 { din } else { 0 }),
+                activation_bytes: bytes(b.saved + b.internals),
+                checkpoint_activation_bytes: bytes(b.saved),
+                forward_workspace_bytes: bytes(b.forward_workspace),
+                backward_workspace_bytes: bytes(
+                    b.backward_workspace + b.input_gradient + next_gradient,
+                ),
             }
         })
         .collect();
     let block = block_size_bytes.unwrap_or_else(|| comm.block_size());
     let profile = Profile {
         schema: PROFILE_SCHEMA,
-        name: format!("{} x{world}", spec.name),
+        name: format!("{} x{world}", workload.name()),
         source,
         world_size: world,
         block_size_bytes: block,
@@ -71,6 +77,34 @@ pub fn mlp_profile(
     };
     profile.validate("measured profile")?;
     Ok(profile)
+}
+
+/// The layout units are timed in: DDP (every unit replicated, no recompute, one block per unit)
+/// on `world` ranks, so a compute round touches the buffers a run does.
+pub fn compute_layout(workload: &dyn Workload, world: u32) -> Result<Layout> {
+    let flat = CommCurve {
+        points: vec![(1, 1.0), (1 << 40, 2.0)],
+    };
+    let comm = CommCurves {
+        all_gather: flat.clone(),
+        reduce_scatter: flat.clone(),
+        all_reduce: flat,
+    };
+    let largest = (0..workload.unit_count())
+        .map(|i| 4 * workload.params(i) as u64)
+        .max()
+        .unwrap_or(4);
+    let times = vec![(1.0, 1.0); workload.unit_count()];
+    let provisional = workload_profile(
+        workload,
+        world,
+        &times,
+        comm,
+        Some(largest),
+        BTreeMap::new(),
+    )?;
+    let ddp = baseline(&provisional, BaselineKind::Ddp, false, None)?;
+    layout(workload, &provisional, &ddp.schedule, world as usize)
 }
 
 pub fn median(mut samples: Vec<f64>) -> f64 {

@@ -4,117 +4,93 @@
 
 use super::{UnitTimes, median, sizes};
 use crate::backend::{Allocation, Backend, Region, Stream};
-use crate::mlp::MlpSpec;
+use crate::layout::Layout;
+use crate::workload::{Pass, Train};
 use crate::{Error, Result};
-
-/// One unit's buffers, packed from offset 0.
-struct UnitRegions {
-    x: Region,
-    params: Region,
-    out: Region,
-    grad_out: Region,
-    grads: Region,
-    grad_in: Region,
-    end: usize,
-}
-
-fn unit_regions(spec: &MlpSpec, i: usize, start: usize) -> UnitRegions {
-    let rows = spec.batch_per_rank;
-    let (din, dout) = spec.dims(i);
-    let mut next = start;
-    let mut take = |len: usize| {
-        let r = Region { offset: next, len };
-        next += len.div_ceil(16) * 16;
-        r
-    };
-    let (x, params, out) = (take(rows * din), take(spec.params(i)), take(rows * dout));
-    let (grad_out, grads, grad_in) = (take(rows * dout), take(spec.params(i)), take(rows * din));
-    UnitRegions {
-        x,
-        params,
-        out,
-        grad_out,
-        grads,
-        grad_in,
-        end: next,
-    }
-}
 
 /// Elements of the largest message of the curves, rounded to a multiple of the world size.
 fn message_elements(bytes: u64, world: usize) -> usize {
     ((bytes / 4) as usize).max(1).div_ceil(world) * world
 }
 
-/// The arena the measurements need: the largest unit's buffers (when timing an MLP) followed by
-/// two messages of `max_bytes` (full and shard, or the κ AllReduce); and where the messages start.
+/// The arena the measurements need: the compute layout's arena (`compute_elements`, 0 when only
+/// collectives are timed) followed by two messages of `max_bytes` (full and shard, or the κ
+/// AllReduce); and where the messages start.
 pub fn measurement_allocation(
-    spec: Option<&MlpSpec>,
+    compute_elements: usize,
     world: usize,
     max_bytes: u64,
 ) -> (Allocation, usize) {
-    let units = spec.map_or(0, |s| {
-        (0..s.units())
-            .map(|i| unit_regions(s, i, 0).end)
-            .max()
-            .unwrap_or(0)
-    });
+    let start = compute_elements.div_ceil(16) * 16;
     let message = message_elements(max_bytes, world);
     let allocation = Allocation {
-        arena_elements: units + 2 * message + 16,
+        arena_elements: start + 2 * message + 16,
         largest_block: message,
-        loss_slots: 0,
+        loss_slots: 1,
     };
-    (allocation, units)
+    (allocation, start)
 }
 
-/// Forward and backward µs of each unit: 3 warm-up runs, the median of `repeats`. The first
-/// unit's forward includes making and uploading the batch, as in a run.
-pub fn time_units<B: Backend>(backend: &B, spec: &MlpSpec, repeats: usize) -> Result<UnitTimes> {
-    let rows = spec.batch_per_rank;
-    let teacher = spec.teacher();
-    let mut batch_x = vec![0.0; rows * spec.input];
-    let mut batch_y = vec![0.0; rows * spec.widths.last().expect("validated")];
+/// One compute round in slot order on the compute stream: every unit's forward, then every
+/// backward (data step 0), as a step runs them without communication. Returns the marks around
+/// each unit's forward and backward.
+fn compute_round_marks<B: Backend, W: Train<B>>(
+    backend: &B,
+    workload: &W,
+    layout: &Layout,
+) -> Result<Vec<[B::Mark; 2]>> {
     let stream = Stream::Compute;
-    (0..spec.units())
+    let l = workload.unit_count();
+    let mut marks = Vec::with_capacity(2 * l);
+    for i in 0..l {
+        let start = backend.mark(stream)?;
+        workload.forward(backend, layout, i, 0, Pass::Forward)?;
+        marks.push([start, backend.mark(stream)?]);
+    }
+    for i in (0..l).rev() {
+        let start = backend.mark(stream)?;
+        workload.backward(backend, layout, i, 0)?;
+        marks.push([start, backend.mark(stream)?]);
+    }
+    Ok(marks)
+}
+
+/// One compute round (every unit's forward and backward), for κ.
+pub fn compute_round<B: Backend, W: Train<B>>(
+    backend: &B,
+    workload: &W,
+    layout: &Layout,
+) -> Result<()> {
+    compute_round_marks(backend, workload, layout).map(|_| ())
+}
+
+/// Forward and backward µs of each unit: 3 warm-up rounds, then the median of `repeats`. The
+/// first unit's forward includes making and uploading the batch, as in a run.
+pub fn time_units<B: Backend, W: Train<B>>(
+    backend: &B,
+    workload: &W,
+    layout: &Layout,
+    repeats: usize,
+) -> Result<UnitTimes> {
+    let l = workload.unit_count();
+    let mut rounds = Vec::with_capacity(repeats);
+    for k in 0..repeats + 3 {
+        let marks = compute_round_marks(backend, workload, layout)?;
+        if k >= 3 {
+            rounds.push(marks);
+        }
+    }
+    backend.synchronize()?;
+    (0..l)
         .map(|i| {
-            let (din, dout) = spec.dims(i);
-            let r = unit_regions(spec, i, 0);
-            backend.upload(r.params, &spec.initial_params(i, spec.params(i)))?;
-            let x: Vec<f32> = (0..rows * din)
-                .map(|k| ((k % 17) as f32 - 8.0) / 8.0)
-                .collect();
-            backend.upload(r.x, &x)?;
-            backend.upload(r.grad_out, &vec![0.5; rows * dout])?;
-            let mut marks = Vec::with_capacity(repeats + 3);
-            for k in 0..repeats + 3 {
-                let start = backend.mark(stream)?;
-                if i == 0 {
-                    spec.batch(k, 0, rows, &teacher, &mut batch_x, &mut batch_y);
-                    backend.upload(r.x, &batch_x)?;
-                }
-                backend.linear_forward(r.x, r.params, r.out, rows, (din, dout), spec.relu(i))?;
-                let middle = backend.mark(stream)?;
-                backend.linear_backward(
-                    r.x,
-                    r.params,
-                    r.out,
-                    r.grad_out,
-                    r.grads,
-                    (i > 0).then_some(r.grad_in),
-                    rows,
-                    (din, dout),
-                    spec.relu(i),
-                )?;
-                marks.push((start, middle, backend.mark(stream)?));
-            }
-            backend.synchronize()?;
-            let mut forward = Vec::with_capacity(repeats);
-            let mut backward = Vec::with_capacity(repeats);
-            for (start, middle, end) in marks.iter().skip(3) {
-                forward.push(backend.elapsed_us(start, middle)?);
-                backward.push(backend.elapsed_us(middle, end)?);
-            }
-            Ok((median(forward), median(backward)))
+            let time = |k: usize| -> Result<f64> {
+                let samples = rounds
+                    .iter()
+                    .map(|m| backend.elapsed_us(&m[k][0], &m[k][1]))
+                    .collect::<Result<Vec<f64>>>()?;
+                Ok(median(samples))
+            };
+            Ok((time(i)?, time(2 * l - 1 - i)?))
         })
         .collect()
 }
@@ -175,21 +151,6 @@ pub fn time_collectives<B: Backend>(
         reduce_scatter: CommCurve { points: rs },
         all_reduce: CommCurve { points: ar },
     })
-}
-
-/// One compute round of an MLP: every unit's forward and backward, as in a step.
-pub fn mlp_compute_round<B: Backend>(backend: &B, spec: &MlpSpec) -> Result<()> {
-    let rows = spec.batch_per_rank;
-    for i in 0..spec.units() {
-        let r = unit_regions(spec, i, 0);
-        let (dims, relu) = (spec.dims(i), spec.relu(i));
-        backend.linear_forward(r.x, r.params, r.out, rows, dims, relu)?;
-        let grad_in = Some(r.grad_in);
-        backend.linear_backward(
-            r.x, r.params, r.out, r.grad_out, r.grads, grad_in, rows, dims, relu,
-        )?;
-    }
-    Ok(())
 }
 
 /// κ: the share of compute time lost while collectives run beside it. A compute round

@@ -8,6 +8,10 @@
 //! N·b; the loss is mean((z − y)²) over the global batch, so summing the ranks' gradients gives
 //! exactly the reference gradient (up to the order of floating-point sums).
 
+mod train;
+
+pub use train::Mlp;
+
 use crate::{Error, Result};
 use serde::Deserialize;
 use std::path::Path;

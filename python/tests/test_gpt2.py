@@ -1,0 +1,156 @@
+"""GPT-2 training numerics against Hugging Face transformers: a random-initialized
+`GPT2LMHeadModel` (built from models/gpt2-tiny.toml's config, no download) is saved with
+`save_pretrained(safe_serialization=True)`; transformers + torch.optim.AdamW train it K steps on
+the byte-tokenized batches `shardplan run --data` takes; `shardplan run --init-weights` trains
+the same weights under baseline plans at N = 1, 2 and 4 (mpirun). Per-step losses must agree to
+1e-4 relative and the trained weights' update to 1e-2 relative (‖W_ours − W_hf‖ / ‖W_hf − W_0‖).
+Random plans (recompute, multi-slot launches, strict and relaxed) are checked against the N = 1
+DDP run by tests/gpt2.rs."""
+
+import json
+import os
+import pathlib
+import subprocess
+import tempfile
+import tomllib
+import unittest
+
+import torch
+from safetensors.torch import load_file
+from transformers import GPT2Config, GPT2LMHeadModel
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BIN = os.environ.get("SHARDPLAN_BIN", str(ROOT / "target" / "release" / "shardplan"))
+MODEL = ROOT / "models" / "gpt2-tiny.toml"
+STEPS = 3
+
+
+def config(spec):
+    return GPT2Config(
+        vocab_size=spec["vocab"], n_positions=spec["seq_len"], n_embd=spec["hidden"],
+        n_layer=spec["layers"], n_head=spec["heads"], n_inner=spec["ffn"],
+        activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        layer_norm_epsilon=1e-5, tie_word_embeddings=True, bos_token_id=None, eos_token_id=None)
+
+
+def text():
+    """Deterministic bytes with structure (so the loss falls) and every byte value."""
+    base = (ROOT / "README.md").read_bytes()
+    return base + bytes(range(256))
+
+
+def batches(data, seq, batch, steps):
+    """What `shardplan run --data` feeds: sequence n starts at (n mod W)·seq, W = (len−1)//seq."""
+    windows = (len(data) - 1) // seq
+    out = []
+    for k in range(steps):
+        rows = [(((k * batch + j) % windows) * seq) for j in range(batch)]
+        x = torch.tensor([list(data[s:s + seq]) for s in rows])
+        y = torch.tensor([list(data[s + 1:s + seq + 1]) for s in rows])
+        out.append((x, y))
+    return out
+
+
+def hf_training(model, spec, data):
+    t = spec["training"]
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": t.get("weight_decay", 0.1)},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=t["learning_rate"], betas=tuple(t.get("betas", (0.9, 0.95))), eps=t.get("eps", 1e-8))
+    losses = []
+    for x, y in batches(data, spec["seq_len"], t["batch_size"], STEPS):
+        logits = model(input_ids=x).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        losses.append(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return losses
+
+
+def shardplan(world, *args):
+    cmd = [BIN, *args]
+    if world > 1:
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(world), *cmd]
+    env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none")
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed:\n{result.stderr}")
+    return result.stdout
+
+
+class Gpt2AgainstTransformers(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        d = pathlib.Path(cls.dir.name)
+        cls.spec = tomllib.loads(MODEL.read_text())
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(config(cls.spec)).float()
+        model.save_pretrained(d / "init", safe_serialization=True)
+        cls.init = d / "init" / "model.safetensors"
+        cls.w0 = load_file(cls.init)
+        cls.data = d / "data.txt"
+        cls.data.write_bytes(text())
+        cls.hf_losses = hf_training(model, cls.spec, text())
+        cls.hf = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def check(self, world, kind, checkpoint=False, semantics="strict"):
+        d = pathlib.Path(self.dir.name)
+        tag = f"{kind}{'-ckpt' if checkpoint else ''}-{semantics}-n{world}"
+        profile, plan, out = d / f"p{world}.toml", d / f"{tag}.plan.toml", d / f"{tag}.safetensors"
+        if not profile.exists():
+            shardplan(1, "profile", "measure", "--backend", "cpu", "--model", str(MODEL),
+                      "--world-size", str(world), "--device", "h100-sxm", "--repeats", "1",
+                      "--out", str(profile))
+        shardplan(1, "baseline", "--profile", str(profile), "--kind", kind,
+                  *(["--checkpoint"] if checkpoint else []), "--out", str(plan))
+        report = json.loads(shardplan(
+            world, "run", "--backend", "cpu", "--profile", str(profile), "--plan", str(plan),
+            "--model", str(MODEL), "--steps", str(STEPS), "--data", str(self.data),
+            "--init-weights", str(self.init), "--save-weights", str(out),
+            "--semantics", semantics, "--json"))
+        for ours, theirs in zip(report["losses"], self.hf_losses, strict=True):
+            self.assertLess(abs(ours - theirs) / abs(theirs), 1e-4, f"{tag}: {report['losses']} vs {self.hf_losses}")
+        ours = load_file(out)
+        for name, w0 in self.w0.items():
+            hf = self.hf[name]
+            update = (hf - w0).norm().item()
+            error = (ours[name] - hf).norm().item()
+            self.assertLess(error, 1e-2 * update, f"{tag}: {name}: |ours-hf| {error:.3e}, |hf-w0| {update:.3e}")
+        return report
+
+    def test_single_rank_ddp(self):
+        report = self.check(1, "ddp")
+        self.assertLess(self.hf_losses[-1], self.hf_losses[0])
+        self.assertEqual(report["arena_bytes"], report["predicted_peak_memory_bytes"])
+
+    def test_two_ranks_every_level(self):
+        for kind, checkpoint in [("zero2", False), ("fsdp2", True), ("zero3", False)]:
+            with self.subTest(kind=kind, checkpoint=checkpoint):
+                self.check(2, kind, checkpoint)
+
+    def test_four_ranks_relaxed(self):
+        self.check(4, "fsdp1", True, "relaxed")
+
+    def test_saved_weights_load_in_transformers(self):
+        """The file `--save-weights` writes is a transformers checkpoint: from_pretrained loads
+        every tensor as written (the head tied to wte)."""
+        d = pathlib.Path(self.dir.name)
+        self.check(1, "ddp")
+        checkpoint = d / "trained"
+        checkpoint.mkdir(exist_ok=True)
+        (checkpoint / "config.json").write_text((d / "init" / "config.json").read_text())
+        (checkpoint / "model.safetensors").write_bytes((d / "ddp-strict-n1.safetensors").read_bytes())
+        loaded = GPT2LMHeadModel.from_pretrained(str(checkpoint)).state_dict()
+        written = load_file(checkpoint / "model.safetensors")
+        self.assertEqual(set(written), set(self.w0))
+        for name, value in written.items():
+            self.assertTrue(torch.equal(loaded[name], value), name)
+        self.assertTrue(torch.equal(loaded["lm_head.weight"], written["transformer.wte.weight"]))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,521 @@
+//! GPT-2's CPU kernels in fp32, each the forward or backward of one operation as Hugging Face's
+//! `GPT2LMHeadModel` computes it (checked against transformers by `python/tests/test_gpt2.py`).
+//!
+//! Activations are row-major `[rows, width]` with rows = batch × seq (token-major within a
+//! sequence). Linear weights are stored as transformers' `Conv1D` stores them: `in × out`, so a
+//! layer is `y = x·W + b`. Backward kernels *accumulate* into parameter gradients (callers zero
+//! them first) and *write* input gradients unless the name says `add`.
+
+/// LayerNorm's ε (GPT-2's `layer_norm_epsilon`).
+pub const LN_EPS: f32 = 1e-5;
+
+/// `out = x·W + b` for `x: rows×din`, `W: din×dout`, `b: dout`.
+pub fn matmul_forward(
+    x: &[f32],
+    w: &[f32],
+    b: Option<&[f32]>,
+    out: &mut [f32],
+    rows: usize,
+    din: usize,
+    dout: usize,
+) {
+    assert!(x.len() >= rows * din && w.len() >= din * dout && out.len() >= rows * dout);
+    let beta = match b {
+        Some(b) => {
+            for r in out[..rows * dout].chunks_exact_mut(dout) {
+                r.copy_from_slice(&b[..dout]);
+            }
+            1.0
+        }
+        None => 0.0,
+    };
+    // SAFETY: bounds asserted above; x is rows×din (row stride din), W din×dout (row stride
+    // dout), out rows×dout.
+    unsafe {
+        matrixmultiply::sgemm(
+            rows,
+            din,
+            dout,
+            1.0,
+            x.as_ptr(),
+            din as isize,
+            1,
+            w.as_ptr(),
+            dout as isize,
+            1,
+            beta,
+            out.as_mut_ptr(),
+            dout as isize,
+            1,
+        );
+    }
+}
+
+/// Backward of [`matmul_forward`]: `dx = dout·Wᵀ` (written), `dW += xᵀ·dout`, `db += Σ_rows dout`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_backward(
+    dout: &[f32],
+    x: &[f32],
+    w: &[f32],
+    dx: Option<&mut [f32]>,
+    dw: &mut [f32],
+    db: Option<&mut [f32]>,
+    rows: usize,
+    din: usize,
+    dout_width: usize,
+) {
+    let n = dout_width;
+    assert!(dout.len() >= rows * n && x.len() >= rows * din && w.len() >= din * n);
+    assert!(dw.len() >= din * n);
+    if let Some(dx) = dx {
+        assert!(dx.len() >= rows * din);
+        // SAFETY: dx (rows×din) = dout (rows×n) · Wᵀ (W din×n read with swapped strides).
+        unsafe {
+            matrixmultiply::sgemm(
+                rows,
+                n,
+                din,
+                1.0,
+                dout.as_ptr(),
+                n as isize,
+                1,
+                w.as_ptr(),
+                1,
+                n as isize,
+                0.0,
+                dx.as_mut_ptr(),
+                din as isize,
+                1,
+            );
+        }
+    }
+    // SAFETY: dW (din×n) += xᵀ (x rows×din read transposed) · dout (rows×n).
+    unsafe {
+        matrixmultiply::sgemm(
+            din,
+            rows,
+            n,
+            1.0,
+            x.as_ptr(),
+            1,
+            din as isize,
+            dout.as_ptr(),
+            n as isize,
+            1,
+            1.0,
+            dw.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+    if let Some(db) = db {
+        for r in dout[..rows * n].chunks_exact(n) {
+            db[..n].iter_mut().zip(r).for_each(|(g, d)| *g += d);
+        }
+    }
+}
+
+/// LayerNorm over the last dimension; saves each row's mean and 1/σ for the backward.
+#[allow(clippy::too_many_arguments)]
+pub fn layernorm_forward(
+    x: &[f32],
+    weight: &[f32],
+    bias: &[f32],
+    out: &mut [f32],
+    mean: &mut [f32],
+    rstd: &mut [f32],
+    rows: usize,
+    width: usize,
+) {
+    for r in 0..rows {
+        let row = &x[r * width..(r + 1) * width];
+        let m = row.iter().sum::<f32>() / width as f32;
+        let var = row.iter().map(|v| (v - m) * (v - m)).sum::<f32>() / width as f32;
+        let s = 1.0 / (var + LN_EPS).sqrt();
+        let o = &mut out[r * width..(r + 1) * width];
+        for k in 0..width {
+            o[k] = (row[k] - m) * s * weight[k] + bias[k];
+        }
+        mean[r] = m;
+        rstd[r] = s;
+    }
+}
+
+/// Backward of [`layernorm_forward`]: `dx += …` (added: the residual stream's gradient is
+/// already there), `dweight += Σ dout·x̂`, `dbias += Σ dout`.
+#[allow(clippy::too_many_arguments)]
+pub fn layernorm_backward_add(
+    dout: &[f32],
+    x: &[f32],
+    weight: &[f32],
+    mean: &[f32],
+    rstd: &[f32],
+    dx: &mut [f32],
+    dweight: &mut [f32],
+    dbias: &mut [f32],
+    rows: usize,
+    width: usize,
+) {
+    for r in 0..rows {
+        let (m, s) = (mean[r], rstd[r]);
+        let row = &x[r * width..(r + 1) * width];
+        let g = &dout[r * width..(r + 1) * width];
+        let (mut mean_dn, mut mean_dn_xhat) = (0.0f32, 0.0f32);
+        for k in 0..width {
+            let xhat = (row[k] - m) * s;
+            let dn = g[k] * weight[k];
+            mean_dn += dn;
+            mean_dn_xhat += dn * xhat;
+        }
+        mean_dn /= width as f32;
+        mean_dn_xhat /= width as f32;
+        let d = &mut dx[r * width..(r + 1) * width];
+        for k in 0..width {
+            let xhat = (row[k] - m) * s;
+            dbias[k] += g[k];
+            dweight[k] += g[k] * xhat;
+            d[k] += s * (g[k] * weight[k] - mean_dn - xhat * mean_dn_xhat);
+        }
+    }
+}
+
+const GELU_SCALE: f32 = 0.797_884_6; // √(2/π)
+
+/// GELU, tanh approximation (transformers' `gelu_new`).
+pub fn gelu_forward(x: &[f32], out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        let cube = 0.044_715 * v * v * v;
+        *o = 0.5 * v * (1.0 + (GELU_SCALE * (v + cube)).tanh());
+    }
+}
+
+/// Backward of [`gelu_forward`] given its input: `dx = dout · gelu'(x)` (in place on `d`).
+pub fn gelu_backward_inplace(x: &[f32], d: &mut [f32]) {
+    for (g, &v) in d.iter_mut().zip(x) {
+        let cube = 0.044_715 * v * v * v;
+        let t = (GELU_SCALE * (v + cube)).tanh();
+        let sech2 = 1.0 - t * t;
+        let local =
+            0.5 * (1.0 + t) + 0.5 * v * sech2 * GELU_SCALE * (1.0 + 3.0 * 0.044_715 * v * v);
+        *g *= local;
+    }
+}
+
+/// Shapes of causal self-attention.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    pub batch: usize,
+    pub seq: usize,
+    pub hidden: usize,
+    pub heads: usize,
+}
+
+impl AttentionShape {
+    fn head_dim(&self) -> usize {
+        self.hidden / self.heads
+    }
+    /// Elements of the probability tensor `[batch, heads, seq, seq]`.
+    pub fn probs_len(&self) -> usize {
+        self.batch * self.heads * self.seq * self.seq
+    }
+}
+
+/// Causal multi-head attention from the fused `qkv` (`rows × 3h`: q | k | v, heads contiguous
+/// within each): `probs = softmax(q·kᵀ/√d + causal mask)` (saved, zero above the diagonal) and
+/// `y = probs·v` (`rows × h`, heads concatenated).
+pub fn attention_forward(qkv: &[f32], probs: &mut [f32], y: &mut [f32], shape: AttentionShape) {
+    let AttentionShape {
+        batch,
+        seq,
+        hidden: c,
+        heads,
+    } = shape;
+    let hd = shape.head_dim();
+    let scale = 1.0 / (hd as f32).sqrt();
+    for b in 0..batch {
+        for h in 0..heads {
+            for t in 0..seq {
+                let q = &qkv[(b * seq + t) * 3 * c + h * hd..][..hd];
+                let p = &mut probs[((b * heads + h) * seq + t) * seq..][..seq];
+                let mut max = f32::NEG_INFINITY;
+                for (t2, pv) in p.iter_mut().enumerate().take(t + 1) {
+                    let k = &qkv[(b * seq + t2) * 3 * c + c + h * hd..][..hd];
+                    let dot: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum();
+                    *pv = dot * scale;
+                    max = max.max(*pv);
+                }
+                let mut sum = 0.0;
+                for pv in p.iter_mut().take(t + 1) {
+                    *pv = (*pv - max).exp();
+                    sum += *pv;
+                }
+                for pv in p.iter_mut().take(t + 1) {
+                    *pv /= sum;
+                }
+                p[t + 1..].iter_mut().for_each(|v| *v = 0.0);
+                let out = &mut y[(b * seq + t) * c + h * hd..][..hd];
+                out.iter_mut().for_each(|v| *v = 0.0);
+                for (t2, &pv) in p.iter().enumerate().take(t + 1) {
+                    let v = &qkv[(b * seq + t2) * 3 * c + 2 * c + h * hd..][..hd];
+                    out.iter_mut().zip(v).for_each(|(o, vv)| *o += pv * vv);
+                }
+            }
+        }
+    }
+}
+
+/// Backward of [`attention_forward`]: `dqkv` (written) from `dy`; `dprobs` is scratch of
+/// [`AttentionShape::probs_len`] elements.
+pub fn attention_backward(
+    dy: &[f32],
+    qkv: &[f32],
+    probs: &[f32],
+    dprobs: &mut [f32],
+    dqkv: &mut [f32],
+    shape: AttentionShape,
+) {
+    let AttentionShape {
+        batch,
+        seq,
+        hidden: c,
+        heads,
+    } = shape;
+    let hd = shape.head_dim();
+    let scale = 1.0 / (hd as f32).sqrt();
+    dqkv[..batch * seq * 3 * c]
+        .iter_mut()
+        .for_each(|v| *v = 0.0);
+    for b in 0..batch {
+        for h in 0..heads {
+            for t in 0..seq {
+                let p = &probs[((b * heads + h) * seq + t) * seq..][..seq];
+                let dp = &mut dprobs[((b * heads + h) * seq + t) * seq..][..seq];
+                let g = &dy[(b * seq + t) * c + h * hd..][..hd];
+                // dprobs = dy·vᵀ; dv += probsᵀ·dy.
+                for t2 in 0..=t {
+                    let v_at = (b * seq + t2) * 3 * c + 2 * c + h * hd;
+                    dp[t2] = g
+                        .iter()
+                        .zip(&qkv[v_at..v_at + hd])
+                        .map(|(a, b)| a * b)
+                        .sum();
+                    for k in 0..hd {
+                        dqkv[v_at + k] += p[t2] * g[k];
+                    }
+                }
+                // Softmax backward: dscore = p·(dp − Σ p·dp).
+                let inner: f32 = (0..=t).map(|t2| p[t2] * dp[t2]).sum();
+                for t2 in 0..=t {
+                    dp[t2] = p[t2] * (dp[t2] - inner) * scale;
+                }
+                let q_at = (b * seq + t) * 3 * c + h * hd;
+                for (t2, &ds) in dp.iter().enumerate().take(t + 1) {
+                    let k_at = (b * seq + t2) * 3 * c + c + h * hd;
+                    for k in 0..hd {
+                        dqkv[q_at + k] += ds * qkv[k_at + k];
+                        dqkv[k_at + k] += ds * qkv[q_at + k];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `out[r] = wte[token[r]] + wpe[r mod seq]`.
+pub fn embedding_forward(
+    tokens: &[f32],
+    wte: &[f32],
+    wpe: &[f32],
+    out: &mut [f32],
+    seq: usize,
+    hidden: usize,
+) {
+    for (r, &tok) in tokens.iter().enumerate() {
+        let (tok, pos) = (tok as usize, r % seq);
+        let o = &mut out[r * hidden..(r + 1) * hidden];
+        let (e, p) = (
+            &wte[tok * hidden..][..hidden],
+            &wpe[pos * hidden..][..hidden],
+        );
+        for k in 0..hidden {
+            o[k] = e[k] + p[k];
+        }
+    }
+}
+
+/// Backward of [`embedding_forward`]: `dwte[token] += dout`, `dwpe[pos] += dout`.
+pub fn embedding_backward(
+    tokens: &[f32],
+    dout: &[f32],
+    dwte: &mut [f32],
+    dwpe: &mut [f32],
+    seq: usize,
+    hidden: usize,
+) {
+    for (r, &tok) in tokens.iter().enumerate() {
+        let (tok, pos) = (tok as usize, r % seq);
+        let g = &dout[r * hidden..(r + 1) * hidden];
+        dwte[tok * hidden..][..hidden]
+            .iter_mut()
+            .zip(g)
+            .for_each(|(d, v)| *d += v);
+        dwpe[pos * hidden..][..hidden]
+            .iter_mut()
+            .zip(g)
+            .for_each(|(d, v)| *d += v);
+    }
+}
+
+/// Softmax cross-entropy of `logits` (rows × vocab, replaced by the probabilities) against
+/// `targets`; returns Σ_rows −log p[target] · `scale`.
+pub fn cross_entropy_forward(logits: &mut [f32], targets: &[f32], vocab: usize, scale: f32) -> f32 {
+    let mut loss = 0.0f64;
+    for (row, &target) in logits.chunks_exact_mut(vocab).zip(targets) {
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+        let mut sum = 0.0;
+        for v in row.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v;
+        }
+        row.iter_mut().for_each(|v| *v /= sum);
+        loss -= f64::from(row[target as usize].ln());
+    }
+    (loss * f64::from(scale)) as f32
+}
+
+/// Backward of [`cross_entropy_forward`] in place: `probs ← (probs − onehot(target))·scale`.
+pub fn cross_entropy_backward_inplace(
+    probs: &mut [f32],
+    targets: &[f32],
+    vocab: usize,
+    scale: f32,
+) {
+    for (row, &target) in probs.chunks_exact_mut(vocab).zip(targets) {
+        row[target as usize] -= 1.0;
+        row.iter_mut().for_each(|v| *v *= scale);
+    }
+}
+
+/// `logits = x·wteᵀ` (rows × vocab) for the tied output projection (`wte`: vocab × hidden).
+pub fn tied_logits(
+    x: &[f32],
+    wte: &[f32],
+    logits: &mut [f32],
+    rows: usize,
+    hidden: usize,
+    vocab: usize,
+) {
+    assert!(
+        x.len() >= rows * hidden && wte.len() >= vocab * hidden && logits.len() >= rows * vocab
+    );
+    // SAFETY: bounds asserted; wte (vocab×hidden) read transposed.
+    unsafe {
+        matrixmultiply::sgemm(
+            rows,
+            hidden,
+            vocab,
+            1.0,
+            x.as_ptr(),
+            hidden as isize,
+            1,
+            wte.as_ptr(),
+            1,
+            hidden as isize,
+            0.0,
+            logits.as_mut_ptr(),
+            vocab as isize,
+            1,
+        );
+    }
+}
+
+/// Backward of [`tied_logits`]: `dx = dlogits·wte` (written), `dwte += dlogitsᵀ·x`.
+#[allow(clippy::too_many_arguments)]
+pub fn tied_logits_backward(
+    dlogits: &[f32],
+    x: &[f32],
+    wte: &[f32],
+    dx: &mut [f32],
+    dwte: &mut [f32],
+    rows: usize,
+    hidden: usize,
+    vocab: usize,
+) {
+    assert!(dlogits.len() >= rows * vocab && dx.len() >= rows * hidden);
+    assert!(wte.len() >= vocab * hidden && dwte.len() >= vocab * hidden);
+    // SAFETY: dx (rows×hidden) = dlogits (rows×vocab) · wte (vocab×hidden).
+    unsafe {
+        matrixmultiply::sgemm(
+            rows,
+            vocab,
+            hidden,
+            1.0,
+            dlogits.as_ptr(),
+            vocab as isize,
+            1,
+            wte.as_ptr(),
+            hidden as isize,
+            1,
+            0.0,
+            dx.as_mut_ptr(),
+            hidden as isize,
+            1,
+        );
+        // dwte (vocab×hidden) += dlogitsᵀ (read transposed) · x (rows×hidden).
+        matrixmultiply::sgemm(
+            vocab,
+            rows,
+            hidden,
+            1.0,
+            dlogits.as_ptr(),
+            1,
+            vocab as isize,
+            x.as_ptr(),
+            hidden as isize,
+            1,
+            1.0,
+            dwte.as_mut_ptr(),
+            hidden as isize,
+            1,
+        );
+    }
+}
+
+/// `torch.optim.AdamW`'s hyper-parameters.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamW {
+    pub learning_rate: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+}
+
+/// One AdamW step (`step` ≥ 1) as `torch.optim.AdamW` (single-tensor path) computes it:
+/// `p ← p·(1 − lr·wd)` when `decay`, then the Adam update with bias corrections.
+pub fn adamw(
+    params: &mut [f32],
+    grads: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    step: u32,
+    hp: &AdamW,
+    decay: bool,
+) {
+    let bc1 = 1.0 - hp.beta1.powi(step as i32);
+    let bc2_sqrt = (1.0 - hp.beta2.powi(step as i32)).sqrt();
+    let step_size = hp.learning_rate / bc1;
+    let shrink = if decay {
+        1.0 - hp.learning_rate * hp.weight_decay
+    } else {
+        1.0
+    };
+    for k in 0..params.len() {
+        let g = grads[k];
+        params[k] *= shrink;
+        m[k] += (g - m[k]) * (1.0 - hp.beta1);
+        v[k] = v[k] * hp.beta2 + (1.0 - hp.beta2) * g * g;
+        let denom = v[k].sqrt() / bc2_sqrt + hp.eps;
+        params[k] -= step_size * m[k] / denom;
+    }
+}

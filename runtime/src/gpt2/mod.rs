@@ -1,0 +1,493 @@
+//! GPT-2 as Hugging Face's `GPT2LMHeadModel` computes it: token + learned position embeddings,
+//! pre-LayerNorm blocks (ε 1e-5; causal multi-head attention with a fused QKV projection; MLP with
+//! `gelu_new`), a final LayerNorm and an output projection tied to the token embedding; mean
+//! cross-entropy over every position of the global batch; no dropout; AdamW (`torch.optim.AdamW`,
+//! decay on tensors of two or more dimensions). fp32.
+//!
+//! Units: `embedding` (wte, wpe: it owns the tied matrix), `block.1` … `block.L`, `head` (ln_f;
+//! it borrows the embedding unit's wte for the logits and writes wte's gradient first, which the
+//! embedding's backward then adds to). Buffers per unit (rows = sequences per rank × seq):
+//! - embedding: saved = tokens (rows) | output (rows·h).
+//! - block: saved = output (rows·h); internals = ln1 | ln1 mean | ln1 rstd | qkv | probs |
+//!   attention output | residual after attention | ln2 | ln2 mean | ln2 rstd | fc | gelu(fc);
+//!   forward workspace = internals (what a recomputed block's forward writes); backward
+//!   workspace = d(gelu) (rows·ffn) | d(h) | d(residual) | d(qkv) | d(probs); input gradient rows·h.
+//! - head: saved = targets (rows); internals = ln_f | mean | rstd | probabilities (rows·V);
+//!   forward workspace = internals; backward workspace = d(ln_f); input gradient rows·h.
+
+mod cpu;
+pub mod data;
+pub mod kernels;
+pub mod tensors;
+pub mod weights;
+
+use crate::backend::{Backend, Region};
+use crate::layout::Layout;
+use crate::workload::{Pass, Train, UnitBuffers, Workload, carve};
+use crate::{Error, Result};
+use data::Tokens;
+use kernels::{AdamW, AttentionShape};
+use shardplan_scheduler::model::{ModelSpec, Norm, PositionEmbedding, TrainingSpec};
+use std::ops::Range;
+use std::sync::Mutex;
+use tensors::Tensor;
+
+/// GPT-2's sizes on one rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub layers: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    pub ffn: usize,
+    pub vocab: usize,
+    pub seq: usize,
+    /// Sequences per rank.
+    pub batch: usize,
+}
+
+impl Shape {
+    pub fn rows(&self) -> usize {
+        self.batch * self.seq
+    }
+
+    fn attention(&self) -> AttentionShape {
+        AttentionShape {
+            batch: self.batch,
+            seq: self.seq,
+            hidden: self.hidden,
+            heads: self.heads,
+        }
+    }
+
+    /// Lengths of a block's internals, in the order the module doc lists them.
+    pub fn block_internals(&self) -> [usize; 12] {
+        let (r, c, f) = (self.rows(), self.hidden, self.ffn);
+        let p = self.attention().probs_len();
+        [
+            r * c,
+            r,
+            r,
+            3 * r * c,
+            p,
+            r * c,
+            r * c,
+            r * c,
+            r,
+            r,
+            r * f,
+            r * f,
+        ]
+    }
+
+    /// Lengths of a block's backward workspace.
+    pub fn block_workspace(&self) -> [usize; 5] {
+        let (r, c, f) = (self.rows(), self.hidden, self.ffn);
+        [r * f, r * c, r * c, 3 * r * c, self.attention().probs_len()]
+    }
+
+    /// Lengths of the head's internals.
+    pub fn head_internals(&self) -> [usize; 4] {
+        let r = self.rows();
+        [r * self.hidden, r, r, r * self.vocab]
+    }
+}
+
+/// The device kernels of GPT-2's units, on whole-unit regions (a backend implements them once;
+/// the workload never touches memory itself).
+pub trait Gpt2Kernels: Backend {
+    /// `out = wte[tokens] + wpe[positions]`; `params` = wte | wpe.
+    fn embedding_forward(
+        &self,
+        shape: &Shape,
+        params: Region,
+        tokens: Region,
+        out: Region,
+    ) -> Result<()>;
+    /// Adds the token rows' gradient to wte's (already written by the head) and writes wpe's.
+    fn embedding_backward(
+        &self,
+        shape: &Shape,
+        tokens: Region,
+        grad_out: Region,
+        grads: Region,
+    ) -> Result<()>;
+    /// One block's forward from `x` into `out`, saving its internals.
+    fn block_forward(
+        &self,
+        shape: &Shape,
+        params: Region,
+        x: Region,
+        out: Region,
+        internals: Region,
+    ) -> Result<()>;
+    /// One block's backward: the parameter gradient (written) and the input gradient.
+    #[allow(clippy::too_many_arguments)]
+    fn block_backward(
+        &self,
+        shape: &Shape,
+        params: Region,
+        x: Region,
+        internals: Region,
+        grad_out: Region,
+        grads: Region,
+        grad_in: Region,
+        workspace: Region,
+    ) -> Result<()>;
+    /// ln_f, the tied logits and the cross-entropy (scaled by `scale`) into loss slot `step`.
+    #[allow(clippy::too_many_arguments)]
+    fn head_forward(
+        &self,
+        shape: &Shape,
+        params: Region,
+        wte: Region,
+        x: Region,
+        targets: Region,
+        internals: Region,
+        scale: f32,
+        step: usize,
+    ) -> Result<()>;
+    /// The head's backward: ln_f's gradient, wte's gradient (written), the input gradient.
+    #[allow(clippy::too_many_arguments)]
+    fn head_backward(
+        &self,
+        shape: &Shape,
+        params: Region,
+        wte: Region,
+        x: Region,
+        targets: Region,
+        internals: Region,
+        grads: Region,
+        wte_grad: Region,
+        grad_in: Region,
+        workspace: Region,
+        scale: f32,
+    ) -> Result<()>;
+    /// One AdamW step on `params`; elements in `decayed` (indices into the region) decay.
+    #[allow(clippy::too_many_arguments)]
+    fn adamw(
+        &self,
+        params: Region,
+        grads: Region,
+        m: Region,
+        v: Region,
+        step: u32,
+        hp: &AdamW,
+        decayed: &[Range<usize>],
+    ) -> Result<()>;
+}
+
+/// GPT-2 trained by rank `rank` of `world`.
+pub struct Gpt2 {
+    name: String,
+    shape: Shape,
+    hp: AdamW,
+    /// Sequences per step over all ranks.
+    global_batch: usize,
+    rank: usize,
+    world: usize,
+    units: Vec<Vec<Tensor>>,
+    initial: Vec<Vec<f32>>,
+    tokens: Tokens,
+    /// The step's (inputs, targets): read at the embedding's forward, targets uploaded at the
+    /// head's.
+    batch: Mutex<(Vec<f32>, Vec<f32>)>,
+}
+
+/// Why a zoo model is not a GPT-2 this workload can train, if it is not.
+fn check_architecture(model: &ModelSpec, origin: &str) -> Result<()> {
+    let problems = [
+        (model.norm != Norm::LayerNorm, "norm = \"layernorm\""),
+        (
+            model.position_embedding != PositionEmbedding::Learned,
+            "position_embedding = \"learned\"",
+        ),
+        (!model.tied_embeddings, "tied_embeddings = true"),
+        (!model.bias, "bias = true"),
+        (model.gated_mlp, "gated_mlp = false"),
+        (model.kv_heads != model.heads, "kv_heads = heads"),
+    ];
+    match problems.iter().find(|(bad, _)| *bad) {
+        Some((_, expected)) => Err(Error::Mismatch(format!(
+            "{origin}: the GPT-2 workload needs {expected}"
+        ))),
+        None => Ok(()),
+    }
+}
+
+impl Gpt2 {
+    /// The model of `model` (a zoo GPT-2 with `[training]`) on rank `rank` of `world`; initial
+    /// weights from a safetensors file, or GPT-2's initialisation from the training seed.
+    pub fn new(
+        model: &ModelSpec,
+        origin: &str,
+        rank: usize,
+        world: usize,
+        tokens: Tokens,
+        initial: Option<&std::path::Path>,
+    ) -> Result<Gpt2> {
+        check_architecture(model, origin)?;
+        let training: &TrainingSpec = model.training.as_ref().ok_or_else(|| {
+            Error::Mismatch(format!(
+                "{origin}: the GPT-2 workload needs a [training] table (batch_size, learning_rate)"
+            ))
+        })?;
+        let global_batch = training.batch_size as usize;
+        if !global_batch.is_multiple_of(world) {
+            return Err(Error::Mismatch(format!(
+                "{origin}: field `training.batch_size`: expected a multiple of the {world} ranks, got {global_batch}"
+            )));
+        }
+        let shape = Shape {
+            layers: model.layers as usize,
+            hidden: model.hidden as usize,
+            heads: model.heads as usize,
+            ffn: model.ffn as usize,
+            vocab: model.vocab as usize,
+            seq: model.seq_len as usize,
+            batch: global_batch / world,
+        };
+        let units: Vec<Vec<Tensor>> = (0..shape.layers + 2)
+            .map(|u| tensors::unit_tensors(&shape, u))
+            .collect();
+        let initial = match initial {
+            Some(path) => weights::load(path, &units)?,
+            None => (0..units.len())
+                .map(|u| tensors::initial_params(&units[u], training.seed, u))
+                .collect(),
+        };
+        let rows = shape.rows();
+        Ok(Gpt2 {
+            name: model.name.clone(),
+            shape,
+            hp: AdamW {
+                learning_rate: training.learning_rate,
+                beta1: training.betas[0],
+                beta2: training.betas[1],
+                eps: training.eps,
+                weight_decay: training.weight_decay,
+            },
+            global_batch,
+            rank,
+            world,
+            units,
+            initial,
+            tokens,
+            batch: Mutex::new((vec![0.0; rows], vec![0.0; rows])),
+        })
+    }
+
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    /// Every unit's tensors (names, shapes), in flat order.
+    pub fn tensors(&self) -> &[Vec<Tensor>] {
+        &self.units
+    }
+
+    fn head(&self) -> usize {
+        self.shape.layers + 1
+    }
+
+    /// 1 / (tokens in the global batch): the mean over every position.
+    fn loss_scale(&self) -> f32 {
+        1.0 / (self.global_batch * self.shape.seq) as f32
+    }
+
+    /// The output of unit `unit` (the next unit's input).
+    fn output(&self, layout: &Layout, unit: usize) -> Region {
+        let saved = layout.units[unit].saved;
+        if unit == 0 {
+            carve(
+                saved,
+                [self.shape.rows(), self.shape.rows() * self.shape.hidden],
+            )[1]
+        } else {
+            saved
+        }
+    }
+
+    fn wte(&self, params: Region) -> Region {
+        carve(params, [self.shape.vocab * self.shape.hidden])[0]
+    }
+
+    /// `decayed` flat ranges of unit `unit` as indices into this rank's persistent region.
+    fn local_decayed(&self, layout: &Layout, unit: usize) -> Vec<Range<usize>> {
+        let u = &layout.units[unit];
+        let global = tensors::decayed_ranges(&self.units[unit]);
+        if u.params.len == u.blocks * u.block_elements {
+            return global;
+        }
+        let shard = u.block_elements / self.world;
+        let mut local = Vec::new();
+        for j in 0..u.blocks {
+            let start = j * u.block_elements + self.rank * shard;
+            for r in &global {
+                let (a, b) = (r.start.max(start), r.end.min(start + shard));
+                if a < b {
+                    local.push(a - start + j * shard..b - start + j * shard);
+                }
+            }
+        }
+        local
+    }
+}
+
+impl Workload for Gpt2 {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn unit_count(&self) -> usize {
+        self.shape.layers + 2
+    }
+    fn unit_name(&self, unit: usize) -> String {
+        match unit {
+            0 => "embedding".into(),
+            u if u == self.head() => "head".into(),
+            u => format!("block.{u}"),
+        }
+    }
+    fn params(&self, unit: usize) -> usize {
+        self.units[unit].iter().map(Tensor::len).sum()
+    }
+    fn buffers(&self, unit: usize) -> UnitBuffers {
+        let s = &self.shape;
+        let (rows, c) = (s.rows(), s.hidden);
+        match unit {
+            0 => UnitBuffers {
+                saved: rows + rows * c,
+                ..UnitBuffers::default()
+            },
+            u if u == self.head() => {
+                let internals = s.head_internals().iter().sum();
+                UnitBuffers {
+                    saved: rows,
+                    internals,
+                    forward_workspace: internals,
+                    backward_workspace: rows * c,
+                    input_gradient: rows * c,
+                }
+            }
+            _ => {
+                let internals = s.block_internals().iter().sum();
+                UnitBuffers {
+                    saved: rows * c,
+                    internals,
+                    forward_workspace: internals,
+                    backward_workspace: s.block_workspace().iter().sum(),
+                    input_gradient: rows * c,
+                }
+            }
+        }
+    }
+    fn initial_params(&self, unit: usize) -> Result<Vec<f32>> {
+        Ok(self.initial[unit].clone())
+    }
+    fn borrows_params_of(&self, unit: usize) -> Option<usize> {
+        (unit == self.head()).then_some(0)
+    }
+}
+
+impl<B: Gpt2Kernels> Train<B> for Gpt2 {
+    fn forward(
+        &self,
+        backend: &B,
+        layout: &Layout,
+        unit: usize,
+        step: usize,
+        pass: Pass,
+    ) -> Result<()> {
+        let s = &self.shape;
+        let u = &layout.units[unit];
+        let params = match pass {
+            Pass::Forward => u.forward_params(),
+            Pass::Recompute => u.backward_params(),
+        };
+        let internals = u.forward_internals(pass);
+        match unit {
+            0 => {
+                let [tokens, out] = carve(u.saved, [s.rows(), s.rows() * s.hidden]);
+                if pass == Pass::Forward {
+                    let mut batch = self.batch.lock().expect("batch lock is never poisoned");
+                    let (inputs, targets) = &mut *batch;
+                    let (b, r, w) = (self.global_batch, self.rank, self.world);
+                    self.tokens
+                        .rank_batch(step, b, r, w, s.seq, inputs, targets);
+                    backend.upload(tokens, inputs)?;
+                }
+                backend.embedding_forward(s, params, tokens, out)
+            }
+            h if h == self.head() => {
+                if pass == Pass::Forward {
+                    let batch = self.batch.lock().expect("batch lock is never poisoned");
+                    backend.upload(u.saved, &batch.1)?;
+                }
+                // The lender's forward parameters stay until the head's backward (layout).
+                let wte = self.wte(layout.units[0].forward_params());
+                let x = self.output(layout, h - 1);
+                let scale = self.loss_scale();
+                backend.head_forward(s, params, wte, x, u.saved, internals, scale, step)
+            }
+            b => {
+                let x = self.output(layout, b - 1);
+                backend.block_forward(s, params, x, u.saved, internals)
+            }
+        }
+    }
+
+    fn backward(&self, backend: &B, layout: &Layout, unit: usize, _step: usize) -> Result<()> {
+        let s = &self.shape;
+        let u = &layout.units[unit];
+        let grad_out = |next: usize| {
+            layout.units[next]
+                .input_gradient
+                .expect("units after the first pass an input gradient")
+        };
+        let grad_in = || {
+            u.input_gradient
+                .expect("units after the first pass an input gradient")
+        };
+        match unit {
+            0 => {
+                let tokens = carve(u.saved, [s.rows()])[0];
+                backend.embedding_backward(s, tokens, grad_out(1), u.backward_grads())
+            }
+            h if h == self.head() => {
+                let lender = &layout.units[0];
+                let wte = self.wte(lender.forward_params());
+                let wte_grad = self.wte(lender.backward_grads());
+                backend.head_backward(
+                    s,
+                    u.backward_params(),
+                    wte,
+                    self.output(layout, h - 1),
+                    u.saved,
+                    u.backward_internals(),
+                    u.backward_grads(),
+                    wte_grad,
+                    grad_in(),
+                    u.backward_workspace,
+                    self.loss_scale(),
+                )
+            }
+            b => backend.block_backward(
+                s,
+                u.backward_params(),
+                self.output(layout, b - 1),
+                u.backward_internals(),
+                grad_out(b + 1),
+                u.backward_grads(),
+                grad_in(),
+                u.backward_workspace,
+            ),
+        }
+    }
+
+    fn optimize(&self, backend: &B, layout: &Layout, unit: usize, step: u32) -> Result<()> {
+        let u = &layout.units[unit];
+        let decayed = self.local_decayed(layout, unit);
+        backend.adamw(
+            u.params, u.grads, u.adam_m, u.adam_v, step, &self.hp, &decayed,
+        )
+    }
+}

@@ -1,0 +1,179 @@
+//! The MLP as a [`Workload`]: unit i saves its output (ReLU's mask is read from it), the first unit
+//! also the input batch, the last the targets; the last unit's backward workspace is the loss
+//! gradient. Nothing is recomputable (internals are empty), and the optimizer is Adam.
+
+use super::MlpSpec;
+use crate::Result;
+use crate::backend::{Backend, Region};
+use crate::layout::Layout;
+use crate::workload::{Pass, Train, UnitBuffers, Workload, carve};
+use std::sync::Mutex;
+
+/// The MLP trained by rank `rank` of `world` (each takes `batch_per_rank` samples of a step).
+pub struct Mlp {
+    spec: MlpSpec,
+    rank: usize,
+    world: usize,
+    teacher: Vec<f32>,
+    /// The step's batch: made at the first unit's forward, the targets uploaded at the last's.
+    batch: Mutex<(Vec<f32>, Vec<f32>)>,
+}
+
+impl Mlp {
+    pub fn new(spec: MlpSpec, rank: usize, world: usize) -> Mlp {
+        let rows = spec.batch_per_rank;
+        let dl = *spec.widths.last().expect("validated");
+        Mlp {
+            teacher: spec.teacher(),
+            batch: Mutex::new((vec![0.0; rows * spec.input], vec![0.0; rows * dl])),
+            spec,
+            rank,
+            world,
+        }
+    }
+
+    pub fn spec(&self) -> &MlpSpec {
+        &self.spec
+    }
+
+    /// The number of ranks it is trained on.
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    /// Elements of unit i's `saved` parts: output, input batch (first unit), targets (last).
+    fn saved_lens(&self, unit: usize) -> [usize; 3] {
+        let rows = self.spec.batch_per_rank;
+        let (din, dout) = self.spec.dims(unit);
+        let first = if unit == 0 { rows * din } else { 0 };
+        let last = if unit + 1 == self.spec.units() {
+            rows * dout
+        } else {
+            0
+        };
+        [rows * dout, first, last]
+    }
+
+    fn saved_parts(&self, saved: Region, unit: usize) -> [Region; 3] {
+        carve(saved, self.saved_lens(unit))
+    }
+
+    /// The input of unit i: the batch or the previous unit's output.
+    fn input(&self, layout: &Layout, unit: usize) -> Region {
+        if unit == 0 {
+            self.saved_parts(layout.units[0].saved, 0)[1]
+        } else {
+            self.saved_parts(layout.units[unit - 1].saved, unit - 1)[0]
+        }
+    }
+}
+
+impl Workload for Mlp {
+    fn name(&self) -> &str {
+        &self.spec.name
+    }
+    fn unit_count(&self) -> usize {
+        self.spec.units()
+    }
+    fn unit_name(&self, unit: usize) -> String {
+        self.spec.unit_name(unit)
+    }
+    fn params(&self, unit: usize) -> usize {
+        self.spec.params(unit)
+    }
+    fn buffers(&self, unit: usize) -> UnitBuffers {
+        let rows = self.spec.batch_per_rank;
+        let (din, dout) = self.spec.dims(unit);
+        let last = unit + 1 == self.spec.units();
+        UnitBuffers {
+            saved: self.saved_lens(unit).iter().sum(),
+            internals: 0,
+            forward_workspace: 0,
+            backward_workspace: if last { rows * dout } else { 0 },
+            input_gradient: if unit > 0 { rows * din } else { 0 },
+        }
+    }
+    fn initial_params(&self, unit: usize) -> Result<Vec<f32>> {
+        Ok(self.spec.initial_params(unit, self.spec.params(unit)))
+    }
+}
+
+impl<B: Backend> Train<B> for Mlp {
+    fn forward(
+        &self,
+        backend: &B,
+        layout: &Layout,
+        unit: usize,
+        step: usize,
+        pass: Pass,
+    ) -> Result<()> {
+        let u = &layout.units[unit];
+        let rows = self.spec.batch_per_rank;
+        let last = unit + 1 == self.spec.units();
+        if pass == Pass::Forward && (unit == 0 || last) {
+            let mut batch = self.batch.lock().expect("batch lock is never poisoned");
+            let (x, y) = &mut *batch;
+            if unit == 0 {
+                self.spec
+                    .batch(step, self.rank * rows, rows, &self.teacher, x, y);
+                backend.upload(self.input(layout, 0), x)?;
+            }
+            if last {
+                backend.upload(self.saved_parts(u.saved, unit)[2], y)?;
+            }
+        }
+        let params = match pass {
+            Pass::Forward => u.forward_params(),
+            Pass::Recompute => u.backward_params(),
+        };
+        let output = self.saved_parts(u.saved, unit)[0];
+        let input = self.input(layout, unit);
+        backend.linear_forward(
+            input,
+            params,
+            output,
+            rows,
+            self.spec.dims(unit),
+            self.spec.relu(unit),
+        )
+    }
+
+    fn backward(&self, backend: &B, layout: &Layout, unit: usize, step: usize) -> Result<()> {
+        let u = &layout.units[unit];
+        let rows = self.spec.batch_per_rank;
+        let [output, _, targets] = self.saved_parts(u.saved, unit);
+        let grad_out = if unit + 1 == self.spec.units() {
+            let dl = self.spec.dims(unit).1;
+            let scale = 1.0 / (self.world * rows * dl) as f32;
+            backend.mse_grad(output, targets, u.backward_workspace, scale, step)?;
+            u.backward_workspace
+        } else {
+            layout.units[unit + 1]
+                .input_gradient
+                .expect("units after the first pass an input gradient")
+        };
+        backend.linear_backward(
+            self.input(layout, unit),
+            u.backward_params(),
+            output,
+            grad_out,
+            u.backward_grads(),
+            u.input_gradient,
+            rows,
+            self.spec.dims(unit),
+            self.spec.relu(unit),
+        )
+    }
+
+    fn optimize(&self, backend: &B, layout: &Layout, unit: usize, step: u32) -> Result<()> {
+        let u = &layout.units[unit];
+        backend.adam(
+            u.params,
+            u.grads,
+            u.adam_m,
+            u.adam_v,
+            step,
+            self.spec.learning_rate,
+        )
+    }
+}

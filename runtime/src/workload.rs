@@ -1,0 +1,95 @@
+//! What the executor trains: a [`Workload`] says how many units a model has, their parameters and
+//! the buffers each unit's compute needs (so the layout and the profile count the same bytes), and
+//! [`Train`] runs a unit's forward, backward and optimizer step on a backend.
+//!
+//! Buffer roles, and when each is alive (DESIGN §3; slot names of the timeline):
+//!
+//! | buffer | elements | alive | profile field |
+//! |---|---|---|---|
+//! | `saved` | kept through recompute (the unit's output, data it was given) | F_i … B_i | `checkpoint_activation_bytes` = 4·saved |
+//! | `internals` | what the forward saves for the backward besides `saved` | F_i … B_i without recompute | `activation_bytes` = 4·(saved + internals) |
+//! | `recomputed` | the recomputation's copy of `saved` + `internals` | B_i with recompute | (the model's act_i at B_i) |
+//! | `forward_workspace` | transient forward buffers | F_i | `forward_workspace_bytes` |
+//! | `backward_workspace` | transient backward buffers | B_i | `backward_workspace_bytes`, with both gradients below |
+//! | `input_gradient` | dL/d(input) handed to unit i−1 | B_i and B_{i−1} | counted in ws_b of units i and i−1 |
+
+use crate::Result;
+use crate::backend::Backend;
+use crate::layout::Layout;
+
+/// Elements (f32) of one unit's activation and workspace buffers on one rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct UnitBuffers {
+    pub saved: usize,
+    pub internals: usize,
+    pub forward_workspace: usize,
+    pub backward_workspace: usize,
+    pub input_gradient: usize,
+}
+
+/// A model the runtime can train, as sizes.
+pub trait Workload: Sync {
+    fn name(&self) -> &str;
+    fn unit_count(&self) -> usize;
+    /// The profile's unit name.
+    fn unit_name(&self, unit: usize) -> String;
+    /// Ψ_i: the unit's flat parameter count.
+    fn params(&self, unit: usize) -> usize;
+    /// The unit's buffers on a rank.
+    fn buffers(&self, unit: usize) -> UnitBuffers;
+    /// The unit's initial flat parameters (Ψ_i entries, the same on every rank).
+    fn initial_params(&self, unit: usize) -> Result<Vec<f32>>;
+    /// The earlier unit whose full parameters this unit's compute also reads and whose gradient
+    /// it writes first (a tied output projection), if any.
+    fn borrows_params_of(&self, _unit: usize) -> Option<usize> {
+        None
+    }
+}
+
+/// Whether a forward is the step's own or the recomputation before a checkpointed backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    Forward,
+    Recompute,
+}
+
+/// A workload's compute on a backend. `layout` holds every unit's regions; the methods read and
+/// write only the regions of `unit` (and, for a borrowing unit, the lender's parameters and
+/// gradient).
+pub trait Train<B: Backend>: Workload {
+    /// F_i for data step `step` (or its recomputation into the `recomputed` buffer).
+    fn forward(
+        &self,
+        backend: &B,
+        layout: &Layout,
+        unit: usize,
+        step: usize,
+        pass: Pass,
+    ) -> Result<()>;
+    /// B_i: the full gradient of the unit's parameters and, past the first unit, of its input.
+    fn backward(&self, backend: &B, layout: &Layout, unit: usize, step: usize) -> Result<()>;
+    /// The optimizer step of the unit's persistent parameters (its shard, when sharded) after its
+    /// last reduction; `step` counts from 1.
+    fn optimize(&self, backend: &B, layout: &Layout, unit: usize, step: u32) -> Result<()>;
+}
+
+/// Consecutive sub-regions of `region` with the given lengths (what a unit's buffer holds, in
+/// order); the lengths must fit.
+pub fn carve<const K: usize>(
+    region: crate::backend::Region,
+    lens: [usize; K],
+) -> [crate::backend::Region; K] {
+    let mut offset = region.offset;
+    let parts = lens.map(|len| {
+        let r = crate::backend::Region { offset, len };
+        offset += len;
+        r
+    });
+    assert!(
+        offset <= region.offset + region.len,
+        "carving {} elements out of a {}-element region",
+        offset - region.offset,
+        region.len
+    );
+    parts
+}
