@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Rng, affine, random_schedule};
+use common::{Rng, affine, random_schedule, run};
 use shardplan_runtime::gpt2::Gpt2;
 use shardplan_runtime::gpt2::data::Tokens;
 use shardplan_runtime::layout::layout;
@@ -17,7 +17,7 @@ use shardplan_scheduler::model::ModelSpec;
 use shardplan_scheduler::plan::{Producer, Schedule, plan_with_prediction};
 use shardplan_scheduler::profile::{CommCurves, Profile};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 const STEPS: usize = 3;
 
@@ -55,25 +55,6 @@ fn profile(world: usize) -> Profile {
         Default::default(),
     )
     .unwrap()
-}
-
-fn run(world: usize, args: &[&str]) -> Output {
-    let bin = env!("CARGO_BIN_EXE_shardplan");
-    let mut cmd = if world == 1 {
-        Command::new(bin)
-    } else {
-        let mut c = Command::new("mpirun");
-        c.args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-np",
-            &world.to_string(),
-            bin,
-        ]);
-        c.env("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
-        c
-    };
-    cmd.args(args).output().expect("mpirun or shardplan starts")
 }
 
 struct Setup {

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Rng, affine, random_schedule};
+use common::{Rng, affine, random_schedule, run};
 use shardplan_runtime::layout::layout;
 use shardplan_runtime::measure::workload_profile;
 use shardplan_runtime::mlp::{Mlp, MlpSpec, max_relative_error, reference_training};
@@ -52,25 +52,6 @@ fn write_plan(dir: &Path, name: &str, profile: &Profile, schedule: &Schedule) ->
     let path = dir.join(format!("{name}.plan.toml"));
     plan.save(&path).unwrap();
     path
-}
-
-fn run(world: usize, args: &[&str]) -> Output {
-    let bin = env!("CARGO_BIN_EXE_shardplan");
-    let mut cmd = if world == 1 {
-        Command::new(bin)
-    } else {
-        let mut c = Command::new("mpirun");
-        c.args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-np",
-            &world.to_string(),
-            bin,
-        ]);
-        c.env("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
-        c
-    };
-    cmd.args(args).output().expect("mpirun or shardplan starts")
 }
 
 /// `shardplan run` of two steps on one rank (no mpirun).

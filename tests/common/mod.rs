@@ -221,3 +221,24 @@ pub fn random_schedule(rng: &mut Rng, profile: &Profile) -> Schedule {
         .expect("generated schedules are valid");
     schedule
 }
+
+/// Runs the binary on `world` ranks: directly for one, under `mpirun --oversubscribe` otherwise.
+pub fn run(world: usize, args: &[&str]) -> std::process::Output {
+    use std::process::Command;
+    let bin = env!("CARGO_BIN_EXE_shardplan");
+    let mut cmd = if world == 1 {
+        Command::new(bin)
+    } else {
+        let mut c = Command::new("mpirun");
+        c.args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            &world.to_string(),
+            bin,
+        ]);
+        c.env("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
+        c
+    };
+    cmd.args(args).output().expect("mpirun or shardplan starts")
+}
