@@ -256,7 +256,7 @@ fn bad_inputs_are_refused_naming_what_is_wrong() {
         .schedule;
     let (profile_path, plan) = s.save("ddp1", &p1, &ddp);
     let model = model_path();
-    let base = |extra: &[&str]| {
+    let run_model = |model: &Path, extra: &[&str]| {
         let mut args: Vec<String> = [
             "run",
             "--backend",
@@ -276,6 +276,7 @@ fn bad_inputs_are_refused_naming_what_is_wrong() {
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         run(1, &refs)
     };
+    let base = |extra: &[&str]| run_model(&model, extra);
     let check = |out: Output, fragment: &str| {
         let err = String::from_utf8_lossy(&out.stderr).to_string();
         assert_eq!(out.status.code(), Some(1), "{err}");
@@ -320,30 +321,26 @@ fn bad_inputs_are_refused_naming_what_is_wrong() {
     );
     assert!(!out_path.exists(), "nothing is written");
     let mut tensors = g.tensors().to_vec();
+    let mut shorter = params.clone();
     tensors[5].pop();
-    params[5].truncate(128);
-    let missing = write("missing.safetensors", &tensors, &params);
+    shorter[5].truncate(128);
+    let missing = write("missing.safetensors", &tensors, &shorter);
     check(
         base(&["--data", data, "--init-weights", missing.to_str().unwrap()]),
         "`transformer.ln_f.bias` is missing",
     );
+    let mut tensors = g.tensors().to_vec();
+    let mut extra = tensors[5][0].clone();
+    extra.name = "transformer.h.9.ln_1.weight".into();
+    tensors[5].push(extra);
+    params[5].extend(vec![1.0; 128]);
+    let unknown = write("unknown.safetensors", &tensors, &params);
+    check(
+        base(&["--data", data, "--init-weights", unknown.to_str().unwrap()]),
+        "`transformer.h.9.ln_1.weight` is not a parameter of this model",
+    );
     // A profile for another model.
     let mlp = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/mlp-small.toml");
-    let out = run(
-        1,
-        &[
-            "run",
-            "--backend",
-            "cpu",
-            "--profile",
-            profile_path.to_str().unwrap(),
-            "--plan",
-            plan.to_str().unwrap(),
-            "--model",
-            mlp.to_str().unwrap(),
-            "--steps",
-            "1",
-        ],
-    );
+    let out = run_model(&mlp, &[]);
     check(out, "another model");
 }

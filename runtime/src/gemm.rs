@@ -96,6 +96,44 @@ impl Gemm {
         }
     }
 
+    /// Computes C ← α·op(A)·op(B) + β·C on the host (fp32, `matrixmultiply`), with the strides
+    /// the storage above implies. One product (`batch` = 1); the slices must hold at least the
+    /// operands' elements.
+    pub fn host(&self, alpha: f32, a: &[f32], b: &[f32], beta: f32, c: &mut [f32]) {
+        let (m, n, k) = (self.m, self.n, self.k);
+        assert_eq!(self.batch, 1, "a host product is not batched");
+        let (a_len, b_len, c_len) = self.elements();
+        assert!(
+            a.len() >= a_len && b.len() >= b_len && c.len() >= c_len,
+            "operands of {}, {} and {} elements for a {m}×{n}×{k} product",
+            a.len(),
+            b.len(),
+            c.len()
+        );
+        let (rsa, csa) = if self.a_transposed { (1, m) } else { (k, 1) };
+        let (rsb, csb) = if self.b_transposed { (1, k) } else { (n, 1) };
+        // SAFETY: the lengths are asserted above; with these strides every index of op(A)
+        // (m × k), op(B) (k × n) and C (m × n) lies inside its dense row-major storage.
+        unsafe {
+            matrixmultiply::sgemm(
+                m,
+                k,
+                n,
+                alpha,
+                a.as_ptr(),
+                rsa as isize,
+                csa as isize,
+                b.as_ptr(),
+                rsb as isize,
+                csb as isize,
+                beta,
+                c.as_mut_ptr(),
+                n as isize,
+                1,
+            );
+        }
+    }
+
     /// The two backward products of C = op(A)·op(B) given dC, each written into the operand's
     /// own storage: dA = dC·op(B)ᵀ (or op(B)·dCᵀ when A is stored transposed) and
     /// dB = op(A)ᵀ·dC (or dCᵀ·op(A) when B is stored transposed). Each costs the forward FLOPs.

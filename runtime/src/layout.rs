@@ -22,6 +22,17 @@ use shardplan_scheduler::plan::Schedule;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::timeline::{Level, Op, Timeline};
 
+/// Where a unit keeps what its forward saves besides `saved`.
+#[derive(Debug, Clone, Copy)]
+pub enum Activations<R = Region> {
+    /// Without recompute: the internals buffer, alive from F_i to B_i.
+    Kept(R),
+    /// With recompute: a buffer of saved + internals elements alive at B_i only (what the model
+    /// counts); the recomputation writes its internals after the first `saved` elements and
+    /// rewrites `saved` itself with the same values.
+    Recomputed(R),
+}
+
 /// One unit's sizes and buffers; `R` is the buffer handle (an arena request index while the
 /// layout is built, a [`Region`] after packing).
 #[derive(Debug, Clone)]
@@ -39,10 +50,7 @@ pub struct UnitLayout<R = Region> {
     pub gathered_forward: Option<R>,
     pub gathered_backward: Option<R>,
     pub saved: R,
-    /// Without recompute.
-    pub internals: Option<R>,
-    /// With recompute.
-    pub recomputed: Option<R>,
+    pub activations: Activations<R>,
     pub forward_workspace: R,
     pub backward_workspace: R,
     pub input_gradient: Option<R>,
@@ -63,8 +71,10 @@ impl<R: Copy> UnitLayout<R> {
             gathered_forward: self.gathered_forward.map(&f),
             gathered_backward: self.gathered_backward.map(&f),
             saved: f(self.saved),
-            internals: self.internals.map(&f),
-            recomputed: self.recomputed.map(&f),
+            activations: match self.activations {
+                Activations::Kept(r) => Activations::Kept(f(r)),
+                Activations::Recomputed(r) => Activations::Recomputed(f(r)),
+            },
             forward_workspace: f(self.forward_workspace),
             backward_workspace: f(self.backward_workspace),
             input_gradient: self.input_gradient.map(&f),
@@ -90,25 +100,32 @@ impl UnitLayout {
         self.full_grad.unwrap_or(self.grads)
     }
 
+    /// The full parameters compute reads in a forward of `pass`: a recomputation runs at B_i.
+    pub fn params_for(&self, pass: Pass) -> Region {
+        match pass {
+            Pass::Forward => self.forward_params(),
+            Pass::Recompute => self.backward_params(),
+        }
+    }
+
     /// Where a forward of `pass` writes what it saves besides `saved`: the internals buffer; with
     /// recompute, the forward workspace in the step's own forward (nothing of it is kept) and the
     /// recomputed buffer past its copy of `saved` in the recomputation.
     pub fn forward_internals(&self, pass: Pass) -> Region {
-        match pass {
-            Pass::Forward => self.internals.unwrap_or(self.forward_workspace),
-            Pass::Recompute => self.backward_internals(),
+        match (self.activations, pass) {
+            (Activations::Recomputed(_), Pass::Forward) => self.forward_workspace,
+            _ => self.backward_internals(),
         }
     }
 
     /// Where the backward reads the internals.
     pub fn backward_internals(&self) -> Region {
-        match (self.internals, self.recomputed) {
-            (Some(internals), _) => internals,
-            (None, Some(r)) => Region {
+        match self.activations {
+            Activations::Kept(internals) => internals,
+            Activations::Recomputed(r) => Region {
                 offset: r.offset + self.saved.len,
                 len: r.len - self.saved.len,
             },
-            (None, None) => unreachable!("a unit has internals or a recomputed buffer"),
         }
     }
 }
@@ -122,6 +139,15 @@ pub struct Layout {
     pub regions: Vec<(Region, Request)>,
     /// The largest block, for the AllReduce scratch buffer.
     pub largest_block: usize,
+}
+
+impl Layout {
+    /// dL/d(output) of unit `unit` below the last: the next unit's input gradient.
+    pub fn output_gradient(&self, unit: usize) -> Region {
+        self.units[unit + 1]
+            .input_gradient
+            .expect("units after the first pass an input gradient")
+    }
 }
 
 /// Builds regions and lifetimes while walking the units.
@@ -265,18 +291,13 @@ pub fn layout(
         let saved = b.add(format!("{name} saved"), sizes.saved, |s| {
             (f..=bw).contains(&s)
         });
-        let internals = (!u.recompute).then(|| {
-            b.add(format!("{name} internals"), sizes.internals, |s| {
-                (f..=bw).contains(&s)
-            })
-        });
-        let recomputed = u.recompute.then(|| {
-            b.add(
-                format!("{name} recomputed"),
-                sizes.saved + sizes.internals,
-                |s| s == bw,
-            )
-        });
+        let activations = if u.recompute {
+            let elements = sizes.saved + sizes.internals;
+            Activations::Recomputed(b.add(format!("{name} recomputed"), elements, |s| s == bw))
+        } else {
+            let alive = |s: usize| (f..=bw).contains(&s);
+            Activations::Kept(b.add(format!("{name} internals"), sizes.internals, alive))
+        };
         let forward_workspace = b.add(
             format!("{name} forward workspace"),
             sizes.forward_workspace,
@@ -308,8 +329,7 @@ pub fn layout(
             gathered_forward,
             gathered_backward,
             saved,
-            internals,
-            recomputed,
+            activations,
             forward_workspace,
             backward_workspace,
             input_gradient,

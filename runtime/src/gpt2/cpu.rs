@@ -9,13 +9,8 @@ use crate::backend::{Collectives, CpuBackend, Region};
 use crate::workload::carve;
 use std::ops::Range;
 
-/// A block's parameters: ln1 w, b; qkv w, b; proj w, b; ln2 w, b; fc w, b; fc proj w, b.
 fn block_params(shape: &Shape, params: Region) -> [Region; 12] {
-    let (c, f) = (shape.hidden, shape.ffn);
-    carve(
-        params,
-        [c, c, c * 3 * c, 3 * c, c * c, c, c, c, c * f, f, f * c, c],
-    )
+    carve(params, shape.block_params())
 }
 
 impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
@@ -26,10 +21,7 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
         tokens: Region,
         out: Region,
     ) -> Result<()> {
-        let [wte, wpe] = carve(
-            params,
-            [shape.vocab * shape.hidden, shape.seq * shape.hidden],
-        );
+        let [wte, wpe] = carve(params, shape.embedding_params());
         let s = |r| &*self.slice(r);
         k::embedding_forward(
             s(tokens),
@@ -49,10 +41,7 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
         grad_out: Region,
         grads: Region,
     ) -> Result<()> {
-        let [wte, wpe] = carve(
-            grads,
-            [shape.vocab * shape.hidden, shape.seq * shape.hidden],
-        );
+        let [wte, wpe] = carve(grads, shape.embedding_params());
         let dwpe = self.slice(wpe);
         dwpe.fill(0.0);
         let (t, g) = (&*self.slice(tokens), &*self.slice(grad_out));

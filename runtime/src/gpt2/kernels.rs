@@ -6,6 +6,8 @@
 //! layer is `y = x·W + b`. Backward kernels *accumulate* into parameter gradients (callers zero
 //! them first) and *write* input gradients unless the name says `add`.
 
+use crate::gemm::Gemm;
+
 /// LayerNorm's ε (GPT-2's `layer_norm_epsilon`).
 pub const LN_EPS: f32 = 1e-5;
 
@@ -19,7 +21,6 @@ pub fn matmul_forward(
     din: usize,
     dout: usize,
 ) {
-    assert!(x.len() >= rows * din && w.len() >= din * dout && out.len() >= rows * dout);
     let beta = match b {
         Some(b) => {
             for r in out[..rows * dout].chunks_exact_mut(dout) {
@@ -29,26 +30,7 @@ pub fn matmul_forward(
         }
         None => 0.0,
     };
-    // SAFETY: bounds asserted above; x is rows×din (row stride din), W din×dout (row stride
-    // dout), out rows×dout.
-    unsafe {
-        matrixmultiply::sgemm(
-            rows,
-            din,
-            dout,
-            1.0,
-            x.as_ptr(),
-            din as isize,
-            1,
-            w.as_ptr(),
-            dout as isize,
-            1,
-            beta,
-            out.as_mut_ptr(),
-            dout as isize,
-            1,
-        );
-    }
+    Gemm::new(rows, dout, din).host(1.0, x, w, beta, out);
 }
 
 /// Backward of [`matmul_forward`]: `dx = dout·Wᵀ` (written), `dW += xᵀ·dout`, `db += Σ_rows dout`.
@@ -65,49 +47,11 @@ pub fn matmul_backward(
     dout_width: usize,
 ) {
     let n = dout_width;
-    assert!(dout.len() >= rows * n && x.len() >= rows * din && w.len() >= din * n);
-    assert!(dw.len() >= din * n);
+    let [input_grad, weight_grad] = Gemm::new(rows, n, din).backward();
     if let Some(dx) = dx {
-        assert!(dx.len() >= rows * din);
-        // SAFETY: dx (rows×din) = dout (rows×n) · Wᵀ (W din×n read with swapped strides).
-        unsafe {
-            matrixmultiply::sgemm(
-                rows,
-                n,
-                din,
-                1.0,
-                dout.as_ptr(),
-                n as isize,
-                1,
-                w.as_ptr(),
-                1,
-                n as isize,
-                0.0,
-                dx.as_mut_ptr(),
-                din as isize,
-                1,
-            );
-        }
+        input_grad.host(1.0, dout, w, 0.0, dx);
     }
-    // SAFETY: dW (din×n) += xᵀ (x rows×din read transposed) · dout (rows×n).
-    unsafe {
-        matrixmultiply::sgemm(
-            din,
-            rows,
-            n,
-            1.0,
-            x.as_ptr(),
-            1,
-            din as isize,
-            dout.as_ptr(),
-            n as isize,
-            1,
-            1.0,
-            dw.as_mut_ptr(),
-            n as isize,
-            1,
-        );
-    }
+    weight_grad.host(1.0, x, dout, 1.0, dw);
     if let Some(db) = db {
         for r in dout[..rows * n].chunks_exact(n) {
             db[..n].iter_mut().zip(r).for_each(|(g, d)| *g += d);
@@ -405,28 +349,7 @@ pub fn tied_logits(
     hidden: usize,
     vocab: usize,
 ) {
-    assert!(
-        x.len() >= rows * hidden && wte.len() >= vocab * hidden && logits.len() >= rows * vocab
-    );
-    // SAFETY: bounds asserted; wte (vocab×hidden) read transposed.
-    unsafe {
-        matrixmultiply::sgemm(
-            rows,
-            hidden,
-            vocab,
-            1.0,
-            x.as_ptr(),
-            hidden as isize,
-            1,
-            wte.as_ptr(),
-            1,
-            hidden as isize,
-            0.0,
-            logits.as_mut_ptr(),
-            vocab as isize,
-            1,
-        );
-    }
+    Gemm::linear(rows, hidden, vocab).host(1.0, x, wte, 0.0, logits);
 }
 
 /// Backward of [`tied_logits`]: `dx = dlogits·wte` (written), `dwte += dlogitsᵀ·x`.
@@ -441,44 +364,9 @@ pub fn tied_logits_backward(
     hidden: usize,
     vocab: usize,
 ) {
-    assert!(dlogits.len() >= rows * vocab && dx.len() >= rows * hidden);
-    assert!(wte.len() >= vocab * hidden && dwte.len() >= vocab * hidden);
-    // SAFETY: dx (rows×hidden) = dlogits (rows×vocab) · wte (vocab×hidden).
-    unsafe {
-        matrixmultiply::sgemm(
-            rows,
-            vocab,
-            hidden,
-            1.0,
-            dlogits.as_ptr(),
-            vocab as isize,
-            1,
-            wte.as_ptr(),
-            hidden as isize,
-            1,
-            0.0,
-            dx.as_mut_ptr(),
-            hidden as isize,
-            1,
-        );
-        // dwte (vocab×hidden) += dlogitsᵀ (read transposed) · x (rows×hidden).
-        matrixmultiply::sgemm(
-            vocab,
-            rows,
-            hidden,
-            1.0,
-            dlogits.as_ptr(),
-            1,
-            vocab as isize,
-            x.as_ptr(),
-            hidden as isize,
-            1,
-            1.0,
-            dwte.as_mut_ptr(),
-            hidden as isize,
-            1,
-        );
-    }
+    let [input_grad, weight_grad] = Gemm::linear(rows, hidden, vocab).backward();
+    input_grad.host(1.0, dlogits, wte, 0.0, dx);
+    weight_grad.host(1.0, dlogits, x, 1.0, dwte);
 }
 
 /// `torch.optim.AdamW`'s hyper-parameters.

@@ -28,6 +28,7 @@ use crate::{Error, Result};
 use data::Tokens;
 use kernels::{AdamW, AttentionShape};
 use shardplan_scheduler::model::{ModelSpec, Norm, PositionEmbedding, TrainingSpec};
+use shardplan_scheduler::timeline::Level;
 use std::ops::Range;
 use std::sync::Mutex;
 use tensors::Tensor;
@@ -57,6 +58,18 @@ impl Shape {
             hidden: self.hidden,
             heads: self.heads,
         }
+    }
+
+    /// Lengths of the embedding unit's flat parameters: wte, wpe (as [`tensors::unit_tensors`]).
+    pub fn embedding_params(&self) -> [usize; 2] {
+        [self.vocab * self.hidden, self.seq * self.hidden]
+    }
+
+    /// Lengths of a block's flat parameters: ln1 w, b; qkv w, b; proj w, b; ln2 w, b; fc w, b;
+    /// fc proj w, b (as [`tensors::unit_tensors`]).
+    pub fn block_params(&self) -> [usize; 12] {
+        let (c, f) = (self.hidden, self.ffn);
+        [c, c, c * 3 * c, 3 * c, c * c, c, c, c, c * f, f, f * c, c]
     }
 
     /// Lengths of a block's internals, in the order the module doc lists them.
@@ -308,14 +321,14 @@ impl Gpt2 {
     }
 
     fn wte(&self, params: Region) -> Region {
-        carve(params, [self.shape.vocab * self.shape.hidden])[0]
+        carve(params, self.shape.embedding_params())[0]
     }
 
     /// `decayed` flat ranges of unit `unit` as indices into this rank's persistent region.
     fn local_decayed(&self, layout: &Layout, unit: usize) -> Vec<Range<usize>> {
         let u = &layout.units[unit];
         let global = tensors::decayed_ranges(&self.units[unit]);
-        if u.params.len == u.blocks * u.block_elements {
+        if u.level == Level::None {
             return global;
         }
         let shard = u.block_elements / self.world;
@@ -399,10 +412,7 @@ impl<B: Gpt2Kernels> Train<B> for Gpt2 {
     ) -> Result<()> {
         let s = &self.shape;
         let u = &layout.units[unit];
-        let params = match pass {
-            Pass::Forward => u.forward_params(),
-            Pass::Recompute => u.backward_params(),
-        };
+        let params = u.params_for(pass);
         let internals = u.forward_internals(pass);
         match unit {
             0 => {
@@ -438,11 +448,6 @@ impl<B: Gpt2Kernels> Train<B> for Gpt2 {
     fn backward(&self, backend: &B, layout: &Layout, unit: usize, _step: usize) -> Result<()> {
         let s = &self.shape;
         let u = &layout.units[unit];
-        let grad_out = |next: usize| {
-            layout.units[next]
-                .input_gradient
-                .expect("units after the first pass an input gradient")
-        };
         let grad_in = || {
             u.input_gradient
                 .expect("units after the first pass an input gradient")
@@ -450,7 +455,7 @@ impl<B: Gpt2Kernels> Train<B> for Gpt2 {
         match unit {
             0 => {
                 let tokens = carve(u.saved, [s.rows()])[0];
-                backend.embedding_backward(s, tokens, grad_out(1), u.backward_grads())
+                backend.embedding_backward(s, tokens, layout.output_gradient(0), u.backward_grads())
             }
             h if h == self.head() => {
                 let lender = &layout.units[0];
@@ -475,7 +480,7 @@ impl<B: Gpt2Kernels> Train<B> for Gpt2 {
                 u.backward_params(),
                 self.output(layout, b - 1),
                 u.backward_internals(),
-                grad_out(b + 1),
+                layout.output_gradient(b),
                 u.backward_grads(),
                 grad_in(),
                 u.backward_workspace,

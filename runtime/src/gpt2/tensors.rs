@@ -124,3 +124,32 @@ pub fn initial_params(tensors: &[Tensor], seed: u64, unit: usize) -> Vec<f32> {
     }
     flat
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernels carve flat parameters with `Shape`'s lengths; they must be the tensors' own.
+    #[test]
+    fn kernel_lengths_are_the_tensors_lengths() {
+        let shape = Shape {
+            layers: 2,
+            hidden: 8,
+            heads: 2,
+            ffn: 24,
+            vocab: 11,
+            seq: 5,
+            batch: 1,
+        };
+        let lens = |unit| {
+            unit_tensors(&shape, unit)
+                .iter()
+                .map(Tensor::len)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(lens(0), shape.embedding_params());
+        assert_eq!(lens(1), shape.block_params());
+        assert_eq!(lens(2), shape.block_params());
+        assert_eq!(lens(3), [8, 8]);
+    }
+}

@@ -10,6 +10,8 @@
 
 mod train;
 
+use crate::gemm::Gemm;
+
 pub use train::Mlp;
 
 use crate::{Error, Result};
@@ -127,25 +129,7 @@ impl MlpSpec {
             }
         }
         let scale = 1.0 / (d0 as f32).sqrt();
-        // SAFETY: x is rows×d0, the teacher dl×d0 (read as its transpose), y rows×dl.
-        unsafe {
-            matrixmultiply::sgemm(
-                rows,
-                d0,
-                dl,
-                scale,
-                x.as_ptr(),
-                d0 as isize,
-                1,
-                teacher.as_ptr(),
-                1,
-                d0 as isize,
-                0.0,
-                y.as_mut_ptr(),
-                dl as isize,
-                1,
-            );
-        }
+        Gemm::linear(rows, d0, dl).host(scale, x, teacher, 0.0, y);
         y.iter_mut().for_each(|v| *v = v.tanh());
     }
 }
@@ -174,25 +158,7 @@ pub fn linear_forward(
     for r in 0..rows {
         out[r * dout..(r + 1) * dout].copy_from_slice(&bias[..dout]);
     }
-    // SAFETY: the slices hold rows×din, dout×din and rows×dout elements, as the strides say.
-    unsafe {
-        matrixmultiply::sgemm(
-            rows,
-            din,
-            dout,
-            1.0,
-            x.as_ptr(),
-            din as isize,
-            1,
-            w.as_ptr(),
-            1,
-            din as isize,
-            1.0,
-            out.as_mut_ptr(),
-            dout as isize,
-            1,
-        );
-    }
+    Gemm::linear(rows, din, dout).host(1.0, x, w, 1.0, out);
     if relu {
         out.iter_mut().for_each(|v| *v = v.max(0.0));
     }
@@ -221,48 +187,13 @@ pub fn linear_backward(
         });
     }
     let (gw, gb) = grads.split_at_mut(dout * din);
-    // SAFETY: dW (dout×din) = dZᵀ (dout×rows) · x (rows×din); the strides match the slices.
-    unsafe {
-        matrixmultiply::sgemm(
-            dout,
-            rows,
-            din,
-            1.0,
-            grad_out.as_ptr(),
-            1,
-            dout as isize,
-            x.as_ptr(),
-            din as isize,
-            1,
-            0.0,
-            gw.as_mut_ptr(),
-            din as isize,
-            1,
-        );
-    }
+    let [input_grad, weight_grad] = Gemm::linear(rows, din, dout).backward();
+    weight_grad.host(1.0, grad_out, x, 0.0, gw);
     for (j, g) in gb.iter_mut().take(dout).enumerate() {
         *g = (0..rows).map(|r| grad_out[r * dout + j]).sum();
     }
     if let Some(gx) = grad_in {
-        // SAFETY: dX (rows×din) = dZ (rows×dout) · W (dout×din).
-        unsafe {
-            matrixmultiply::sgemm(
-                rows,
-                dout,
-                din,
-                1.0,
-                grad_out.as_ptr(),
-                dout as isize,
-                1,
-                params.as_ptr(),
-                din as isize,
-                1,
-                0.0,
-                gx.as_mut_ptr(),
-                din as isize,
-                1,
-            );
-        }
+        input_grad.host(1.0, grad_out, params, 0.0, gx);
     }
 }
 

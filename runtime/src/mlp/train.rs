@@ -122,10 +122,7 @@ impl<B: Backend> Train<B> for Mlp {
                 backend.upload(self.saved_parts(u.saved, unit)[2], y)?;
             }
         }
-        let params = match pass {
-            Pass::Forward => u.forward_params(),
-            Pass::Recompute => u.backward_params(),
-        };
+        let params = u.params_for(pass);
         let output = self.saved_parts(u.saved, unit)[0];
         let input = self.input(layout, unit);
         backend.linear_forward(
@@ -148,9 +145,7 @@ impl<B: Backend> Train<B> for Mlp {
             backend.mse_grad(output, targets, u.backward_workspace, scale, step)?;
             u.backward_workspace
         } else {
-            layout.units[unit + 1]
-                .input_gradient
-                .expect("units after the first pass an input gradient")
+            layout.output_gradient(unit)
         };
         backend.linear_backward(
             self.input(layout, unit),
