@@ -1,6 +1,8 @@
 //! Command-line grammar (clap). Sizes accept `40GiB`, `512MiB`, `80GB` or plain bytes.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use shardplan_scheduler::baselines::BaselineKind;
+use shardplan_scheduler::sweep::Method;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -45,6 +47,26 @@ pub enum Command {
     Doctor(DoctorArgs),
 }
 
+impl Command {
+    /// Whether the command was asked for machine output (`--json`); errors follow it.
+    pub fn json(&self) -> bool {
+        match self {
+            Command::Profile(ProfileCommand::Analytic(a)) => a.json,
+            Command::Profile(ProfileCommand::Measure(a)) => a.json,
+            Command::Solve(a) => a.json,
+            Command::Sweep(a) => a.json,
+            Command::Export(ExportCommand::Fsdp2(a)) => a.json,
+            Command::Comm(CommCommand::Import(a)) => a.json,
+            Command::Run(a) => a.json,
+            Command::Baseline(a) => a.json,
+            Command::Simulate(a) => a.json,
+            Command::Inspect(a) => a.json,
+            Command::Demo(a) => a.json,
+            Command::Doctor(_) => false,
+        }
+    }
+}
+
 #[derive(Subcommand, Debug)]
 pub enum ProfileCommand {
     /// Analytic profile from a model spec and a hardware spec.
@@ -59,6 +81,81 @@ pub fn bytes_arg(text: &str) -> Result<u64, String> {
     shardplan_scheduler::size::parse_bytes(text)
 }
 
+/// A number for clap that must be finite and within `range` (`what` says the range in words).
+fn number_in(
+    text: &str,
+    range: impl std::ops::RangeBounds<f64>,
+    what: &str,
+) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && range.contains(&v) => Ok(v),
+        _ => Err(format!("expected {what}, got `{text}`")),
+    }
+}
+
+/// Seconds > 0 (time limits, timeouts).
+fn seconds_arg(text: &str) -> Result<f64, String> {
+    number_in(
+        text,
+        f64::MIN_POSITIVE..=1e9,
+        "a positive number of seconds",
+    )
+}
+
+/// A relative MIP gap in [0, 1).
+fn gap_arg(text: &str) -> Result<f64, String> {
+    number_in(text, 0.0..1.0, "a relative gap in [0, 1)")
+}
+
+/// A model FLOP utilisation in (0, 1].
+fn mfu_arg(text: &str) -> Result<f64, String> {
+    number_in(text, f64::MIN_POSITIVE..=1.0, "a utilisation in (0, 1]")
+}
+
+/// κ, a finite slowdown factor ≥ 0.
+fn slowdown_arg(text: &str) -> Result<f64, String> {
+    number_in(text, 0.0..=1e6, "a finite number >= 0")
+}
+
+/// The caps of a sweep: `LOW..HIGH` (spread over --points) or a list.
+#[derive(Debug, Clone)]
+pub enum CapsArg {
+    Range { low: u64, high: u64 },
+    List(Vec<u64>),
+}
+
+fn caps_arg(text: &str) -> Result<CapsArg, String> {
+    if let Some((low, high)) = text.split_once("..") {
+        let (low, high) = (bytes_arg(low)?, bytes_arg(high)?);
+        if low >= high {
+            return Err(format!("LOW..HIGH with LOW < HIGH, got `{text}`"));
+        }
+        return Ok(CapsArg::Range { low, high });
+    }
+    let mut caps = text
+        .split(',')
+        .map(bytes_arg)
+        .collect::<Result<Vec<u64>, String>>()?;
+    caps.sort_unstable();
+    caps.dedup();
+    Ok(CapsArg::List(caps))
+}
+
+/// The methods of a sweep, comma-separated.
+#[derive(Debug, Clone)]
+pub struct MethodsArg(pub Vec<Method>);
+
+fn methods_arg(text: &str) -> Result<MethodsArg, String> {
+    let mut methods = Vec::new();
+    for name in text.split(',') {
+        let method: Method = name.trim().parse()?;
+        if !methods.contains(&method) {
+            methods.push(method);
+        }
+    }
+    Ok(MethodsArg(methods))
+}
+
 #[derive(Args, Debug)]
 pub struct AnalyticArgs {
     /// Model spec, e.g. models/llama2-7b.toml.
@@ -70,13 +167,13 @@ pub struct AnalyticArgs {
     /// Data-parallel world size N (above 8: multi-node).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub world_size: u32,
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1 << 16))]
     pub micro_batch: u64,
     /// Sequence length; defaults to the model's.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1 << 24))]
     pub seq_len: Option<u64>,
     /// Model FLOP utilisation in (0, 1].
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = 0.5, value_parser = mfu_arg)]
     pub mfu: f64,
     #[arg(long, value_enum, default_value_t = AttentionArg::Flash)]
     pub attention: AttentionArg,
@@ -93,7 +190,7 @@ pub struct AnalyticArgs {
     #[arg(long, value_parser = bytes_arg)]
     pub block_size: Option<u64>,
     /// Overlap slowdown κ (compute µs lost per µs of concurrent communication).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = slowdown_arg)]
     pub overlap_slowdown: f64,
     /// Hardware catalog; defaults to the bundled models/hardware.toml.
     #[arg(long)]
@@ -115,8 +212,8 @@ pub struct BaselineArgs {
     #[arg(long)]
     pub profile: PathBuf,
     /// ddp, zero2, fsdp1, fsdp2, zero3 or best-grid.
-    #[arg(long)]
-    pub kind: String,
+    #[arg(long, value_parser = str::parse::<BaselineKind>)]
+    pub kind: BaselineKind,
     /// Activation checkpointing for every unit.
     #[arg(long)]
     pub checkpoint: bool,
@@ -185,10 +282,10 @@ pub struct SolveArgs {
     #[arg(long)]
     pub out: PathBuf,
     /// Seconds HiGHS may spend (all phases together).
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, default_value_t = 60.0, value_parser = seconds_arg)]
     pub time_limit: f64,
     /// Relative MIP gap at which to stop.
-    #[arg(long, default_value_t = 1e-4)]
+    #[arg(long, default_value_t = 1e-4, value_parser = gap_arg)]
     pub gap: f64,
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: u32,
@@ -216,20 +313,20 @@ pub struct SweepArgs {
     pub profile: PathBuf,
     /// `LOW..HIGH` (e.g. 20GiB..80GiB, with --points) or a list (24GiB,32GiB,48GiB). Default: from
     /// the smallest feasible cap to the peak of the fastest unconstrained plan.
-    #[arg(long)]
-    pub caps: Option<String>,
-    #[arg(long, default_value_t = 20)]
-    pub points: usize,
+    #[arg(long, value_parser = caps_arg)]
+    pub caps: Option<CapsArg>,
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub points: u64,
     #[arg(long)]
     pub out_dir: PathBuf,
-    /// Comma-separated: ilp, ddp, zero2, fsdp1, fsdp2, zero3, best-grid.
-    #[arg(long, default_value_t = crate::commands::all_methods())]
-    pub methods: String,
+    /// Comma-separated: ilp, ddp, zero2, fsdp1, fsdp2, zero3, best-grid (default: all of them).
+    #[arg(long, value_parser = methods_arg)]
+    pub methods: Option<MethodsArg>,
     /// Seconds per ILP solve.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = seconds_arg)]
     pub time_limit: f64,
     /// Relative MIP gap at which each solve stops.
-    #[arg(long, default_value_t = 1e-3)]
+    #[arg(long, default_value_t = 1e-3, value_parser = gap_arg)]
     pub gap: f64,
     #[arg(long)]
     pub json: bool,
@@ -261,10 +358,10 @@ pub struct MeasureArgs {
     #[arg(long)]
     pub device: Option<String>,
     /// Transformer micro-batch.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1 << 16))]
     pub micro_batch: u64,
     /// Transformer sequence length; defaults to the model's.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1 << 24))]
     pub seq_len: Option<u64>,
     /// Largest collective message to time.
     #[arg(long, default_value = "64MiB", value_parser = bytes_arg)]
@@ -323,7 +420,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub compare_reference: bool,
     /// Seconds any stream may wait for another or for a peer before the run fails.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, default_value_t = 30.0, value_parser = seconds_arg)]
     pub timeout: f64,
     #[arg(long)]
     pub json: bool,
@@ -374,6 +471,9 @@ pub struct ExportFsdp2Args {
     pub profile: PathBuf,
     #[arg(long)]
     pub out: PathBuf,
+    /// Export a plan whose simulated peak is above its own memory cap.
+    #[arg(long)]
+    pub force: bool,
     #[arg(long)]
     pub json: bool,
 }

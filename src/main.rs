@@ -1,29 +1,42 @@
 //! `shardplan`: plans and evaluates the communication of sharded data-parallel training.
 //!
-//! Exit codes: 0 success, 1 bad input or failure, 2 usage error, 3 no plan fits the memory cap.
+//! Exit codes (see `failure`): 0 success, 1 a failure while working, 2 bad input or usage,
+//! 3 no plan fits the memory cap.
 
 mod cli;
 mod commands;
+mod failure;
 mod output;
 mod plots;
 
 use clap::Parser;
+use failure::Failure;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let args = cli::Cli::parse();
+    let args = match cli::Cli::try_parse() {
+        Ok(args) => args,
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            let json = std::env::args_os().any(|a| a == "--json");
+            if json {
+                Failure::usage(&e).report(true);
+                return ExitCode::from(2);
+            }
+            e.exit()
+        }
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .init();
+    let json = args.command.json();
     match commands::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
-            let infeasible = e
-                .downcast_ref::<shardplan_scheduler::Error>()
-                .is_some_and(|e| matches!(e, shardplan_scheduler::Error::Infeasible(_)));
-            ExitCode::from(if infeasible { 3 } else { 1 })
+            let failure = Failure::of(&e);
+            failure.report(json);
+            ExitCode::from(failure.code)
         }
     }
 }

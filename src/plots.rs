@@ -58,12 +58,12 @@ type UnitCount = fn(&SweepRow) -> usize;
 /// A chart over (cap in GiB) × (value).
 type Frame<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
 
-/// Smallest and largest of some values.
-fn extent(values: impl Iterator<Item = f64> + Clone) -> (f64, f64) {
-    (
-        values.clone().fold(f64::INFINITY, f64::min),
-        values.fold(f64::NEG_INFINITY, f64::max),
-    )
+/// Smallest and largest of some values; None when there are none (an axis needs a finite range:
+/// plotters never finishes placing ticks on an infinite one).
+fn extent(values: impl Iterator<Item = f64> + Clone) -> Option<(f64, f64)> {
+    let low = values.clone().fold(f64::INFINITY, f64::min);
+    let high = values.fold(f64::NEG_INFINITY, f64::max);
+    (low.is_finite() && high.is_finite()).then_some((low, high))
 }
 
 /// Title, axes with their units and the mesh, shared by both charts.
@@ -113,13 +113,15 @@ fn draw_times<DB: DrawingBackend>(
     rows: &[SweepRow],
     methods: &[String],
 ) -> Drawn<DB> {
-    let caps = extent(rows.iter().map(|r| r.cap_bytes as f64 / GIB));
+    let caps = extent(rows.iter().map(|r| r.cap_bytes as f64 / GIB)).unwrap_or((0.0, 1.0));
+    // No method fits any cap: an empty time axis.
     let (y0, y1) = extent(
         rows.iter()
             .filter_map(|r| r.iteration_time_us)
             .map(|t| t / 1e6),
-    );
-    let pad = ((y1 - y0) * 0.08).max(y1 * 0.01);
+    )
+    .unwrap_or((0.0, 1.0));
+    let pad = ((y1 - y0) * 0.08).max(y1 * 0.01).max(1e-9);
     let mut chart = frame(
         root,
         title,
@@ -162,7 +164,7 @@ fn draw_levels<DB: DrawingBackend>(
         .iter()
         .filter(|r| r.method == "ilp" && r.feasible)
         .collect();
-    let caps = extent(ilp.iter().map(|r| r.cap_bytes as f64 / GIB));
+    let caps = extent(ilp.iter().map(|r| r.cap_bytes as f64 / GIB)).unwrap_or((0.0, 1.0));
     let mut chart = frame(root, title, caps, 0.0..100.0, "share of units (%)")?;
     let share = |r: &SweepRow, n: usize| {
         100.0 * n as f64 / (r.units_none + r.units_sdp + r.units_fsdp).max(1) as f64
@@ -239,13 +241,14 @@ fn render(dir: &Path, stem: &str, chart: &Chart) -> anyhow::Result<()> {
     result
 }
 
-/// Writes sweep.{svg,png} and levels.{svg,png} into `dir`.
+/// Writes sweep.{svg,png} into `dir`, and levels.{svg,png} when the ILP found a plan at some cap;
+/// returns the names of the files written.
 pub fn write_charts(
     dir: &Path,
     profile_name: &str,
     rows: &[SweepRow],
     methods: &[String],
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<&'static str>> {
     register_font()?;
     render(
         dir,
@@ -256,6 +259,9 @@ pub fn write_charts(
             methods,
         },
     )?;
+    if !rows.iter().any(|r| r.method == "ilp" && r.feasible) {
+        return Ok(vec!["sweep.svg", "sweep.png"]);
+    }
     render(
         dir,
         "levels",
@@ -263,5 +269,6 @@ pub fn write_charts(
             title: format!("{profile_name}: ILP level mix vs memory cap"),
             rows,
         },
-    )
+    )?;
+    Ok(vec!["sweep.svg", "sweep.png", "levels.svg", "levels.png"])
 }

@@ -180,7 +180,7 @@ fn usage_errors_exit_2() {
 }
 
 #[test]
-fn bad_inputs_exit_1_with_one_line_naming_file_and_field() {
+fn bad_inputs_exit_2_with_one_line_naming_file_and_field() {
     let dir = tempfile::tempdir().unwrap();
     let profile = analytic(dir.path(), "gpt2-small", "8");
     let out = path(dir.path(), "never.toml");
@@ -197,7 +197,7 @@ fn bad_inputs_exit_1_with_one_line_naming_file_and_field() {
     };
 
     let (code, msg) = ddp_baseline("missing.toml");
-    assert_eq!((code, msg.lines().count()), (1, 1), "{msg}");
+    assert_eq!((code, msg.lines().count()), (2, 1), "{msg}");
     assert!(msg.contains("missing.toml: cannot read"), "{msg}");
 
     let (code, msg) = fails(&[
@@ -212,14 +212,14 @@ fn bad_inputs_exit_1_with_one_line_naming_file_and_field() {
         "--out",
         &out,
     ]);
-    assert_eq!(code, 1);
+    assert_eq!(code, 2);
     assert!(msg.contains("h100-sxm") && msg.contains("tpu-v9"), "{msg}");
 
     let text = std::fs::read_to_string(&profile).unwrap();
     let broken = path(dir.path(), "broken.toml");
     std::fs::write(&broken, text.replacen("forward_us = ", "forward_us = -", 2)).unwrap();
     let (code, msg) = ddp_baseline(&broken);
-    assert_eq!(code, 1);
+    assert_eq!(code, 2);
     assert!(
         msg.contains("broken.toml") && msg.contains("units[1].forward_us"),
         "{msg}"
@@ -231,7 +231,7 @@ fn bad_inputs_exit_1_with_one_line_naming_file_and_field() {
     )
     .unwrap();
     let (code, msg) = ddp_baseline(&broken);
-    assert_eq!(code, 1);
+    assert_eq!(code, 2);
     assert!(
         msg.contains("field `block_size_bytes`") && msg.contains("at most 100000 blocks"),
         "{msg}"
@@ -239,7 +239,7 @@ fn bad_inputs_exit_1_with_one_line_naming_file_and_field() {
 
     std::fs::write(&broken, text.replacen("params = ", "parameters = ", 1)).unwrap();
     let (code, msg) = ddp_baseline(&broken);
-    assert_eq!(code, 1);
+    assert_eq!(code, 2);
     assert!(
         msg.contains("broken.toml:") && msg.contains("parameters"),
         "{msg}"
@@ -254,7 +254,7 @@ fn bad_inputs_exit_1_with_one_line_naming_file_and_field() {
         "--out",
         &out,
     ]);
-    assert_eq!(code, 1);
+    assert_eq!(code, 2);
     assert!(msg.contains("zero4") && msg.contains("best-grid"), "{msg}");
     assert!(!Path::new(&out).exists(), "a failed command left an output");
 }
@@ -277,7 +277,7 @@ fn plans_are_bound_to_their_profile_and_checked_against_the_rules() {
     ]);
 
     let (code, msg) = fails(&["simulate", "--profile", &other, "--plan", &plan]);
-    assert_eq!(code, 1);
+    assert_eq!(code, 2);
     assert!(msg.contains("made for profile sha256:"), "{msg}");
 
     // Move block.3's gather onto its own forward slot: outside its window.
@@ -289,7 +289,7 @@ fn plans_are_bound_to_their_profile_and_checked_against_the_rules() {
     let bad_path = path(dir.path(), "bad.toml");
     std::fs::write(&bad_path, bad).unwrap();
     let (code, msg) = fails(&["simulate", "--profile", &small, "--plan", &bad_path]);
-    assert_eq!(code, 1);
+    assert_eq!(code, 2);
     assert!(
         msg.contains("unit 4 `block.3`")
             && msg.contains("AG at F4")
@@ -300,7 +300,7 @@ fn plans_are_bound_to_their_profile_and_checked_against_the_rules() {
     let unknown_slot = text.replacen("[[\"", "[[\"Q", 1);
     std::fs::write(&bad_path, unknown_slot).unwrap();
     let (code, msg) = fails(&["simulate", "--profile", &small, "--plan", &bad_path]);
-    assert_eq!(code, 1);
+    assert_eq!(code, 2);
     assert!(
         msg.contains("bad.toml:") && msg.contains("F<i>, B<i> or E"),
         "{msg}"
@@ -413,5 +413,5 @@ fn solve_reports_its_claim_and_explains_infeasible_caps_and_ceilings() {
     assert!(msg.contains("iteration-time ceiling of 0.001 ms"), "{msg}");
     assert!(!Path::new(&never).exists());
     let (code, _) = fails(&["solve", "--profile", &profile, "--out", &never]);
-    assert_eq!(code, 1, "the time objective needs a cap");
+    assert_eq!(code, 2, "the time objective needs a cap");
 }

@@ -279,7 +279,7 @@ fn bad_inputs_are_refused_naming_what_is_wrong() {
     let base = |extra: &[&str]| run_model(&model, extra);
     let check = |out: Output, fragment: &str| {
         let err = String::from_utf8_lossy(&out.stderr).to_string();
-        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert_eq!(out.status.code(), Some(2), "{err}");
         assert!(err.contains(fragment), "expected `{fragment}` in: {err}");
     };
     // No data, and a file shorter than one sequence and its targets.

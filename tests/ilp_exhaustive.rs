@@ -1,11 +1,14 @@
 //! The ILP's optimum equals an exhaustive search over every valid schedule of tiny instances
 //! (≤ 3 units, ≤ 2 blocks per unit, N ∈ {2, 4, 8}, κ ∈ {0, 0.1}, recompute on and off), at caps
-//! from infeasible through tight to loose. The search judges schedules with the simulator only.
+//! from infeasible through tight to loose, at caps equal (to the byte, rounded up) to plans'
+//! peaks, and at the smallest feasible cap an infeasible solve reports. The search judges
+//! schedules with the simulator only.
 
 mod common;
 
 use common::{Rng, random_profile};
 use shardplan_scheduler::Error;
+use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::ilp::{Objective, SolveOptions, solve};
 use shardplan_scheduler::plan::{Launch, Schedule, UnitSchedule};
 use shardplan_scheduler::profile::Profile;
@@ -134,21 +137,36 @@ fn enumerate(profile: &Profile, recompute: bool) -> Vec<(f64, f64)> {
     }
 }
 
-/// Caps between distinct peaks (never on one, so the ILP's 1e-8 relative margin cannot matter):
-/// below the smallest, tight above it, a middle one and above the largest.
+/// Whole-byte caps: below the smallest peak, between distinct peaks (tight above the smallest, a
+/// third and two thirds up), above the largest, and on peaks themselves (the smallest, the
+/// median, the largest, rounded up to a byte: a plan peaking exactly at the cap fits).
 fn caps(results: &[(f64, f64)]) -> Vec<f64> {
     let mut peaks: Vec<f64> = results.iter().map(|r| r.1).collect();
     peaks.sort_by(f64::total_cmp);
     peaks.dedup_by(|a, b| (*a - *b).abs() < 1e-3);
-    let between = |k: usize| (peaks[k] + peaks[k + 1]) / 2.0;
-    let mut caps = vec![peaks[0] * 0.98];
+    let between = |k: usize| ((peaks[k] + peaks[k + 1]) / 2.0).floor();
+    let mut caps = vec![(peaks[0] * 0.98).floor()];
     if peaks.len() > 1 {
         let last = peaks.len() - 2;
         caps.extend([between(0), between(last / 3), between(2 * last / 3)]);
     }
-    caps.push(peaks[peaks.len() - 1] * 1.01 + 1.0);
+    caps.push((peaks[peaks.len() - 1] * 1.01 + 1.0).floor());
+    let on = [0, peaks.len() / 2, peaks.len() - 1].map(|k| peaks[k].ceil());
+    caps.extend(on);
+    caps.sort_by(f64::total_cmp);
     caps.dedup();
     caps
+}
+
+/// The smallest feasible cap an infeasible solve names: `(N bytes)`.
+fn reported_minimum(message: &str) -> u64 {
+    let end = message
+        .find(" bytes)")
+        .expect("the message names a cap in bytes");
+    let start = message[..end].rfind('(').expect("an opening parenthesis") + 1;
+    message[start..end]
+        .parse()
+        .expect("a whole number of bytes")
 }
 
 #[test]
@@ -168,8 +186,6 @@ fn ilp_optimum_equals_exhaustive_search() {
         instances += 1;
         schedules += results.len();
         for cap in caps(&results) {
-            // The solver takes whole bytes.
-            let cap = cap.floor();
             let best = results
                 .iter()
                 .filter(|r| r.1 <= cap)
@@ -212,6 +228,26 @@ fn ilp_optimum_equals_exhaustive_search() {
                         msg.contains(&format!("({} bytes)", smallest.ceil() as u64)),
                         "seed {seed}: {msg} (smallest peak {smallest})"
                     );
+                    // Given back, the reported minimum is feasible and gives its optimum.
+                    let minimum = reported_minimum(&msg);
+                    let at_minimum = results
+                        .iter()
+                        .filter(|r| r.1 <= minimum as f64)
+                        .map(|r| r.0)
+                        .fold(f64::INFINITY, f64::min);
+                    let solved = solve(
+                        &profile,
+                        &SolveOptions {
+                            memory_cap_bytes: Some(minimum),
+                            ..options.clone()
+                        },
+                    )
+                    .unwrap_or_else(|e| panic!("seed {seed}: the reported minimum {minimum}: {e}"));
+                    let t = solved.report.objective;
+                    assert!(
+                        (t - at_minimum).abs() <= 1e-6 * at_minimum,
+                        "seed {seed} at the reported minimum {minimum}: ILP {t}, exhaustive {at_minimum}"
+                    );
                 }
                 Err(e) => panic!("seed {seed} cap {cap}: {e}"),
             }
@@ -221,7 +257,91 @@ fn ilp_optimum_equals_exhaustive_search() {
         "{instances} instances, {schedules} schedules enumerated, {solves} solves, {infeasible} infeasible caps"
     );
     assert!(
-        instances >= 30 && infeasible >= instances && solves >= 3 * instances,
+        instances >= 30 && infeasible >= instances && solves >= 5 * instances,
         "{instances} instances, {solves} solves, {infeasible} infeasible"
     );
+}
+
+/// For every baseline plan P (checkpointing off and on) of random small profiles, a solve capped
+/// at P's peak (rounded up to a byte) finds a plan at least as fast as P.
+#[test]
+fn a_cap_equal_to_a_baselines_peak_admits_that_baseline() {
+    let mut checked = 0;
+    for seed in 0..12u64 {
+        let mut rng = Rng(seed * 104729 + 3);
+        let profile = random_profile(
+            &mut rng,
+            2 + (seed % 3) as usize,
+            0.05 * (seed % 2) as f64,
+            4000,
+        );
+        for kind in BaselineKind::ALL {
+            for checkpoint in [false, true] {
+                let Ok(plan) = baseline(&profile, kind, checkpoint, None) else {
+                    continue;
+                };
+                let cap = plan.simulation.peak_memory_bytes.ceil() as u64;
+                let options = SolveOptions {
+                    memory_cap_bytes: Some(cap),
+                    relative_gap: 0.0,
+                    objective: Objective::Time,
+                    ..SolveOptions::default()
+                };
+                let solved = solve(&profile, &options).unwrap_or_else(|e| {
+                    panic!(
+                        "seed {seed} {} (ckpt {checkpoint}) at its peak {cap}: {e}",
+                        kind.name()
+                    )
+                });
+                let (t, p) = (solved.report.objective, plan.simulation.iteration_time_us);
+                assert!(
+                    t <= p * (1.0 + 1e-9),
+                    "seed {seed} {} (ckpt {checkpoint}) at its peak {cap}: ILP {t} > baseline {p}",
+                    kind.name()
+                );
+                assert!(solved.simulation.peak_memory_bytes <= cap as f64);
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 100, "{checked} baseline plans checked");
+}
+
+/// A solve limited to window depth 1 returns a plan within depth 1 — never a warm start (a
+/// baseline launching its gathers earlier) from outside the limit — and says so.
+#[test]
+fn a_limited_search_returns_a_plan_within_its_limit() {
+    for seed in 0..40u64 {
+        let mut rng = Rng(seed * 15485863 + 5);
+        let profile = random_profile(&mut rng, 4, 0.0, 40_000);
+        // At fsdp2's peak its plan (gathers prefetched one slot early) is a warm start.
+        let fsdp2 = baseline(&profile, BaselineKind::Fsdp2, false, None).unwrap();
+        let options = SolveOptions {
+            memory_cap_bytes: Some(fsdp2.simulation.peak_memory_bytes.ceil() as u64),
+            prefetch_depth: Some(1),
+            reduction_depth: Some(1),
+            ..SolveOptions::default()
+        };
+        let solved = solve(&profile, &options).unwrap();
+        assert_eq!(solved.report.window_depth, Some(1), "seed {seed}");
+        let timeline = Timeline::new(profile.unit_count());
+        for (unit, u) in solved.schedule.units.iter().enumerate() {
+            for (op, launches) in &u.launches {
+                let window = timeline.window(unit, op.window_kind());
+                for launch in launches {
+                    let pos = window.position(launch.slot).unwrap();
+                    let inside = if op.is_reduction() {
+                        pos == 0
+                    } else {
+                        pos + 1 == window.len
+                    };
+                    assert!(
+                        inside,
+                        "seed {seed}: unit {unit} {op:?} at {} outside depth 1",
+                        launch.slot
+                    );
+                }
+            }
+        }
+    }
 }

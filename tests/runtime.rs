@@ -253,7 +253,7 @@ fn mismatched_runs_are_refused_before_any_step() {
         plan,
     } = two_ranks(dir.path(), BaselineKind::Zero2);
     let out = run_two_steps(&profile_path, &plan, &model);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     let msg = String::from_utf8_lossy(&out.stderr);
     assert!(
         msg.contains("the plan is for 2 ranks, this run has 1") && msg.contains("mpirun -np 2"),
@@ -274,7 +274,7 @@ fn mismatched_runs_are_refused_before_any_step() {
     .save(&other)
     .unwrap();
     let out = run_two_steps(&other, &plan, &model);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("made for profile"),
         "{}",

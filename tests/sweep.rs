@@ -6,7 +6,9 @@ mod common;
 use common::zoo_profile;
 use shardplan_scheduler::baselines::BaselineKind;
 use shardplan_scheduler::ilp::SolveOptions;
-use shardplan_scheduler::sweep::{SweepRow, best_baseline_row, cap_range, even_caps, ilp_rows};
+use shardplan_scheduler::sweep::{
+    Method, SweepRow, best_baseline_row, cap_range, even_caps, ilp_rows,
+};
 use std::process::Command;
 
 fn shardplan(args: &[&str]) -> std::process::Output {
@@ -138,7 +140,7 @@ fn sweep_rejects_bad_caps_and_methods() {
         "--out-dir",
         "/tmp/never",
     ]);
-    assert_eq!(bad.status.code(), Some(1));
+    assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("LOW < HIGH"));
     let bad = shardplan(&[
         "sweep",
@@ -149,7 +151,7 @@ fn sweep_rejects_bad_caps_and_methods() {
         "--out-dir",
         "/tmp/never",
     ]);
-    assert_eq!(bad.status.code(), Some(1));
+    assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("zero9"));
 }
 
@@ -162,7 +164,7 @@ fn ilp_beats_every_fitting_baseline_and_never_slows_as_the_cap_grows() {
             relative_gap: 1e-3,
             ..SolveOptions::default()
         };
-        let (low, high) = cap_range(&profile, &template).unwrap();
+        let (low, high) = cap_range(&profile, &Method::all(), &template).unwrap();
         let caps = even_caps(low, high, 9);
         let mut rows = ilp_rows(&profile, &caps, &template, &|| {}).unwrap();
         for &cap in &caps {

@@ -1,7 +1,11 @@
 //! A collective's time-vs-bytes curve as a table of measured or modelled points, and the block
 //! size it implies.
 
+use crate::profile::MAX_TIME_US;
 use serde::{Deserialize, Serialize};
+
+/// Largest message a curve may list (1 EiB).
+pub const MAX_MESSAGE_BYTES: u64 = 1 << 60;
 
 /// Points `(bytes, µs)`, bytes = the full (unsharded) message as in nccl-tests' `size` column.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -22,9 +26,9 @@ impl CommCurve {
             ));
         }
         for (k, &(bytes, us)) in self.points.iter().enumerate() {
-            if bytes == 0 || !(us > 0.0 && us.is_finite()) {
+            if bytes == 0 || bytes > MAX_MESSAGE_BYTES || !(us > 0.0 && us <= MAX_TIME_US) {
                 return Err(format!(
-                    "point {k}: positive bytes and a positive finite time, got [{bytes}, {us}]"
+                    "point {k}: positive bytes up to 2^60 and a positive time up to {MAX_TIME_US:e} µs, got [{bytes}, {us}]"
                 ));
             }
             if k > 0 && bytes <= self.points[k - 1].0 {

@@ -16,23 +16,30 @@ pub fn read_text(path: &Path) -> Result<String> {
 }
 
 /// Parses TOML text into `T`; `origin` names the input in errors (a path, or `<bundled x>`).
-/// The message is one line: `origin:LINE:COL: what is wrong`.
+/// The message is one line: `origin:LINE:COL: field `units[3].params`: what is wrong`.
 pub fn parse_toml<T: DeserializeOwned>(text: &str, origin: &str) -> Result<T> {
-    toml::from_str(text).map_err(|e| {
-        let location = e
+    let error = |e: &toml::de::Error, field: Option<String>| Error::Parse {
+        origin: origin.to_string(),
+        location: e
             .span()
-            .map(|span| {
-                let before = &text[..span.start.min(text.len())];
-                let line = before.matches('\n').count() + 1;
-                let col = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-                format!(":{line}:{col}")
-            })
-            .unwrap_or_default();
-        Error::Parse {
-            origin: format!("{origin}{location}"),
-            message: e.message().trim().replace('\n', " "),
-        }
+            .map(|span| line_col(text, span.start))
+            .unwrap_or_default(),
+        field,
+        message: e.message().trim().replace('\n', " "),
+    };
+    let deserializer = toml::Deserializer::parse(text).map_err(|e| error(&e, None))?;
+    serde_path_to_error::deserialize(deserializer).map_err(|e| {
+        let field = e.path().to_string();
+        error(e.inner(), (field != ".").then_some(field))
     })
+}
+
+/// `:LINE:COL` (1-based) of a byte offset in `text`.
+fn line_col(text: &str, offset: usize) -> String {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    format!(":{line}:{col}")
 }
 
 /// Reads and parses a TOML file.
@@ -72,6 +79,47 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// The file a path names once links and `..` are resolved; for a path that does not exist yet,
+/// its resolved directory joined with its file name.
+fn resolved(path: &Path) -> Option<std::path::PathBuf> {
+    if let Ok(real) = path.canonicalize() {
+        return Some(real);
+    }
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    Some(dir.canonicalize().ok()?.join(path.file_name()?))
+}
+
+/// Refuses, before anything is read, an output that is (or resolves to) one of the inputs or
+/// another output: `outputs` and `inputs` are `(flag, path)` pairs. Nothing is overwritten by
+/// mistake.
+pub fn check_outputs_distinct(outputs: &[(&str, &Path)], inputs: &[(&str, &Path)]) -> Result<()> {
+    for (k, &(out_flag, out)) in outputs.iter().enumerate() {
+        let Some(target) = resolved(out) else {
+            continue;
+        };
+        let others = inputs
+            .iter()
+            .map(|&(flag, p)| (flag, p, "input"))
+            .chain(outputs[..k].iter().map(|&(flag, p)| (flag, p, "output")));
+        for (flag, path, role) in others {
+            if resolved(path).as_ref() == Some(&target) {
+                return Err(Error::invalid(
+                    out.display().to_string(),
+                    out_flag,
+                    format!(
+                        "a path other than the {role} {flag} `{}` (it would be overwritten), got the same file",
+                        path.display()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,6 +145,35 @@ mod tests {
         write_atomic(&path, b"two").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "two");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn outputs_that_resolve_to_an_input_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("p.toml");
+        std::fs::write(&input, "x").unwrap();
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        let same = sub.join("../p.toml");
+        let msg = check_outputs_distinct(&[("--out", &same)], &[("--profile", &input)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("field `--out`") && msg.contains("input --profile"),
+            "{msg}"
+        );
+        #[cfg(unix)]
+        {
+            let link = dir.path().join("link.toml");
+            std::os::unix::fs::symlink(&input, &link).unwrap();
+            assert!(check_outputs_distinct(&[("--out", &link)], &[("--profile", &input)]).is_err());
+        }
+        let fresh = dir.path().join("new.toml");
+        check_outputs_distinct(&[("--out", &fresh)], &[("--profile", &input)]).unwrap();
+        let twice = check_outputs_distinct(&[("--trace", &fresh), ("--out", &fresh)], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(twice.contains("output --trace"), "{twice}");
     }
 
     #[test]

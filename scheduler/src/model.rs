@@ -103,8 +103,12 @@ impl TrainingSpec {
                 format!("{expected}, got {got}"),
             ))
         };
-        if self.batch_size == 0 {
-            return bad("training.batch_size", "a positive integer", "0".into());
+        if !(1..=1 << 24).contains(&self.batch_size) {
+            return bad(
+                "training.batch_size",
+                "an integer in 1..=16777216",
+                self.batch_size.to_string(),
+            );
         }
         if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {
             return bad(
@@ -165,19 +169,25 @@ impl ModelSpec {
         Ok(spec)
     }
 
-    /// Checks that every size is positive and the head counts divide.
+    /// Checks that every size is positive and within its bound, and the head counts divide.
+    /// The bounds keep parameter counts exact in u64 (hidden · ffn ≤ 2^44) and are far above any
+    /// model trained.
     pub fn validate(&self, origin: &str) -> Result<()> {
-        for (field, value) in [
-            ("layers", self.layers),
-            ("hidden", self.hidden),
-            ("heads", self.heads),
-            ("kv_heads", self.kv_heads),
-            ("ffn", self.ffn),
-            ("vocab", self.vocab),
-            ("seq_len", self.seq_len),
+        for (field, value, max) in [
+            ("layers", self.layers, 1u64 << 20),
+            ("hidden", self.hidden, 1 << 20),
+            ("heads", self.heads, 1 << 20),
+            ("kv_heads", self.kv_heads, 1 << 20),
+            ("ffn", self.ffn, 1 << 24),
+            ("vocab", self.vocab, 1 << 24),
+            ("seq_len", self.seq_len, 1 << 24),
         ] {
-            if value == 0 {
-                return Err(Error::invalid(origin, field, "a positive integer, got 0"));
+            if !(1..=max).contains(&value) {
+                return Err(Error::invalid(
+                    origin,
+                    field,
+                    format!("an integer in 1..={max}, got {value}"),
+                ));
             }
         }
         if !self.hidden.is_multiple_of(self.heads) {
@@ -373,7 +383,7 @@ mod tests {
         let e = m.validate("m.toml").unwrap_err().to_string();
         assert_eq!(
             e,
-            "m.toml: field `layers`: expected a positive integer, got 0"
+            "m.toml: field `layers`: expected an integer in 1..=1048576, got 0"
         );
         let m = llama(2, 4096, 32, 5, 11008, 32000);
         assert!(

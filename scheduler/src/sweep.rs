@@ -22,6 +22,13 @@ pub enum Method {
 }
 
 impl Method {
+    /// Every method: the ILP, then the baselines in [`BaselineKind::ALL`]'s order.
+    pub fn all() -> Vec<Method> {
+        std::iter::once(Method::Ilp)
+            .chain(BaselineKind::ALL.map(Method::Baseline))
+            .collect()
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Method::Ilp => "ilp",
@@ -229,30 +236,65 @@ pub fn ilp_rows(
         .collect())
 }
 
-/// The smallest feasible cap (the memory objective's optimum, rounded up to a MiB) and the peak
-/// of the fastest plan when memory is unlimited (the zero2 or ddp plan, whichever is faster,
-/// compared with the ILP at that peak).
-pub fn cap_range(profile: &Profile, template: &SolveOptions) -> Result<(u64, u64)> {
-    let memory = SolveOptions {
-        objective: Objective::Memory {
-            max_iteration_time_us: None,
-        },
-        memory_cap_bytes: None,
-        ..template.clone()
-    };
-    let smallest = solve(profile, &memory)?;
+/// The default caps of a sweep, `(low, high)`. With the ILP among `methods`: from the smallest
+/// feasible cap (the memory objective's optimum, rounded up to a MiB) to the peak of the fastest
+/// plan when memory is unlimited (the zero2 or ddp plan, whichever is faster). Without it (no
+/// solve at all): from the smallest peak of any method's plan (checkpointing off or on) to the
+/// largest peak of each method's fastest plan, so every method fits the top cap.
+pub fn cap_range(
+    profile: &Profile,
+    methods: &[Method],
+    template: &SolveOptions,
+) -> Result<(u64, u64)> {
     let mib = 1u64 << 20;
-    let low = (smallest.simulation.peak_memory_bytes / mib as f64).ceil() as u64 * mib;
-    let high = [BaselineKind::Ddp, BaselineKind::Zero2]
-        .into_iter()
-        .filter_map(|k| baseline(profile, k, false, None).ok())
-        .min_by(|a, b| {
-            a.simulation
-                .iteration_time_us
-                .total_cmp(&b.simulation.iteration_time_us)
-        })
-        .map(|b| b.simulation.peak_memory_bytes.ceil() as u64)
-        .expect("baselines always build");
+    let up_to_mib = |bytes: f64| (bytes / mib as f64).ceil() as u64 * mib;
+    // A baseline's plans without a cap: checkpointing off and on.
+    let variants = |kind: BaselineKind| -> Vec<Simulation> {
+        [false, true]
+            .into_iter()
+            .filter_map(|checkpoint| baseline(profile, kind, checkpoint, None).ok())
+            .map(|b| b.simulation)
+            .collect()
+    };
+    let fastest = |kind: BaselineKind| -> Simulation {
+        variants(kind)
+            .into_iter()
+            .min_by(|a, b| a.iteration_time_us.total_cmp(&b.iteration_time_us))
+            .expect("a baseline builds without a cap")
+    };
+    let (low, high) = if methods.contains(&Method::Ilp) {
+        let memory = SolveOptions {
+            objective: Objective::Memory {
+                max_iteration_time_us: None,
+            },
+            memory_cap_bytes: None,
+            ..template.clone()
+        };
+        let smallest = solve(profile, &memory)?;
+        let high = [fastest(BaselineKind::Ddp), fastest(BaselineKind::Zero2)]
+            .into_iter()
+            .min_by(|a, b| a.iteration_time_us.total_cmp(&b.iteration_time_us))
+            .expect("two baselines");
+        (
+            smallest.simulation.peak_memory_bytes,
+            high.peak_memory_bytes,
+        )
+    } else {
+        let kinds = methods.iter().filter_map(|m| match m {
+            Method::Baseline(kind) => Some(*kind),
+            Method::Ilp => None,
+        });
+        let low = kinds
+            .clone()
+            .flat_map(variants)
+            .map(|s| s.peak_memory_bytes)
+            .fold(f64::INFINITY, f64::min);
+        let high = kinds
+            .map(|kind| fastest(kind).peak_memory_bytes)
+            .fold(0.0, f64::max);
+        (low, high)
+    };
+    let (low, high) = (up_to_mib(low), high.ceil() as u64);
     Ok((low, high.max(low + mib)))
 }
 

@@ -3,15 +3,14 @@
 use crate::cli::BaselineArgs;
 use crate::output::{ms, print_json};
 use serde_json::json;
-use shardplan_scheduler::baselines::{BaselineKind, baseline};
+use shardplan_scheduler::baselines::baseline;
+use shardplan_scheduler::io::check_outputs_distinct;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::size::format_bytes;
 
 pub fn run(args: BaselineArgs) -> anyhow::Result<()> {
-    let kind: BaselineKind = args
-        .kind
-        .parse()
-        .map_err(|e: String| anyhow::anyhow!("--kind: {e}"))?;
+    let kind = args.kind;
+    check_outputs_distinct(&[("--out", &args.out)], &[("--profile", &args.profile)])?;
     let profile = Profile::load(&args.profile)?;
     let result = baseline(&profile, kind, args.checkpoint, args.memory_cap)?;
     result.plan.save(&args.out)?;

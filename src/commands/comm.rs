@@ -1,42 +1,78 @@
 //! `shardplan comm import`: nccl-tests measurements into a profile.
 
 use crate::cli::CommImportArgs;
+use crate::failure::flag_error;
 use crate::output::print_json;
 use serde_json::json;
-use shardplan_scheduler::io::read_text;
-use shardplan_scheduler::nccl_tests::parse;
+use shardplan_scheduler::io::{check_outputs_distinct, read_text};
+use shardplan_scheduler::nccl_tests::{Collective, Imported, parse};
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::size::format_bytes;
+use std::path::Path;
 
 pub fn import(args: CommImportArgs) -> anyhow::Result<()> {
-    let files = [
-        ("all_gather", &args.all_gather),
-        ("reduce_scatter", &args.reduce_scatter),
-        ("all_reduce", &args.all_reduce),
-    ];
-    anyhow::ensure!(
-        files.iter().any(|(_, f)| f.is_some()),
-        "give at least one of --all-gather, --reduce-scatter, --all-reduce"
-    );
+    let files: Vec<(Collective, &str, &Path)> = [
+        (Collective::AllGather, "--all-gather", &args.all_gather),
+        (
+            Collective::ReduceScatter,
+            "--reduce-scatter",
+            &args.reduce_scatter,
+        ),
+        (Collective::AllReduce, "--all-reduce", &args.all_reduce),
+    ]
+    .into_iter()
+    .filter_map(|(op, flag, file)| file.as_deref().map(|f| (op, flag, f)))
+    .collect();
+    if files.is_empty() {
+        return Err(flag_error(
+            "--all-gather",
+            "at least one of --all-gather, --reduce-scatter, --all-reduce",
+        ));
+    }
+    let (out_flag, out) = match &args.out {
+        Some(out) => ("--out", out),
+        None => ("--into", &args.into),
+    };
+    let inputs: Vec<(&str, &Path)> = files.iter().map(|&(_, flag, f)| (flag, f)).collect();
+    check_outputs_distinct(&[(out_flag, out)], &inputs)?;
     let mut profile = Profile::load(&args.into)?;
     let mut imported = serde_json::Map::new();
-    for (op, file) in files {
-        let Some(path) = file else { continue };
-        let curve = parse(&read_text(path)?, &path.display().to_string())?;
-        imported.insert(op.to_string(), json!({"file": path, "points": curve.points.len(), "first": curve.points[0], "last": curve.points[curve.points.len() - 1]}));
+    for (op, _, path) in files {
+        let Imported {
+            curve,
+            ranks,
+            mut notes,
+        } = parse(&read_text(path)?, &path.display().to_string(), op)?;
+        if let Some(ranks) = ranks.filter(|&r| r != u64::from(profile.world_size)) {
+            notes.push(format!(
+                "measured on {ranks} ranks, the profile is for {}: its times stand for that world size",
+                profile.world_size
+            ));
+        }
+        let name = op.test_name();
+        imported.insert(
+            name.to_string(),
+            json!({
+                "file": path,
+                "points": curve.points.len(),
+                "first": curve.points[0],
+                "last": curve.points[curve.points.len() - 1],
+                "ranks": ranks,
+                "notes": notes,
+            }),
+        );
         let slot = match op {
-            "all_gather" => &mut profile.comm.all_gather,
-            "reduce_scatter" => &mut profile.comm.reduce_scatter,
-            _ => &mut profile.comm.all_reduce,
+            Collective::AllGather => &mut profile.comm.all_gather,
+            Collective::ReduceScatter => &mut profile.comm.reduce_scatter,
+            Collective::AllReduce => &mut profile.comm.all_reduce,
         };
         *slot = curve;
         profile.source.insert(
-            format!("{op}_curve"),
+            format!("{name}_curve"),
             format!("nccl-tests: {}", path.display()),
         );
     }
     profile.block_size_bytes = args.block_size.unwrap_or_else(|| profile.comm.block_size());
-    let out = args.out.as_ref().unwrap_or(&args.into);
     profile.validate(&out.display().to_string())?;
     profile.save(out)?;
     if args.json {
@@ -50,6 +86,9 @@ pub fn import(args: CommImportArgs) -> anyhow::Result<()> {
                 info["points"],
                 info["file"].as_str().unwrap_or_default()
             );
+            for note in info["notes"].as_array().into_iter().flatten() {
+                println!("  note: {}", note.as_str().unwrap_or_default());
+            }
         }
         println!(
             "wrote {}: block size {}",

@@ -4,10 +4,29 @@ use crate::cli::ExportFsdp2Args;
 use crate::output::print_json;
 use serde_json::json;
 use shardplan_scheduler::export::fsdp2 as export;
-use shardplan_scheduler::io::write_atomic;
+use shardplan_scheduler::io::{check_outputs_distinct, write_atomic};
+use shardplan_scheduler::sim::{Semantics, simulate};
+use shardplan_scheduler::size::format_bytes;
 
 pub fn fsdp2(args: ExportFsdp2Args) -> anyhow::Result<()> {
-    let (profile, _, schedule) = super::load_plan(&args.profile, &args.plan)?;
+    check_outputs_distinct(
+        &[("--out", &args.out)],
+        &[("--profile", &args.profile), ("--plan", &args.plan)],
+    )?;
+    let (profile, plan, schedule) = super::load_plan(&args.profile, &args.plan)?;
+    if let Some(cap) = plan.memory_cap_bytes {
+        let peak = simulate(&profile, &schedule, Semantics::Strict).peak_memory_bytes;
+        if peak > cap as f64 && !args.force {
+            return Err(shardplan_scheduler::Error::Infeasible(format!(
+                "{}: the plan peaks at {} ({peak:.0} bytes), above its own memory_cap_bytes {} ({cap} bytes): \
+                 it would not fit where it was planned for; --force exports it anyway",
+                args.plan.display(),
+                format_bytes(peak),
+                format_bytes(cap as f64),
+            ))
+            .into());
+        }
+    }
     let exported = export(&profile, &schedule);
     write_atomic(
         &args.out,

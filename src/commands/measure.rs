@@ -4,6 +4,7 @@
 
 use super::run::{cuda_backend, under_mpi};
 use crate::cli::{BackendArg, MeasureArgs};
+use crate::failure::flag_error;
 use crate::output::print_json;
 use anyhow::Context;
 use serde_json::json;
@@ -23,12 +24,14 @@ use shardplan_runtime::transformer::{UnitKind, backward_gemms, forward_gemms};
 use shardplan_runtime::workload::Train;
 use shardplan_scheduler::analytic::{AnalyticOptions, analytic_profile, comm_curves};
 use shardplan_scheduler::hardware::Catalog;
+use shardplan_scheduler::io::check_outputs_distinct;
 use shardplan_scheduler::model::ModelSpec;
 use shardplan_scheduler::profile::{CommCurves, Profile};
 use shardplan_scheduler::size::format_bytes;
 use std::collections::BTreeMap;
 
 pub fn measure(args: MeasureArgs) -> anyhow::Result<()> {
+    check_outputs_distinct(&[("--out", &args.out)], &[("--model", &args.model)])?;
     match (args.backend, ModelFile::load(&args.model)?) {
         (BackendArg::Cpu, model) if under_mpi() => {
             let (_universe, mpi) = Mpi::init()?;
@@ -60,12 +63,16 @@ fn measure_on_cpu<C: Collectives>(
         ModelFile::Mlp(spec) => measure_workload(backend, &Mlp::new(spec, rank, world), args),
         ModelFile::Transformer(model) => {
             let origin = args.model.display().to_string();
-            anyhow::ensure!(
-                model.training.is_some(),
-                "{origin}: on the CPU a transformer is measured by training it, which needs a \
-                 [training] table (models/gpt2-tiny.toml); zoo models are replayed on a GPU \
-                 (--backend cuda) or profiled with `profile analytic`"
-            );
+            if model.training.is_none() {
+                return Err(shardplan_scheduler::Error::invalid(
+                    &origin,
+                    "training",
+                    "a [training] table: on the CPU a transformer is measured by training it \
+                     (models/gpt2-tiny.toml); zoo models are replayed on a GPU (--backend cuda) \
+                     or profiled with `profile analytic`",
+                )
+                .into());
+            }
             let tokens = Tokens::Synthetic {
                 seed: 1,
                 vocab: model.vocab as usize,
@@ -104,12 +111,15 @@ fn curves<B: Backend>(
             ))
         }
         _ => {
-            anyhow::ensure!(
-                ranks == 1 || args.world_size as usize == ranks,
-                "--world-size {} but {ranks} ranks: start it with mpirun -np {}",
-                args.world_size,
-                args.world_size
-            );
+            if ranks != 1 && args.world_size as usize != ranks {
+                return Err(flag_error(
+                    "--world-size",
+                    format!(
+                        "the number of ranks, {ranks}, got {} (start it with mpirun -np {})",
+                        args.world_size, args.world_size
+                    ),
+                ));
+            }
             let curves = time_collectives(backend, start, args.max_message, args.repeats as usize)?;
             Ok((
                 curves,

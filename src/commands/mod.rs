@@ -13,8 +13,6 @@ mod simulate;
 pub mod solve;
 mod sweep;
 
-pub use sweep::all_methods;
-
 use crate::cli::{Cli, CommCommand, Command, ExportCommand, ProfileCommand};
 use shardplan_scheduler::plan::{Plan, Schedule};
 use shardplan_scheduler::profile::Profile;

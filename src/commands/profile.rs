@@ -5,22 +5,20 @@ use crate::output::{ms, print_json};
 use serde_json::json;
 use shardplan_scheduler::analytic::{AnalyticOptions, analytic_profile};
 use shardplan_scheduler::hardware::Catalog;
+use shardplan_scheduler::io::check_outputs_distinct;
 use shardplan_scheduler::model::{Attention, ModelSpec};
 use shardplan_scheduler::profile::BytesPerParam;
 use shardplan_scheduler::size::format_bytes;
 
 pub fn analytic(args: AnalyticArgs) -> anyhow::Result<()> {
+    let mut inputs = vec![("--model", args.model.as_path())];
+    inputs.extend(args.catalog.as_deref().map(|c| ("--catalog", c)));
+    check_outputs_distinct(&[("--out", &args.out)], &inputs)?;
     let model = ModelSpec::load(&args.model)?;
     let catalog = match &args.catalog {
         Some(path) => Catalog::load(path)?,
         None => Catalog::bundled()?,
     };
-    if !(args.overlap_slowdown >= 0.0 && args.overlap_slowdown.is_finite()) {
-        anyhow::bail!(
-            "--overlap-slowdown: expected a finite number >= 0, got {}",
-            args.overlap_slowdown
-        );
-    }
     let options = AnalyticOptions {
         seq_len: args.seq_len,
         micro_batch: args.micro_batch,

@@ -3,6 +3,7 @@
 //! id over MPI, without it one GPU alone).
 
 use crate::cli::{BackendArg, RunArgs, SemanticsArg};
+use crate::failure::flag_error;
 use crate::output::{ms, print_json};
 use anyhow::Context;
 use serde_json::json;
@@ -17,6 +18,7 @@ use shardplan_runtime::layout::layout;
 use shardplan_runtime::mlp::{Mlp, max_relative_error, reference_training};
 use shardplan_runtime::model_file::ModelFile;
 use shardplan_runtime::workload::{Train, Workload};
+use shardplan_scheduler::io::check_outputs_distinct;
 use shardplan_scheduler::io::write_atomic;
 use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::Profile;
@@ -61,10 +63,22 @@ pub(super) fn cuda_backend() -> anyhow::Result<(Option<MpiUniverse>, CudaBackend
 
 /// `shardplan run`.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        args.timeout > 0.0 && args.timeout.is_finite(),
-        "--timeout: expected positive seconds"
-    );
+    let outputs: Vec<(&str, &std::path::Path)> = [
+        ("--save-weights", &args.save_weights),
+        ("--trace", &args.trace),
+        ("--dump-params", &args.dump_params),
+    ]
+    .into_iter()
+    .filter_map(|(flag, path)| path.as_deref().map(|p| (flag, p)))
+    .collect();
+    let mut inputs = vec![
+        ("--profile", args.profile.as_path()),
+        ("--plan", args.plan.as_path()),
+        ("--model", args.model.as_path()),
+    ];
+    inputs.extend(args.data.as_deref().map(|p| ("--data", p)));
+    inputs.extend(args.init_weights.as_deref().map(|p| ("--init-weights", p)));
+    check_outputs_distinct(&outputs, &inputs)?;
     let model = ModelFile::load(&args.model)?;
     match args.backend {
         BackendArg::Cpu if under_mpi() => {
@@ -74,10 +88,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         BackendArg::Cpu => run_on_cpu(CpuBackend::new(Loopback), model, &args),
         BackendArg::Cuda => {
             let ModelFile::Mlp(spec) = model else {
-                anyhow::bail!(
-                    "{}: GPT-2 trains on the CPU backend only so far (its CUDA kernels are not written yet)",
-                    args.model.display()
-                );
+                return Err(flag_error(
+                    "--backend",
+                    format!(
+                        "cpu for {}: GPT-2 trains on the CPU backend only so far (its CUDA kernels are not written yet)",
+                        args.model.display()
+                    ),
+                ));
             };
             let (_universe, backend) = cuda_backend()?;
             let mlp = Mlp::new(spec, backend.rank(), backend.world_size());
@@ -102,10 +119,12 @@ fn run_on_cpu<C: Collectives>(
         }
         ModelFile::Transformer(model) => {
             let origin = args.model.display().to_string();
-            let data = args
-                .data
-                .as_deref()
-                .with_context(|| format!("{origin}: a GPT-2 trains on text: give --data FILE"))?;
+            let data = args.data.as_deref().ok_or_else(|| {
+                flag_error(
+                    "--data",
+                    format!("a text file: {origin} is a GPT-2, which trains on text"),
+                )
+            })?;
             let tokens = Tokens::load(data, model.seq_len as usize, model.vocab as usize)?;
             let init = args.init_weights.as_deref();
             let gpt2 = Gpt2::new(&model, &origin, rank, world, tokens, init)?;
@@ -140,13 +159,15 @@ fn run_with<B: Backend, W: Train<B>>(
     let plan = Plan::load(&args.plan)?;
     let schedule = plan.schedule(&profile, &args.plan.display().to_string())?;
     let world = backend.world_size();
-    anyhow::ensure!(
-        plan.world_size as usize == world,
-        "{}: the plan is for {} ranks, this run has {world} (start it with mpirun -np {})",
-        args.plan.display(),
-        plan.world_size,
-        plan.world_size
-    );
+    if plan.world_size as usize != world {
+        return Err(shardplan_scheduler::Error::Mismatch(format!(
+            "{}: the plan is for {} ranks, this run has {world} (start it with mpirun -np {})",
+            args.plan.display(),
+            plan.world_size,
+            plan.world_size
+        ))
+        .into());
+    }
     let layout = layout(workload, &profile, &schedule, world).with_context(|| {
         format!(
             "{} against {}",

@@ -3,11 +3,18 @@
 use crate::cli::{SemanticsArg, SimulateArgs};
 use crate::output::{ms, print_json};
 use serde_json::json;
+use shardplan_scheduler::io::check_outputs_distinct;
 use shardplan_scheduler::io::write_atomic;
 use shardplan_scheduler::sim::{Semantics, chrome_trace, simulate};
 use shardplan_scheduler::size::format_bytes;
 
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
+    if let Some(trace) = &args.trace {
+        check_outputs_distinct(
+            &[("--trace", trace)],
+            &[("--profile", &args.profile), ("--plan", &args.plan)],
+        )?;
+    }
     let (profile, plan, schedule) = super::load_plan(&args.profile, &args.plan)?;
     let semantics = match args.semantics {
         SemanticsArg::Strict => Semantics::Strict,

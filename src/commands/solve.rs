@@ -1,9 +1,11 @@
 //! `shardplan solve`.
 
 use crate::cli::{ObjectiveArg, SolveArgs};
+use crate::failure::flag_error;
 use crate::output::{ms, print_json};
 use serde_json::json;
 use shardplan_scheduler::ilp::{Objective, SolveOptions, Solved, solve};
+use shardplan_scheduler::io::check_outputs_distinct;
 use shardplan_scheduler::plan::{Plan, Predicted, Producer};
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::size::format_bytes;
@@ -11,21 +13,19 @@ use shardplan_scheduler::timeline::Level;
 use std::collections::BTreeMap;
 
 pub fn run(args: SolveArgs) -> anyhow::Result<()> {
-    if !(args.time_limit > 0.0 && args.time_limit.is_finite()) {
-        anyhow::bail!(
-            "--time-limit: expected a positive number of seconds, got {}",
-            args.time_limit
-        );
-    }
-    if !(args.gap >= 0.0 && args.gap < 1.0) {
-        anyhow::bail!("--gap: expected a relative gap in [0, 1), got {}", args.gap);
-    }
     if args.objective == ObjectiveArg::Time && args.memory_cap.is_none() {
-        anyhow::bail!("--memory-cap: required with --objective time (e.g. --memory-cap 78GiB)");
+        return Err(flag_error(
+            "--memory-cap",
+            "a cap with --objective time (e.g. --memory-cap 78GiB)",
+        ));
     }
     if args.max_iteration_time.is_some() && args.objective != ObjectiveArg::Memory {
-        anyhow::bail!("--max-iteration-time: only with --objective memory");
+        return Err(flag_error(
+            "--max-iteration-time",
+            "it only with --objective memory",
+        ));
     }
+    check_outputs_distinct(&[("--out", &args.out)], &[("--profile", &args.profile)])?;
     let profile = Profile::load(&args.profile)?;
     let depth = args.window_depth.map(|d| d as usize);
     let options = SolveOptions {

@@ -1,42 +1,19 @@
 //! `shardplan sweep`: the ILP and the baselines across memory caps, as CSV, charts, a markdown
 //! summary and (with --json) the summary as JSON.
 
-use crate::cli::SweepArgs;
+use crate::cli::{CapsArg, SweepArgs};
 use crate::output::{ms, print_json};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
-use shardplan_scheduler::baselines::BaselineKind;
+use shardplan_scheduler::Error;
 use shardplan_scheduler::ilp::SolveOptions;
-use shardplan_scheduler::io::write_atomic;
+use shardplan_scheduler::io::{check_outputs_distinct, write_atomic};
 use shardplan_scheduler::profile::Profile;
-use shardplan_scheduler::size::{format_bytes, parse_bytes};
+use shardplan_scheduler::size::format_bytes;
 use shardplan_scheduler::sweep::{
     Method, SweepRow, best_baseline_row, cap_range, even_caps, ilp_rows,
 };
 use std::time::Instant;
-
-/// `--caps`: `LOW..HIGH` (with --points) or a comma-separated list.
-fn parse_caps(text: &str, points: usize) -> anyhow::Result<Vec<u64>> {
-    let caps = if let Some((low, high)) = text.split_once("..") {
-        let (low, high) = (
-            parse_bytes(low).map_err(anyhow::Error::msg)?,
-            parse_bytes(high).map_err(anyhow::Error::msg)?,
-        );
-        anyhow::ensure!(
-            low < high,
-            "--caps: expected LOW..HIGH with LOW < HIGH, got `{text}`"
-        );
-        even_caps(low, high, points)
-    } else {
-        text.split(',')
-            .map(|c| parse_bytes(c).map_err(anyhow::Error::msg))
-            .collect::<anyhow::Result<Vec<_>>>()?
-    };
-    let mut caps = caps;
-    caps.sort_unstable();
-    caps.dedup();
-    Ok(caps)
-}
 
 fn csv(rows: &[SweepRow]) -> String {
     let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v}"));
@@ -131,35 +108,44 @@ fn markdown(profile: &Profile, table: &[serde_json::Value], seconds: f64) -> Str
     out
 }
 
+/// Every file a sweep may write into --out-dir.
+const OUTPUTS: [&str; 6] = [
+    "sweep.csv",
+    "summary.md",
+    "sweep.svg",
+    "sweep.png",
+    "levels.svg",
+    "levels.png",
+];
+
 pub fn run(args: SweepArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.points >= 1, "--points: expected at least 1");
-    anyhow::ensure!(
-        args.time_limit > 0.0 && args.time_limit.is_finite(),
-        "--time-limit: expected positive seconds"
-    );
-    let methods: Vec<Method> = args
-        .methods
-        .split(',')
-        .map(|m| {
-            m.trim()
-                .parse()
-                .map_err(|e: String| anyhow::anyhow!("--methods: {e}"))
-        })
-        .collect::<anyhow::Result<_>>()?;
+    let methods = args.methods.map_or_else(Method::all, |m| m.0);
+    let outputs: Vec<_> = OUTPUTS.iter().map(|f| args.out_dir.join(f)).collect();
+    check_outputs_distinct(
+        &outputs
+            .iter()
+            .map(|p| ("--out-dir", p.as_path()))
+            .collect::<Vec<_>>(),
+        &[("--profile", &args.profile)],
+    )?;
     let profile = Profile::load(&args.profile)?;
-    std::fs::create_dir_all(&args.out_dir)
-        .map_err(|e| anyhow::anyhow!("{}: cannot create: {e}", args.out_dir.display()))?;
+    std::fs::create_dir_all(&args.out_dir).map_err(|source| Error::Write {
+        path: args.out_dir.clone(),
+        source,
+    })?;
     let started = Instant::now();
     let template = SolveOptions {
         time_limit_s: args.time_limit,
         relative_gap: args.gap,
         ..SolveOptions::default()
     };
-    let caps = match &args.caps {
-        Some(text) => parse_caps(text, args.points)?,
+    let points = args.points as usize;
+    let caps = match args.caps {
+        Some(CapsArg::List(caps)) => caps,
+        Some(CapsArg::Range { low, high }) => even_caps(low, high, points),
         None => {
-            let (low, high) = cap_range(&profile, &template)?;
-            even_caps(low, high, args.points)
+            let (low, high) = cap_range(&profile, &methods, &template)?;
+            even_caps(low, high, points)
         }
     };
     let bar = ProgressBar::new(caps.len() as u64);
@@ -190,7 +176,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
     let table = summary(&caps, &rows);
     let names: Vec<String> = methods.iter().map(|m| m.name().to_string()).collect();
     write_atomic(&args.out_dir.join("sweep.csv"), csv(&rows).as_bytes())?;
-    crate::plots::write_charts(&args.out_dir, &profile.name, &rows, &names)?;
+    let charts = crate::plots::write_charts(&args.out_dir, &profile.name, &rows, &names)?;
     let md = markdown(&profile, &table, seconds);
     write_atomic(&args.out_dir.join("summary.md"), md.as_bytes())?;
     if args.json {
@@ -198,17 +184,10 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
     } else {
         print!("{md}");
         println!(
-            "\nwrote sweep.csv, sweep.svg, sweep.png, levels.svg, levels.png, summary.md into {}",
+            "\nwrote sweep.csv, {}, summary.md into {}",
+            charts.join(", "),
             args.out_dir.display()
         );
     }
     Ok(())
-}
-
-/// Every method, in the order the CLI lists them.
-pub fn all_methods() -> String {
-    std::iter::once("ilp")
-        .chain(BaselineKind::ALL.iter().map(|k| k.name()))
-        .collect::<Vec<_>>()
-        .join(",")
 }

@@ -206,12 +206,9 @@ pub(super) fn memory_per_slot(
     rows
 }
 
-/// The memory cap, scaled: M_s / M ≤ 1 − margin for every slot s.
-pub(super) fn memory_cap(memory: Vec<Expression>, margin: f64) -> Vec<Constraint> {
-    memory
-        .into_iter()
-        .map(|m| constraint!(m <= 1.0 - margin))
-        .collect()
+/// The memory cap, scaled and inclusive: M_s / M ≤ 1 for every slot s.
+pub(super) fn memory_cap(memory: Vec<Expression>) -> Vec<Constraint> {
+    memory.into_iter().map(|m| constraint!(m <= 1.0)).collect()
 }
 
 /// The peak of the memory objective: M_s ≤ P for every slot s.

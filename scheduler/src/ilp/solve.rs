@@ -19,11 +19,6 @@ use good_lp::{Constraint, Expression, ProblemVariables, SolverModel};
 use highs::HighsModelStatus;
 use std::time::Instant;
 
-/// Memory rows keep this relative margin below the cap, so that a solution within HiGHS'
-/// feasibility tolerance (1e-9 of the cap, set below) still fits the cap exactly. Plans met
-/// outside HiGHS (baselines, hints), whose peak the simulator gives exactly, are judged against
-/// the cap itself.
-const CAP_MARGIN: f64 = 1e-8;
 /// HiGHS primal and integer feasibility tolerance.
 const FEASIBILITY_TOLERANCE: f64 = 1e-9;
 /// Window depths of the phases before the full windows, with their share of the time limit:
@@ -81,7 +76,7 @@ fn build(profile: &Profile, options: &SolveOptions) -> Built {
     let memory = memory_per_slot(profile, &units, timeline, memory_scale);
     let (objective, peak) = match options.objective {
         Objective::Time => {
-            constraints.extend(memory_cap(memory, CAP_MARGIN));
+            constraints.extend(memory_cap(memory));
             (iteration_time, None)
         }
         Objective::Memory {
@@ -89,7 +84,7 @@ fn build(profile: &Profile, options: &SolveOptions) -> Built {
         } => {
             let peak = columns.continuous();
             if cap.is_some() {
-                constraints.extend(memory_cap(memory.clone(), CAP_MARGIN));
+                constraints.extend(memory_cap(memory.clone()));
             }
             constraints.extend(memory_peak(memory, peak));
             if let Some(ceiling) = max_iteration_time_us {
@@ -311,8 +306,19 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     let warm = best_baseline(profile, options);
     // Every feasible plan met so far, best first: each phase warm-starts from the best one its
     // window limit can represent (a neighbour's plan outside D = 4 must not leave D = 4 cold).
+    // The cap is inclusive and judged on the simulator's exact peak: the memory rows hold at
+    // M_s ≤ cap, so a plan peaking at the cap to the byte is feasible, and a HiGHS answer that
+    // fits only within its feasibility tolerance is never taken.
     let mut pool: Vec<(Schedule, f64)> = Vec::new();
+    let fits = |schedule: &Schedule| {
+        options.memory_cap_bytes.is_none_or(|cap| {
+            simulate(profile, schedule, Semantics::Strict).peak_memory_bytes <= cap as f64
+        })
+    };
     let offer = |pool: &mut Vec<(Schedule, f64)>, schedule: Schedule| {
+        if !fits(&schedule) {
+            return;
+        }
         let value = score(&schedule);
         let at = pool.partition_point(|(_, v)| *v <= value);
         pool.insert(at, (schedule, value));
@@ -322,9 +328,6 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     }
     if let Some(hint) = &options.hint
         && hint.validate(profile).is_ok()
-        && options.memory_cap_bytes.is_none_or(|cap| {
-            simulate(profile, hint, Semantics::Strict).peak_memory_bytes <= cap as f64
-        })
     {
         offer(&mut pool, hint.clone());
     }
@@ -349,7 +352,17 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     let remaining = options.time_limit_s - started.elapsed().as_secs_f64();
     let run = run_highs(profile, options, &pool, remaining)?;
     phases.push(run.phase);
-    if run.infeasible {
+    if let Some(schedule) = run.schedule {
+        offer(&mut pool, schedule);
+    }
+    if user_limited {
+        // A warm start outside the windows asked for is not an answer to the limited search.
+        let limited = build(profile, options);
+        pool.retain(|(schedule, _)| {
+            schedule_values(&limited.units, schedule, limited.columns).is_some()
+        });
+    }
+    if run.infeasible && pool.is_empty() {
         if let Objective::Memory {
             max_iteration_time_us: Some(ceiling),
         } = options.objective
@@ -364,9 +377,6 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
             )));
         }
         return Err(explain_infeasible(profile, options));
-    }
-    if let Some(schedule) = run.schedule {
-        offer(&mut pool, schedule);
     }
     let Some((schedule, objective)) = pool.into_iter().next() else {
         return Err(Error::Infeasible(
@@ -541,7 +551,7 @@ fn explain_infeasible(profile: &Profile, options: &SolveOptions) -> Error {
                 .expect("peak slot exists");
             let (what, bytes) = peak.memory.dominant();
             Error::Infeasible(format!(
-                "no plan fits {cap}: the smallest feasible cap is {} ({} bytes), peaking at slot {} where {} take {}",
+                "no plan fits {cap}: the smallest feasible cap is {} ({} bytes), peaking at slot {} where the largest part is {}, {}",
                 format_bytes(sim.peak_memory_bytes),
                 sim.peak_memory_bytes.ceil() as u64,
                 sim.peak_slot,

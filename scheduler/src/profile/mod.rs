@@ -15,6 +15,15 @@ pub const PROFILE_SCHEMA: u32 = 1;
 pub const MAX_UNIT_PARAMS: u64 = 1 << 50;
 /// Most blocks a unit may be cut into (a smaller block size makes the ILP intractable).
 pub const MAX_UNIT_BLOCKS: u64 = 100_000;
+/// Most units a profile may have.
+pub const MAX_UNITS: usize = 100_000;
+/// Largest byte count of one field (1 PiB), and of a profile's memory added up over its units
+/// (4 EiB): byte arithmetic stays exact in u64 and within 2^-10 relative in f64.
+pub const MAX_FIELD_BYTES: u64 = 1 << 50;
+pub const MAX_TOTAL_BYTES: u64 = 1 << 62;
+/// Longest time of one field or curve point, µs (about 32 years): sums over every unit, slot and
+/// block stay finite.
+pub const MAX_TIME_US: f64 = 1e15;
 
 /// Bytes per parameter of each kind of state (DESIGN: p, g, o).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -47,6 +56,30 @@ pub struct UnitProfile {
     pub forward_workspace_bytes: u64,
     /// ws_b_i.
     pub backward_workspace_bytes: u64,
+}
+
+/// A number as written in an error: plain, or in scientific notation when huge.
+fn shown(value: f64) -> String {
+    if value.abs() < 1e15 {
+        value.to_string()
+    } else {
+        format!("{value:e}")
+    }
+}
+
+impl UnitProfile {
+    /// The byte fields with their names.
+    fn byte_fields(&self) -> [(&'static str, u64); 4] {
+        [
+            ("activation_bytes", self.activation_bytes),
+            (
+                "checkpoint_activation_bytes",
+                self.checkpoint_activation_bytes,
+            ),
+            ("forward_workspace_bytes", self.forward_workspace_bytes),
+            ("backward_workspace_bytes", self.backward_workspace_bytes),
+        ]
+    }
 }
 
 /// Time-vs-bytes curves of the three collectives.
@@ -160,10 +193,22 @@ impl Profile {
                 format!("a finite number >= 0, got {}", self.overlap_slowdown),
             );
         }
-        if !(self.iteration_extra_us >= 0.0 && self.iteration_extra_us.is_finite()) {
+        if !(0.0..=MAX_TIME_US).contains(&self.iteration_extra_us) {
             return bad(
                 "iteration_extra_us".into(),
-                format!("a finite number >= 0, got {}", self.iteration_extra_us),
+                format!(
+                    "a time of 0 to {MAX_TIME_US:e} µs, got {}",
+                    shown(self.iteration_extra_us)
+                ),
+            );
+        }
+        if self.block_size_bytes > MAX_FIELD_BYTES {
+            return bad(
+                "block_size_bytes".into(),
+                format!(
+                    "at most {MAX_FIELD_BYTES} bytes (1 PiB), got {}",
+                    self.block_size_bytes
+                ),
             );
         }
         let b = self.bytes_per_param;
@@ -173,8 +218,14 @@ impl Profile {
                 "param and grad of 1 to 64 bytes, optimizer of at most 256".into(),
             );
         }
-        if self.units.is_empty() {
-            return bad("units".into(), "at least one [[units]] table".into());
+        if self.units.is_empty() || self.units.len() > MAX_UNITS {
+            return bad(
+                "units".into(),
+                format!(
+                    "1 to {MAX_UNITS} [[units]] tables, got {}",
+                    self.units.len()
+                ),
+            );
         }
         let mut names = std::collections::HashSet::new();
         for (k, u) in self.units.iter().enumerate() {
@@ -210,13 +261,48 @@ impl Profile {
                 );
             }
             for (field, value) in [("forward_us", u.forward_us), ("backward_us", u.backward_us)] {
-                if !(value >= 0.0 && value.is_finite()) {
+                if !(0.0..=MAX_TIME_US).contains(&value) {
                     return bad(
                         format!("units[{k}].{field}"),
-                        format!("a finite time >= 0 µs for unit `{}`, got {value}", u.name),
+                        format!(
+                            "a time of 0 to {MAX_TIME_US:e} µs for unit `{}`, got {}",
+                            u.name,
+                            shown(value)
+                        ),
                     );
                 }
             }
+            for (field, value) in u.byte_fields() {
+                if value > MAX_FIELD_BYTES {
+                    return bad(
+                        format!("units[{k}].{field}"),
+                        format!(
+                            "at most {MAX_FIELD_BYTES} bytes (1 PiB) for unit `{}`, got {value}",
+                            u.name
+                        ),
+                    );
+                }
+            }
+        }
+        let total: u128 = self
+            .units
+            .iter()
+            .map(|u| {
+                u128::from(u.params) * u128::from(b.param + b.grad + b.optimizer)
+                    + u.byte_fields()
+                        .iter()
+                        .map(|&(_, v)| u128::from(v))
+                        .sum::<u128>()
+            })
+            .sum();
+        if total > u128::from(MAX_TOTAL_BYTES) {
+            return bad(
+                "units".into(),
+                format!(
+                    "parameters, gradients, optimizer state, activations and workspaces adding up \
+                     to at most {MAX_TOTAL_BYTES} bytes (4 EiB), got {total}"
+                ),
+            );
         }
         for (op, curve) in [
             ("all_gather", &self.comm.all_gather),

@@ -1,0 +1,469 @@
+//! Malformed and edge-case inputs, table-driven: each case is an input (a file edited from a
+//! valid one, or a command line), the command run on it, the exit code expected and a fragment
+//! its one-line error must carry. Every case also runs under `--json`, where the error must be
+//! one JSON object on stdout with the same code, and no case may leave an output behind.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Runs the binary from the repository root, killed after `deadline` (a hang fails the test).
+fn shardplan(args: &[String], deadline: Duration) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shardplan"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > deadline {
+            child.kill().unwrap();
+            panic!("{args:?} still running after {deadline:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// The inputs the cases edit: a valid profile and plan, a model file and an nccl-tests output.
+struct Inputs {
+    dir: tempfile::TempDir,
+    profile: String,
+    plan: String,
+    /// Edited copies made so far (each gets its own file).
+    edits: std::cell::Cell<usize>,
+}
+
+impl Inputs {
+    fn new() -> Inputs {
+        let dir = tempfile::tempdir().unwrap();
+        let profile = dir.path().join("profile.toml").display().to_string();
+        let plan = dir.path().join("plan.toml").display().to_string();
+        let made = shardplan(
+            &words(&format!(
+                "profile analytic --model models/gpt2-small.toml --device h100-sxm --world-size 8 --out {profile}"
+            )),
+            Duration::from_secs(60),
+        );
+        assert!(made.status.success());
+        let planned = shardplan(
+            &words(&format!(
+                "baseline --profile {profile} --kind fsdp2 --out {plan}"
+            )),
+            Duration::from_secs(60),
+        );
+        assert!(planned.status.success());
+        Inputs {
+            dir,
+            profile,
+            plan,
+            edits: std::cell::Cell::new(0),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Writes `text` (or the bytes) to `name` in the case's directory; returns the path.
+    fn write(&self, name: &str, bytes: &[u8]) -> String {
+        let path = self.path(name);
+        std::fs::write(&path, bytes).unwrap();
+        path.display().to_string()
+    }
+
+    /// A copy of the profile with its first `count` occurrences of `from` replaced by `to`.
+    fn profile_with(&self, from: &str, to: &str, count: usize) -> String {
+        let text = std::fs::read_to_string(&self.profile).unwrap();
+        assert!(text.contains(from), "the profile has no `{from}`");
+        self.edits.set(self.edits.get() + 1);
+        let name = format!("edited-{}.toml", self.edits.get());
+        self.write(&name, text.replacen(from, to, count).as_bytes())
+    }
+}
+
+/// A command line split at spaces; `''` stands for an empty argument.
+fn words(line: &str) -> Vec<String> {
+    line.split_whitespace()
+        .map(|w| {
+            if w == "''" {
+                String::new()
+            } else {
+                w.to_string()
+            }
+        })
+        .collect()
+}
+
+fn fixture(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/nccl-tests")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// One case: the command line, the exit code, a fragment of the message, the JSON `field`.
+struct Case {
+    name: &'static str,
+    args: Vec<String>,
+    code: i32,
+    fragment: &'static str,
+    field: Option<&'static str>,
+}
+
+fn case(
+    name: &'static str,
+    line: String,
+    code: i32,
+    fragment: &'static str,
+    field: Option<&'static str>,
+) -> Case {
+    Case {
+        name,
+        args: words(&line),
+        code,
+        fragment,
+        field,
+    }
+}
+
+fn cases(inputs: &Inputs) -> Vec<Case> {
+    let profile = &inputs.profile;
+    let plan = &inputs.plan;
+    let out = inputs.path("out.toml").display().to_string();
+    let baseline = |p: &str| format!("baseline --profile {p} --kind ddp --out {out}");
+    let garbage = inputs.write("garbage.bin", &[0xff, 0xfe, 0x00, 0x80, 0x41]);
+    let empty = inputs.write("empty.toml", b"");
+    let huge_model = inputs.write(
+        "huge.toml",
+        std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gpt2-small.toml"),
+        )
+        .unwrap()
+        .replacen("hidden = 768", "hidden = 1099511627776", 1)
+        .as_bytes(),
+    );
+    let negative_size = inputs.write(
+        "negative.txt",
+        std::fs::read_to_string(fixture("all-reduce-8ranks.txt"))
+            .unwrap()
+            .replacen("       32768 ", "      -32768 ", 1)
+            .as_bytes(),
+    );
+    let over_cap = {
+        let text = std::fs::read_to_string(plan).unwrap();
+        let capped = format!("memory_cap_bytes = 1048576\n{text}");
+        inputs.write("over-cap.toml", capped.as_bytes())
+    };
+    let other_profile = {
+        let text = std::fs::read_to_string(profile).unwrap();
+        inputs.write(
+            "other.toml",
+            text.replacen("iteration_extra_us = ", "iteration_extra_us = 1", 1)
+                .as_bytes(),
+        )
+    };
+    vec![
+        case(
+            "missing file",
+            baseline("missing.toml"),
+            2,
+            "missing.toml: cannot read: No such file",
+            None,
+        ),
+        case("not UTF-8", baseline(&garbage), 2, "cannot read", None),
+        case("empty file", baseline(&empty), 2, "missing field", None),
+        case(
+            "negative time",
+            baseline(&inputs.profile_with("forward_us = ", "forward_us = -", 2)),
+            2,
+            "expected a time of 0 to 1e15 µs",
+            Some("units[1].forward_us"),
+        ),
+        case(
+            "time that sums to infinity",
+            baseline(&inputs.profile_with("backward_us = ", "backward_us = 1e308 #", 3)),
+            2,
+            "got 1e308",
+            Some("units[0].backward_us"),
+        ),
+        case(
+            "bytes at the largest TOML integer",
+            baseline(&inputs.profile_with(
+                "activation_bytes = ",
+                "activation_bytes = 9223372036854775807 #",
+                1,
+            )),
+            2,
+            "at most 1125899906842624 bytes (1 PiB) for unit `embedding`, got 9223372036854775807",
+            Some("units[0].activation_bytes"),
+        ),
+        case(
+            "negative integer",
+            baseline(&inputs.profile_with("activation_bytes = ", "activation_bytes = -", 1)),
+            2,
+            "expected u64",
+            Some("units[0].activation_bytes"),
+        ),
+        case(
+            "fractional integer",
+            baseline(&inputs.profile_with("world_size = 8", "world_size = 8.5", 1)),
+            2,
+            "expected u32",
+            Some("world_size"),
+        ),
+        case(
+            "unknown field",
+            baseline(&inputs.profile_with("params = ", "parameters = ", 1)),
+            2,
+            "parameters",
+            None,
+        ),
+        case(
+            "other schema",
+            baseline(&inputs.profile_with("schema = 1", "schema = 2", 1)),
+            2,
+            "expected 1, got 2",
+            Some("schema"),
+        ),
+        case(
+            "output is the input",
+            format!("baseline --profile {profile} --kind ddp --out {profile}"),
+            2,
+            "it would be overwritten",
+            Some("--out"),
+        ),
+        case(
+            "output resolves to the input",
+            format!(
+                "solve --profile {profile} --memory-cap 80GiB --out {}/../{}/profile.toml",
+                inputs.dir.path().display(),
+                inputs.dir.path().file_name().unwrap().to_string_lossy()
+            ),
+            2,
+            "it would be overwritten",
+            Some("--out"),
+        ),
+        case(
+            "empty caps",
+            format!("sweep --profile {profile} --caps '' --out-dir {out}"),
+            2,
+            "--caps",
+            Some("--caps"),
+        ),
+        case(
+            "unknown method",
+            format!("sweep --profile {profile} --methods ddp,zero9 --out-dir {out}"),
+            2,
+            "zero9",
+            Some("--methods"),
+        ),
+        case(
+            "gap out of range",
+            format!("solve --profile {profile} --memory-cap 80GiB --gap 2 --out {out}"),
+            2,
+            "a relative gap in [0, 1)",
+            Some("--gap"),
+        ),
+        case(
+            "time limit not finite",
+            format!("solve --profile {profile} --memory-cap 80GiB --time-limit inf --out {out}"),
+            2,
+            "a positive number of seconds",
+            Some("--time-limit"),
+        ),
+        case(
+            "zero cap",
+            format!("baseline --profile {profile} --kind ddp --memory-cap 0GiB --out {out}"),
+            2,
+            "--memory-cap",
+            Some("--memory-cap"),
+        ),
+        case(
+            "cap missing for the time objective",
+            format!("solve --profile {profile} --out {out}"),
+            2,
+            "--memory-cap",
+            Some("--memory-cap"),
+        ),
+        case(
+            "plan for another profile",
+            format!("simulate --profile {other_profile} --plan {plan}"),
+            2,
+            "made for profile sha256:",
+            None,
+        ),
+        case(
+            "export of a plan above its own cap",
+            format!("export fsdp2 --profile {profile} --plan {over_cap} --out {out}"),
+            3,
+            "above its own memory_cap_bytes",
+            None,
+        ),
+        case(
+            "all_reduce output as the all_gather curve",
+            format!(
+                "comm import --all-gather {} --into {profile} --out {out}",
+                fixture("all-reduce-8ranks.txt")
+            ),
+            2,
+            "got `sum`",
+            Some("redop"),
+        ),
+        case(
+            "all_gather output as the reduce_scatter curve",
+            format!(
+                "comm import --reduce-scatter {} --into {profile} --out {out}",
+                fixture("current-layout-no-hash.txt")
+            ),
+            2,
+            "got `none`",
+            Some("redop"),
+        ),
+        case(
+            "negative size in nccl-tests",
+            format!("comm import --all-reduce {negative_size} --into {profile} --out {out}"),
+            2,
+            "got `-32768`",
+            Some("size"),
+        ),
+        case(
+            "model too large for the arithmetic",
+            format!(
+                "profile analytic --model {huge_model} --device h100-sxm --world-size 8 --out {out}"
+            ),
+            2,
+            "an integer in 1..=1048576, got 1099511627776",
+            Some("hidden"),
+        ),
+        case(
+            "unknown device",
+            format!(
+                "profile analytic --model models/gpt2-small.toml --device tpu-v9 --world-size 8 --out {out}"
+            ),
+            2,
+            "h100-sxm",
+            None,
+        ),
+        case(
+            "unknown flag",
+            format!("{} --frobnicate", baseline(profile)),
+            2,
+            "--frobnicate",
+            Some("--frobnicate"),
+        ),
+    ]
+}
+
+#[test]
+fn every_malformed_input_exits_non_zero_with_one_line_naming_what_is_wrong() {
+    let inputs = Inputs::new();
+    let profile_before = std::fs::read(&inputs.profile).unwrap();
+    for case in cases(&inputs) {
+        let plain = shardplan(&case.args, Duration::from_secs(60));
+        let stderr = String::from_utf8_lossy(&plain.stderr);
+        assert_eq!(
+            plain.status.code(),
+            Some(case.code),
+            "{}: {stderr}",
+            case.name
+        );
+        assert!(stderr.contains(case.fragment), "{}: {stderr}", case.name);
+        assert!(plain.stdout.is_empty(), "{}: wrote to stdout", case.name);
+        if !stderr.contains("For more information, try '--help'") {
+            assert_eq!(stderr.trim().lines().count(), 1, "{}: {stderr}", case.name);
+        }
+        assert!(
+            stderr.matches("os error").count() <= 1,
+            "{}: cause repeated: {stderr}",
+            case.name
+        );
+
+        let mut json_args = case.args.clone();
+        json_args.push("--json".into());
+        let json = shardplan(&json_args, Duration::from_secs(60));
+        assert_eq!(json.status.code(), Some(case.code), "{} --json", case.name);
+        let error: Value = serde_json::from_slice(&json.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{} --json: stdout is not one JSON object ({e}): {}",
+                case.name,
+                String::from_utf8_lossy(&json.stdout)
+            )
+        });
+        assert!(
+            error["error"].as_str().unwrap().contains(case.fragment),
+            "{}: {error}",
+            case.name
+        );
+        assert_eq!(error["exit_code"], case.code, "{}: {error}", case.name);
+        assert!(error["kind"].is_string(), "{}: {error}", case.name);
+        if let Some(field) = case.field {
+            assert_eq!(error["field"], field, "{}: {error}", case.name);
+        }
+        assert!(
+            !inputs.path("out.toml").exists(),
+            "{}: a failed command left an output",
+            case.name
+        );
+    }
+    assert_eq!(
+        std::fs::read(&inputs.profile).unwrap(),
+        profile_before,
+        "an input was overwritten"
+    );
+}
+
+#[test]
+fn a_sweep_without_the_ilp_finishes_and_writes_its_files() {
+    let inputs = Inputs::new();
+    let dir = inputs.path("sweep");
+    let started = Instant::now();
+    let out = shardplan(
+        &words(&format!(
+            "sweep --profile {} --methods ddp,zero3 --points 4 --out-dir {} --json",
+            inputs.profile,
+            dir.display()
+        )),
+        Duration::from_secs(60),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["caps"].as_array().unwrap().len(), 4);
+    // The top cap fits each method's fastest plan; no ILP, so no level chart.
+    let top = &report["caps"][3];
+    assert!(top["best_baseline"].is_string(), "{report}");
+    for file in ["sweep.csv", "summary.md", "sweep.svg", "sweep.png"] {
+        assert!(dir.join(file).exists(), "{file}");
+    }
+    assert!(!dir.join("levels.svg").exists());
+    eprintln!("sweep without the ILP: {:?}", started.elapsed());
+}
+
+#[test]
+fn export_of_a_plan_above_its_cap_needs_force() {
+    let inputs = Inputs::new();
+    let text = std::fs::read_to_string(&inputs.plan).unwrap();
+    let over = inputs.write(
+        "over.toml",
+        format!("memory_cap_bytes = 1048576\n{text}").as_bytes(),
+    );
+    let out = inputs.path("fsdp2.json");
+    let forced = shardplan(
+        &words(&format!(
+            "export fsdp2 --profile {} --plan {over} --out {} --force",
+            inputs.profile,
+            out.display()
+        )),
+        Duration::from_secs(60),
+    );
+    assert!(forced.status.success());
+    assert!(out.exists());
+}
