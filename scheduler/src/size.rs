@@ -1,42 +1,74 @@
 //! Byte sizes as people write them (`40GiB`, `512MiB`, `80GB`, `1073741824`) and back.
 
-/// Parses a positive byte size. Binary units (KiB, MiB, GiB, TiB) are powers of 1024, decimal
-/// units (KB, MB, GB, TB) powers of 1000; a bare number is bytes. Fractions are allowed
-/// (`1.5GiB`) and rounded to whole bytes.
+/// Parses a positive byte size. Binary units (KiB … PiB) are powers of 1024, decimal units
+/// (KB … PB) powers of 1000; a bare number is bytes, written whole (exact up to 2^63) or with a
+/// fraction or exponent (`1.5e15`). Below-byte fractions are floored: a size is never rounded up.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let (number, unit) = split_unit(text);
+    if unit.is_empty()
+        && let Ok(bytes) = number.parse::<u64>()
+    {
+        return if (1..1 << 63).contains(&bytes) {
+            Ok(bytes)
+        } else {
+            Err(format!(
+                "`{text}`: expected a size of at least one byte and below 2^63"
+            ))
+        };
+    }
     let scale: f64 = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "kb" => 1e3,
         "mb" => 1e6,
         "gb" => 1e9,
         "tb" => 1e12,
+        "pb" => 1e15,
         "kib" => 1024.0,
         "mib" => 1024f64.powi(2),
         "gib" => 1024f64.powi(3),
         "tib" => 1024f64.powi(4),
+        "pib" => 1024f64.powi(5),
         other => {
             return Err(format!(
-                "`{text}`: unknown unit `{other}` (expected B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)"
+                "`{text}`: unknown unit `{other}` (expected B, KB, MB, GB, TB, PB, KiB, MiB, GiB, TiB or PiB)"
             ));
         }
     };
     let value: f64 = number
         .parse()
         .map_err(|_| format!("`{text}`: expected a positive size such as 40GiB, 512MiB or 80GB"))?;
-    let bytes = (value * scale).round();
+    let bytes = (value * scale).floor();
     if !(bytes >= 1.0 && bytes < 2f64.powi(63)) {
-        return Err(format!("`{text}`: expected a size of at least one byte"));
+        return Err(format!(
+            "`{text}`: expected a size of at least one byte and below 2^63"
+        ));
     }
     Ok(bytes as u64)
 }
 
-/// Splits `12.5GiB` into `("12.5", "GiB")` (surrounding and inner white space dropped).
+/// Splits `12.5GiB` into `("12.5", "GiB")` and `1.5e15` into `("1.5e15", "")` (surrounding and
+/// inner white space dropped).
 fn split_unit(text: &str) -> (&str, &str) {
     let t = text.trim();
-    let split = t
+    let mantissa = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
+    let rest = &t[mantissa..];
+    let exponent = match rest.strip_prefix(['e', 'E']) {
+        Some(e) => {
+            let digits = e.strip_prefix(['+', '-']).unwrap_or(e);
+            let count = digits
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(digits.len());
+            if count > 0 {
+                1 + (e.len() - digits.len()) + count
+            } else {
+                0
+            }
+        }
+        None => 0,
+    };
+    let split = mantissa + exponent;
     let (number, unit) = t.split_at(split);
     (number, unit.trim())
 }
@@ -90,6 +122,17 @@ mod tests {
         assert_eq!(parse_bytes("80GB").unwrap(), 80_000_000_000);
         assert_eq!(parse_bytes("1.5 GiB").unwrap(), 3 * (1 << 29));
         assert_eq!(parse_bytes("4096").unwrap(), 4096);
+        assert_eq!(parse_bytes("85899345920").unwrap(), 80 * (1 << 30));
+        assert_eq!(parse_bytes("1.5e15").unwrap(), 1_500_000_000_000_000);
+        assert_eq!(parse_bytes("1PiB").unwrap(), 1 << 50);
+        assert_eq!(parse_bytes("2PB").unwrap(), 2_000_000_000_000_000);
+        // Exact beyond f64's 2^53, and never rounded up.
+        assert_eq!(
+            parse_bytes("9007199254740993").unwrap(),
+            9_007_199_254_740_993
+        );
+        assert_eq!(parse_bytes("1.9").unwrap(), 1);
+        assert_eq!(parse_bytes("1.0000001KiB").unwrap(), 1024);
     }
 
     #[test]
