@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Rng, affine, random_schedule, run};
+use common::{Rng, affine, random_schedule, run_plan};
 use shardplan_runtime::gpt2::Gpt2;
 use shardplan_runtime::gpt2::data::Tokens;
 use shardplan_runtime::layout::layout;
@@ -101,18 +101,7 @@ impl Setup {
     ) -> (serde_json::Value, Vec<Vec<f32>>) {
         let dump = self.path(&format!("{name}-{semantics}.json"));
         let s = |p: &Path| p.to_str().unwrap().to_string();
-        let args = [
-            "run",
-            "--backend",
-            "cpu",
-            "--profile",
-            &s(profile),
-            "--plan",
-            &s(plan),
-            "--model",
-            &s(&model_path()),
-            "--steps",
-            &STEPS.to_string(),
+        let extra = [
             "--data",
             &s(&self.data),
             "--semantics",
@@ -121,7 +110,7 @@ impl Setup {
             &s(&dump),
             "--json",
         ];
-        let out = run(world, &args);
+        let out = run_plan(world, profile, plan, &model_path(), STEPS as u64, &extra);
         assert!(
             out.status.success(),
             "{name} {semantics} N={world}: {}",
@@ -256,26 +245,8 @@ fn bad_inputs_are_refused_naming_what_is_wrong() {
         .schedule;
     let (profile_path, plan) = s.save("ddp1", &p1, &ddp);
     let model = model_path();
-    let run_model = |model: &Path, extra: &[&str]| {
-        let mut args: Vec<String> = [
-            "run",
-            "--backend",
-            "cpu",
-            "--profile",
-            profile_path.to_str().unwrap(),
-            "--plan",
-            plan.to_str().unwrap(),
-            "--model",
-            model.to_str().unwrap(),
-            "--steps",
-            "1",
-        ]
-        .map(String::from)
-        .to_vec();
-        args.extend(extra.iter().map(|a| a.to_string()));
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        run(1, &refs)
-    };
+    let run_model =
+        |model: &Path, extra: &[&str]| run_plan(1, &profile_path, &plan, model, 1, extra);
     let base = |extra: &[&str]| run_model(&model, extra);
     let check = |out: Output, fragment: &str| {
         let err = String::from_utf8_lossy(&out.stderr).to_string();

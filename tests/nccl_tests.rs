@@ -354,4 +354,12 @@ fn result_rows_with_sizes_that_are_not_byte_counts_are_refused() {
             "{e}"
         );
     }
+    // A count whose bytes overflow u64 is a wrong count, not an arithmetic wrap.
+    let huge = text.replacen(
+        "           512     float",
+        " 4611686018427387904     float",
+        1,
+    );
+    let e = parse(&huge, "ar.txt", AllReduce).unwrap_err().to_string();
+    assert!(e.contains("ar.txt:15: field `count`"), "{e}");
 }

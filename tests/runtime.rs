@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Rng, affine, random_schedule, run};
+use common::{Rng, affine, random_schedule, run_plan};
 use shardplan_runtime::layout::layout;
 use shardplan_runtime::measure::workload_profile;
 use shardplan_runtime::mlp::{Mlp, MlpSpec, max_relative_error, reference_training};
@@ -56,23 +56,7 @@ fn write_plan(dir: &Path, name: &str, profile: &Profile, schedule: &Schedule) ->
 
 /// `shardplan run` of two steps on one rank (no mpirun).
 fn run_two_steps(profile: &Path, plan: &Path, model: &Path) -> Output {
-    let [profile, plan, model] = [profile, plan, model].map(|p| p.to_str().unwrap());
-    run(
-        1,
-        &[
-            "run",
-            "--backend",
-            "cpu",
-            "--profile",
-            profile,
-            "--plan",
-            plan,
-            "--model",
-            model,
-            "--steps",
-            "2",
-        ],
-    )
+    run_plan(1, profile, plan, model, 2, &[])
 }
 
 fn params(path: &Path) -> Vec<Vec<f32>> {
@@ -116,20 +100,13 @@ fn check_world(world: usize, random_plans: usize) {
         let mut results = Vec::new();
         for semantics in ["strict", "relaxed"] {
             let dump = dir.path().join(format!("{name}-{semantics}.json"));
-            let out = run(
+            let out = run_plan(
                 world,
+                &profile_path,
+                &plan,
+                &model,
+                STEPS as u64,
                 &[
-                    "run",
-                    "--backend",
-                    "cpu",
-                    "--profile",
-                    profile_path.to_str().unwrap(),
-                    "--plan",
-                    plan.to_str().unwrap(),
-                    "--model",
-                    model.to_str().unwrap(),
-                    "--steps",
-                    &STEPS.to_string(),
                     "--semantics",
                     semantics,
                     "--dump-params",

@@ -177,7 +177,7 @@ fn ranks(rows: &[Row], collective: Collective) -> Result<Option<u64>> {
         let Some(bytes) = type_bytes(&row.dtype) else {
             return Ok(None);
         };
-        let element_bytes = row.count * bytes;
+        let element_bytes = row.count.checked_mul(bytes).unwrap_or(0);
         if element_bytes == 0 || !row.size.is_multiple_of(element_bytes) {
             return Err(bad(
                 &row.at,
@@ -342,21 +342,20 @@ fn parse_text(text: &str, origin: &str) -> Result<(Vec<Row>, Option<&'static str
         if line.starts_with('#') || tokens.len() < 8 {
             continue;
         }
-        let (Ok(size), Ok(count)) = (tokens[0].parse::<f64>(), tokens[1].parse::<f64>()) else {
+        // A result row starts with two numbers; both must be whole byte and element counts.
+        if tokens[..2].iter().any(|t| t.parse::<f64>().is_err()) {
             continue;
-        };
-        let whole = |v: f64, field: &str| {
-            if v >= 0.0 && v.fract() == 0.0 && v < 2f64.powi(63) {
-                Ok(v as u64)
-            } else {
-                Err(bad(
+        }
+        let whole = |k: usize, field: &str| {
+            tokens[k].parse::<u64>().map_err(|_| {
+                bad(
                     &at(),
                     field,
-                    format!("a whole number >= 0, got `{v}` in a result row"),
-                ))
-            }
+                    format!("a whole number >= 0, got `{}` in a result row", tokens[k]),
+                )
+            })
         };
-        let (size, count) = (whole(size, "size")?, whole(count, "count")?);
+        let (size, count) = (whole(0, "size")?, whole(1, "count")?);
         let c = columns.unwrap_or_else(|| Columns::guess(tokens.len()));
         let time: f64 = tokens
             .get(c.time)

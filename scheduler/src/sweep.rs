@@ -248,7 +248,7 @@ pub fn cap_range(
 ) -> Result<(u64, u64)> {
     let mib = 1u64 << 20;
     let up_to_mib = |bytes: f64| (bytes / mib as f64).ceil() as u64 * mib;
-    // A baseline's plans without a cap: checkpointing off and on.
+    // A baseline's plans without a cap (checkpointing off and on), and the faster of them.
     let variants = |kind: BaselineKind| -> Vec<Simulation> {
         [false, true]
             .into_iter()
@@ -256,11 +256,11 @@ pub fn cap_range(
             .map(|b| b.simulation)
             .collect()
     };
-    let fastest = |kind: BaselineKind| -> Simulation {
-        variants(kind)
-            .into_iter()
+    let fastest = |sims: &[Simulation]| -> Simulation {
+        sims.iter()
             .min_by(|a, b| a.iteration_time_us.total_cmp(&b.iteration_time_us))
             .expect("a baseline builds without a cap")
+            .clone()
     };
     let (low, high) = if methods.contains(&Method::Ilp) {
         let memory = SolveOptions {
@@ -271,26 +271,30 @@ pub fn cap_range(
             ..template.clone()
         };
         let smallest = solve(profile, &memory)?;
-        let high = [fastest(BaselineKind::Ddp), fastest(BaselineKind::Zero2)]
-            .into_iter()
-            .min_by(|a, b| a.iteration_time_us.total_cmp(&b.iteration_time_us))
-            .expect("two baselines");
+        let high = fastest(&[
+            fastest(&variants(BaselineKind::Ddp)),
+            fastest(&variants(BaselineKind::Zero2)),
+        ]);
         (
             smallest.simulation.peak_memory_bytes,
             high.peak_memory_bytes,
         )
     } else {
-        let kinds = methods.iter().filter_map(|m| match m {
-            Method::Baseline(kind) => Some(*kind),
-            Method::Ilp => None,
-        });
-        let low = kinds
-            .clone()
-            .flat_map(variants)
+        let per_kind: Vec<Vec<Simulation>> = methods
+            .iter()
+            .filter_map(|m| match m {
+                Method::Baseline(kind) => Some(variants(*kind)),
+                Method::Ilp => None,
+            })
+            .collect();
+        let low = per_kind
+            .iter()
+            .flatten()
             .map(|s| s.peak_memory_bytes)
             .fold(f64::INFINITY, f64::min);
-        let high = kinds
-            .map(|kind| fastest(kind).peak_memory_bytes)
+        let high = per_kind
+            .iter()
+            .map(|sims| fastest(sims).peak_memory_bytes)
             .fold(0.0, f64::max);
         (low, high)
     };

@@ -242,3 +242,32 @@ pub fn run(world: usize, args: &[&str]) -> std::process::Output {
     };
     cmd.args(args).output().expect("mpirun or shardplan starts")
 }
+
+/// `shardplan run --backend cpu` of `plan` (for `profile` and `model`) for `steps` steps on
+/// `world` ranks, with `extra` arguments after.
+pub fn run_plan(
+    world: usize,
+    profile: &std::path::Path,
+    plan: &std::path::Path,
+    model: &std::path::Path,
+    steps: u64,
+    extra: &[&str],
+) -> std::process::Output {
+    let [profile, plan, model] = [profile, plan, model].map(|p| p.to_str().unwrap());
+    let steps = steps.to_string();
+    let mut args = vec![
+        "run",
+        "--backend",
+        "cpu",
+        "--profile",
+        profile,
+        "--plan",
+        plan,
+        "--model",
+        model,
+        "--steps",
+        &steps,
+    ];
+    args.extend_from_slice(extra);
+    run(world, &args)
+}
