@@ -6,7 +6,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use shardplan_runtime::backend::{Allocation, Backend, CpuBackend, Loopback};
 use shardplan_runtime::executor::{RunOptions, initialise, run};
 use shardplan_runtime::layout::layout;
-use shardplan_runtime::measure::workload_profile;
+use shardplan_runtime::measure::{UnitTime, workload_profile};
 use shardplan_runtime::mlp::{Mlp, MlpSpec, adam, linear_backward, linear_forward, mse_grad};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::curve::CommCurve;
@@ -94,7 +94,14 @@ fn overhead(c: &mut Criterion) {
         reduce_scatter: flat.clone(),
         all_reduce: flat,
     };
-    let times = vec![(100.0, 200.0); spec.units()];
+    let times = vec![
+        UnitTime {
+            forward_us: 100.0,
+            backward_us: 200.0,
+            optimizer_us: 10.0,
+        };
+        spec.units()
+    ];
     let mlp = Mlp::new(spec.clone(), 0, 1);
     let profile =
         workload_profile(&mlp, 1, &times, comm, Some(1 << 30), Default::default()).unwrap();

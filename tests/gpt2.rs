@@ -10,7 +10,7 @@ use common::{Rng, affine, random_schedule, run_plan};
 use shardplan_runtime::gpt2::Gpt2;
 use shardplan_runtime::gpt2::data::Tokens;
 use shardplan_runtime::layout::layout;
-use shardplan_runtime::measure::workload_profile;
+use shardplan_runtime::measure::{UnitTime, workload_profile};
 use shardplan_runtime::workload::Workload;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::model::ModelSpec;
@@ -39,7 +39,11 @@ fn gpt2(world: usize) -> Gpt2 {
 fn profile(world: usize) -> Profile {
     let g = gpt2(world);
     let times = (0..g.unit_count())
-        .map(|u| (10.0 + u as f64, 20.0 + u as f64))
+        .map(|u| UnitTime {
+            forward_us: 10.0 + u as f64,
+            backward_us: 20.0 + u as f64,
+            optimizer_us: 3.0 + u as f64,
+        })
         .collect();
     let comm = CommCurves {
         all_gather: affine(5.0, 100.0),

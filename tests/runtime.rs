@@ -7,7 +7,7 @@ mod common;
 
 use common::{Rng, affine, random_schedule, run_plan};
 use shardplan_runtime::layout::layout;
-use shardplan_runtime::measure::workload_profile;
+use shardplan_runtime::measure::{UnitTime, workload_profile};
 use shardplan_runtime::mlp::{Mlp, MlpSpec, max_relative_error, reference_training};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::plan::{Producer, Schedule, plan_with_prediction};
@@ -28,7 +28,11 @@ fn spec(dir: &Path) -> (MlpSpec, PathBuf) {
 /// A profile with 2–4 blocks per unit (block size 1 KiB; units hold 1–2 k parameters).
 fn profile(spec: &MlpSpec, world: u32) -> Profile {
     let times = (0..spec.units())
-        .map(|u| (10.0 + u as f64, 20.0 + u as f64))
+        .map(|u| UnitTime {
+            forward_us: 10.0 + u as f64,
+            backward_us: 20.0 + u as f64,
+            optimizer_us: 3.0 + u as f64,
+        })
         .collect();
     let comm = CommCurves {
         all_gather: affine(5.0, 100.0),
@@ -242,7 +246,14 @@ fn mismatched_runs_are_refused_before_any_step() {
     workload_profile(
         &Mlp::new(spec.clone(), 0, 2),
         2,
-        &vec![(1.0, 2.0); spec.units()],
+        &vec![
+            UnitTime {
+                forward_us: 1.0,
+                backward_us: 2.0,
+                optimizer_us: 0.5,
+            };
+            spec.units()
+        ],
         profile.comm.clone(),
         Some(2048),
         Default::default(),

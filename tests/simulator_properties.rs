@@ -95,3 +95,42 @@ proptest! {
         }
     }
 }
+
+/// The optimizer step rides on the unit's reduction: o_i/nb_i per AllReduce block, o_i/(N·nb_i)
+/// per ReduceScatter block (a rank steps its shard), nothing on gathers; one replicated unit's
+/// AllReduce runs after its backward with nothing left to hide behind, so its whole step adds to
+/// the iteration, and a sharded unit's a quarter of it at N = 4.
+#[test]
+fn the_optimizer_step_follows_the_reduction() {
+    use shardplan_scheduler::baselines::{BaselineKind, baseline};
+    use shardplan_scheduler::cost::block_time_us;
+    // 1000 parameters of 2 bytes in 1000-byte blocks: nb = 2; N = 4.
+    let unit = [(1000, 10.0, 20.0, 100, 50, 0, 0)];
+    let curve = || common::affine(3.0, 100.0);
+    let without = common::profile(
+        4,
+        1000,
+        0.0,
+        0.0,
+        (2, 2, 12),
+        &unit,
+        curve(),
+        curve(),
+        curve(),
+    );
+    let mut with = without.clone();
+    with.units[0].optimizer_us = 80.0;
+    let added = |op| block_time_us(&with, 0, op) - block_time_us(&without, 0, op);
+    assert!((added(Op::AllReduce) - 40.0).abs() < 1e-9);
+    assert!((added(Op::ReduceScatter) - 10.0).abs() < 1e-9);
+    assert_eq!(added(Op::GatherForward), 0.0);
+    for (kind, step) in [(BaselineKind::Ddp, 80.0), (BaselineKind::Fsdp2, 20.0)] {
+        let plan = baseline(&without, kind, false, None).unwrap().schedule;
+        let time = |p| simulate(p, &plan, Semantics::Strict).iteration_time_us;
+        let grown = time(&with) - time(&without);
+        assert!(
+            (grown - step).abs() < 1e-9,
+            "{kind:?}: {grown} µs more, expected {step}"
+        );
+    }
+}

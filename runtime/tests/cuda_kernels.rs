@@ -36,10 +36,12 @@ extern "C" void run_relu_mask(unsigned g, unsigned t, float* grad, const float* 
 extern "C" void run_column_sums(unsigned g, unsigned t, float* out, const float* x, int rows, int cols) {
     grid(g, t, [&] { column_sums(out, x, rows, cols); });
 }
-extern "C" void run_mse(unsigned g, unsigned t, const float* z, const float* y, float* grad,
-                        float scale, long long n, float* loss) {
+extern "C" void run_mse(unsigned g, unsigned t, unsigned pg, unsigned pt, const float* z,
+                        const float* y, float* grad, float scale, long long n, long long parts,
+                        float* partials, float* loss) {
     grid(g, t, [&] { mse_grad(z, y, grad, scale, n); });
-    grid(1, 1, [&] { mse_loss(z, y, scale, n, loss); });
+    grid(pg, pt, [&] { mse_loss_partials(z, y, scale, n, parts, partials); });
+    grid(1, 1, [&] { sum_in_order(partials, parts, loss); });
 }
 extern "C" void run_adam(unsigned g, unsigned t, float* p, const float* gr, float* m, float* v,
                          long long n, float lr, float c1, float c2, float b1, float b2, float e) {
@@ -94,7 +96,20 @@ fn grid(n: usize) -> (u32, u32) {
 type Fill = unsafe extern "C" fn(u32, u32, *mut f32, *const f32, i32, i32);
 type Relu = unsafe extern "C" fn(u32, u32, *mut f32, i64);
 type Mask = unsafe extern "C" fn(u32, u32, *mut f32, *const f32, i64);
-type Mse = unsafe extern "C" fn(u32, u32, *const f32, *const f32, *mut f32, f32, i64, *mut f32);
+type Mse = unsafe extern "C" fn(
+    u32,
+    u32,
+    u32,
+    u32,
+    *const f32,
+    *const f32,
+    *mut f32,
+    f32,
+    i64,
+    i64,
+    *mut f32,
+    *mut f32,
+);
 type Adam = unsafe extern "C" fn(
     u32,
     u32,
@@ -186,28 +201,36 @@ fn layer_kernels_equal_the_cpu_backend() {
     assert_eq!(sums, cpu_grads[dout * din..], "bias gradient");
 }
 
-/// The loss gradient, the loss and three Adam steps equal the CPU's bitwise.
+/// The loss gradient, the loss (more elements than partial sums, so each partial adds several,
+/// and a length that is no multiple of their number) and three Adam steps equal the CPU's bitwise.
 #[test]
 fn loss_and_adam_kernels_equal_the_cpu_backend() {
     let (_dir, lib) = compile();
-    let n = 1000;
+    let n = 2 * mlp::LOSS_PARTIALS + 1000;
     let (z, y) = (values(n, 6), values(n, 7));
     let scale = 1.0 / 640.0;
     let mut cpu_grad = vec![0.0f32; n];
     let cpu_loss = mlp::mse_grad(&z, &y, &mut cpu_grad, scale);
     let (mut grad, mut loss) = (vec![f32::NAN; n], f32::NAN);
     let (g, t) = grid(n);
+    let parts = mlp::LOSS_PARTIALS.min(n);
+    let (pg, pt) = grid(parts);
+    let mut partials = vec![f32::NAN; parts];
     // SAFETY: as above.
     unsafe {
         let mse: libloading::Symbol<Mse> = lib.get(b"run_mse").unwrap();
         mse(
             g,
             t,
+            pg,
+            pt,
             z.as_ptr(),
             y.as_ptr(),
             grad.as_mut_ptr(),
             scale,
             n as i64,
+            parts as i64,
+            partials.as_mut_ptr(),
             &mut loss,
         );
     }

@@ -14,14 +14,22 @@ pub fn block_bytes(profile: &Profile, unit: usize, op: Op) -> f64 {
     (profile.units[unit].params * per_param) as f64 / f64::from(profile.blocks(unit))
 }
 
-/// t_op(bytes(b)): time of one block of `op` for unit `unit`.
+/// t_op(bytes(b)) + upd_op: time of one block of `op` for unit `unit`. A reduction's blocks
+/// also carry equal shares of the unit's optimizer step, which follows its last block on the
+/// communication stream: upd = o_i/nb_i after an AllReduce (the whole unit), o_i/(N·nb_i) after
+/// a ReduceScatter (the rank's shard); gathers carry none.
 pub fn block_time_us(profile: &Profile, unit: usize, op: Op) -> f64 {
-    let curve = match op {
-        Op::AllReduce => &profile.comm.all_reduce,
-        Op::ReduceScatter => &profile.comm.reduce_scatter,
-        Op::Gather | Op::GatherForward | Op::GatherBackward => &profile.comm.all_gather,
+    let blocks = f64::from(profile.blocks(unit));
+    let optimizer_us = profile.units[unit].optimizer_us;
+    let (curve, update_us) = match op {
+        Op::AllReduce => (&profile.comm.all_reduce, optimizer_us / blocks),
+        Op::ReduceScatter => (
+            &profile.comm.reduce_scatter,
+            optimizer_us / (blocks * f64::from(profile.world_size)),
+        ),
+        Op::Gather | Op::GatherForward | Op::GatherBackward => (&profile.comm.all_gather, 0.0),
     };
-    curve.time_us(block_bytes(profile, unit, op))
+    curve.time_us(block_bytes(profile, unit, op)) + update_us
 }
 
 /// c_s: f_i at F_i, b_i (+ f_i with recompute) at B_i, the extra time at E.

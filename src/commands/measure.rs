@@ -91,42 +91,50 @@ fn measure_on_cpu<C: Collectives>(
     }
 }
 
-/// Measured curves with two or more ranks (which must be the profile's world size); with one,
-/// the catalog's curves for `--world-size` ranks of `--device`. Returns where they came from.
+/// The curves: measured on the ranks this runs on, which must be the profile's world size; or,
+/// on one rank for a profile of more, the catalog's curves for `--world-size` ranks of
+/// `--device`. One rank for a profile of one measures what its collectives cost there (NCCL's
+/// copies on a GPU). Returns where they came from.
 fn curves<B: Backend>(
     backend: &B,
     start: usize,
     args: &MeasureArgs,
 ) -> anyhow::Result<(CommCurves, String)> {
     let ranks = backend.world_size();
-    match (&args.device, ranks) {
-        (Some(device), 1) => {
-            let curves = comm_curves(&Catalog::bundled()?, device, args.world_size)?;
-            Ok((
-                curves,
+    if ranks == 1 && args.world_size > 1 {
+        let device = args.device.as_deref().ok_or_else(|| {
+            flag_error(
+                "--device",
                 format!(
-                    "hardware catalog {device} x{} (one rank: collectives not measured)",
-                    args.world_size
+                    "a device of the hardware catalog: one rank cannot measure the collectives \
+                     of {} (or run under mpirun -np {})",
+                    args.world_size, args.world_size
                 ),
-            ))
-        }
-        _ => {
-            if ranks != 1 && args.world_size as usize != ranks {
-                return Err(flag_error(
-                    "--world-size",
-                    format!(
-                        "the number of ranks, {ranks}, got {} (start it with mpirun -np {})",
-                        args.world_size, args.world_size
-                    ),
-                ));
-            }
-            let curves = time_collectives(backend, start, args.max_message, args.repeats as usize)?;
-            Ok((
-                curves,
-                format!("measured on {ranks} ranks ({})", backend.name()),
-            ))
-        }
+            )
+        })?;
+        let curves = comm_curves(&Catalog::bundled()?, device, args.world_size)?;
+        return Ok((
+            curves,
+            format!(
+                "hardware catalog {device} x{} (one rank: collectives not measured)",
+                args.world_size
+            ),
+        ));
     }
+    if args.world_size as usize != ranks {
+        return Err(flag_error(
+            "--world-size",
+            format!(
+                "the number of ranks, {ranks}, got {} (start it with mpirun -np {})",
+                args.world_size, args.world_size
+            ),
+        ));
+    }
+    let curves = time_collectives(backend, start, args.max_message, args.repeats as usize)?;
+    Ok((
+        curves,
+        format!("measured on {ranks} ranks ({})", backend.name()),
+    ))
 }
 
 fn measure_workload<B: Backend, W: Train<B>>(

@@ -68,6 +68,7 @@ pub fn profile(
                 params,
                 forward_us: f,
                 backward_us: b,
+                optimizer_us: 0.0,
                 activation_bytes: act,
                 checkpoint_activation_bytes: ckpt,
                 forward_workspace_bytes: wsf,
@@ -152,7 +153,7 @@ pub fn random_profile(rng: &mut Rng, units: usize, kappa: f64, max_params: u64) 
     let n = [2, 4, 8][rng.range(0, 2) as usize];
     let mut curve = || affine(rng.range(1, 30) as f64, rng.range(5, 50) as f64);
     let (all_gather, reduce_scatter, all_reduce) = (curve(), curve(), curve());
-    profile(
+    let mut profile = profile(
         n,
         1000,
         kappa,
@@ -162,7 +163,12 @@ pub fn random_profile(rng: &mut Rng, units: usize, kappa: f64, max_params: u64) 
         all_gather,
         reduce_scatter,
         all_reduce,
-    )
+    );
+    // Optimizer steps, carried by the reductions' blocks.
+    for unit in &mut profile.units {
+        unit.optimizer_us = rng.range(0, 40) as f64;
+    }
+    profile
 }
 
 /// A random valid schedule: random levels (the last unit never fsdp), recompute flags, and

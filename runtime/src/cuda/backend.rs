@@ -10,7 +10,7 @@ use super::kernels::{Kernels, per_element};
 use super::nccl::{Nccl, NcclSetup};
 use crate::backend::{Allocation, Backend, DeviceMemory, Region, Stream};
 use crate::gemm::Gemm;
-use crate::mlp::{BETA1, BETA2, EPSILON};
+use crate::mlp::{self, BETA1, BETA2, EPSILON};
 use crate::{Error, Result};
 use cudarc::cublas::{result as cublas, sys as cublas_sys};
 use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
@@ -45,6 +45,8 @@ pub struct CudaBackend {
     base: CUdeviceptr,
     elements: usize,
     losses: Option<CudaSlice<f32>>,
+    /// The loss's partial sums ([`mlp::LOSS_PARTIALS`] of them).
+    loss_partials: Option<CudaSlice<f32>>,
     loss_slots: usize,
     staging: Mutex<(usize, Vec<StagingSlot>)>,
     memory: DeviceMemory,
@@ -98,6 +100,7 @@ impl CudaBackend {
             base: 0,
             elements: 0,
             losses: None,
+            loss_partials: None,
             loss_slots: 0,
             staging: Mutex::new((0, Vec::new())),
             memory: DeviceMemory {
@@ -261,11 +264,16 @@ impl Backend for CudaBackend {
             .compute
             .alloc_zeros::<f32>(loss_slots.max(1))
             .map_err(driver_error("allocating the loss slots"))?;
+        let loss_partials = self
+            .compute
+            .alloc_zeros::<f32>(mlp::LOSS_PARTIALS)
+            .map_err(driver_error("allocating the loss's partial sums"))?;
         let (base, _) = arena.device_ptr(&self.compute);
         self.base = base;
         self.elements = elements;
         self.arena = Some(arena);
         self.losses = Some(losses);
+        self.loss_partials = Some(loss_partials);
         self.loss_slots = loss_slots;
         self.compute
             .synchronize()
@@ -420,13 +428,28 @@ impl Backend for CudaBackend {
         let mut k = self.kernel(&self.kernels.mse_grad, Stream::Compute);
         k.arg(&zp).arg(&yp).arg(&gp).arg(&scale).arg(&n);
         self.launch(k, per_element(z.len))?;
+        let partials = self
+            .loss_partials
+            .as_ref()
+            .expect("allocated with the slots");
+        let (partials, _) = partials.device_ptr(&self.compute);
+        let parts = mlp::LOSS_PARTIALS.min(z.len);
+        let parts_arg = parts as i64;
+        let mut k = self.kernel(&self.kernels.mse_loss_partials, Stream::Compute);
+        k.arg(&zp)
+            .arg(&yp)
+            .arg(&scale)
+            .arg(&n)
+            .arg(&parts_arg)
+            .arg(&partials);
+        self.launch(k, per_element(parts))?;
         let one = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (1, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut k = self.kernel(&self.kernels.mse_loss, Stream::Compute);
-        k.arg(&zp).arg(&yp).arg(&scale).arg(&n).arg(&loss);
+        let mut k = self.kernel(&self.kernels.sum_in_order, Stream::Compute);
+        k.arg(&partials).arg(&parts_arg).arg(&loss);
         self.launch(k, one)
     }
     fn losses(&self, steps: usize) -> Result<Vec<f32>> {

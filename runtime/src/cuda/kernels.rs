@@ -1,8 +1,8 @@
 //! The MLP's element-wise kernels, compiled at start-up by NVRTC (no CUDA toolkit is needed to
 //! build shardplan). Each does what its namesake in [`crate::mlp`] does, in the same order of
 //! floating-point operations (column sums run one thread per column over the rows in order; the
-//! loss is one thread's sum in element order, tiny next to the layers; Adam computes the same
-//! expression), compiled without fused multiply-adds, so the kernels round as the CPU does. Every
+//! loss is reduced through [`crate::mlp::LOSS_PARTIALS`] strided partial sums, one thread each,
+//! then one thread adds the partials in order; Adam computes the same expression), compiled without fused multiply-adds, so the kernels round as the CPU does. Every
 //! kernel is free of barriers and shared memory, so a test can run this very source on the CPU,
 //! one thread after another (tests/cuda_kernels.rs).
 
@@ -44,15 +44,23 @@ extern "C" __global__ void mse_grad(const float* z, const float* y, float* grad,
     if (k < n) grad[k] = 2.0f * (z[k] - y[k]) * scale;
 }
 
-extern "C" __global__ void mse_loss(const float* z, const float* y, float scale, long long n,
-                                    float* loss) {
-    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+extern "C" __global__ void mse_loss_partials(const float* z, const float* y, float scale,
+                                             long long n, long long parts, float* partials) {
+    long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= parts) return;
     float sum = 0.0f;
-    for (long long k = 0; k < n; ++k) {
+    for (long long k = j; k < n; k += parts) {
         float d = z[k] - y[k];
         sum += d * d * scale;
     }
-    *loss = sum;
+    partials[j] = sum;
+}
+
+extern "C" __global__ void sum_in_order(const float* values, long long n, float* out) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    float sum = 0.0f;
+    for (long long k = 0; k < n; ++k) sum += values[k];
+    *out = sum;
 }
 
 extern "C" __global__ void adam(float* params, const float* grads, float* m, float* v,
@@ -68,13 +76,14 @@ extern "C" __global__ void adam(float* params, const float* grads, float* m, flo
 "#;
 
 /// The kernels of [`SOURCE`], in [`Kernels`]' field order.
-pub const ENTRY_POINTS: [&str; 7] = [
+pub const ENTRY_POINTS: [&str; 8] = [
     "fill_rows",
     "relu",
     "relu_mask",
     "column_sums",
     "mse_grad",
-    "mse_loss",
+    "mse_loss_partials",
+    "sum_in_order",
     "adam",
 ];
 
@@ -85,7 +94,8 @@ pub struct Kernels {
     pub relu_mask: CudaFunction,
     pub column_sums: CudaFunction,
     pub mse_grad: CudaFunction,
-    pub mse_loss: CudaFunction,
+    pub mse_loss_partials: CudaFunction,
+    pub sum_in_order: CudaFunction,
     pub adam: CudaFunction,
 }
 
@@ -146,7 +156,8 @@ impl Kernels {
             relu_mask,
             column_sums,
             mse_grad,
-            mse_loss,
+            mse_loss_partials,
+            sum_in_order,
             adam,
         ] = ENTRY_POINTS;
         Ok(Kernels {
@@ -155,7 +166,8 @@ impl Kernels {
             relu_mask: function(relu_mask)?,
             column_sums: function(column_sums)?,
             mse_grad: function(mse_grad)?,
-            mse_loss: function(mse_loss)?,
+            mse_loss_partials: function(mse_loss_partials)?,
+            sum_in_order: function(sum_in_order)?,
             adam: function(adam)?,
         })
     }

@@ -4,7 +4,8 @@
 //! activations = 4·(saved + internals), with recompute 4·saved; forward workspace as the workload
 //! says; backward workspace = its own plus the gradients of its input and of its output (the next
 //! unit's input gradient). p = g = 4, o = 8 (Adam m and v; the fp32 parameters are the master
-//! copy). Units are timed in a compute-only round of a DDP layout, in slot order.
+//! copy). Units are timed in a compute-only round of a DDP layout, in slot order, each round
+//! followed by every unit's optimizer step on the communication stream, where a run takes it.
 
 mod timing;
 
@@ -22,8 +23,17 @@ use shardplan_scheduler::profile::{
 };
 use std::collections::BTreeMap;
 
-/// Measured (forward, backward) µs of each unit.
-pub type UnitTimes = Vec<(f64, f64)>;
+/// Measured µs of one unit.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct UnitTime {
+    pub forward_us: f64,
+    pub backward_us: f64,
+    /// The optimizer step over all the unit's parameters.
+    pub optimizer_us: f64,
+}
+
+/// Measured times of each unit.
+pub type UnitTimes = Vec<UnitTime>;
 
 /// The profile of `workload` on `world` ranks from unit times and collective curves.
 pub fn workload_profile(
@@ -47,8 +57,9 @@ pub fn workload_profile(
             UnitProfile {
                 name: workload.unit_name(i),
                 params: workload.params(i) as u64,
-                forward_us: times[i].0,
-                backward_us: times[i].1,
+                forward_us: times[i].forward_us,
+                backward_us: times[i].backward_us,
+                optimizer_us: times[i].optimizer_us,
                 activation_bytes: bytes(b.saved + b.internals),
                 checkpoint_activation_bytes: bytes(b.saved),
                 forward_workspace_bytes: bytes(b.forward_workspace),
@@ -94,7 +105,14 @@ pub fn compute_layout(workload: &dyn Workload, world: u32) -> Result<Layout> {
         .map(|i| 4 * workload.params(i) as u64)
         .max()
         .unwrap_or(4);
-    let times = vec![(1.0, 1.0); workload.unit_count()];
+    let times = vec![
+        UnitTime {
+            forward_us: 1.0,
+            backward_us: 1.0,
+            optimizer_us: 0.0,
+        };
+        workload.unit_count()
+    ];
     let provisional = workload_profile(
         workload,
         world,

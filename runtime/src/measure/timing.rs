@@ -2,7 +2,7 @@
 //! the CPU and device work on a GPU (CUDA events). Every function lays its buffers out from offset
 //! 0 of the arena [`measurement_allocation`] sized.
 
-use super::{UnitTimes, median, sizes};
+use super::{UnitTime, UnitTimes, median, sizes};
 use crate::backend::{Allocation, Backend, Region, Stream};
 use crate::layout::Layout;
 use crate::workload::{Pass, Train};
@@ -64,8 +64,11 @@ pub fn compute_round<B: Backend, W: Train<B>>(
     compute_round_marks(backend, workload, layout).map(|_| ())
 }
 
-/// Forward and backward µs of each unit: 3 warm-up rounds, then the median of `repeats`. The
-/// first unit's forward includes making and uploading the batch, as in a run.
+/// Forward, backward and optimizer µs of each unit: 3 warm-up rounds, then the median of
+/// `repeats`. The first unit's forward includes taking and uploading the batch, as in a run.
+/// After each round every unit takes an optimizer step on the communication stream (with the
+/// gradients the round left), as the executor does after a unit's last reduction; the streams
+/// wait for each other in between, so no step is timed beside other work.
 pub fn time_units<B: Backend, W: Train<B>>(
     backend: &B,
     workload: &W,
@@ -75,7 +78,16 @@ pub fn time_units<B: Backend, W: Train<B>>(
     let l = workload.unit_count();
     let mut rounds = Vec::with_capacity(repeats);
     for k in 0..repeats + 3 {
-        let marks = compute_round_marks(backend, workload, layout)?;
+        let mut marks = compute_round_marks(backend, workload, layout)?;
+        let computed = backend.mark(Stream::Compute)?;
+        backend.wait_mark(Stream::Communication, &computed)?;
+        for i in 0..l {
+            let start = backend.mark(Stream::Communication)?;
+            workload.optimize(backend, layout, i, 1)?;
+            marks.push([start, backend.mark(Stream::Communication)?]);
+        }
+        let updated = backend.mark(Stream::Communication)?;
+        backend.wait_mark(Stream::Compute, &updated)?;
         if k >= 3 {
             rounds.push(marks);
         }
@@ -90,14 +102,19 @@ pub fn time_units<B: Backend, W: Train<B>>(
                     .collect::<Result<Vec<f64>>>()?;
                 Ok(median(samples))
             };
-            Ok((time(i)?, time(2 * l - 1 - i)?))
+            Ok(UnitTime {
+                forward_us: time(i)?,
+                backward_us: time(2 * l - 1 - i)?,
+                optimizer_us: time(2 * l + i)?,
+            })
         })
         .collect()
 }
 
 /// Times each collective across message sizes 4 KiB … `max_bytes` (bytes = the full message, as
 /// nccl-tests' size) on the communication stream: 2 warm-up runs, then the median of `repeats`.
-/// Every rank must call it; one rank cannot measure collectives.
+/// Every rank must call it; on one rank the collectives are what that rank's backend makes of
+/// them (copies).
 pub fn time_collectives<B: Backend>(
     backend: &B,
     start: usize,
@@ -106,13 +123,6 @@ pub fn time_collectives<B: Backend>(
 ) -> Result<shardplan_scheduler::profile::CommCurves> {
     use shardplan_scheduler::curve::CommCurve;
     let n = backend.world_size();
-    if n < 2 {
-        return Err(Error::Mismatch(
-            "collectives cannot be measured on one rank: run under mpirun -np N with N >= 2, or \
-             give --device to take the hardware catalog's curves"
-                .into(),
-        ));
-    }
     let stream = Stream::Communication;
     let mut curves: [Vec<(u64, f64)>; 3] = Default::default();
     for bytes in sizes(max_bytes) {

@@ -8,6 +8,7 @@
 //! N·b; the loss is mean((z − y)²) over the global batch, so summing the ranks' gradients gives
 //! exactly the reference gradient (up to the order of floating-point sums).
 
+mod loader;
 mod train;
 
 use crate::gemm::Gemm;
@@ -197,15 +198,27 @@ pub fn linear_backward(
     }
 }
 
-/// dL/dz for L = Σ (z − y)² · scale; returns the partial loss Σ (z − y)² · scale.
+/// The number of partial sums the loss is reduced through (see [`mse_loss`]).
+pub const LOSS_PARTIALS: usize = 8192;
+
+/// dL/dz for L = Σ (z − y)² · scale; returns the partial loss [`mse_loss`].
 pub fn mse_grad(z: &[f32], y: &[f32], grad: &mut [f32], scale: f32) -> f32 {
-    let mut loss = 0.0;
     for ((g, a), b) in grad.iter_mut().zip(z).zip(y) {
-        let d = a - b;
-        loss += d * d * scale;
-        *g = 2.0 * d * scale;
+        *g = 2.0 * (a - b) * scale;
     }
-    loss
+    mse_loss(z, y, scale)
+}
+
+/// Σ (z − y)² · scale in the order the GPU sums it: partial `j` adds the elements
+/// `j, j + P, j + 2P, …` (P = [`LOSS_PARTIALS`]) in turn, then the partials are added in order of
+/// `j`. A GPU thread per partial keeps the reduction parallel and the result bitwise the CPU's.
+pub fn mse_loss(z: &[f32], y: &[f32], scale: f32) -> f32 {
+    let mut partials = vec![0.0f32; LOSS_PARTIALS.min(z.len())];
+    for (k, (a, b)) in z.iter().zip(y).enumerate() {
+        let d = a - b;
+        partials[k % LOSS_PARTIALS] += d * d * scale;
+    }
+    partials.iter().fold(0.0, |sum, p| sum + p)
 }
 
 /// One Adam step (step ≥ 1) on matching slices.
@@ -292,13 +305,7 @@ pub fn reference_training(
 /// Compares trained parameters with a reference: the largest |a − b| over the unit's largest
 /// |b| (a relative error per unit, robust to near-zero entries such as biases).
 pub fn max_relative_error(a: &[Vec<f32>], b: &[Vec<f32>]) -> Result<f64> {
-    if a.len() != b.len() {
-        return Err(Error::Mismatch(format!(
-            "{} units against {}",
-            a.len(),
-            b.len()
-        )));
-    }
+    same_units(a, b)?;
     let mut worst = 0.0f64;
     for (x, y) in a.iter().zip(b) {
         let scale = y.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-12) as f64;
@@ -309,6 +316,41 @@ pub fn max_relative_error(a: &[Vec<f32>], b: &[Vec<f32>]) -> Result<f64> {
         worst = worst.max(err / scale);
     }
     Ok(worst)
+}
+
+/// Per unit ‖a − b‖ / ‖b − initial‖, the worst unit's: how far `a` is from the reference `b`
+/// against how far training moved the reference from where both started. Adam turns a gradient
+/// near zero into a step of ±lr whatever its size, so another summation order (cuBLAS against
+/// the CPU) can flip a few steps entirely; this norm weighs them as the share of the update they
+/// are, where [`max_relative_error`] reports the single worst entry.
+pub fn update_relative_error(a: &[Vec<f32>], b: &[Vec<f32>], initial: &[Vec<f32>]) -> Result<f64> {
+    same_units(a, b)?;
+    same_units(b, initial)?;
+    let distance = |x: &[f32], y: &[f32]| {
+        x.iter()
+            .zip(y)
+            .map(|(p, q)| (f64::from(*p) - f64::from(*q)).powi(2))
+            .sum::<f64>()
+            .sqrt()
+    };
+    Ok(a.iter()
+        .zip(b)
+        .zip(initial)
+        .map(|((x, y), x0)| distance(x, y) / distance(y, x0).max(1e-30))
+        .fold(0.0, f64::max))
+}
+
+fn same_units(a: &[Vec<f32>], b: &[Vec<f32>]) -> Result<()> {
+    let lengths = |v: &[Vec<f32>]| v.iter().map(Vec::len).collect::<Vec<_>>();
+    if lengths(a) == lengths(b) {
+        Ok(())
+    } else {
+        Err(Error::Mismatch(format!(
+            "parameters of {} units against {} (or units of other sizes)",
+            a.len(),
+            b.len()
+        )))
+    }
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! gradient. Nothing is recomputable (internals are empty), and the optimizer is Adam.
 
 use super::MlpSpec;
+use super::loader::{Batch, Loader};
 use crate::Result;
 use crate::backend::{Backend, Region};
 use crate::layout::Layout;
@@ -12,22 +13,20 @@ use std::sync::Mutex;
 /// The MLP trained by rank `rank` of `world` (each takes `batch_per_rank` samples of a step).
 pub struct Mlp {
     spec: MlpSpec,
-    rank: usize,
     world: usize,
-    teacher: Vec<f32>,
-    /// The step's batch: made at the first unit's forward, the targets uploaded at the last's.
-    batch: Mutex<(Vec<f32>, Vec<f32>)>,
+    loader: Loader,
+    /// The current step and its batch: taken at the first unit's forward (again only for another
+    /// step: the profiler runs step 0 over and over), the targets uploaded at the last's.
+    batch: Mutex<Option<(usize, Batch)>>,
 }
 
 impl Mlp {
     pub fn new(spec: MlpSpec, rank: usize, world: usize) -> Mlp {
         let rows = spec.batch_per_rank;
-        let dl = *spec.widths.last().expect("validated");
         Mlp {
-            teacher: spec.teacher(),
-            batch: Mutex::new((vec![0.0; rows * spec.input], vec![0.0; rows * dl])),
+            loader: Loader::new(spec.clone(), rank * rows, rows),
+            batch: Mutex::new(None),
             spec,
-            rank,
             world,
         }
     }
@@ -112,14 +111,17 @@ impl<B: Backend> Train<B> for Mlp {
         let last = unit + 1 == self.spec.units();
         if pass == Pass::Forward && (unit == 0 || last) {
             let mut batch = self.batch.lock().expect("batch lock is never poisoned");
-            let (x, y) = &mut *batch;
+            if unit == 0 && batch.as_ref().is_none_or(|(current, _)| *current != step) {
+                *batch = Some((step, self.loader.take(step)));
+            }
+            let (_, taken) = batch.as_ref().ok_or_else(|| {
+                crate::Error::Backend("the last unit ran before the first".into())
+            })?;
             if unit == 0 {
-                self.spec
-                    .batch(step, self.rank * rows, rows, &self.teacher, x, y);
-                backend.upload(self.input(layout, 0), x)?;
+                backend.upload(self.input(layout, 0), &taken.x)?;
             }
             if last {
-                backend.upload(self.saved_parts(u.saved, unit)[2], y)?;
+                backend.upload(self.saved_parts(u.saved, unit)[2], &taken.y)?;
             }
         }
         let params = u.params_for(pass);

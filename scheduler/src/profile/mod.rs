@@ -48,6 +48,11 @@ pub struct UnitProfile {
     pub forward_us: f64,
     /// b_i.
     pub backward_us: f64,
+    /// o_i: the optimizer step over all Ψ_i parameters (a sharded unit's rank steps Ψ_i/N of
+    /// them). The runtime runs it on the communication stream after the unit's last reduction
+    /// block. Absent means 0 (and 0 is not written, so such profiles keep their digest).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub optimizer_us: f64,
     /// act_i: bytes saved from F_i to B_i without recompute.
     pub activation_bytes: u64,
     /// ckpt_i: bytes saved with recompute.
@@ -56,6 +61,10 @@ pub struct UnitProfile {
     pub forward_workspace_bytes: u64,
     /// ws_b_i.
     pub backward_workspace_bytes: u64,
+}
+
+fn is_zero(value: &f64) -> bool {
+    *value == 0.0
 }
 
 /// A number as written in an error: plain, or in scientific notation when huge.
@@ -260,7 +269,11 @@ impl Profile {
                     format!("a positive parameter count for unit `{}`, got 0", u.name),
                 );
             }
-            for (field, value) in [("forward_us", u.forward_us), ("backward_us", u.backward_us)] {
+            for (field, value) in [
+                ("forward_us", u.forward_us),
+                ("backward_us", u.backward_us),
+                ("optimizer_us", u.optimizer_us),
+            ] {
                 if !(0.0..=MAX_TIME_US).contains(&value) {
                     return bad(
                         format!("units[{k}].{field}"),
