@@ -239,11 +239,21 @@ pub fn reference_training(
     world_size: usize,
     steps: usize,
 ) -> (Vec<Vec<f32>>, Vec<f32>) {
-    let rows = spec.batch_per_rank * world_size;
-    let l = spec.units();
-    let mut params: Vec<Vec<f32>> = (0..l)
+    let initial = (0..spec.units())
         .map(|u| spec.initial_params(u, spec.params(u)))
         .collect();
+    reference_training_from(spec, world_size, steps, initial)
+}
+
+/// [`reference_training`] from the given parameters (one Ψ_i vector per unit).
+pub fn reference_training_from(
+    spec: &MlpSpec,
+    world_size: usize,
+    steps: usize,
+    mut params: Vec<Vec<f32>>,
+) -> (Vec<Vec<f32>>, Vec<f32>) {
+    let rows = spec.batch_per_rank * world_size;
+    let l = spec.units();
     let mut m: Vec<Vec<f32>> = params.iter().map(|p| vec![0.0; p.len()]).collect();
     let mut v = m.clone();
     let mut losses = Vec::with_capacity(steps);
