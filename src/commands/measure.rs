@@ -92,16 +92,17 @@ fn measure_on_cpu<C: Collectives>(
 }
 
 /// The curves: measured on the ranks this runs on, which must be the profile's world size; or,
-/// on one rank for a profile of more, the catalog's curves for `--world-size` ranks of
-/// `--device`. One rank for a profile of one measures what its collectives cost there (NCCL's
-/// copies on a GPU). Returns where they came from.
+/// on one rank with `--device` (required for a profile of more ranks), the catalog's curves for
+/// `--world-size` ranks of that device. One rank without `--device` for a profile of one
+/// measures what its collectives cost there (NCCL's copies on a GPU). Returns where they came
+/// from.
 fn curves<B: Backend>(
     backend: &B,
     start: usize,
     args: &MeasureArgs,
 ) -> anyhow::Result<(CommCurves, String)> {
     let ranks = backend.world_size();
-    if ranks == 1 && args.world_size > 1 {
+    if ranks == 1 && (args.world_size > 1 || args.device.is_some()) {
         let device = args.device.as_deref().ok_or_else(|| {
             flag_error(
                 "--device",
