@@ -6,16 +6,15 @@
 
 mod common;
 
-use common::{Rng, affine, random_schedule, run_plan};
+use common::{Rng, random_schedule, run_plan, runtime_profile};
 use shardplan_runtime::gpt2::Gpt2;
 use shardplan_runtime::gpt2::data::Tokens;
 use shardplan_runtime::layout::layout;
-use shardplan_runtime::measure::{UnitTime, workload_profile};
 use shardplan_runtime::workload::Workload;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::model::ModelSpec;
 use shardplan_scheduler::plan::{Producer, Schedule, plan_with_prediction};
-use shardplan_scheduler::profile::{CommCurves, Profile};
+use shardplan_scheduler::profile::Profile;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -37,28 +36,7 @@ fn gpt2(world: usize) -> Gpt2 {
 /// The runtime's own profile of gpt2-tiny with 32 KiB blocks (blocks split into ~25 blocks, so
 /// launches spread over several slots); times are arbitrary (they only shape random plans).
 fn profile(world: usize) -> Profile {
-    let g = gpt2(world);
-    let times = (0..g.unit_count())
-        .map(|u| UnitTime {
-            forward_us: 10.0 + u as f64,
-            backward_us: 20.0 + u as f64,
-            optimizer_us: 3.0 + u as f64,
-        })
-        .collect();
-    let comm = CommCurves {
-        all_gather: affine(5.0, 100.0),
-        reduce_scatter: affine(5.0, 100.0),
-        all_reduce: affine(8.0, 100.0),
-    };
-    workload_profile(
-        &g,
-        world as u32,
-        &times,
-        comm,
-        Some(32 << 10),
-        Default::default(),
-    )
-    .unwrap()
+    runtime_profile(&gpt2(world), world as u32, 32 << 10)
 }
 
 struct Setup {

@@ -5,13 +5,13 @@
 
 mod common;
 
-use common::{Rng, affine, random_schedule, run_plan};
+use common::{Rng, random_schedule, run_plan, runtime_profile};
 use shardplan_runtime::layout::layout;
 use shardplan_runtime::measure::{UnitTime, workload_profile};
 use shardplan_runtime::mlp::{Mlp, MlpSpec, max_relative_error, reference_training};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::plan::{Producer, Schedule, plan_with_prediction};
-use shardplan_scheduler::profile::{CommCurves, Profile};
+use shardplan_scheduler::profile::Profile;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -27,20 +27,7 @@ fn spec(dir: &Path) -> (MlpSpec, PathBuf) {
 
 /// A profile with 2–4 blocks per unit (block size 1 KiB; units hold 1–2 k parameters).
 fn profile(spec: &MlpSpec, world: u32) -> Profile {
-    let times = (0..spec.units())
-        .map(|u| UnitTime {
-            forward_us: 10.0 + u as f64,
-            backward_us: 20.0 + u as f64,
-            optimizer_us: 3.0 + u as f64,
-        })
-        .collect();
-    let comm = CommCurves {
-        all_gather: affine(5.0, 100.0),
-        reduce_scatter: affine(5.0, 100.0),
-        all_reduce: affine(8.0, 100.0),
-    };
-    let mlp = Mlp::new(spec.clone(), 0, world as usize);
-    workload_profile(&mlp, world, &times, comm, Some(1024), Default::default()).unwrap()
+    runtime_profile(&Mlp::new(spec.clone(), 0, world as usize), world, 1024)
 }
 
 fn write_plan(dir: &Path, name: &str, profile: &Profile, schedule: &Schedule) -> PathBuf {

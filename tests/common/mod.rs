@@ -9,6 +9,38 @@ use shardplan_scheduler::plan::{Plan, Schedule};
 use shardplan_scheduler::profile::{BytesPerParam, CommCurves, Profile, UnitProfile};
 use std::collections::BTreeMap;
 
+/// The runtime's own profile of `workload` on `world` ranks with blocks of `block_size_bytes`,
+/// arbitrary unit times (unit u: forward 10 + u, backward 20 + u, optimizer 3 + u µs) and affine
+/// curves: times only shape random plans.
+pub fn runtime_profile(
+    workload: &dyn shardplan_runtime::workload::Workload,
+    world: u32,
+    block_size_bytes: u64,
+) -> Profile {
+    use shardplan_runtime::measure::{UnitTime, workload_profile};
+    let times = (0..workload.unit_count())
+        .map(|u| UnitTime {
+            forward_us: 10.0 + u as f64,
+            backward_us: 20.0 + u as f64,
+            optimizer_us: 3.0 + u as f64,
+        })
+        .collect();
+    let comm = CommCurves {
+        all_gather: affine(5.0, 100.0),
+        reduce_scatter: affine(5.0, 100.0),
+        all_reduce: affine(8.0, 100.0),
+    };
+    workload_profile(
+        workload,
+        world,
+        &times,
+        comm,
+        Some(block_size_bytes),
+        Default::default(),
+    )
+    .unwrap()
+}
+
 /// One unit: (params, forward µs, backward µs, act, ckpt, ws_f, ws_b).
 pub type UnitSpec = (u64, f64, f64, u64, u64, u64, u64);
 
