@@ -13,8 +13,9 @@ use shardplan_runtime::layout::layout;
 use shardplan_runtime::workload::Workload;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::model::ModelSpec;
-use shardplan_scheduler::plan::{Producer, Schedule, plan_with_prediction};
+use shardplan_scheduler::plan::{Producer, plan_with_prediction};
 use shardplan_scheduler::profile::Profile;
+use shardplan_scheduler::schedule::Schedule;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -146,9 +147,9 @@ fn random_plans_at_one_two_and_four_ranks_train_like_ddp_on_one() {
         let mut rng = Rng(world as u64 * 7919 + 1);
         for k in 0..plans {
             let schedule = random_schedule(&mut rng, &profile);
-            recomputed += schedule.units.iter().filter(|u| u.recompute).count();
+            recomputed += schedule.units().iter().filter(|u| u.recompute).count();
             multi_slot += schedule
-                .units
+                .units()
                 .iter()
                 .flat_map(|u| u.launches.values())
                 .filter(|l| l.len() > 1)

@@ -10,9 +10,10 @@ use common::{Rng, random_profile};
 use shardplan_scheduler::Error;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::ilp::{Objective, SolveOptions, solve};
-use shardplan_scheduler::plan::{Launch, Schedule, UnitSchedule};
 use shardplan_scheduler::profile::Profile;
+use shardplan_scheduler::schedule::{Launch, Schedule, UnitSchedule};
 use shardplan_scheduler::sim::{Semantics, simulate};
+use shardplan_scheduler::size::whole_bytes;
 use shardplan_scheduler::timeline::{Level, Op, Timeline};
 use std::collections::BTreeMap;
 
@@ -112,14 +113,12 @@ fn enumerate(profile: &Profile, recompute: bool) -> Vec<(f64, f64)> {
     let mut results = Vec::new();
     let mut index = vec![0usize; per_unit.len()];
     loop {
-        let schedule = Schedule {
-            units: index
-                .iter()
-                .zip(&per_unit)
-                .map(|(&k, o)| o[k].clone())
-                .collect(),
-        };
-        debug_assert!(schedule.validate(profile).is_ok());
+        let units = index
+            .iter()
+            .zip(&per_unit)
+            .map(|(&k, o)| o[k].clone())
+            .collect();
+        let schedule = Schedule::new(profile, units).expect("enumerated options are valid");
         let sim = simulate(profile, &schedule, Semantics::Strict);
         results.push((sim.iteration_time_us, sim.peak_memory_bytes));
         let mut u = 0;
@@ -225,7 +224,7 @@ fn ilp_optimum_equals_exhaustive_search() {
                     );
                     let smallest = results.iter().map(|r| r.1).fold(f64::INFINITY, f64::min);
                     assert!(
-                        msg.contains(&format!("({} bytes)", smallest.ceil() as u64)),
+                        msg.contains(&format!("({} bytes)", whole_bytes(smallest))),
                         "seed {seed}: {msg} (smallest peak {smallest})"
                     );
                     // Given back, the reported minimum is feasible and gives its optimum.
@@ -280,7 +279,7 @@ fn a_cap_equal_to_a_baselines_peak_admits_that_baseline() {
                 let Ok(plan) = baseline(&profile, kind, checkpoint, None) else {
                     continue;
                 };
-                let cap = plan.simulation.peak_memory_bytes.ceil() as u64;
+                let cap = whole_bytes(plan.simulation.peak_memory_bytes);
                 let options = SolveOptions {
                     memory_cap_bytes: Some(cap),
                     relative_gap: 0.0,
@@ -317,7 +316,7 @@ fn a_limited_search_returns_a_plan_within_its_limit() {
         // At fsdp2's peak its plan (gathers prefetched one slot early) is a warm start.
         let fsdp2 = baseline(&profile, BaselineKind::Fsdp2, false, None).unwrap();
         let options = SolveOptions {
-            memory_cap_bytes: Some(fsdp2.simulation.peak_memory_bytes.ceil() as u64),
+            memory_cap_bytes: Some(whole_bytes(fsdp2.simulation.peak_memory_bytes)),
             prefetch_depth: Some(1),
             reduction_depth: Some(1),
             ..SolveOptions::default()
@@ -325,7 +324,7 @@ fn a_limited_search_returns_a_plan_within_its_limit() {
         let solved = solve(&profile, &options).unwrap();
         assert_eq!(solved.report.window_depth, Some(1), "seed {seed}");
         let timeline = Timeline::new(profile.unit_count());
-        for (unit, u) in solved.schedule.units.iter().enumerate() {
+        for (unit, u) in solved.schedule.units().iter().enumerate() {
             for (op, launches) in &u.launches {
                 let window = timeline.window(unit, op.window_kind());
                 for launch in launches {

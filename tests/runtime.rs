@@ -10,8 +10,9 @@ use shardplan_runtime::layout::layout;
 use shardplan_runtime::measure::{UnitTime, workload_profile};
 use shardplan_runtime::mlp::{Mlp, MlpSpec, max_relative_error, reference_training};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
-use shardplan_scheduler::plan::{Producer, Schedule, plan_with_prediction};
+use shardplan_scheduler::plan::{Producer, plan_with_prediction};
 use shardplan_scheduler::profile::Profile;
+use shardplan_scheduler::schedule::Schedule;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

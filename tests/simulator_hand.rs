@@ -23,7 +23,7 @@ fn check_memory(sim: &shardplan_scheduler::sim::Simulation, memory: &[f64], peak
     for (s, m) in sim.slots.iter().zip(memory) {
         close(s.memory_bytes, *m, &format!("memory of {}", s.slot));
     }
-    assert_eq!(sim.peak_slot, peak_slot);
+    assert_eq!(sim.peak_slot.to_string(), peak_slot);
 }
 
 /// Two replicated units (DDP). N = 2, p = g = 2, o = 4; one block each.

@@ -6,7 +6,8 @@ mod common;
 use common::{Rng, random_profile, random_schedule};
 use proptest::prelude::*;
 use shardplan_scheduler::Error;
-use shardplan_scheduler::plan::{Launch, Plan, Producer, plan_with_prediction};
+use shardplan_scheduler::plan::{Plan, Producer, plan_with_prediction};
+use shardplan_scheduler::schedule::{Launch, Schedule};
 use shardplan_scheduler::sim::{Semantics, simulate};
 use shardplan_scheduler::timeline::{Level, Op};
 
@@ -42,12 +43,13 @@ proptest! {
     fn every_rule_breaking_mutation_is_rejected(seed in any::<u64>(), units in 2usize..7, which in 0usize..8) {
         let mut rng = Rng(seed);
         let profile = random_profile(&mut rng, units, 0.0, 1500);
-        let mut schedule = random_schedule(&mut rng, &profile);
+        let schedule = random_schedule(&mut rng, &profile);
         let timeline = schedule.timeline();
+        let mut edited = schedule.into_units();
         let unit = rng.range(0, units as u64 - 1) as usize;
-        let level = schedule.units[unit].level;
+        let level = edited[unit].level;
         let op = level.ops()[rng.range(0, level.ops().len() as u64 - 1) as usize];
-        let launches = schedule.units[unit].launches.get_mut(&op).unwrap();
+        let launches = edited[unit].launches.get_mut(&op).unwrap();
         match which {
             // Window: a launch moved onto the unit's own F_i (an end point of both windows).
             0 => launches[0].slot = timeline.forward(unit),
@@ -62,12 +64,12 @@ proptest! {
             5 => {
                 let foreign = if level == Level::None { Op::ReduceScatter } else { Op::AllReduce };
                 let slot = timeline.window(unit, Op::AllReduce.window_kind()).slot_at(0);
-                schedule.units[unit].launches.insert(foreign, vec![Launch { slot, blocks: 1 }]);
+                edited[unit].launches.insert(foreign, vec![Launch { slot, blocks: 1 }]);
             }
             // The last unit made fsdp (its backward-gather window is empty).
             6 => {
                 let last = units - 1;
-                let u = &mut schedule.units[last];
+                let u = &mut edited[last];
                 let nb = profile.blocks(last);
                 let slot = timeline.window(last, Op::ReduceScatter.window_kind()).slot_at(0);
                 u.level = Level::Fsdp;
@@ -80,13 +82,13 @@ proptest! {
                 let target = units - 1;
                 let nb = profile.blocks(target);
                 let window = timeline.window(target, Op::ReduceScatter.window_kind());
-                let u = &mut schedule.units[target];
+                let u = &mut edited[target];
                 u.level = Level::Sdp;
                 u.launches = [(Op::ReduceScatter, window.len - 1), (Op::Gather, 0)]
                     .into_iter().map(|(op, pos)| (op, vec![Launch { slot: window.slot_at(pos), blocks: nb }])).collect();
             }
         }
-        let result = schedule.validate(&profile);
+        let result = Schedule::new(&profile, edited);
         let expected = ["outside its window", "(coverage)", "(coverage)", "at least one block", "listed twice",
             "not an op of level", "window is empty", "order rule"][which];
         match result {

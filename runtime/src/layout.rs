@@ -18,9 +18,9 @@ use crate::arena::{Arena, Request, pack};
 use crate::backend::Region;
 use crate::workload::{Pass, Workload};
 use crate::{Error, Result};
-use shardplan_scheduler::plan::Schedule;
 use shardplan_scheduler::profile::Profile;
-use shardplan_scheduler::timeline::{Level, Op, Timeline};
+use shardplan_scheduler::schedule::Schedule;
+use shardplan_scheduler::timeline::{Level, Op};
 
 /// Where a unit keeps what its forward saves besides `saved`.
 #[derive(Debug, Clone, Copy)]
@@ -167,22 +167,6 @@ impl Builder {
     }
 }
 
-/// The first and last window positions of an op's launches, if it has any.
-fn launch_span(
-    schedule: &Schedule,
-    timeline: Timeline,
-    unit: usize,
-    op: Op,
-) -> Option<(usize, usize)> {
-    let window = timeline.window(unit, op.window_kind());
-    let positions = schedule.units[unit]
-        .launches
-        .get(&op)?
-        .iter()
-        .filter_map(|l| window.position(l.slot));
-    Some((positions.clone().min()?, positions.max()?))
-}
-
 /// Checks that the profile describes `workload`: the same units, names and parameter counts.
 pub fn check_profile(workload: &dyn Workload, profile: &Profile) -> Result<()> {
     if profile.unit_count() != workload.unit_count() {
@@ -232,7 +216,7 @@ pub fn layout(
             .map(|u| timeline.backward(u))
     };
     let mut pending = Vec::new();
-    for (i, u) in schedule.units.iter().enumerate() {
+    for (i, u) in schedule.units().iter().enumerate() {
         let nb = profile.blocks(i) as usize;
         let block_elements = workload.params(i).div_ceil(nb).div_ceil(world) * world;
         let padded = nb * block_elements;
@@ -250,8 +234,7 @@ pub fn layout(
         let first_use = borrower_backward(i).unwrap_or(bw);
         let after = timeline.window(i, Op::ReduceScatter.window_kind());
         let full_grad = (u.level != Level::None).then(|| {
-            let (_, last) = launch_span(schedule, timeline, i, Op::ReduceScatter)
-                .expect("validated: sharded units reduce-scatter");
+            let (_, last) = schedule.span(i, Op::ReduceScatter).unwrap_or_default();
             b.add(format!("{name} full gradient"), padded, |s| {
                 (first_use..=bw).contains(&s) || after.position(s).is_some_and(|p| p <= last)
             })
@@ -262,8 +245,7 @@ pub fn layout(
             Op::GatherForward
         };
         let gathered_forward = (u.level != Level::None).then(|| {
-            let (first, _) = launch_span(schedule, timeline, i, gather_op)
-                .expect("validated: sharded units gather");
+            let (first, _) = schedule.span(i, gather_op).unwrap_or_default();
             let until = match (u.level, borrower_backward(i)) {
                 (Level::Sdp, _) => bw,
                 (_, Some(borrower)) => borrower,
@@ -275,8 +257,7 @@ pub fn layout(
         });
         let gathered_backward = (u.level == Level::Fsdp).then(|| {
             let between = timeline.window(i, Op::GatherBackward.window_kind());
-            let (first, _) = launch_span(schedule, timeline, i, Op::GatherBackward)
-                .expect("validated: fsdp units gather twice");
+            let (first, _) = schedule.span(i, Op::GatherBackward).unwrap_or_default();
             b.add(format!("{name} gathered for backward"), padded, |s| {
                 s == bw || between.position(s).is_some_and(|p| p >= first)
             })

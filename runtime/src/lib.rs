@@ -5,7 +5,8 @@
 //! CPU workload and its single-process reference), `layout` (which buffers a plan needs and when),
 //! `backend` (the collectives; MPI and a single-rank loopback), `executor` (the slot walker),
 //! `measure` (the measuring profiler), `gemm` (products and their cuBLAS calls), `transformer`
-//! (a zoo unit's products), `cuda` (the GPU backend).
+//! (a zoo unit's products), `cuda` (the GPU backend), `launch` (a rank's start under mpirun),
+//! `session` (one run of a saved plan, end to end).
 
 pub mod arena;
 pub mod backend;
@@ -15,10 +16,12 @@ pub mod event;
 pub mod executor;
 pub mod gemm;
 pub mod gpt2;
+pub mod launch;
 pub mod layout;
 pub mod measure;
 pub mod mlp;
 pub mod model_file;
+pub mod session;
 pub mod transformer;
 pub mod workload;
 

@@ -4,8 +4,9 @@
 //! cyclically (past F_1 to E, then B_1, …) and clamped to the op's window; reductions go in the
 //! slot right after B_i; every op is launched whole (all blocks in one slot).
 
-use crate::plan::{Launch, Plan, Producer, Schedule, UnitSchedule, plan_with_prediction};
+use crate::plan::{Plan, Producer, plan_with_prediction};
 use crate::profile::Profile;
+use crate::schedule::{Launch, Schedule, UnitSchedule};
 use crate::sim::Simulation;
 use crate::size::format_bytes;
 use crate::timeline::{Level, Op, Timeline};
@@ -77,7 +78,7 @@ fn depth_schedule(
     levels: &[Level],
     depths: &[(usize, usize)],
     recompute: bool,
-) -> Schedule {
+) -> Result<Schedule> {
     let timeline = Timeline::new(profile.unit_count());
     let units = levels
         .iter()
@@ -115,7 +116,7 @@ fn depth_schedule(
             }
         })
         .collect();
-    Schedule { units }
+    Schedule::new(profile, units)
 }
 
 /// Every unit at `level`, except that the last unit cannot be fsdp and is kept sdp (as FSDP
@@ -173,7 +174,7 @@ fn finish(
 }
 
 /// One uniform grid point: (level, depth) for every unit.
-fn grid_point(profile: &Profile, level: Level, depth: usize, recompute: bool) -> Schedule {
+fn grid_point(profile: &Profile, level: Level, depth: usize, recompute: bool) -> Result<Schedule> {
     let l = profile.unit_count();
     depth_schedule(
         profile,
@@ -195,21 +196,21 @@ pub fn baseline(
     let mut details =
         BTreeMap::from([("checkpoint".to_string(), toml::Value::Boolean(checkpoint))]);
     let schedule = match kind {
-        BaselineKind::Ddp => grid_point(profile, Level::None, 1, checkpoint),
-        BaselineKind::Zero2 => grid_point(profile, Level::Sdp, 1, checkpoint),
-        BaselineKind::Fsdp1 => grid_point(profile, Level::Fsdp, 1, checkpoint),
+        BaselineKind::Ddp => grid_point(profile, Level::None, 1, checkpoint)?,
+        BaselineKind::Zero2 => grid_point(profile, Level::Sdp, 1, checkpoint)?,
+        BaselineKind::Fsdp1 => grid_point(profile, Level::Fsdp, 1, checkpoint)?,
         BaselineKind::Fsdp2 => depth_schedule(
             profile,
             &levels(l, Level::Fsdp, true),
             &vec![(1, 1); l],
             checkpoint,
-        ),
+        )?,
         BaselineKind::Zero3 => depth_schedule(
             profile,
             &levels(l, Level::Fsdp, false),
             &zero3_depths(profile),
             checkpoint,
-        ),
+        )?,
         BaselineKind::BestGrid => {
             let (level, depth, schedule) = best_grid(profile, checkpoint, cap)?;
             details.insert(
@@ -236,7 +237,7 @@ fn best_grid(
     let mut best: Option<(f64, f64, Level, usize, Schedule)> = None;
     let mut smallest_peak = f64::INFINITY;
     for (level, depth) in candidates {
-        let schedule = grid_point(profile, level, depth, checkpoint);
+        let schedule = grid_point(profile, level, depth, checkpoint)?;
         let sim = crate::sim::simulate(profile, &schedule, crate::sim::Semantics::Strict);
         smallest_peak = smallest_peak.min(sim.peak_memory_bytes);
         if cap.is_some_and(|c| sim.peak_memory_bytes > c as f64) {

@@ -19,8 +19,8 @@
 //! F_1 … F_{i−1} (or implicitly at F_i's start, depth 1 in FSDP2's own order), backward gathers in
 //! B_L … B_{i+1}, and reductions in the slot right after B_i.
 
-use crate::plan::Schedule;
 use crate::profile::Profile;
+use crate::schedule::Schedule;
 use crate::timeline::{Level, Op, Slot};
 use serde::Serialize;
 
@@ -57,24 +57,22 @@ pub struct Fsdp2Plan {
 /// Exports a validated schedule.
 pub fn fsdp2(profile: &Profile, schedule: &Schedule) -> Fsdp2Plan {
     let timeline = schedule.timeline();
-    let l = schedule.units.len();
+    let l = schedule.units().len();
     let name = |i: usize| profile.units[i].name.clone();
     let mut forward_prefetch: Vec<Vec<String>> = vec![Vec::new(); l];
     let mut backward_prefetch: Vec<Vec<String>> = vec![Vec::new(); l];
     let mut notes = Vec::new();
-    for (i, u) in schedule.units.iter().enumerate() {
-        for (&op, launches) in &u.launches {
-            let window = timeline.window(i, op.window_kind());
-            let first = launches
-                .iter()
-                .min_by_key(|l| window.position(l.slot))
-                .expect("validated ops launch");
+    for i in 0..l {
+        for (op, launches) in schedule.ops(i) {
+            let Some(first) = launches.first() else {
+                continue;
+            };
             if launches.len() > 1 {
                 notes.push(format!(
                     "{}: {} launches {} blocks over {} slots; FSDP2 gathers the unit whole at {}",
                     name(i),
                     op,
-                    u.launches[&op].iter().map(|l| l.blocks).sum::<u32>(),
+                    launches.iter().map(|l| l.blocks).sum::<u32>(),
                     launches.len(),
                     timeline.slot(first.slot)
                 ));
@@ -82,7 +80,7 @@ pub fn fsdp2(profile: &Profile, schedule: &Schedule) -> Fsdp2Plan {
             let slot = timeline.slot(first.slot);
             match op {
                 Op::AllReduce | Op::ReduceScatter => {
-                    if window.position(first.slot) != Some(0) || launches.len() > 1 {
+                    if first.position != 0 || launches.len() > 1 {
                         notes.push(format!(
                             "{}: {} planned at {slot}; FSDP2 reduces right after B{}",
                             name(i),
@@ -120,7 +118,7 @@ pub fn fsdp2(profile: &Profile, schedule: &Schedule) -> Fsdp2Plan {
         }
     }
     let units = schedule
-        .units
+        .units()
         .iter()
         .enumerate()
         .map(|(i, u)| Fsdp2Unit {

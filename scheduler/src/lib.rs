@@ -16,6 +16,7 @@ pub mod model;
 pub mod nccl_tests;
 pub mod plan;
 pub mod profile;
+pub mod schedule;
 pub mod sim;
 pub mod size;
 pub mod sweep;

@@ -46,6 +46,12 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
+/// A byte count of the model (f64, DESIGN §3.3) as whole bytes, rounded up: a reported peak is
+/// never below the bytes the model counts.
+pub fn whole_bytes(bytes: f64) -> u64 {
+    bytes.ceil() as u64
+}
+
 /// Splits `12.5GiB` into `("12.5", "GiB")` and `1.5e15` into `("1.5e15", "")` (surrounding and
 /// inner white space dropped).
 fn split_unit(text: &str) -> (&str, &str) {

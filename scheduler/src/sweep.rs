@@ -7,9 +7,10 @@
 
 use crate::baselines::{BaselineKind, baseline};
 use crate::ilp::{Objective, SolveOptions, solve};
-use crate::plan::Schedule;
 use crate::profile::Profile;
+use crate::schedule::Schedule;
 use crate::sim::{Semantics, Simulation, simulate};
+use crate::size::whole_bytes;
 use crate::timeline::Level;
 use crate::{Error, Result};
 use serde::Serialize;
@@ -75,7 +76,7 @@ impl SweepRow {
     fn new(cap: u64, method: Method, plan: Option<(&Schedule, &Simulation)>) -> Self {
         let count = |level| {
             plan.map_or(0, |(s, _)| {
-                s.units.iter().filter(|u| u.level == level).count()
+                s.units().iter().filter(|u| u.level == level).count()
             })
         };
         SweepRow {
@@ -83,13 +84,13 @@ impl SweepRow {
             method: method.name().to_string(),
             feasible: plan.is_some(),
             iteration_time_us: plan.map(|(_, sim)| sim.iteration_time_us),
-            peak_memory_bytes: plan.map(|(_, sim)| sim.peak_memory_bytes.ceil() as u64),
+            peak_memory_bytes: plan.map(|(_, sim)| whole_bytes(sim.peak_memory_bytes)),
             exposed_comm_us: plan.map(|(_, sim)| sim.exposed_comm_us),
             units_none: count(Level::None),
             units_sdp: count(Level::Sdp),
             units_fsdp: count(Level::Fsdp),
             recomputed_units: plan
-                .map_or(0, |(s, _)| s.units.iter().filter(|u| u.recompute).count()),
+                .map_or(0, |(s, _)| s.units().iter().filter(|u| u.recompute).count()),
             gap: None,
             window_depth: None,
             solve_seconds: None,
@@ -247,7 +248,7 @@ pub fn cap_range(
     template: &SolveOptions,
 ) -> Result<(u64, u64)> {
     let mib = 1u64 << 20;
-    let up_to_mib = |bytes: f64| (bytes / mib as f64).ceil() as u64 * mib;
+    let up_to_mib = |bytes: f64| whole_bytes(bytes / mib as f64) * mib;
     // A baseline's plans without a cap (checkpointing off and on), and the faster of them.
     let variants = |kind: BaselineKind| -> Vec<Simulation> {
         [false, true]
@@ -298,7 +299,7 @@ pub fn cap_range(
             .fold(0.0, f64::max);
         (low, high)
     };
-    let (low, high) = (up_to_mib(low), high.ceil() as u64);
+    let (low, high) = (up_to_mib(low), whole_bytes(high));
     Ok((low, high.max(low + mib)))
 }
 

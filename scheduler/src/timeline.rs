@@ -4,7 +4,7 @@
 //! Slot indices: F_i ↦ i−1, B_i ↦ 2L−i, E ↦ 2L; S = 2L+1. Units are 1-based in names (F3) and
 //! 0-based in code (`unit` = i−1).
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 
 /// A unit's sharding level.
@@ -110,6 +110,26 @@ impl fmt::Display for Slot {
             Slot::B(i) => write!(f, "B{i}"),
             Slot::E => f.write_str("E"),
         }
+    }
+}
+
+impl Serialize for Slot {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Slot {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Written as in messages and traces: `AR`, `RS`, `AG`, `AGF`, `AGB`.
+impl Serialize for Op {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
     }
 }
 

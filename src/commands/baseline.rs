@@ -6,7 +6,7 @@ use serde_json::json;
 use shardplan_scheduler::baselines::baseline;
 use shardplan_scheduler::io::check_outputs_distinct;
 use shardplan_scheduler::profile::Profile;
-use shardplan_scheduler::size::format_bytes;
+use shardplan_scheduler::size::{format_bytes, whole_bytes};
 
 pub fn run(args: BaselineArgs) -> anyhow::Result<()> {
     let kind = args.kind;
@@ -23,7 +23,7 @@ pub fn run(args: BaselineArgs) -> anyhow::Result<()> {
             "out": args.out,
             "kind": kind.name(),
             "iteration_time_us": sim.iteration_time_us,
-            "peak_memory_bytes": sim.peak_memory_bytes.ceil() as u64,
+            "peak_memory_bytes": whole_bytes(sim.peak_memory_bytes),
             "peak_slot": sim.peak_slot,
             "fits_cap": fits,
         }));

@@ -10,7 +10,7 @@ use shardplan_scheduler::io::write_atomic;
 use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::sim::{Simulation, chrome_trace};
-use shardplan_scheduler::size::format_bytes;
+use shardplan_scheduler::size::{format_bytes, whole_bytes};
 
 /// The bundled default: Llama-2 70B on 64 H100s.
 const DEMO_PROFILE: &str = include_str!("../../profiles/llama2-70b-h100-n64.toml");
@@ -44,7 +44,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             "method": name,
             "iteration_time_us": sim.iteration_time_us,
             "exposed_comm_us": sim.exposed_comm_us,
-            "peak_memory_bytes": sim.peak_memory_bytes.ceil() as u64,
+            "peak_memory_bytes": whole_bytes(sim.peak_memory_bytes),
             "fits_cap": sim.peak_memory_bytes <= cap as f64,
             "note": note,
         })
@@ -69,11 +69,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         ..SolveOptions::default()
     };
     let solved = solve(&profile, &options)?;
-    save(
-        "ilp",
-        &super::solve::plan_of(&profile, &solved, Some(cap)),
-        &solved.simulation,
-    )?;
+    save("ilp", &solved.plan(&profile, Some(cap)), &solved.simulation)?;
     let r = &solved.report;
     let window = r
         .window_depth

@@ -4,7 +4,7 @@ use crate::cli::InspectArgs;
 use crate::output::{Table, ms, print_json};
 use serde_json::json;
 use shardplan_scheduler::sim::{Semantics, simulate};
-use shardplan_scheduler::size::format_bytes;
+use shardplan_scheduler::size::{format_bytes, whole_bytes};
 
 pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     let (profile, plan, schedule) = super::load_plan(&args.profile, &args.plan)?;
@@ -19,7 +19,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
             "producer": plan.producer.name,
             "units": plan.units,
             "iteration_time_us": sim.iteration_time_us,
-            "peak_memory_bytes": sim.peak_memory_bytes.ceil() as u64,
+            "peak_memory_bytes": whole_bytes(sim.peak_memory_bytes),
             "peak_slot": sim.peak_slot,
             "peak_breakdown": peak.memory,
         }));

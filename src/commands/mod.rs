@@ -14,8 +14,9 @@ pub mod solve;
 mod sweep;
 
 use crate::cli::{Cli, CommCommand, Command, ExportCommand, ProfileCommand};
-use shardplan_scheduler::plan::{Plan, Schedule};
+use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::Profile;
+use shardplan_scheduler::schedule::Schedule;
 use std::path::Path;
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {

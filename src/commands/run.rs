@@ -24,7 +24,7 @@ use shardplan_scheduler::io::write_atomic;
 use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::sim::{Semantics, simulate};
-use shardplan_scheduler::size::format_bytes;
+use shardplan_scheduler::size::{format_bytes, whole_bytes};
 use std::time::Duration;
 
 /// Whether this process was started by an MPI launcher.
@@ -240,7 +240,7 @@ fn run_with<B: Backend, W: Train<B>>(
             "predicted_iteration_time_us": predicted.iteration_time_us,
             "arena_bytes": report.arena_bytes,
             "arena_live_peak_bytes": report.live_peak_bytes,
-            "predicted_peak_memory_bytes": predicted.peak_memory_bytes.ceil() as u64,
+            "predicted_peak_memory_bytes": whole_bytes(predicted.peak_memory_bytes),
             "executor_overhead_us_per_slot": if report.executor_overhead_us_per_slot.is_finite() { Some(report.executor_overhead_us_per_slot) } else { None },
             "weights_max_relative_error_vs_reference": reference.as_ref().map(|r| r.weights_max_relative_error),
             "weights_update_relative_error_vs_reference": reference.as_ref().map(|r| r.update_relative_error),

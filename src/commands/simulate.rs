@@ -6,7 +6,7 @@ use serde_json::json;
 use shardplan_scheduler::io::check_outputs_distinct;
 use shardplan_scheduler::io::write_atomic;
 use shardplan_scheduler::sim::{Semantics, chrome_trace, simulate};
-use shardplan_scheduler::size::format_bytes;
+use shardplan_scheduler::size::{format_bytes, whole_bytes};
 
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     if let Some(trace) = &args.trace {
@@ -36,7 +36,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             "comm_us": sim.comm_us,
             "exposed_comm_us": sim.exposed_comm_us,
             "overlap_slowdown_us": sim.overlap_slowdown_us,
-            "peak_memory_bytes": sim.peak_memory_bytes.ceil() as u64,
+            "peak_memory_bytes": whole_bytes(sim.peak_memory_bytes),
             "peak_slot": sim.peak_slot,
             "memory_cap_bytes": plan.memory_cap_bytes,
             "fits_cap": fits,

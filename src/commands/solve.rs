@@ -6,11 +6,9 @@ use crate::output::{ms, print_json};
 use serde_json::json;
 use shardplan_scheduler::ilp::{Objective, SolveOptions, Solved, solve};
 use shardplan_scheduler::io::check_outputs_distinct;
-use shardplan_scheduler::plan::{Plan, Predicted, Producer};
 use shardplan_scheduler::profile::Profile;
-use shardplan_scheduler::size::format_bytes;
+use shardplan_scheduler::size::{format_bytes, whole_bytes};
 use shardplan_scheduler::timeline::Level;
-use std::collections::BTreeMap;
 
 pub fn run(args: SolveArgs) -> anyhow::Result<()> {
     if args.objective == ObjectiveArg::Time && args.memory_cap.is_none() {
@@ -46,62 +44,10 @@ pub fn run(args: SolveArgs) -> anyhow::Result<()> {
         hint: None,
     };
     let solved = solve(&profile, &options)?;
-    let plan = plan_of(&profile, &solved, args.memory_cap);
+    let plan = solved.plan(&profile, args.memory_cap);
     plan.save(&args.out)?;
     report(&args, &solved);
     Ok(())
-}
-
-/// The plan file of a solve: the solver's figures go into the producer's details.
-pub fn plan_of(profile: &Profile, solved: &Solved, cap: Option<u64>) -> Plan {
-    let r = &solved.report;
-    let mut details = BTreeMap::from([
-        (
-            "status".to_string(),
-            toml::Value::String(status_name(solved).into()),
-        ),
-        ("objective".to_string(), toml::Value::Float(r.objective)),
-        ("best_bound".to_string(), toml::Value::Float(r.best_bound)),
-        ("gap".to_string(), toml::Value::Float(r.gap)),
-        (
-            "solve_seconds".to_string(),
-            toml::Value::Float(r.solve_seconds),
-        ),
-        (
-            "window_depth".to_string(),
-            toml::Value::String(r.window_depth.map_or("full".into(), |d| d.to_string())),
-        ),
-    ]);
-    if let Some((name, time)) = &r.warm_start {
-        details.insert(
-            "warm_start".into(),
-            toml::Value::String(format!("{name} ({time:.1} us)")),
-        );
-    }
-    let sim = &solved.simulation;
-    let predicted = Predicted {
-        iteration_time_us: sim.iteration_time_us,
-        peak_memory_bytes: sim.peak_memory_bytes.ceil() as u64,
-        peak_slot: sim.peak_slot.parse().expect("simulator slot names parse"),
-    };
-    Plan::from_schedule(
-        profile,
-        &solved.schedule,
-        Producer {
-            name: "ilp".into(),
-            details,
-        },
-        cap,
-        predicted,
-    )
-}
-
-fn status_name(solved: &Solved) -> &'static str {
-    match solved.report.status {
-        shardplan_scheduler::ilp::SolveStatus::Optimal => "optimal",
-        shardplan_scheduler::ilp::SolveStatus::GapLimit => "gap_limit",
-        shardplan_scheduler::ilp::SolveStatus::TimeLimit => "time_limit",
-    }
 }
 
 fn report(args: &SolveArgs, solved: &Solved) {
@@ -110,23 +56,28 @@ fn report(args: &SolveArgs, solved: &Solved) {
     let count = |level: Level| {
         solved
             .schedule
-            .units
+            .units()
             .iter()
             .filter(|u| u.level == level)
             .count()
     };
-    let recomputed = solved.schedule.units.iter().filter(|u| u.recompute).count();
+    let recomputed = solved
+        .schedule
+        .units()
+        .iter()
+        .filter(|u| u.recompute)
+        .count();
     if args.json {
         print_json(&json!({
             "out": args.out,
-            "status": status_name(solved),
+            "status": solved.report.status.name(),
             "objective": if args.objective == ObjectiveArg::Time { "time" } else { "memory" },
             "iteration_time_us": sim.iteration_time_us,
             "best_bound_us": if args.objective == ObjectiveArg::Time { Some(r.best_bound) } else { None },
             "best_bound": r.best_bound,
             "gap": r.gap,
             "solve_seconds": r.solve_seconds,
-            "peak_memory_bytes": sim.peak_memory_bytes.ceil() as u64,
+            "peak_memory_bytes": whole_bytes(sim.peak_memory_bytes),
             "memory_cap_bytes": args.memory_cap,
             "variables": r.variables,
             "integer_variables": r.integer_variables,
@@ -141,7 +92,7 @@ fn report(args: &SolveArgs, solved: &Solved) {
         println!(
             "wrote {}: {} — iteration {}, peak {} at {}, gap {:.2e} (bound {}), {:.2} s",
             args.out.display(),
-            status_name(solved),
+            solved.report.status.name(),
             ms(sim.iteration_time_us),
             format_bytes(sim.peak_memory_bytes),
             sim.peak_slot,

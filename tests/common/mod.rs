@@ -5,8 +5,9 @@ use shardplan_scheduler::analytic::{AnalyticOptions, analytic_profile};
 use shardplan_scheduler::curve::CommCurve;
 use shardplan_scheduler::hardware::Catalog;
 use shardplan_scheduler::model::ModelSpec;
-use shardplan_scheduler::plan::{Plan, Schedule};
+use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::{BytesPerParam, CommCurves, Profile, UnitProfile};
+use shardplan_scheduler::schedule::Schedule;
 use std::collections::BTreeMap;
 
 /// The runtime's own profile of `workload` on `world` ranks with blocks of `block_size_bytes`,
@@ -206,7 +207,7 @@ pub fn random_profile(rng: &mut Rng, units: usize, kappa: f64, max_params: u64) 
 /// A random valid schedule: random levels (the last unit never fsdp), recompute flags, and
 /// each op's blocks spread over random slots of its window, reductions before gathers.
 pub fn random_schedule(rng: &mut Rng, profile: &Profile) -> Schedule {
-    use shardplan_scheduler::plan::{Launch, UnitSchedule};
+    use shardplan_scheduler::schedule::{Launch, UnitSchedule};
     use shardplan_scheduler::timeline::{Level, Op, Timeline};
     let l = profile.unit_count();
     let timeline = Timeline::new(l);
@@ -253,11 +254,7 @@ pub fn random_schedule(rng: &mut Rng, profile: &Profile) -> Schedule {
             }
         })
         .collect();
-    let schedule = Schedule { units };
-    schedule
-        .validate(profile)
-        .expect("generated schedules are valid");
-    schedule
+    Schedule::new(profile, units).expect("generated schedules are valid")
 }
 
 /// Runs the binary on `world` ranks: directly for one, under `mpirun --oversubscribe` otherwise.

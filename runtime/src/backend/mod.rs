@@ -46,6 +46,25 @@ pub enum Stream {
     Communication,
 }
 
+impl Stream {
+    pub const BOTH: [Stream; 2] = [Stream::Compute, Stream::Communication];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Stream::Compute => "compute",
+            Stream::Communication => "communication",
+        }
+    }
+
+    /// Its track in a trace.
+    pub fn track(self) -> u32 {
+        match self {
+            Stream::Compute => 0,
+            Stream::Communication => 1,
+        }
+    }
+}
+
 /// What a run allocates before its first step.
 #[derive(Debug, Clone, Copy)]
 pub struct Allocation {

@@ -30,7 +30,7 @@ use crate::layout::Layout;
 use crate::workload::{Pass, Train, Workload};
 use crate::{Error, Result};
 use program::{Kind, program};
-use shardplan_scheduler::plan::Schedule;
+use shardplan_scheduler::schedule::Schedule;
 use shardplan_scheduler::sim::Semantics;
 use shardplan_scheduler::timeline::Level;
 use std::time::Duration;
@@ -48,8 +48,7 @@ pub struct RunOptions {
 /// One timed operation of the trace.
 #[derive(Debug, Clone, Copy)]
 pub struct Span {
-    /// 0 compute, 1 communication.
-    pub stream: u8,
+    pub stream: Stream,
     pub what: &'static str,
     pub unit: usize,
     pub step: usize,
@@ -73,7 +72,7 @@ pub struct RunReport {
 
 /// A span while the run goes on: its marks are converted to µs at the end.
 struct PendingSpan<M> {
-    stream: u8,
+    stream: Stream,
     what: &'static str,
     unit: usize,
     step: usize,
@@ -190,7 +189,7 @@ pub fn run<B: Backend, W: Train<B>>(
                     let end = backend.mark(stream)?;
                     if let Some(start) = start {
                         spans.push(PendingSpan {
-                            stream: 1,
+                            stream: Stream::Communication,
                             what: b.kind.name(),
                             unit: b.unit,
                             step: d as usize,
@@ -272,7 +271,7 @@ pub fn run<B: Backend, W: Train<B>>(
                 }
                 if let Some(start) = start {
                     compute_spans.push(PendingSpan {
-                        stream: 0,
+                        stream: Stream::Compute,
                         what: if forward { "F" } else { "B" },
                         unit: i,
                         step,
@@ -316,7 +315,7 @@ pub fn run<B: Backend, W: Train<B>>(
     }
     let kernel_us: f64 = spans
         .iter()
-        .filter(|s| s.stream == 0)
+        .filter(|s| s.stream == Stream::Compute)
         .map(|s| s.end_us - s.start_us)
         .sum();
     let wall_us = backend.elapsed_us(&step_marks[0], &step_marks[steps])?;

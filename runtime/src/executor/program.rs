@@ -3,7 +3,7 @@
 //! and its buffer-reuse fences.
 
 use crate::layout::Layout;
-use shardplan_scheduler::plan::Schedule;
+use shardplan_scheduler::schedule::Schedule;
 use shardplan_scheduler::timeline::{Level, Op, Timeline};
 
 /// The communication kinds of the executor (RS serves both sharded levels; FG is AG or AGF).
@@ -68,12 +68,11 @@ pub(super) fn program(schedule: &Schedule, layout: &Layout) -> Program {
     let mut queues = vec![Vec::new(); slots];
     for (s, queue) in schedule.queues().into_iter().enumerate() {
         for q in queue {
-            let window = timeline.window(q.unit, q.op.window_kind());
-            let launches = &schedule.units[q.unit].launches[&q.op];
-            let pos = window.position(s).expect("validated");
-            let first: u32 = launches
+            // Blocks of this op launched at earlier window positions come first.
+            let first: u32 = schedule
+                .launches(q.unit, q.op)
                 .iter()
-                .filter(|l| window.position(l.slot).expect("validated") < pos)
+                .take_while(|l| l.slot != s)
                 .map(|l| l.blocks)
                 .sum();
             let (f, b) = (timeline.forward(q.unit), timeline.backward(q.unit));
@@ -107,7 +106,7 @@ pub(super) fn program(schedule: &Schedule, layout: &Layout) -> Program {
     let needs = (0..slots)
         .map(|s| match timeline.compute_unit(s) {
             None => vec![],
-            Some(i) => match (schedule.units[i].level, s == timeline.forward(i)) {
+            Some(i) => match (schedule.units()[i].level, s == timeline.forward(i)) {
                 (Level::None, true) => vec![Need {
                     unit: i,
                     kind: Kind::AllReduce,

@@ -25,10 +25,7 @@ struct Source {
 impl Source {
     /// Step `step`'s batch, its rows split over the machine's threads.
     fn make(&self, step: usize) -> Batch {
-        let (d0, dl) = (
-            self.spec.input,
-            *self.spec.widths.last().expect("validated"),
-        );
+        let (d0, dl) = (self.spec.input, self.spec.output());
         let mut batch = Batch {
             x: vec![0.0; self.rows * d0],
             y: vec![0.0; self.rows * dl],

@@ -66,6 +66,11 @@ impl MlpSpec {
         self.widths.len()
     }
 
+    /// The output width d_L (`load` refuses a spec without widths).
+    pub fn output(&self) -> usize {
+        self.widths.last().copied().unwrap_or_default()
+    }
+
     /// (in, out) of unit i.
     pub fn dims(&self, unit: usize) -> (usize, usize) {
         let input = if unit == 0 {
@@ -105,7 +110,7 @@ impl MlpSpec {
 
     /// The fixed random teacher T (d_L × d_0) that defines the targets.
     pub fn teacher(&self) -> Vec<f32> {
-        let (d0, dl) = (self.input, *self.widths.last().expect("validated"));
+        let (d0, dl) = (self.input, self.output());
         (0..dl * d0)
             .map(|k| uniform(self.seed ^ 0x7EAC, (k / d0) as u64, (k % d0) as u64))
             .collect()
@@ -122,7 +127,7 @@ impl MlpSpec {
         x: &mut [f32],
         y: &mut [f32],
     ) {
-        let (d0, dl) = (self.input, *self.widths.last().expect("validated"));
+        let (d0, dl) = (self.input, self.output());
         for r in 0..rows {
             let sample = (step as u64) << 32 | (first + r) as u64;
             for k in 0..d0 {
@@ -257,7 +262,7 @@ pub fn reference_training_from(
     let mut m: Vec<Vec<f32>> = params.iter().map(|p| vec![0.0; p.len()]).collect();
     let mut v = m.clone();
     let mut losses = Vec::with_capacity(steps);
-    let (d0, dl) = (spec.input, *spec.widths.last().expect("validated"));
+    let (d0, dl) = (spec.input, spec.output());
     let scale = 1.0 / (rows * dl) as f32;
     let teacher = spec.teacher();
     for step in 0..steps {

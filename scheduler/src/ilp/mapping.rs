@@ -2,9 +2,10 @@
 //! and the ILP's own evaluation of an integer solution (for the consistency check).
 
 use super::variables::{OpVars, UnitVars};
+use crate::Result;
 use crate::cost::compute_us;
-use crate::plan::{Launch, Schedule, UnitSchedule};
 use crate::profile::Profile;
+use crate::schedule::{Launch, Schedule, UnitSchedule};
 use crate::timeline::{Level, Op, Timeline};
 use std::collections::BTreeMap;
 
@@ -26,7 +27,7 @@ pub(super) fn schedule_values(
     columns: usize,
 ) -> Option<Vec<f64>> {
     let mut values = vec![0.0; columns];
-    for (u, s) in units.iter().zip(&schedule.units) {
+    for (i, (u, s)) in units.iter().zip(schedule.units()).enumerate() {
         let level = match s.level {
             Level::None => u.none?,
             Level::Sdp => u.sdp,
@@ -36,11 +37,10 @@ pub(super) fn schedule_values(
         if s.recompute {
             values[u.recompute?.index] = 1.0;
         }
-        for (&op, launches) in &s.launches {
+        for (op, launches) in schedule.ops(i) {
             let vars = op_vars(u, op)?;
             for l in launches {
-                let pos = vars.window.position(l.slot)?;
-                let k = vars.positions.iter().position(|&p| p == pos)?;
+                let k = vars.positions.iter().position(|&p| p == l.position)?;
                 values[vars.launches[k].index] += f64::from(l.blocks);
             }
             let mut running = 0.0;
@@ -50,11 +50,9 @@ pub(super) fn schedule_values(
             }
         }
         // Boundary: the last reduction position (for a replicated unit, the last candidate).
-        let last_rs = s
-            .launches
-            .get(&Op::ReduceScatter)
-            .and_then(|l| l.iter().filter_map(|l| u.rs.window.position(l.slot)).max());
-        let boundary = last_rs.unwrap_or(usize::MAX);
+        let boundary = schedule
+            .span(i, Op::ReduceScatter)
+            .map_or(usize::MAX, |(_, last)| last);
         for &(k, z) in &u.boundary {
             values[z.index] = if boundary <= k { 1.0 } else { 0.0 };
         }
@@ -62,8 +60,13 @@ pub(super) fn schedule_values(
     Some(values)
 }
 
-/// Reads the schedule out of a solution's column values (integers rounded).
-pub(super) fn schedule_from_values(units: &[UnitVars], values: &[f64]) -> Schedule {
+/// Reads the schedule out of a solution's column values (integers rounded); an error if the
+/// values break a rule of the model (which the constraints exclude).
+pub(super) fn schedule_from_values(
+    profile: &Profile,
+    units: &[UnitVars],
+    values: &[f64],
+) -> Result<Schedule> {
     let on = |c: Option<super::variables::Col>| c.is_some_and(|c| values[c.index] > 0.5);
     let units = units
         .iter()
@@ -102,7 +105,7 @@ pub(super) fn schedule_from_values(units: &[UnitVars], values: &[f64]) -> Schedu
             }
         })
         .collect();
-    Schedule { units }
+    Schedule::new(profile, units)
 }
 
 /// Per slot (c_s, Q_s) of an integer solution, from the ILP's own coefficients.

@@ -13,9 +13,12 @@ mod variables;
 
 pub use solve::solve;
 
-use crate::plan::Schedule;
+use crate::plan::{Plan, Predicted, Producer};
+use crate::profile::Profile;
+use crate::schedule::Schedule;
 use crate::sim::Simulation;
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 /// What the solver minimises.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -76,6 +79,17 @@ pub enum SolveStatus {
     TimeLimit,
 }
 
+impl SolveStatus {
+    /// The name written in plan files and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            SolveStatus::Optimal => "optimal",
+            SolveStatus::GapLimit => "gap_limit",
+            SolveStatus::TimeLimit => "time_limit",
+        }
+    }
+}
+
 /// One HiGHS run.
 #[derive(Debug, Clone, Serialize)]
 pub struct PhaseReport {
@@ -116,4 +130,45 @@ pub struct Solved {
     pub schedule: Schedule,
     pub simulation: Simulation,
     pub report: SolveReport,
+}
+
+impl Solved {
+    /// The plan file of this solve: the solver's figures go into the producer's details, the
+    /// strict simulation into the prediction.
+    pub fn plan(&self, profile: &Profile, memory_cap_bytes: Option<u64>) -> Plan {
+        let r = &self.report;
+        let mut details = BTreeMap::from([
+            (
+                "status".to_string(),
+                toml::Value::String(r.status.name().into()),
+            ),
+            ("objective".to_string(), toml::Value::Float(r.objective)),
+            ("best_bound".to_string(), toml::Value::Float(r.best_bound)),
+            ("gap".to_string(), toml::Value::Float(r.gap)),
+            (
+                "solve_seconds".to_string(),
+                toml::Value::Float(r.solve_seconds),
+            ),
+            (
+                "window_depth".to_string(),
+                toml::Value::String(r.window_depth.map_or("full".into(), |d| d.to_string())),
+            ),
+        ]);
+        if let Some((name, time)) = &r.warm_start {
+            details.insert(
+                "warm_start".into(),
+                toml::Value::String(format!("{name} ({time:.1} us)")),
+            );
+        }
+        Plan::from_schedule(
+            profile,
+            &self.schedule,
+            Producer {
+                name: "ilp".into(),
+                details,
+            },
+            memory_cap_bytes,
+            Predicted::of(&self.simulation),
+        )
+    }
 }

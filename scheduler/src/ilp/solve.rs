@@ -9,10 +9,10 @@ use super::mapping::{schedule_from_values, schedule_values, slot_terms, tight_ti
 use super::variables::{Columns, UnitVars, declare_units};
 use super::{Objective, PhaseReport, SolveOptions, SolveReport, SolveStatus, Solved};
 use crate::baselines::{BaselineKind, baseline};
-use crate::plan::Schedule;
 use crate::profile::Profile;
+use crate::schedule::Schedule;
 use crate::sim::{Semantics, memory_by_slot, simulate};
-use crate::size::format_bytes;
+use crate::size::{format_bytes, whole_bytes};
 use crate::timeline::Timeline;
 use crate::{Error, Result};
 use good_lp::{Constraint, Expression, ProblemVariables, SolverModel};
@@ -206,8 +206,9 @@ fn run_highs(
     let bound = solved
         .double_info_value(c"mip_dual_bound")
         .unwrap_or(f64::NEG_INFINITY);
-    let schedule =
-        (has_solution && !infeasible).then(|| schedule_from_values(&built.units, &values));
+    let schedule = (has_solution && !infeasible)
+        .then(|| schedule_from_values(profile, &built.units, &values))
+        .transpose()?;
     let ilp_time = tight_time(
         &slot_terms(profile, &built.units, &values),
         profile.overlap_slowdown,
@@ -327,7 +328,7 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
         offer(&mut pool, schedule.clone());
     }
     if let Some(hint) = &options.hint
-        && hint.validate(profile).is_ok()
+        && hint.fits(profile)
     {
         offer(&mut pool, hint.clone());
     }
@@ -424,11 +425,11 @@ fn within_depths(
     reduce_depth: Option<usize>,
 ) -> bool {
     let timeline = schedule.timeline();
-    schedule.units.iter().enumerate().all(|(unit, u)| {
-        u.launches.iter().all(|(op, launches)| {
+    (0..schedule.units().len()).all(|unit| {
+        schedule.ops(unit).all(|(op, launches)| {
             let window = timeline.window(unit, op.window_kind());
             launches.iter().all(|l| {
-                let pos = window.position(l.slot).expect("validated schedule");
+                let pos = l.position;
                 if op.is_reduction() {
                     reduce_depth.is_none_or(|depth| pos < depth)
                 } else {
@@ -489,7 +490,6 @@ fn check_consistency(
     ilp_time: f64,
     ilp_peak: Option<f64>,
 ) -> Result<()> {
-    schedule.validate(profile)?;
     let sim = simulate(profile, schedule, Semantics::Strict);
     let error = (sim.iteration_time_us - ilp_time).abs() / ilp_time.max(1e-12);
     if error > CONSISTENCY {
@@ -539,7 +539,7 @@ fn explain_infeasible(profile: &Profile, options: &SolveOptions) -> Error {
             Error::Infeasible(format!(
                 "no plan fits {cap}: the smallest feasible cap is {} ({} bytes), peaking at slot {} where the largest part is {}, {}",
                 format_bytes(sim.peak_memory_bytes),
-                sim.peak_memory_bytes.ceil() as u64,
+                whole_bytes(sim.peak_memory_bytes),
                 sim.peak_slot,
                 what,
                 format_bytes(bytes)

@@ -21,32 +21,17 @@
 //! agb = [["B3", 1]]
 //! ```
 
-mod schedule;
-
-pub use schedule::{Launch, Queued, Schedule, UnitSchedule};
-
 use crate::profile::Profile;
+use crate::schedule::{Launch, Schedule, UnitSchedule};
+use crate::size::whole_bytes;
 use crate::timeline::{Level, Op, Slot, Timeline};
 use crate::{Error, Result};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The plan schema this build reads and writes.
 pub const PLAN_SCHEMA: u32 = 1;
-
-impl Serialize for Slot {
-    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for Slot {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        text.parse().map_err(serde::de::Error::custom)
-    }
-}
 
 /// Who made the plan: a baseline's name or the solver, with free-form details (solver status,
 /// gap, window limits, …).
@@ -65,6 +50,17 @@ pub struct Predicted {
     pub iteration_time_us: f64,
     pub peak_memory_bytes: u64,
     pub peak_slot: Slot,
+}
+
+impl Predicted {
+    /// What a simulation predicts, as a plan file records it (the peak in whole bytes).
+    pub fn of(sim: &crate::sim::Simulation) -> Self {
+        Predicted {
+            iteration_time_us: sim.iteration_time_us,
+            peak_memory_bytes: whole_bytes(sim.peak_memory_bytes),
+            peak_slot: sim.peak_slot,
+        }
+    }
 }
 
 /// One unit's entry; ops not used by its level are omitted.
@@ -219,9 +215,7 @@ impl Plan {
                 launches,
             });
         }
-        let schedule = Schedule { units };
-        schedule.validate(profile)?;
-        Ok(schedule)
+        Schedule::new(profile, units)
     }
 
     /// Builds the plan file of a schedule; `predicted` comes from the strict simulator.
@@ -234,7 +228,7 @@ impl Plan {
     ) -> Self {
         let timeline = schedule.timeline();
         let units = schedule
-            .units
+            .units()
             .iter()
             .zip(&profile.units)
             .map(|(u, p)| {
@@ -277,14 +271,14 @@ pub fn plan_with_prediction(
     memory_cap_bytes: Option<u64>,
 ) -> (Plan, crate::sim::Simulation) {
     let sim = crate::sim::simulate(profile, schedule, crate::sim::Semantics::Strict);
-    let peak_slot = sim.peak_slot.parse().expect("simulator slot names parse");
-    let predicted = Predicted {
-        iteration_time_us: sim.iteration_time_us,
-        peak_memory_bytes: sim.peak_memory_bytes.ceil() as u64,
-        peak_slot,
-    };
     (
-        Plan::from_schedule(profile, schedule, producer, memory_cap_bytes, predicted),
+        Plan::from_schedule(
+            profile,
+            schedule,
+            producer,
+            memory_cap_bytes,
+            Predicted::of(&sim),
+        ),
         sim,
     )
 }

@@ -2,8 +2,8 @@
 //! M_s = Σ persistent_i + Σ gathered_i(s) + Σ grad_i(s) + Σ_{F_i ≤ s ≤ B_i} saved_i + ws(s).
 
 use crate::cost::{block_bytes, persistent_bytes};
-use crate::plan::Schedule;
 use crate::profile::Profile;
+use crate::schedule::Schedule;
 use crate::timeline::Op;
 use serde::Serialize;
 
@@ -42,7 +42,7 @@ impl MemoryBreakdown {
 pub fn memory_by_slot(profile: &Profile, schedule: &Schedule) -> Vec<MemoryBreakdown> {
     let timeline = schedule.timeline();
     let mut memory = vec![MemoryBreakdown::default(); timeline.slot_count()];
-    for (unit, u) in schedule.units.iter().enumerate() {
+    for (unit, u) in schedule.units().iter().enumerate() {
         let (forward, backward) = (timeline.forward(unit), timeline.backward(unit));
         let p = &profile.units[unit];
         let persistent = persistent_bytes(profile, unit, u.level);
@@ -63,12 +63,12 @@ pub fn memory_by_slot(profile: &Profile, schedule: &Schedule) -> Vec<MemoryBreak
         memory[forward].workspace += p.forward_workspace_bytes as f64;
         memory[backward].workspace += p.backward_workspace_bytes as f64;
 
-        for (&op, launches) in &u.launches {
+        for (op, launches) in schedule.ops(unit) {
             let window = timeline.window(unit, op.window_kind());
             let bytes = block_bytes(profile, unit, op);
             for l in launches {
                 let amount = bytes * f64::from(l.blocks);
-                let pos = window.position(l.slot).expect("validated schedule");
+                let pos = l.position;
                 match op {
                     Op::AllReduce => {}
                     Op::ReduceScatter => {

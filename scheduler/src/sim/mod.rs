@@ -4,15 +4,15 @@
 mod memory;
 mod relaxed;
 mod strict;
-mod trace;
+pub mod trace;
 
 pub use memory::{MemoryBreakdown, memory_by_slot};
 pub use trace::chrome_trace;
 
 use crate::cost::{block_time_us, compute_us};
-use crate::plan::Schedule;
 use crate::profile::Profile;
-use crate::timeline::Op;
+use crate::schedule::Schedule;
+use crate::timeline::{Op, Slot};
 use serde::Serialize;
 
 /// When compute and communication wait for each other.
@@ -37,7 +37,7 @@ impl Semantics {
 /// One slot of the steady-state iteration. Times are µs from the iteration's start.
 #[derive(Debug, Clone, Serialize)]
 pub struct SlotReport {
-    pub slot: String,
+    pub slot: Slot,
     /// When the slot's blocks are launched (the compute stream reaches the slot).
     pub start_us: f64,
     pub compute_start_us: f64,
@@ -55,8 +55,9 @@ pub struct SlotReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct BlockEvent {
     pub unit: usize,
-    pub op: String,
-    pub slot: String,
+    pub op: Op,
+    /// The slot at whose start the block was launched.
+    pub slot: Slot,
     pub start_us: f64,
     pub end_us: f64,
 }
@@ -76,7 +77,7 @@ pub struct Simulation {
     /// T − Σ (c_s + κ·Q_s): time the compute stream waits on communication.
     pub exposed_comm_us: f64,
     pub peak_memory_bytes: f64,
-    pub peak_slot: String,
+    pub peak_slot: Slot,
     pub slots: Vec<SlotReport>,
     #[serde(skip)]
     pub blocks: Vec<BlockEvent>,
@@ -95,7 +96,7 @@ impl SlotInputs {
     fn new(profile: &Profile, schedule: &Schedule) -> Self {
         let timeline = schedule.timeline();
         let compute_us = (0..timeline.slot_count())
-            .map(|s| compute_us(profile, timeline, s, |u| schedule.units[u].recompute))
+            .map(|s| compute_us(profile, timeline, s, |u| schedule.units()[u].recompute))
             .collect();
         let queue: Vec<Vec<(usize, Op, f64)>> = schedule
             .queues()
@@ -145,7 +146,7 @@ pub fn simulate(profile: &Profile, schedule: &Schedule, semantics: Semantics) ->
     let comm = totals(&inputs.comm_us);
     let slots: Vec<SlotReport> = (0..timeline.slot_count())
         .map(|s| SlotReport {
-            slot: timeline.slot(s).to_string(),
+            slot: timeline.slot(s),
             start_us: timing.start_us[s],
             compute_start_us: timing.compute_start_us[s],
             compute_us: inputs.compute_us[s],
@@ -170,7 +171,7 @@ pub fn simulate(profile: &Profile, schedule: &Schedule, semantics: Semantics) ->
         overlap_slowdown_us: kappa * comm,
         exposed_comm_us: (timing.iteration_time_us - compute - kappa * comm).max(0.0),
         peak_memory_bytes: slots[peak].memory_bytes,
-        peak_slot: slots[peak].slot.clone(),
+        peak_slot: slots[peak].slot,
         slots,
         blocks: timing.blocks,
     }

@@ -9,7 +9,7 @@
 //! a subset of strict's waits, hence T_relaxed ≤ T_strict for every plan.
 
 use super::{BlockEvent, SlotInputs, Timing};
-use crate::plan::Schedule;
+use crate::schedule::Schedule;
 use crate::timeline::{Level, Op};
 
 /// Iterations after which a non-stationary (periodic) regime is averaged instead.
@@ -22,7 +22,7 @@ const STATIONARY: f64 = 1e-12;
 fn needed(schedule: &Schedule, slot: usize) -> Option<(usize, Op)> {
     let timeline = schedule.timeline();
     let unit = timeline.compute_unit(slot)?;
-    match (schedule.units[unit].level, slot == timeline.forward(unit)) {
+    match (schedule.units()[unit].level, slot == timeline.forward(unit)) {
         (Level::None, true) => Some((unit, Op::AllReduce)),
         (Level::None, false) => None,
         (Level::Sdp, true) => Some((unit, Op::Gather)),
@@ -35,7 +35,7 @@ fn needed(schedule: &Schedule, slot: usize) -> Option<(usize, Op)> {
 pub(super) fn run(schedule: &Schedule, inputs: &SlotInputs, kappa: f64) -> Timing {
     let timeline = schedule.timeline();
     let slots = timeline.slot_count();
-    let units = schedule.units.len();
+    let units = schedule.units().len();
     // Latest end of the blocks of (unit, op) launched since its window opened.
     let op_index = |op: Op| Op::ALL.iter().position(|&o| o == op).expect("known op");
     let mut ready = vec![[f64::NEG_INFINITY; 5]; units];
@@ -73,8 +73,8 @@ pub(super) fn run(schedule: &Schedule, inputs: &SlotInputs, kappa: f64) -> Timin
                 ready[unit][k] = ready[unit][k].max(channel_free);
                 blocks.push(BlockEvent {
                     unit,
-                    op: op.to_string(),
-                    slot: timeline.slot(s).to_string(),
+                    op,
+                    slot: timeline.slot(s),
                     start_us: start - iteration_start,
                     end_us: channel_free - iteration_start,
                 });

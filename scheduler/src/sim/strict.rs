@@ -2,7 +2,7 @@
 //! the slot's start, serialised on the one channel.
 
 use super::{BlockEvent, SlotInputs, Timing};
-use crate::plan::Schedule;
+use crate::schedule::Schedule;
 
 pub(super) fn run(schedule: &Schedule, inputs: &SlotInputs, kappa: f64) -> Timing {
     let timeline = schedule.timeline();
@@ -17,8 +17,8 @@ pub(super) fn run(schedule: &Schedule, inputs: &SlotInputs, kappa: f64) -> Timin
         for &(unit, op, t) in &inputs.queue[s] {
             blocks.push(BlockEvent {
                 unit,
-                op: op.to_string(),
-                slot: timeline.slot(s).to_string(),
+                op,
+                slot: timeline.slot(s),
                 start_us: channel,
                 end_us: channel + t,
             });

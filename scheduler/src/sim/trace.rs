@@ -3,6 +3,7 @@
 
 use super::Simulation;
 use crate::profile::Profile;
+use crate::timeline::Slot;
 use serde_json::{Value, json};
 
 const PID: u32 = 1;
@@ -10,12 +11,19 @@ const SLOTS_TID: u32 = 1;
 const COMPUTE_TID: u32 = 2;
 const COMM_TID: u32 = 3;
 
-fn complete(name: String, tid: u32, ts: f64, dur: f64, args: Value) -> Value {
+/// A complete event ("X") on track `tid`: `name` from `ts` for `dur` µs.
+pub fn complete(name: String, tid: u32, ts: f64, dur: f64, args: Value) -> Value {
     json!({"name": name, "ph": "X", "pid": PID, "tid": tid, "ts": ts, "dur": dur, "args": args})
 }
 
-fn thread_name(tid: u32, name: &str) -> Value {
+/// The metadata event that names track `tid`.
+pub fn thread_name(tid: u32, name: &str) -> Value {
     json!({"name": "thread_name", "ph": "M", "pid": PID, "tid": tid, "args": {"name": name}})
+}
+
+/// The trace file around its events.
+pub fn trace_file(events: Vec<Value>) -> Value {
+    json!({"traceEvents": events, "displayTimeUnit": "ms"})
 }
 
 /// The trace of one simulated iteration (timestamps in µs from its start).
@@ -28,14 +36,13 @@ pub fn chrome_trace(profile: &Profile, sim: &Simulation) -> Value {
         thread_name(COMM_TID, "communication"),
     ];
     for s in &sim.slots {
-        events.push(complete(s.slot.clone(), SLOTS_TID, s.start_us, s.duration_us,
+        events.push(complete(s.slot.to_string(), SLOTS_TID, s.start_us, s.duration_us,
             json!({"compute_us": s.compute_us, "comm_us": s.comm_us, "memory_bytes": s.memory_bytes})));
         if s.compute_us > 0.0 {
-            let name = match s.slot.as_str() {
-                "E" => "E".to_string(),
-                slot => {
-                    let unit: usize = slot[1..].parse().expect("slot names are F<i> or B<i>");
-                    format!("{slot} {}", profile.units[unit - 1].name)
+            let name = match s.slot {
+                Slot::E => "E".to_string(),
+                Slot::F(unit) | Slot::B(unit) => {
+                    format!("{} {}", s.slot, profile.units[unit - 1].name)
                 }
             };
             let busy = s.compute_us + profile.overlap_slowdown * s.comm_us;
@@ -63,5 +70,5 @@ pub fn chrome_trace(profile: &Profile, sim: &Simulation) -> Value {
             json!({"launched_at": b.slot}),
         ));
     }
-    json!({"traceEvents": events, "displayTimeUnit": "ms"})
+    trace_file(events)
 }

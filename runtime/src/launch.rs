@@ -1,0 +1,41 @@
+//! Starting a rank: whether an MPI launcher started this process, which GPU is its own, and the
+//! CUDA backend set up in the order it needs (libraries, then MPI, then NCCL).
+
+use crate::Result;
+use crate::backend::{Collectives, Mpi, MpiUniverse};
+use crate::cuda::{CudaBackend, NcclSetup, libraries, unique_id};
+
+/// Whether this process was started by an MPI launcher.
+pub fn under_mpi() -> bool {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+}
+
+/// This process's index among the launcher's processes on this machine (its GPU).
+fn local_rank(rank: usize) -> usize {
+    [
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "SLURM_LOCALID",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.parse().ok())
+    .unwrap_or(rank)
+}
+
+/// This rank's GPU: the libraries first (before MPI or any thread: finding them may re-execute
+/// the process), then under mpirun MPI for the rank and rank 0's NCCL id, else one GPU alone.
+/// The MPI universe, when there is one, must outlive the backend's use of MPI.
+pub fn cuda_backend() -> Result<(Option<MpiUniverse>, CudaBackend)> {
+    libraries::prepare()?;
+    if !under_mpi() {
+        return Ok((None, CudaBackend::new(0, NcclSetup::Single)?));
+    }
+    let (universe, mpi) = Mpi::init()?;
+    let (rank, size) = (mpi.rank(), mpi.size());
+    let mut id = if rank == 0 { unique_id()? } else { [0; 128] };
+    mpi.broadcast_from_first(&mut id);
+    let setup = NcclSetup::Rank { rank, size, id };
+    Ok((Some(universe), CudaBackend::new(local_rank(rank), setup)?))
+}

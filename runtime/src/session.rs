@@ -1,0 +1,99 @@
+//! One run of a saved plan, end to end: the plan checked against the profile and the ranks, the
+//! layout packed, the arena allocated and initialised, the executor run, and what rank 0 reports
+//! (measured beside predicted time and memory, the trained weights). The CLI, the benches and the
+//! tests all run plans through [`run_plan`].
+
+use crate::backend::{Allocation, Backend, DeviceMemory, Stream};
+use crate::executor::{RunOptions, RunReport, Span, final_params, initialise, run};
+use crate::layout::layout;
+use crate::measure::median;
+use crate::workload::{Train, Workload};
+use crate::{Error, Result};
+use shardplan_scheduler::plan::Plan;
+use shardplan_scheduler::profile::Profile;
+use shardplan_scheduler::sim::trace::{complete, thread_name, trace_file};
+use shardplan_scheduler::sim::{Simulation, simulate};
+
+/// What a run of a plan gives back on every rank.
+pub struct PlanRun {
+    pub backend: &'static str,
+    pub rank: usize,
+    pub world_size: usize,
+    pub report: RunReport,
+    /// The device's memory readings (GPU backends).
+    pub device_memory: Option<DeviceMemory>,
+    /// The trained parameters, each unit's in full.
+    pub params: Vec<Vec<f32>>,
+    /// The simulation of the plan in the run's semantics.
+    pub predicted: Simulation,
+    /// The median step after the first (DESIGN §6.2).
+    pub measured_iteration_us: f64,
+}
+
+/// Runs `plan` (named `origin` in errors) for `workload` on `backend`.
+pub fn run_plan<B: Backend, W: Train<B>>(
+    mut backend: B,
+    workload: &W,
+    profile: &Profile,
+    plan: &Plan,
+    origin: &str,
+    options: &RunOptions,
+) -> Result<PlanRun> {
+    let schedule = plan.schedule(profile, origin)?;
+    let world = backend.world_size();
+    if plan.world_size as usize != world {
+        return Err(Error::Mismatch(format!(
+            "{origin}: the plan is for {} ranks, this run has {world} (start it with mpirun -np {})",
+            plan.world_size, plan.world_size
+        )));
+    }
+    let layout = layout(workload, profile, &schedule, world)?;
+    backend.allocate(Allocation {
+        arena_elements: (layout.arena.size_bytes / 4) as usize,
+        largest_block: layout.largest_block,
+        loss_slots: options.steps,
+    })?;
+    initialise(&backend, workload, &layout)?;
+    let report = run(&backend, workload, &schedule, &layout, options)?;
+    let device_memory = backend.device_memory()?;
+    let params = final_params(&backend, workload, &layout)?;
+    Ok(PlanRun {
+        backend: backend.name(),
+        rank: backend.rank(),
+        world_size: world,
+        measured_iteration_us: steady_median(&report.step_us),
+        report,
+        device_memory,
+        params,
+        predicted: simulate(profile, &schedule, options.semantics),
+    })
+}
+
+/// The median step time after the first step (which sets up buffers, communicators and caches;
+/// the second of a sharded plan on a GPU still does, so a median rather than a mean).
+fn steady_median(step_us: &[f64]) -> f64 {
+    let tail = if step_us.len() > 1 {
+        &step_us[1..]
+    } else {
+        step_us
+    };
+    median(tail.to_vec())
+}
+
+/// The Chrome/Perfetto trace of a run's spans: one track per stream.
+pub fn chrome_trace(workload: &dyn Workload, spans: &[Span]) -> serde_json::Value {
+    let mut events: Vec<_> = Stream::BOTH
+        .iter()
+        .map(|&s| thread_name(s.track(), s.name()))
+        .collect();
+    events.extend(spans.iter().map(|s| {
+        complete(
+            format!("{} {}", s.what, workload.unit_name(s.unit)),
+            s.stream.track(),
+            s.start_us,
+            s.end_us - s.start_us,
+            serde_json::json!({"step": s.step}),
+        )
+    }));
+    trace_file(events)
+}
