@@ -3,11 +3,11 @@
 //! Adam steps in the same order with no executor.
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use shardplan_runtime::backend::{Allocation, Backend, CpuBackend, Loopback};
-use shardplan_runtime::executor::{RunOptions, initialise, run};
-use shardplan_runtime::layout::layout;
+use shardplan_runtime::backend::{CpuBackend, Loopback};
+use shardplan_runtime::executor::RunOptions;
 use shardplan_runtime::measure::{UnitTime, workload_profile};
 use shardplan_runtime::mlp::{Mlp, MlpSpec, adam, linear_backward, linear_forward, mse_grad};
+use shardplan_runtime::session::Prepared;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::curve::CommCurve;
 use shardplan_scheduler::profile::CommCurves;
@@ -105,17 +105,18 @@ fn overhead(c: &mut Criterion) {
     let mlp = Mlp::new(spec.clone(), 0, 1);
     let profile =
         workload_profile(&mlp, 1, &times, comm, Some(1 << 30), Default::default()).unwrap();
-    let plan = baseline(&profile, BaselineKind::Ddp, false, None).unwrap();
-    let lay = layout(&mlp, &profile, &plan.schedule, 1).unwrap();
-    let mut backend = CpuBackend::new(Loopback);
-    backend
-        .allocate(Allocation {
-            arena_elements: (lay.arena.size_bytes / 4) as usize,
-            largest_block: lay.largest_block,
-            loss_slots: STEPS,
-        })
-        .unwrap();
-    initialise(&backend, &mlp, &lay).unwrap();
+    let plan = baseline(&profile, BaselineKind::Ddp, false, None)
+        .unwrap()
+        .plan;
+    let prepared = Prepared::new(
+        CpuBackend::new(Loopback),
+        &mlp,
+        &profile,
+        &plan,
+        "ddp plan",
+        STEPS,
+    )
+    .unwrap();
     let options = RunOptions {
         steps: STEPS,
         semantics: Semantics::Strict,
@@ -124,7 +125,7 @@ fn overhead(c: &mut Criterion) {
     };
     let mut group = c.benchmark_group("mlp-small 5 steps, 1 rank");
     group.bench_function("executor (ddp plan, strict)", |b| {
-        b.iter(|| run(&backend, &mlp, &plan.schedule, &lay, &options).unwrap())
+        b.iter(|| prepared.execute(&mlp, &options).unwrap())
     });
     let mut params: Vec<Vec<f32>> = (0..spec.units())
         .map(|u| spec.initial_params(u, spec.params(u)))

@@ -59,6 +59,17 @@ impl Failure {
                 field: e.field().map(str::to_string),
             };
         }
+        if let Some(shardplan_runtime::Error::Setting { setting, .. }) =
+            error.downcast_ref::<shardplan_runtime::Error>()
+        {
+            return Failure {
+                code: 2,
+                kind: "usage",
+                message,
+                file: None,
+                field: Some(setting.to_string()),
+            };
+        }
         if let Some(e) = error.downcast_ref::<FlagError>() {
             return Failure {
                 code: 2,

@@ -8,9 +8,18 @@ pub enum Error {
     /// Inputs that must agree do not (world size, model vs profile).
     #[error("{0}")]
     Mismatch(String),
+    /// A setting of the request (named as its command-line option) that cannot be used.
+    #[error("{setting}: expected {expected}")]
+    Setting {
+        setting: &'static str,
+        expected: String,
+    },
     /// A wait outlived its deadline: a peer or a stream stopped making progress.
     #[error("{0}")]
     Timeout(String),
+    /// A wait ended because the stream it waited on failed (its own error is the one reported).
+    #[error("{0}")]
+    Abandoned(String),
     /// The backend could not be set up or failed.
     #[error("{0}")]
     Backend(String),

@@ -11,14 +11,24 @@ use std::time::{Duration, Instant};
 /// A counter with blocking waits; the n-th signal's mark is kept for waiters on count n.
 #[derive(Debug)]
 pub struct Event<M = ()> {
-    marks: Mutex<Vec<M>>,
+    state: Mutex<State<M>>,
     changed: Condvar,
+}
+
+#[derive(Debug)]
+struct State<M> {
+    marks: Vec<M>,
+    /// The signaller gave up: waits for counts not yet reached fail at once.
+    abandoned: bool,
 }
 
 impl<M: Clone> Default for Event<M> {
     fn default() -> Self {
         Event {
-            marks: Mutex::new(Vec::new()),
+            state: Mutex::new(State {
+                marks: Vec::new(),
+                abandoned: false,
+            }),
             changed: Condvar::new(),
         }
     }
@@ -31,16 +41,25 @@ impl<M: Clone> Event<M> {
 
     /// Counts one signal at `mark` and wakes every waiter.
     pub fn signal(&self, mark: M) {
-        let mut marks = self.marks.lock().expect("event lock is never poisoned");
-        marks.push(mark);
+        let mut state = self.state.lock().expect("event lock is never poisoned");
+        state.marks.push(mark);
+        self.changed.notify_all();
+    }
+
+    /// No more signals will come (the signalling stream failed): every wait for a count not yet
+    /// reached fails now instead of at its timeout.
+    pub fn abandon(&self) {
+        let mut state = self.state.lock().expect("event lock is never poisoned");
+        state.abandoned = true;
         self.changed.notify_all();
     }
 
     /// The current count.
     pub fn count(&self) -> u64 {
-        self.marks
+        self.state
             .lock()
             .expect("event lock is never poisoned")
+            .marks
             .len() as u64
     }
 
@@ -53,24 +72,32 @@ impl<M: Clone> Event<M> {
         what: &dyn Fn() -> String,
     ) -> Result<Option<M>> {
         let deadline = Instant::now() + timeout;
-        let mut marks = self.marks.lock().expect("event lock is never poisoned");
-        while (marks.len() as u64) < target {
+        let mut state = self.state.lock().expect("event lock is never poisoned");
+        while (state.marks.len() as u64) < target {
+            if state.abandoned {
+                return Err(Error::Abandoned(format!(
+                    "{} will not happen: the other stream failed",
+                    what()
+                )));
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(Error::Timeout(format!(
                     "{} did not happen within {:?} ({} of {target})",
                     what(),
                     timeout,
-                    marks.len()
+                    state.marks.len()
                 )));
             }
-            marks = self
+            state = self
                 .changed
-                .wait_timeout(marks, left)
+                .wait_timeout(state, left)
                 .expect("event lock is never poisoned")
                 .0;
         }
-        Ok(target.checked_sub(1).map(|k| marks[k as usize].clone()))
+        Ok(target
+            .checked_sub(1)
+            .map(|k| state.marks[k as usize].clone()))
     }
 }
 
@@ -102,6 +129,33 @@ mod tests {
         }
         t.join().unwrap();
         assert_eq!((ping.count(), pong.count()), (rounds, rounds));
+    }
+
+    /// An abandoned event fails a blocked waiter at once (not at its 60 s timeout), while a count
+    /// already reached still succeeds.
+    #[test]
+    fn abandon_wakes_a_blocked_waiter_with_an_error() {
+        let event = Arc::new(Event::<u64>::new());
+        event.signal(7);
+        let waiter = {
+            let e = event.clone();
+            std::thread::spawn(move || e.wait(2, Duration::from_secs(60), &|| "the second".into()))
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        let started = Instant::now();
+        event.abandon();
+        let result = waiter.join().unwrap();
+        assert!(started.elapsed() < Duration::from_secs(30));
+        match result {
+            Err(Error::Abandoned(why)) => assert!(why.contains("the second"), "{why}"),
+            other => panic!("expected an abandoned wait, got {other:?}"),
+        }
+        assert_eq!(
+            event
+                .wait(1, Duration::from_secs(1), &|| "the first".into())
+                .unwrap(),
+            Some(7)
+        );
     }
 
     /// Many waiters on staggered targets, one signaller: every waiter wakes.

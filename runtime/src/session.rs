@@ -5,12 +5,13 @@
 
 use crate::backend::{Allocation, Backend, DeviceMemory, Stream};
 use crate::executor::{RunOptions, RunReport, Span, final_params, initialise, run};
-use crate::layout::layout;
+use crate::layout::{Layout, layout};
 use crate::measure::median;
 use crate::workload::{Train, Workload};
 use crate::{Error, Result};
 use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::Profile;
+use shardplan_scheduler::schedule::Schedule;
 use shardplan_scheduler::sim::trace::{complete, thread_name, trace_file};
 use shardplan_scheduler::sim::{Simulation, simulate};
 
@@ -30,41 +31,82 @@ pub struct PlanRun {
     pub measured_iteration_us: f64,
 }
 
+/// A plan ready to run: checked against the profile and the ranks, its layout packed, the arena
+/// allocated and initialised.
+pub struct Prepared<B> {
+    backend: B,
+    schedule: Schedule,
+    layout: Layout,
+}
+
+impl<B: Backend> Prepared<B> {
+    /// Prepares `plan` (named `origin` in errors) for `workload` and `steps` steps on `backend`.
+    pub fn new<W: Train<B>>(
+        mut backend: B,
+        workload: &W,
+        profile: &Profile,
+        plan: &Plan,
+        origin: &str,
+        steps: usize,
+    ) -> Result<Self> {
+        let schedule = plan.schedule(profile, origin)?;
+        let world = backend.world_size();
+        if plan.world_size as usize != world {
+            return Err(Error::Mismatch(format!(
+                "{origin}: the plan is for {} ranks, this run has {world} (start it with mpirun -np {})",
+                plan.world_size, plan.world_size
+            )));
+        }
+        let layout = layout(workload, profile, &schedule, world)?;
+        backend.allocate(Allocation {
+            arena_elements: (layout.arena.size_bytes / 4) as usize,
+            largest_block: layout.largest_block,
+            loss_slots: steps,
+        })?;
+        initialise(&backend, workload, &layout)?;
+        Ok(Prepared {
+            backend,
+            schedule,
+            layout,
+        })
+    }
+
+    /// Runs the steps (again: each call continues from the weights the last one left).
+    pub fn execute<W: Train<B>>(&self, workload: &W, options: &RunOptions) -> Result<RunReport> {
+        run(
+            &self.backend,
+            workload,
+            &self.schedule,
+            &self.layout,
+            options,
+        )
+    }
+}
+
 /// Runs `plan` (named `origin` in errors) for `workload` on `backend`.
 pub fn run_plan<B: Backend, W: Train<B>>(
-    mut backend: B,
+    backend: B,
     workload: &W,
     profile: &Profile,
     plan: &Plan,
     origin: &str,
     options: &RunOptions,
 ) -> Result<PlanRun> {
-    let schedule = plan.schedule(profile, origin)?;
-    let world = backend.world_size();
-    if plan.world_size as usize != world {
-        return Err(Error::Mismatch(format!(
-            "{origin}: the plan is for {} ranks, this run has {world} (start it with mpirun -np {})",
-            plan.world_size, plan.world_size
-        )));
-    }
-    let layout = layout(workload, profile, &schedule, world)?;
-    backend.allocate(Allocation {
-        arena_elements: (layout.arena.size_bytes / 4) as usize,
-        largest_block: layout.largest_block,
-        loss_slots: options.steps,
-    })?;
-    initialise(&backend, workload, &layout)?;
-    let report = run(&backend, workload, &schedule, &layout, options)?;
-    let device_memory = backend.device_memory()?;
-    let params = final_params(&backend, workload, &layout)?;
+    let prepared = Prepared::new(backend, workload, profile, plan, origin, options.steps)?;
+    let report = prepared.execute(workload, options)?;
+    let Prepared {
+        backend,
+        schedule,
+        layout,
+    } = prepared;
     Ok(PlanRun {
         backend: backend.name(),
         rank: backend.rank(),
-        world_size: world,
+        world_size: backend.world_size(),
         measured_iteration_us: steady_median(&report.step_us),
+        device_memory: backend.device_memory()?,
+        params: final_params(&backend, workload, &layout)?,
         report,
-        device_memory,
-        params,
         predicted: simulate(profile, &schedule, options.semantics),
     })
 }

@@ -5,62 +5,22 @@
 use crate::cli::{BackendArg, RunArgs, SemanticsArg};
 use crate::failure::flag_error;
 use crate::output::{ms, print_json};
-use anyhow::Context;
 use serde_json::json;
-use shardplan_runtime::backend::{
-    Allocation, Backend, Collectives, CpuBackend, Loopback, Mpi, MpiUniverse,
-};
-use shardplan_runtime::cuda::{CudaBackend, NcclSetup, libraries, unique_id};
-use shardplan_runtime::executor::{RunOptions, Span, final_params, initialise, run as execute};
+use shardplan_runtime::backend::{Backend, Collectives, CpuBackend, Loopback, Mpi};
+use shardplan_runtime::executor::RunOptions;
 use shardplan_runtime::gpt2::data::Tokens;
 use shardplan_runtime::gpt2::{Gpt2, weights};
-use shardplan_runtime::layout::layout;
-use shardplan_runtime::measure::median;
+use shardplan_runtime::launch::{cuda_backend, under_mpi};
 use shardplan_runtime::mlp::{Mlp, max_relative_error, reference_training, update_relative_error};
 use shardplan_runtime::model_file::ModelFile;
-use shardplan_runtime::workload::{Train, Workload};
-use shardplan_scheduler::io::check_outputs_distinct;
-use shardplan_scheduler::io::write_atomic;
+use shardplan_runtime::session::{PlanRun, chrome_trace, run_plan};
+use shardplan_runtime::workload::Train;
+use shardplan_scheduler::io::{check_outputs_distinct, write_atomic};
 use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::Profile;
-use shardplan_scheduler::sim::{Semantics, simulate};
+use shardplan_scheduler::sim::Semantics;
 use shardplan_scheduler::size::{format_bytes, whole_bytes};
 use std::time::Duration;
-
-/// Whether this process was started by an MPI launcher.
-pub(super) fn under_mpi() -> bool {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some())
-}
-
-/// This process's index among the launcher's processes on this machine (its GPU).
-fn local_rank(rank: usize) -> usize {
-    [
-        "OMPI_COMM_WORLD_LOCAL_RANK",
-        "MPI_LOCALRANKID",
-        "SLURM_LOCALID",
-    ]
-    .iter()
-    .find_map(|v| std::env::var(v).ok()?.parse().ok())
-    .unwrap_or(rank)
-}
-
-/// This rank's GPU: the libraries first (before MPI or any thread: finding them may re-execute
-/// the process), then under mpirun MPI for the rank and rank 0's NCCL id, else one GPU alone.
-/// The MPI universe, when there is one, must outlive the backend's use of MPI.
-pub(super) fn cuda_backend() -> anyhow::Result<(Option<MpiUniverse>, CudaBackend)> {
-    libraries::prepare()?;
-    if !under_mpi() {
-        return Ok((None, CudaBackend::new(0, NcclSetup::Single)?));
-    }
-    let (universe, mpi) = Mpi::init()?;
-    let (rank, size) = (mpi.rank(), mpi.size());
-    let mut id = if rank == 0 { unique_id()? } else { [0; 128] };
-    mpi.broadcast_from_first(&mut id);
-    let setup = NcclSetup::Rank { rank, size, id };
-    Ok((Some(universe), CudaBackend::new(local_rank(rank), setup)?))
-}
 
 /// `shardplan run`.
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -170,37 +130,13 @@ fn mlp_check(
 /// Runs `workload`; rank 0 then hands the trained weights to `finish` (which may report the
 /// largest relative difference from a reference) and prints the report.
 fn run_with<B: Backend, W: Train<B>>(
-    mut backend: B,
+    backend: B,
     workload: &W,
     args: &RunArgs,
     finish: impl FnOnce(&[Vec<f32>]) -> anyhow::Result<Option<ReferenceCheck>>,
 ) -> anyhow::Result<()> {
     let profile = Profile::load(&args.profile)?;
     let plan = Plan::load(&args.plan)?;
-    let schedule = plan.schedule(&profile, &args.plan.display().to_string())?;
-    let world = backend.world_size();
-    if plan.world_size as usize != world {
-        return Err(shardplan_scheduler::Error::Mismatch(format!(
-            "{}: the plan is for {} ranks, this run has {world} (start it with mpirun -np {})",
-            args.plan.display(),
-            plan.world_size,
-            plan.world_size
-        ))
-        .into());
-    }
-    let layout = layout(workload, &profile, &schedule, world).with_context(|| {
-        format!(
-            "{} against {}",
-            args.profile.display(),
-            args.model.display()
-        )
-    })?;
-    backend.allocate(Allocation {
-        arena_elements: (layout.arena.size_bytes / 4) as usize,
-        largest_block: layout.largest_block,
-        loss_slots: args.steps as usize,
-    })?;
-    initialise(&backend, workload, &layout)?;
     let semantics = match args.semantics {
         SemanticsArg::Strict => Semantics::Strict,
         SemanticsArg::Relaxed => Semantics::Relaxed,
@@ -211,30 +147,36 @@ fn run_with<B: Backend, W: Train<B>>(
         timeout: Duration::from_secs_f64(args.timeout),
         trace: args.trace.is_some(),
     };
-    let report = execute(&backend, workload, &schedule, &layout, &options)?;
-    let memory = backend.device_memory()?;
-    let params = final_params(&backend, workload, &layout)?;
-    if backend.rank() != 0 {
+    let origin = args.plan.display().to_string();
+    let done = run_plan(backend, workload, &profile, &plan, &origin, &options)?;
+    if done.rank != 0 {
         return Ok(());
     }
     if let Some(path) = &args.dump_params {
-        write_atomic(path, serde_json::to_string(&params)?.as_bytes())?;
+        write_atomic(path, serde_json::to_string(&done.params)?.as_bytes())?;
     }
     if let Some(path) = &args.trace {
-        write_atomic(path, &serde_json::to_vec(&trace(workload, &report.spans))?)?;
+        let trace = chrome_trace(workload, &done.report.spans);
+        write_atomic(path, &serde_json::to_vec(&trace)?)?;
     }
-    let reference = finish(&params)?;
-    let predicted = simulate(&profile, &schedule, semantics);
-    let measured = steady_median(&report.step_us);
-    let final_loss = *report.losses.last().expect("at least one step");
+    let reference = finish(&done.params)?;
+    report(args, &plan, &done, reference.as_ref());
+    Ok(())
+}
+
+fn report(args: &RunArgs, plan: &Plan, done: &PlanRun, reference: Option<&ReferenceCheck>) {
+    let (report, predicted) = (&done.report, &done.predicted);
+    let semantics = predicted.semantics;
+    let measured = done.measured_iteration_us;
+    let memory = done.device_memory;
     if args.json {
         print_json(&json!({
             "steps": args.steps,
-            "backend": backend.name(),
-            "world_size": world,
+            "backend": done.backend,
+            "world_size": done.world_size,
             "semantics": semantics.name(),
             "losses": report.losses,
-            "final_loss": final_loss,
+            "final_loss": report.losses.last(),
             "step_us": report.step_us,
             "measured_iteration_time_us": measured,
             "predicted_iteration_time_us": predicted.iteration_time_us,
@@ -242,75 +184,50 @@ fn run_with<B: Backend, W: Train<B>>(
             "arena_live_peak_bytes": report.live_peak_bytes,
             "predicted_peak_memory_bytes": whole_bytes(predicted.peak_memory_bytes),
             "executor_overhead_us_per_slot": if report.executor_overhead_us_per_slot.is_finite() { Some(report.executor_overhead_us_per_slot) } else { None },
-            "weights_max_relative_error_vs_reference": reference.as_ref().map(|r| r.weights_max_relative_error),
-            "weights_update_relative_error_vs_reference": reference.as_ref().map(|r| r.update_relative_error),
-            "reference_losses": reference.as_ref().map(|r| &r.losses),
+            "weights_max_relative_error_vs_reference": reference.map(|r| r.weights_max_relative_error),
+            "weights_update_relative_error_vs_reference": reference.map(|r| r.update_relative_error),
+            "reference_losses": reference.map(|r| &r.losses),
             "device_memory": memory.map(|m| json!({
                 "total_bytes": m.total, "before_arena_bytes": m.before_arena,
                 "after_arena_bytes": m.after_arena, "after_run_bytes": m.now,
                 "used_by_run_bytes": m.now - m.before_arena,
             })),
         }));
-    } else {
-        for (k, (loss, us)) in report.losses.iter().zip(&report.step_us).enumerate() {
-            println!("step {:>4}  loss {loss:.6}  {}", k + 1, ms(*us));
-        }
-        println!(
-            "{} backend, {} ranks, {} semantics, plan by {}",
-            backend.name(),
-            world,
-            semantics.name(),
-            plan.producer.name
-        );
-        println!(
-            "  iteration   measured {} (median after the first step), predicted {}",
-            ms(measured),
-            ms(predicted.iteration_time_us)
-        );
-        println!(
-            "  memory      arena {} (live peak {}), predicted peak {}",
-            format_bytes(report.arena_bytes as f64),
-            format_bytes(report.live_peak_bytes as f64),
-            format_bytes(predicted.peak_memory_bytes)
-        );
-        if let Some(r) = &reference {
-            println!(
-                "  weights     against the CPU reference: largest difference {:.2e} of the largest weight, {:.2e} of the update",
-                r.weights_max_relative_error, r.update_relative_error
-            );
-        }
-        if let Some(m) = memory {
-            println!(
-                "  device      {} used by the run (arena and workspaces; set-up before it {}, of {})",
-                format_bytes((m.now - m.before_arena) as f64),
-                format_bytes(m.before_arena as f64),
-                format_bytes(m.total as f64)
-            );
-        }
+        return;
     }
-    Ok(())
-}
-
-/// Mean step time after the first (warm-up) step.
-/// The median step time after the first step (which sets up buffers, communicators and caches;
-/// the second of a sharded plan on a GPU still does, so a median rather than a mean).
-fn steady_median(step_us: &[f64]) -> f64 {
-    let tail = if step_us.len() > 1 {
-        &step_us[1..]
-    } else {
-        step_us
-    };
-    median(tail.to_vec())
-}
-
-fn trace(workload: &dyn Workload, spans: &[Span]) -> serde_json::Value {
-    let mut events = vec![
-        json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": 0, "args": {"name": "compute"}}),
-        json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "communication"}}),
-    ];
-    events.extend(spans.iter().map(|s| {
-        json!({"name": format!("{} {}", s.what, workload.unit_name(s.unit)), "ph": "X", "pid": 1, "tid": s.stream,
-               "ts": s.start_us, "dur": s.end_us - s.start_us, "args": {"step": s.step}})
-    }));
-    json!({"traceEvents": events, "displayTimeUnit": "ms"})
+    for (k, (loss, us)) in report.losses.iter().zip(&report.step_us).enumerate() {
+        println!("step {:>4}  loss {loss:.6}  {}", k + 1, ms(*us));
+    }
+    println!(
+        "{} backend, {} ranks, {} semantics, plan by {}",
+        done.backend,
+        done.world_size,
+        semantics.name(),
+        plan.producer.name
+    );
+    println!(
+        "  iteration   measured {} (median after the first step), predicted {}",
+        ms(measured),
+        ms(predicted.iteration_time_us)
+    );
+    println!(
+        "  memory      arena {} (live peak {}), predicted peak {}",
+        format_bytes(report.arena_bytes as f64),
+        format_bytes(report.live_peak_bytes as f64),
+        format_bytes(predicted.peak_memory_bytes)
+    );
+    if let Some(r) = reference {
+        println!(
+            "  weights     against the CPU reference: largest difference {:.2e} of the largest weight, {:.2e} of the update",
+            r.weights_max_relative_error, r.update_relative_error
+        );
+    }
+    if let Some(m) = memory {
+        println!(
+            "  device      {} used by the run (arena and workspaces; set-up before it {}, of {})",
+            format_bytes((m.now - m.before_arena) as f64),
+            format_bytes(m.before_arena as f64),
+            format_bytes(m.total as f64)
+        );
+    }
 }

@@ -29,7 +29,7 @@ use crate::event::Event;
 use crate::layout::Layout;
 use crate::workload::{Pass, Train, Workload};
 use crate::{Error, Result};
-use program::{Kind, program};
+use program::{Block, Kind, Program, program};
 use shardplan_scheduler::schedule::Schedule;
 use shardplan_scheduler::sim::Semantics;
 use shardplan_scheduler::timeline::Level;
@@ -80,23 +80,13 @@ struct PendingSpan<M> {
     end: M,
 }
 
-/// Waits for the `target`-th signal of `event`, then makes `stream` wait on its mark.
-fn wait_for<B: Backend>(
-    backend: &B,
-    stream: Stream,
-    event: &Event<B::Mark>,
-    target: u64,
-    timeout: Duration,
-    what: &dyn Fn() -> String,
-) -> Result<()> {
-    match event.wait(target, timeout, what)? {
-        Some(mark) => backend.wait_mark(stream, &mark),
-        None => Ok(()),
-    }
-}
-
 /// Runs `options.steps` steps of `workload` under `schedule` on `backend` (its arena already
 /// allocated with `layout` and at least `steps` loss slots) and returns what it measured.
+///
+/// Phases: the static program and the fence targets; the two streams walking the global slots
+/// (the communication stream on its own thread); the losses, step times and spans read back.
+/// When one stream fails, the events the other waits on are abandoned, so it stops at its next
+/// wait and the first failure is the one reported.
 pub fn run<B: Backend, W: Train<B>>(
     backend: &B,
     workload: &W,
@@ -104,233 +94,334 @@ pub fn run<B: Backend, W: Train<B>>(
     layout: &Layout,
     options: &RunOptions,
 ) -> Result<RunReport> {
-    let rank = backend.rank();
-    let steps = options.steps;
-    let p = program(schedule, layout);
-    let total = (steps + 2) * p.slots;
-    let kinds = 4;
-    let done: Vec<Event<B::Mark>> = (0..layout.units.len() * kinds)
-        .map(|_| Event::new())
-        .collect();
-    let event = |unit: usize, kind: Kind| &done[unit * kinds + kind.index()];
-    let (slot_started, comm_done) = (Event::<B::Mark>::new(), Event::<B::Mark>::new());
-    let blocks = |u: usize| layout.units[u].blocks as u64;
-    // Reductions launched before each global slot, per unit (fence targets), counted up front.
-    let mut launched_before = vec![0u64; layout.units.len()];
-    let mut fence_targets: Vec<Vec<(usize, u64)>> = Vec::with_capacity(total);
-    for g in 0..total {
-        let (iter, s) = ((g / p.slots) as i64 - 1, g % p.slots);
-        fence_targets.push(
-            p.fences[s]
-                .iter()
-                .map(|&u| (u, launched_before[u]))
-                .collect(),
-        );
-        for b in &p.queues[s] {
-            let d = iter + b.offset;
-            if matches!(b.kind, Kind::ReduceScatter) && d >= 0 && (d as usize) < steps {
-                launched_before[b.unit] += 1;
-            }
-        }
-    }
-    let span_capacity = if options.trace {
-        total * 4 + p.queues.iter().map(Vec::len).sum::<usize>() * (steps + 2)
-    } else {
-        0
-    };
-    let timeout = options.timeout;
+    let walk = Walk::new(backend, workload, schedule, layout, options);
     backend.synchronize()?;
     let origin = backend.mark(Stream::Compute)?;
-    let mut step_marks: Vec<Option<B::Mark>> = vec![None; steps + 1];
-    let mut compute_spans: Vec<PendingSpan<B::Mark>> = Vec::with_capacity(span_capacity);
-
-    let comm_spans = std::thread::scope(|scope| -> Result<Vec<PendingSpan<B::Mark>>> {
-        let comm = scope.spawn(|| -> Result<Vec<PendingSpan<B::Mark>>> {
-            let mut spans = Vec::with_capacity(span_capacity);
-            let stream = Stream::Communication;
-            for g in 0..total {
-                let (iter, s) = ((g / p.slots) as i64 - 1, g % p.slots);
-                wait_for(
-                    backend,
-                    stream,
-                    &slot_started,
-                    g as u64 + 1,
-                    timeout,
-                    &|| format!("the compute stream reaching global slot {g}"),
-                )?;
-                for b in &p.queues[s] {
-                    let d = iter + b.offset;
-                    if d < 0 || d as usize >= steps {
-                        continue;
-                    }
-                    let u = &layout.units[b.unit];
-                    let start = if options.trace {
-                        Some(backend.mark(stream)?)
-                    } else {
-                        None
-                    };
-                    let part = |r: Region| r.part(b.index, u.blocks);
-                    match b.kind {
-                        Kind::AllReduce => backend.all_reduce(part(u.grads))?,
-                        Kind::ReduceScatter => backend
-                            .reduce_scatter(part(u.full_grad.expect("sharded")), part(u.grads))?,
-                        Kind::ForwardGather => backend.all_gather(
-                            part(u.params),
-                            part(u.gathered_forward.expect("sharded")),
-                        )?,
-                        Kind::BackwardGather => backend
-                            .all_gather(part(u.params), part(u.gathered_backward.expect("fsdp")))?,
-                    }
-                    let last_reduction = matches!(b.kind, Kind::AllReduce | Kind::ReduceScatter)
-                        && b.index + 1 == u.blocks;
-                    if last_reduction {
-                        workload.optimize(backend, layout, b.unit, d as u32 + 1)?;
-                    }
-                    let end = backend.mark(stream)?;
-                    if let Some(start) = start {
-                        spans.push(PendingSpan {
-                            stream: Stream::Communication,
-                            what: b.kind.name(),
-                            unit: b.unit,
-                            step: d as usize,
-                            start,
-                            end: end.clone(),
-                        });
-                    }
-                    event(b.unit, b.kind).signal(end);
-                }
-                comm_done.signal(backend.mark(stream)?);
+    let (computed, communicated) = std::thread::scope(|scope| {
+        let comm = scope.spawn(|| {
+            let result = walk.communicate();
+            if result.is_err() {
+                walk.abandon_compute_waits();
             }
-            Ok(spans)
+            result
         });
+        let computed = walk.compute();
+        if computed.is_err() {
+            walk.slot_started.abandon();
+        }
+        let communicated = comm
+            .join()
+            .map_err(|_| Error::Backend("the communication thread panicked".into()))
+            .and_then(|r| r);
+        (computed, communicated)
+    });
+    let (computed, comm_spans) = match (computed, communicated) {
+        (Ok(c), Ok(spans)) => (c, spans),
+        (Err(e), Ok(_)) | (Ok(_), Err(e)) => return Err(e),
+        (Err(Error::Abandoned(_)), Err(e)) | (Err(e), Err(_)) => return Err(e),
+    };
+    walk.report(&origin, computed, comm_spans)
+}
 
-        let mut compute = || -> Result<()> {
-            let stream = Stream::Compute;
-            let timeline = schedule.timeline();
-            for (g, fences) in fence_targets.iter().enumerate() {
-                let (iter, s) = ((g / p.slots) as i64 - 1, g % p.slots);
-                let computing = iter >= 0 && (iter as usize) < steps;
-                match options.semantics {
-                    Semantics::Strict => {
-                        wait_for(backend, stream, &comm_done, g as u64, timeout, &|| {
-                            format!("communication of global slot {}", g.saturating_sub(1))
-                        })?
-                    }
-                    Semantics::Relaxed if computing => {
-                        for n in &p.needs[s] {
-                            let target = (iter + n.shift).max(0) as u64 * blocks(n.unit);
-                            wait_for(
-                                backend,
-                                stream,
-                                event(n.unit, n.kind),
-                                target,
-                                timeout,
-                                &|| {
-                                    format!(
-                                        "{} of {} for step {iter}",
-                                        n.kind.name(),
-                                        workload.unit_name(n.unit)
-                                    )
-                                },
-                            )?;
-                        }
-                        for &(u, target) in fences {
-                            let reductions = event(u, Kind::ReduceScatter);
-                            wait_for(backend, stream, reductions, target, timeout, &|| {
-                                format!("RS of {} (buffer reuse)", workload.unit_name(u))
-                            })?;
-                        }
-                    }
-                    Semantics::Relaxed => {}
-                }
-                let started = backend.mark(stream)?;
-                if s == 0 && iter >= 0 && iter as usize <= steps {
-                    step_marks[iter as usize] = Some(started.clone());
-                }
-                slot_started.signal(started);
-                if !computing {
+/// What the compute stream recorded.
+struct Computed<M> {
+    /// The mark at the start of each step's first slot, and after the last step.
+    step_marks: Vec<M>,
+    spans: Vec<PendingSpan<M>>,
+}
+
+/// Everything both streams share during a run.
+struct Walk<'a, B: Backend, W> {
+    backend: &'a B,
+    workload: &'a W,
+    schedule: &'a Schedule,
+    layout: &'a Layout,
+    options: &'a RunOptions,
+    program: Program,
+    /// Global slots walked: (K + 2)·S.
+    total: usize,
+    /// Per global slot, the relaxed fences: (unit, reductions launched before the slot).
+    fence_targets: Vec<Vec<(usize, u64)>>,
+    /// Per (unit, kind), one signal per block done.
+    done: Vec<Event<B::Mark>>,
+    /// One signal per global slot the compute stream reached.
+    slot_started: Event<B::Mark>,
+    /// One signal per global slot whose communication is done.
+    comm_done: Event<B::Mark>,
+}
+
+impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
+    fn new(
+        backend: &'a B,
+        workload: &'a W,
+        schedule: &'a Schedule,
+        layout: &'a Layout,
+        options: &'a RunOptions,
+    ) -> Self {
+        let program = program(schedule, layout);
+        Walk {
+            total: (options.steps + 2) * program.slots,
+            fence_targets: program.fence_targets(options.steps, layout.units.len()),
+            done: (0..layout.units.len() * Kind::COUNT)
+                .map(|_| Event::new())
+                .collect(),
+            slot_started: Event::new(),
+            comm_done: Event::new(),
+            program,
+            backend,
+            workload,
+            schedule,
+            layout,
+            options,
+        }
+    }
+
+    fn event(&self, unit: usize, kind: Kind) -> &Event<B::Mark> {
+        &self.done[unit * Kind::COUNT + kind.index()]
+    }
+
+    /// Global slot g as (iteration, slot): iteration −1 is the prologue, K the epilogue.
+    fn split(&self, g: usize) -> (i64, usize) {
+        ((g / self.program.slots) as i64 - 1, g % self.program.slots)
+    }
+
+    /// Waits for the `target`-th signal of `event`, then makes `stream` wait on its mark.
+    fn wait(
+        &self,
+        stream: Stream,
+        event: &Event<B::Mark>,
+        target: u64,
+        what: &dyn Fn() -> String,
+    ) -> Result<()> {
+        match event.wait(target, self.options.timeout, what)? {
+            Some(mark) => self.backend.wait_mark(stream, &mark),
+            None => Ok(()),
+        }
+    }
+
+    fn mark_if_tracing(&self, stream: Stream) -> Result<Option<B::Mark>> {
+        if self.options.trace {
+            self.backend.mark(stream).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn span_capacity(&self) -> usize {
+        if !self.options.trace {
+            return 0;
+        }
+        let blocks: usize = self.program.queues.iter().map(Vec::len).sum();
+        self.total * 4 + blocks * (self.options.steps + 2)
+    }
+
+    /// The compute stream failed: the communication stream's signals will still come, but the
+    /// compute stream will not wait for them; the communication stream failed: its signals will
+    /// not come.
+    fn abandon_compute_waits(&self) {
+        self.comm_done.abandon();
+        self.done.iter().for_each(Event::abandon);
+    }
+
+    /// The communication stream: per global slot, once compute has reached it, its blocks in
+    /// plan order, each counted on its (unit, kind) event.
+    fn communicate(&self) -> Result<Vec<PendingSpan<B::Mark>>> {
+        let stream = Stream::Communication;
+        let mut spans = Vec::with_capacity(self.span_capacity());
+        for g in 0..self.total {
+            let (iter, s) = self.split(g);
+            self.wait(stream, &self.slot_started, g as u64 + 1, &|| {
+                format!("the compute stream reaching global slot {g}")
+            })?;
+            for b in &self.program.queues[s] {
+                let d = iter + b.offset;
+                if d < 0 || d as usize >= self.options.steps {
                     continue;
                 }
-                let step = iter as usize;
-                let Some(i) = timeline.compute_unit(s) else {
-                    continue;
-                };
-                let start = if options.trace {
-                    Some(backend.mark(stream)?)
-                } else {
-                    None
-                };
-                let forward = s == timeline.forward(i);
-                if forward {
-                    workload.forward(backend, layout, i, step, Pass::Forward)?;
-                } else {
-                    if layout.units[i].recompute {
-                        workload.forward(backend, layout, i, step, Pass::Recompute)?;
-                    }
-                    workload.backward(backend, layout, i, step)?;
-                }
+                let start = self.mark_if_tracing(stream)?;
+                self.communicate_block(b, d as u32)?;
+                let end = self.backend.mark(stream)?;
                 if let Some(start) = start {
-                    compute_spans.push(PendingSpan {
-                        stream: Stream::Compute,
-                        what: if forward { "F" } else { "B" },
-                        unit: i,
-                        step,
+                    spans.push(PendingSpan {
+                        stream,
+                        what: b.kind.name(),
+                        unit: b.unit,
+                        step: d as usize,
                         start,
-                        end: backend.mark(stream)?,
+                        end: end.clone(),
                     });
                 }
+                self.event(b.unit, b.kind).signal(end);
             }
-            Ok(())
-        };
-        if let Err(e) = compute() {
-            // The communication thread may be blocked in a collective with a dead peer: report
-            // and leave without joining it.
-            eprintln!("error: rank {rank}: {e}");
-            std::process::exit(1);
+            self.comm_done.signal(self.backend.mark(stream)?);
         }
-        comm.join()
-            .map_err(|_| Error::Backend("the communication thread panicked".into()))?
-    })?;
-    backend.synchronize()?;
-    let mut losses = backend.losses(steps)?;
-    backend.all_reduce_host(&mut losses)?;
-    let step_marks: Vec<B::Mark> = step_marks
-        .into_iter()
-        .map(|m| m.expect("every step's first slot was reached"))
-        .collect();
-    let step_us = step_marks
-        .windows(2)
-        .map(|w| backend.elapsed_us(&w[0], &w[1]))
-        .collect::<Result<Vec<f64>>>()?;
-    let mut spans = Vec::with_capacity(compute_spans.len() + comm_spans.len());
-    for s in compute_spans.into_iter().chain(comm_spans) {
-        spans.push(Span {
-            stream: s.stream,
-            what: s.what,
-            unit: s.unit,
-            step: s.step,
-            start_us: backend.elapsed_us(&origin, &s.start)?,
-            end_us: backend.elapsed_us(&origin, &s.end)?,
-        });
+        Ok(spans)
     }
-    let kernel_us: f64 = spans
-        .iter()
-        .filter(|s| s.stream == Stream::Compute)
-        .map(|s| s.end_us - s.start_us)
-        .sum();
-    let wall_us = backend.elapsed_us(&step_marks[0], &step_marks[steps])?;
-    Ok(RunReport {
-        losses,
-        step_us,
-        arena_bytes: layout.arena.size_bytes,
-        live_peak_bytes: layout.arena.live_peak_bytes,
-        executor_overhead_us_per_slot: if options.trace {
-            ((wall_us - kernel_us) / (steps * p.slots) as f64).max(0.0)
-        } else {
-            f64::NAN
-        },
-        spans,
-    })
+
+    /// One block of data step `step`; after a unit's last reduction block, its optimizer step.
+    fn communicate_block(&self, b: &Block, step: u32) -> Result<()> {
+        let (backend, u) = (self.backend, &self.layout.units[b.unit]);
+        let part = |r: Region| r.part(b.index, u.blocks);
+        let sharded = |r: Option<Region>| {
+            r.map(part).ok_or_else(|| {
+                Error::Backend(format!(
+                    "{} of {} has no buffer for it in the layout",
+                    b.kind.name(),
+                    self.workload.unit_name(b.unit)
+                ))
+            })
+        };
+        match b.kind {
+            Kind::AllReduce => backend.all_reduce(part(u.grads))?,
+            Kind::ReduceScatter => backend.reduce_scatter(sharded(u.full_grad)?, part(u.grads))?,
+            Kind::ForwardGather => {
+                backend.all_gather(part(u.params), sharded(u.gathered_forward)?)?
+            }
+            Kind::BackwardGather => {
+                backend.all_gather(part(u.params), sharded(u.gathered_backward)?)?
+            }
+        }
+        let reduction = matches!(b.kind, Kind::AllReduce | Kind::ReduceScatter);
+        if reduction && b.index + 1 == u.blocks {
+            self.workload
+                .optimize(backend, self.layout, b.unit, step + 1)?;
+        }
+        Ok(())
+    }
+
+    /// The compute stream's waits before global slot g (DESIGN §6.3): strict, all communication
+    /// of earlier slots; relaxed, the blocks the slot needs and the buffer-reuse fences.
+    fn wait_before_slot(&self, g: usize) -> Result<()> {
+        let stream = Stream::Compute;
+        let (iter, s) = self.split(g);
+        let computing = iter >= 0 && (iter as usize) < self.options.steps;
+        match self.options.semantics {
+            Semantics::Strict => self.wait(stream, &self.comm_done, g as u64, &|| {
+                format!("communication of global slot {}", g.saturating_sub(1))
+            }),
+            Semantics::Relaxed if computing => {
+                for n in &self.program.needs[s] {
+                    let blocks = self.layout.units[n.unit].blocks as u64;
+                    let target = (iter + n.shift).max(0) as u64 * blocks;
+                    self.wait(stream, self.event(n.unit, n.kind), target, &|| {
+                        format!(
+                            "{} of {} for step {iter}",
+                            n.kind.name(),
+                            self.workload.unit_name(n.unit)
+                        )
+                    })?;
+                }
+                for &(u, target) in &self.fence_targets[g] {
+                    let reductions = self.event(u, Kind::ReduceScatter);
+                    self.wait(stream, reductions, target, &|| {
+                        format!("RS of {} (buffer reuse)", self.workload.unit_name(u))
+                    })?;
+                }
+                Ok(())
+            }
+            Semantics::Relaxed => Ok(()),
+        }
+    }
+
+    /// The compute stream: per global slot, its waits, the slot's signal, then the unit's
+    /// forward, or its recompute and backward.
+    fn compute(&self) -> Result<Computed<B::Mark>> {
+        let (backend, stream, steps) = (self.backend, Stream::Compute, self.options.steps);
+        let timeline = self.schedule.timeline();
+        let mut step_marks = Vec::with_capacity(steps + 1);
+        let mut spans = Vec::with_capacity(self.span_capacity());
+        for g in 0..self.total {
+            self.wait_before_slot(g)?;
+            let (iter, s) = self.split(g);
+            let started = backend.mark(stream)?;
+            if s == 0 && iter >= 0 && iter as usize <= steps {
+                step_marks.push(started.clone());
+            }
+            self.slot_started.signal(started);
+            let Some(i) = timeline.compute_unit(s) else {
+                continue;
+            };
+            if iter < 0 || iter as usize >= steps {
+                continue;
+            }
+            let step = iter as usize;
+            let start = self.mark_if_tracing(stream)?;
+            let forward = s == timeline.forward(i);
+            if forward {
+                self.workload
+                    .forward(backend, self.layout, i, step, Pass::Forward)?;
+            } else {
+                if self.layout.units[i].recompute {
+                    self.workload
+                        .forward(backend, self.layout, i, step, Pass::Recompute)?;
+                }
+                self.workload.backward(backend, self.layout, i, step)?;
+            }
+            if let Some(start) = start {
+                spans.push(PendingSpan {
+                    stream,
+                    what: if forward { "F" } else { "B" },
+                    unit: i,
+                    step,
+                    start,
+                    end: backend.mark(stream)?,
+                });
+            }
+        }
+        Ok(Computed { step_marks, spans })
+    }
+
+    /// The losses (summed over ranks), step times and spans, once both streams are done.
+    fn report(
+        &self,
+        origin: &B::Mark,
+        computed: Computed<B::Mark>,
+        comm_spans: Vec<PendingSpan<B::Mark>>,
+    ) -> Result<RunReport> {
+        let (backend, steps) = (self.backend, self.options.steps);
+        backend.synchronize()?;
+        let mut losses = backend.losses(steps)?;
+        backend.all_reduce_host(&mut losses)?;
+        let marks = &computed.step_marks;
+        let step_us = marks
+            .windows(2)
+            .map(|w| backend.elapsed_us(&w[0], &w[1]))
+            .collect::<Result<Vec<f64>>>()?;
+        let spans = computed
+            .spans
+            .into_iter()
+            .chain(comm_spans)
+            .map(|s| {
+                Ok(Span {
+                    stream: s.stream,
+                    what: s.what,
+                    unit: s.unit,
+                    step: s.step,
+                    start_us: backend.elapsed_us(origin, &s.start)?,
+                    end_us: backend.elapsed_us(origin, &s.end)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let kernel_us: f64 = spans
+            .iter()
+            .filter(|s| s.stream == Stream::Compute)
+            .map(|s| s.end_us - s.start_us)
+            .sum();
+        let wall_us = backend.elapsed_us(&marks[0], &marks[steps])?;
+        let slots = (steps * self.program.slots) as f64;
+        Ok(RunReport {
+            losses,
+            step_us,
+            arena_bytes: self.layout.arena.size_bytes,
+            live_peak_bytes: self.layout.arena.live_peak_bytes,
+            executor_overhead_us_per_slot: if self.options.trace {
+                ((wall_us - kernel_us) / slots).max(0.0)
+            } else {
+                f64::NAN
+            },
+            spans,
+        })
+    }
 }
 
 /// Initialises every rank's persistent state: full parameters for replicated units, this rank's

@@ -16,6 +16,9 @@ pub(super) enum Kind {
 }
 
 impl Kind {
+    /// The number of kinds (events are kept per unit and kind).
+    pub(super) const COUNT: usize = 4;
+
     pub(super) fn of(op: Op) -> Kind {
         match op {
             Op::AllReduce => Kind::AllReduce,
@@ -150,5 +153,31 @@ pub(super) fn program(schedule: &Schedule, layout: &Layout) -> Program {
         queues,
         needs,
         fences,
+    }
+}
+
+impl Program {
+    /// Per global slot of a K-step walk, the relaxed fences with their targets: (unit, the
+    /// reductions of real steps launched before the slot).
+    pub(super) fn fence_targets(&self, steps: usize, units: usize) -> Vec<Vec<(usize, u64)>> {
+        let mut launched_before = vec![0u64; units];
+        let total = (steps + 2) * self.slots;
+        let mut targets = Vec::with_capacity(total);
+        for g in 0..total {
+            let (iter, s) = ((g / self.slots) as i64 - 1, g % self.slots);
+            targets.push(
+                self.fences[s]
+                    .iter()
+                    .map(|&u| (u, launched_before[u]))
+                    .collect(),
+            );
+            for b in &self.queues[s] {
+                let d = iter + b.offset;
+                if b.kind == Kind::ReduceScatter && d >= 0 && (d as usize) < steps {
+                    launched_before[b.unit] += 1;
+                }
+            }
+        }
+        targets
     }
 }

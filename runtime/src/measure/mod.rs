@@ -1,4 +1,5 @@
-//! The measuring profiler, for any backend and workload (`timing`), and a workload's profile.
+//! The measuring profiler, for any backend and workload (`timing`), a workload's profile, and
+//! `profile measure` end to end (`session`).
 //!
 //! A unit's bytes in the profile are exactly the runtime's buffers (fp32; [`crate::workload`]):
 //! activations = 4·(saved + internals), with recompute 4·saved; forward workspace as the workload
@@ -7,8 +8,10 @@
 //! copy). Units are timed in a compute-only round of a DDP layout, in slot order, each round
 //! followed by every unit's optimizer step on the communication stream, where a run takes it.
 
+mod session;
 mod timing;
 
+pub use session::{MeasureOptions, Measured, measure_on_cpu, measure_on_cuda, measure_workload};
 pub use timing::{
     compute_round, measurement_allocation, time_collectives, time_overlap_slowdown, time_units,
 };

@@ -1,0 +1,276 @@
+//! `profile measure` end to end: a workload measured on the backend it runs on (its units, the
+//! collectives, κ), or a zoo transformer's units replayed on a GPU. The CLI calls these and saves
+//! the profile; rank 0 alone saves it.
+
+use super::{
+    compute_layout, compute_round, measurement_allocation, time_collectives, time_overlap_slowdown,
+    time_units, workload_profile,
+};
+use crate::backend::{Backend, Collectives, CpuBackend};
+use crate::cuda::CudaBackend;
+use crate::executor::initialise;
+use crate::gpt2::Gpt2;
+use crate::gpt2::data::Tokens;
+use crate::mlp::Mlp;
+use crate::model_file::ModelFile;
+use crate::transformer::{UnitKind, backward_gemms, forward_gemms};
+use crate::workload::Train;
+use crate::{Error, Result};
+use serde_json::json;
+use shardplan_scheduler::analytic::{AnalyticOptions, analytic_profile, comm_curves};
+use shardplan_scheduler::hardware::Catalog;
+use shardplan_scheduler::model::ModelSpec;
+use shardplan_scheduler::profile::{CommCurves, Profile};
+use shardplan_scheduler::size::format_bytes;
+use std::collections::BTreeMap;
+
+/// What to measure, as `profile measure`'s options give it.
+#[derive(Debug, Clone)]
+pub struct MeasureOptions {
+    /// The world size the profile is for.
+    pub world_size: u32,
+    /// A catalog device: curves when one rank cannot measure them, a transformer's byte counts.
+    pub device: Option<String>,
+    pub micro_batch: u64,
+    pub seq_len: Option<u64>,
+    /// The largest collective message timed.
+    pub max_message: u64,
+    pub repeats: usize,
+    /// A block size that overrides the measured curves'.
+    pub block_size: Option<u64>,
+}
+
+/// A measured profile and what the measurement saw (unit times, κ), for the report.
+pub struct Measured {
+    pub profile: Profile,
+    /// This process's rank: only rank 0 writes the profile.
+    pub rank: usize,
+    pub details: serde_json::Value,
+}
+
+/// The CPU backend: the MLP, or a GPT-2 with `[training]` (synthetic tokens: timing does not
+/// depend on the data). `origin` names the model file in errors.
+pub fn measure_on_cpu<C: Collectives>(
+    backend: CpuBackend<C>,
+    model: ModelFile,
+    origin: &str,
+    options: &MeasureOptions,
+) -> Result<Measured> {
+    let (rank, world) = (backend.rank(), backend.world_size());
+    match model {
+        ModelFile::Mlp(spec) => measure_workload(backend, &Mlp::new(spec, rank, world), options),
+        ModelFile::Transformer(model) => {
+            if model.training.is_none() {
+                return Err(shardplan_scheduler::Error::invalid(
+                    origin,
+                    "training",
+                    "a [training] table: on the CPU a transformer is measured by training it \
+                     (models/gpt2-tiny.toml); zoo models are replayed on a GPU (--backend cuda) \
+                     or profiled with `profile analytic`",
+                )
+                .into());
+            }
+            let tokens = Tokens::Synthetic {
+                seed: 1,
+                vocab: model.vocab as usize,
+            };
+            // The profile is for --world-size ranks: each holds batch_size / N sequences.
+            let world = options.world_size as usize;
+            let gpt2 = Gpt2::new(&model, origin, rank, world, tokens, None)?;
+            measure_workload(backend, &gpt2, options)
+        }
+    }
+}
+
+/// The CUDA backend: the MLP trained, or a zoo transformer's products replayed.
+pub fn measure_on_cuda(
+    backend: CudaBackend,
+    model: ModelFile,
+    origin: &str,
+    options: &MeasureOptions,
+) -> Result<Measured> {
+    match model {
+        ModelFile::Mlp(spec) => {
+            let mlp = Mlp::new(spec, backend.rank(), backend.world_size());
+            measure_workload(backend, &mlp, options)
+        }
+        ModelFile::Transformer(model) => measure_transformer(backend, &model, origin, options),
+    }
+}
+
+/// The curves: measured on the ranks this runs on, which must be the profile's world size; or,
+/// on one rank with a device (required for a profile of more ranks), the catalog's curves for
+/// the profile's ranks of that device (DESIGN §6.6). Returns where they came from.
+fn curves<B: Backend>(
+    backend: &B,
+    start: usize,
+    options: &MeasureOptions,
+) -> Result<(CommCurves, String)> {
+    let ranks = backend.world_size();
+    let world = options.world_size;
+    if ranks == 1 && (world > 1 || options.device.is_some()) {
+        let device = options.device.as_deref().ok_or_else(|| Error::Setting {
+            setting: "--device",
+            expected: format!(
+                "a device of the hardware catalog: one rank cannot measure the collectives \
+                 of {world} (or run under mpirun -np {world})"
+            ),
+        })?;
+        let curves = comm_curves(&Catalog::bundled()?, device, world)?;
+        let source =
+            format!("hardware catalog {device} x{world} (one rank: collectives not measured)");
+        return Ok((curves, source));
+    }
+    if world as usize != ranks {
+        return Err(Error::Setting {
+            setting: "--world-size",
+            expected: format!(
+                "the number of ranks, {ranks}, got {world} (start it with mpirun -np {world})"
+            ),
+        });
+    }
+    let curves = time_collectives(backend, start, options.max_message, options.repeats)?;
+    Ok((
+        curves,
+        format!("measured on {ranks} ranks ({})", backend.name()),
+    ))
+}
+
+/// A workload's profile: its units timed, the collectives, κ beside block-sized AllReduces.
+pub fn measure_workload<B: Backend, W: Train<B>>(
+    mut backend: B,
+    workload: &W,
+    options: &MeasureOptions,
+) -> Result<Measured> {
+    let world = backend.world_size();
+    let message_bytes = options.max_message.max(options.block_size.unwrap_or(0));
+    let layout = compute_layout(workload, options.world_size)?;
+    let compute_elements = (layout.arena.size_bytes / 4) as usize;
+    let (allocation, start) = measurement_allocation(compute_elements, world, message_bytes);
+    backend.allocate(allocation)?;
+    initialise(&backend, workload, &layout)?;
+    let times = time_units(&backend, workload, &layout, options.repeats)?;
+    let (comm, comm_source) = curves(&backend, start, options)?;
+    let source = BTreeMap::from([
+        ("generator".to_string(), "measured".to_string()),
+        ("backend".to_string(), backend.name().to_string()),
+        ("model".to_string(), workload.name().to_string()),
+        ("comm".to_string(), comm_source),
+    ]);
+    let mut profile = workload_profile(
+        workload,
+        options.world_size,
+        &times,
+        comm,
+        options.block_size,
+        source,
+    )?;
+    let kappa_bytes = profile.block_size_bytes.min(message_bytes);
+    let round = || compute_round(&backend, workload, &layout);
+    profile.overlap_slowdown = time_overlap_slowdown(&backend, &round, start, kappa_bytes, 400)?;
+    let details = json!({"unit_times_us": times, "overlap_slowdown": profile.overlap_slowdown});
+    Ok(Measured {
+        profile,
+        rank: backend.rank(),
+        details,
+    })
+}
+
+/// A zoo transformer on a GPU: its units' products replayed, bytes from the model formulas.
+fn measure_transformer(
+    mut backend: CudaBackend,
+    model: &ModelSpec,
+    origin: &str,
+    options: &MeasureOptions,
+) -> Result<Measured> {
+    let device = options.device.as_deref().ok_or_else(|| Error::Setting {
+        setting: "--device",
+        expected: format!(
+            "a device of the hardware catalog: {origin} is a transformer, whose byte counts and \
+             curves come from the catalog"
+        ),
+    })?;
+    let mut analytic = AnalyticOptions::new(device, options.world_size);
+    analytic.micro_batch = options.micro_batch;
+    analytic.seq_len = options.seq_len;
+    analytic.block_size_bytes = options.block_size;
+    let mut profile = analytic_profile(model, &Catalog::bundled()?, &analytic)?;
+    let seq_len = options.seq_len.unwrap_or(model.seq_len);
+    let layers = model.layers as usize;
+    let mut times = BTreeMap::new();
+    let mut block_round = None;
+    for kind in [UnitKind::Embedding, UnitKind::Block, UnitKind::Head] {
+        let forward = forward_gemms(model, kind, options.micro_batch, seq_len);
+        let backward = backward_gemms(&forward);
+        let all: Vec<_> = forward.iter().chain(&backward).copied().collect();
+        let buffers = backend.replay_buffers(&all)?;
+        let f = backend.time_replay(&forward, &buffers, options.repeats)?;
+        let b = backend.time_replay(&backward, &buffers, options.repeats)?;
+        times.insert(kind, (f, b));
+        if kind == UnitKind::Block {
+            block_round = Some((all, buffers));
+        }
+    }
+    for (i, unit) in profile.units.iter_mut().enumerate() {
+        let (f, b) = times[&UnitKind::of(i, layers)];
+        (unit.forward_us, unit.backward_us) = (f, b);
+    }
+    let world = backend.world_size();
+    let (allocation, start) = measurement_allocation(0, world, options.max_message);
+    backend.allocate(allocation)?;
+    let comm_source = if world >= 2 {
+        let (comm, source) = curves(&backend, start, options)?;
+        profile.block_size_bytes = options.block_size.unwrap_or_else(|| comm.block_size());
+        profile.comm = comm;
+        source
+    } else {
+        format!(
+            "hardware catalog {device} x{} (one GPU: collectives not measured)",
+            options.world_size
+        )
+    };
+    let (block, buffers) = block_round
+        .ok_or_else(|| Error::Backend("the transformer replay has no block unit".into()))?;
+    let round = || backend.replay(&block, &buffers);
+    let kappa_bytes = profile.block_size_bytes.min(options.max_message);
+    profile.overlap_slowdown = time_overlap_slowdown(&backend, &round, start, kappa_bytes, 400)?;
+    profile.source = BTreeMap::from([
+        (
+            "generator".to_string(),
+            "measured: matrix products replayed".to_string(),
+        ),
+        ("backend".to_string(), "cuda".to_string()),
+        ("gpu".to_string(), backend.device_name()),
+        ("model".to_string(), model.name.clone()),
+        ("micro_batch".to_string(), options.micro_batch.to_string()),
+        ("seq_len".to_string(), seq_len.to_string()),
+        (
+            "bytes".to_string(),
+            format!("model formulas ({device} catalog)"),
+        ),
+        (
+            "overlap_slowdown".to_string(),
+            format!(
+                "measured: a block's replay beside AllReduces of {} on {world} rank(s)",
+                format_bytes(kappa_bytes as f64)
+            ),
+        ),
+        ("comm".to_string(), comm_source),
+    ]);
+    profile.name = format!(
+        "{} on {} x{}",
+        model.name,
+        backend.device_name(),
+        options.world_size
+    );
+    profile.validate("measured profile")?;
+    let by_kind: BTreeMap<String, _> = times
+        .iter()
+        .map(|(kind, t)| (format!("{kind:?}"), t))
+        .collect();
+    Ok(Measured {
+        profile,
+        rank: backend.rank(),
+        details: json!({"unit_times_us": by_kind}),
+    })
+}
