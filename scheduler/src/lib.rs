@@ -10,6 +10,7 @@ pub mod curve;
 pub mod error;
 pub mod export;
 pub mod hardware;
+#[cfg(feature = "solver")]
 pub mod ilp;
 pub mod io;
 pub mod model;
@@ -19,6 +20,7 @@ pub mod profile;
 pub mod schedule;
 pub mod sim;
 pub mod size;
+#[cfg(feature = "solver")]
 pub mod sweep;
 pub mod timeline;
 

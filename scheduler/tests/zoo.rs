@@ -19,7 +19,7 @@ const ZOO: [&str; 8] = [
 ];
 
 fn model(name: &str) -> ModelSpec {
-    ModelSpec::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("models/{name}.toml")))
+    ModelSpec::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../models/{name}.toml")))
         .unwrap()
 }
 

@@ -1,0 +1,239 @@
+//! Test fixtures: tiny profiles with affine collective curves, plans written as TOML text, random
+//! profiles and schedules, and the zoo's analytic profiles. The root crate's tests include this
+//! file too (`tests/common`).
+#![allow(dead_code)]
+
+use shardplan_scheduler::analytic::{AnalyticOptions, analytic_profile};
+use shardplan_scheduler::curve::CommCurve;
+use shardplan_scheduler::hardware::Catalog;
+use shardplan_scheduler::model::ModelSpec;
+use shardplan_scheduler::plan::Plan;
+use shardplan_scheduler::profile::{BytesPerParam, CommCurves, Profile, UnitProfile};
+use shardplan_scheduler::schedule::Schedule;
+use std::collections::BTreeMap;
+
+/// One unit: (params, forward µs, backward µs, act, ckpt, ws_f, ws_b).
+pub type UnitSpec = (u64, f64, f64, u64, u64, u64, u64);
+
+/// The repository's root (this file is compiled from the root crate and from the scheduler's).
+pub fn repo_root() -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    if dir.join("models").is_dir() {
+        dir.to_path_buf()
+    } else {
+        dir.join("..")
+    }
+}
+
+/// The analytic profile of zoo model `name` on 64 H100s.
+pub fn zoo_profile(name: &str) -> Profile {
+    let path = repo_root().join(format!("models/{name}.toml"));
+    analytic_profile(
+        &ModelSpec::load(&path).unwrap(),
+        &Catalog::bundled().unwrap(),
+        &AnalyticOptions::new("h100-sxm", 64),
+    )
+    .unwrap()
+}
+
+/// A curve with t(bytes) = latency + bytes / bytes_per_us (exact for any message of ≥ 1 byte).
+pub fn affine(latency_us: f64, bytes_per_us: f64) -> CommCurve {
+    let far = 1u64 << 40;
+    CommCurve {
+        points: vec![
+            (1, latency_us + 1.0 / bytes_per_us),
+            (far, latency_us + far as f64 / bytes_per_us),
+        ],
+    }
+}
+
+/// Builds a valid profile.
+#[allow(clippy::too_many_arguments)]
+pub fn profile(
+    world_size: u32,
+    block_size_bytes: u64,
+    overlap_slowdown: f64,
+    iteration_extra_us: f64,
+    bytes_per_param: (u64, u64, u64),
+    units: &[UnitSpec],
+    all_gather: CommCurve,
+    reduce_scatter: CommCurve,
+    all_reduce: CommCurve,
+) -> Profile {
+    let profile = Profile {
+        schema: 1,
+        name: "test".into(),
+        source: BTreeMap::new(),
+        world_size,
+        block_size_bytes,
+        overlap_slowdown,
+        iteration_extra_us,
+        bytes_per_param: BytesPerParam {
+            param: bytes_per_param.0,
+            grad: bytes_per_param.1,
+            optimizer: bytes_per_param.2,
+        },
+        units: units
+            .iter()
+            .enumerate()
+            .map(|(k, &(params, f, b, act, ckpt, wsf, wsb))| UnitProfile {
+                name: format!("u{}", k + 1),
+                params,
+                forward_us: f,
+                backward_us: b,
+                optimizer_us: 0.0,
+                activation_bytes: act,
+                checkpoint_activation_bytes: ckpt,
+                forward_workspace_bytes: wsf,
+                backward_workspace_bytes: wsb,
+            })
+            .collect(),
+        comm: CommCurves {
+            all_gather,
+            reduce_scatter,
+            all_reduce,
+        },
+    };
+    profile.validate("test profile").unwrap();
+    profile
+}
+
+/// A plan file for `profile` whose `[[units]]` tables are `units_toml`.
+pub fn plan_toml(profile: &Profile, units_toml: &str) -> String {
+    format!(
+        "schema = 1\nprofile_digest = \"{}\"\nworld_size = {}\n\n[producer]\nname = \"hand\"\n\n\
+         [predicted]\niteration_time_us = 0.0\npeak_memory_bytes = 0\npeak_slot = \"E\"\n\n{units_toml}",
+        profile.digest(),
+        profile.world_size
+    )
+}
+
+/// Parses and validates a plan written as TOML.
+pub fn schedule(profile: &Profile, units_toml: &str) -> shardplan_scheduler::Result<Schedule> {
+    let plan: Plan =
+        shardplan_scheduler::io::parse_toml(&plan_toml(profile, units_toml), "test plan")?;
+    plan.schedule(profile, "test plan")
+}
+
+/// Asserts two floats agree to 1e-9 relative.
+pub fn close(actual: f64, expected: f64, what: &str) {
+    assert!(
+        (actual - expected).abs() <= 1e-9 * expected.abs().max(1.0),
+        "{what}: got {actual}, expected {expected}"
+    );
+}
+
+/// SplitMix64: a tiny deterministic generator for building random instances from a seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in lo..=hi.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+
+    pub fn coin(&mut self) -> bool {
+        self.next() & 1 == 1
+    }
+}
+
+/// A random profile of `units` units with parameter counts in 100..=`max_params` (B = 1000
+/// bytes, p = g = 2: up to ceil(2·max_params/1000) blocks per unit).
+pub fn random_profile(rng: &mut Rng, units: usize, kappa: f64, max_params: u64) -> Profile {
+    let specs: Vec<UnitSpec> = (0..units)
+        .map(|_| {
+            let f = rng.range(1, 100) as f64;
+            let act = rng.range(100, 6000);
+            (
+                rng.range(100, max_params),
+                f,
+                2.0 * f,
+                act,
+                act / rng.range(2, 10),
+                rng.range(0, 500),
+                rng.range(0, 500),
+            )
+        })
+        .collect();
+    let n = [2, 4, 8][rng.range(0, 2) as usize];
+    let mut curve = || affine(rng.range(1, 30) as f64, rng.range(5, 50) as f64);
+    let (all_gather, reduce_scatter, all_reduce) = (curve(), curve(), curve());
+    let mut profile = profile(
+        n,
+        1000,
+        kappa,
+        rng.range(0, 20) as f64,
+        (2, 2, 12),
+        &specs,
+        all_gather,
+        reduce_scatter,
+        all_reduce,
+    );
+    // Optimizer steps, carried by the reductions' blocks.
+    for unit in &mut profile.units {
+        unit.optimizer_us = rng.range(0, 40) as f64;
+    }
+    profile
+}
+
+/// A random valid schedule: random levels (the last unit never fsdp), recompute flags, and
+/// each op's blocks spread over random slots of its window, reductions before gathers.
+pub fn random_schedule(rng: &mut Rng, profile: &Profile) -> Schedule {
+    use shardplan_scheduler::schedule::{Launch, UnitSchedule};
+    use shardplan_scheduler::timeline::{Level, Op, Timeline};
+    let l = profile.unit_count();
+    let timeline = Timeline::new(l);
+    let spread = |rng: &mut Rng,
+                  nb: u32,
+                  positions: std::ops::RangeInclusive<usize>,
+                  op: Op,
+                  unit: usize| {
+        let window = timeline.window(unit, op.window_kind());
+        let mut counts = BTreeMap::new();
+        for _ in 0..nb {
+            let pos = rng.range(*positions.start() as u64, *positions.end() as u64) as usize;
+            *counts.entry(window.slot_at(pos)).or_insert(0u32) += 1;
+        }
+        counts
+            .into_iter()
+            .map(|(slot, blocks)| Launch { slot, blocks })
+            .collect::<Vec<_>>()
+    };
+    let units = (0..l)
+        .map(|unit| {
+            let level = match rng.range(0, if unit + 1 == l { 1 } else { 2 }) {
+                0 => Level::None,
+                1 => Level::Sdp,
+                _ => Level::Fsdp,
+            };
+            let nb = profile.blocks(unit);
+            let after = timeline.window(unit, Op::ReduceScatter.window_kind()).len - 1;
+            let boundary = rng.range(0, after as u64) as usize;
+            let mut launches = BTreeMap::new();
+            for &op in level.ops() {
+                let positions = match op {
+                    Op::AllReduce => 0..=after,
+                    Op::ReduceScatter => 0..=boundary,
+                    Op::Gather | Op::GatherForward => boundary..=after,
+                    Op::GatherBackward => 0..=timeline.window(unit, op.window_kind()).len - 1,
+                };
+                launches.insert(op, spread(rng, nb, positions, op, unit));
+            }
+            UnitSchedule {
+                level,
+                recompute: rng.coin(),
+                launches,
+            }
+        })
+        .collect();
+    Schedule::new(profile, units).expect("generated schedules are valid")
+}
+
