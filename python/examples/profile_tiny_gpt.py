@@ -1,4 +1,5 @@
-"""Profile the GPT-like model of python/tests on the CPU into a shardplan profile.
+"""Profile the GPT-like model of shardplan_torch.testing on the CPU into a shardplan profile
+(`pip install ./python` first).
 
     target/release/shardplan profile analytic --model models/gpt2-small.toml --device h100-sxm \
         --world-size 2 --block-size 16KiB --out comm.toml
@@ -6,15 +7,12 @@
     target/release/shardplan solve --profile tiny.toml --objective memory --out tiny.plan.toml
 """
 
-import pathlib
 import sys
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-from shardplan_torch import profile  # noqa: E402
-from test_roundtrip import TinyGPT, batch, loss_fn  # noqa: E402
+from shardplan_torch import profile
+from shardplan_torch.testing import TinyGPT, batch, loss_fn
 
 if __name__ == "__main__":
     comm, out = sys.argv[1], sys.argv[2]

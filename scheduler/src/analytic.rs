@@ -11,9 +11,6 @@ use std::collections::BTreeMap;
 /// Message sizes of the analytic curves: 1 KiB … 4 GiB, powers of two.
 const CURVE_SIZES_LOG2: std::ops::RangeInclusive<u32> = 10..=32;
 
-/// Fraction of the peak bus bandwidth that defines the block size (DESIGN §1).
-pub const BLOCK_BANDWIDTH_FRACTION: f64 = 0.9;
-
 /// Everything `shardplan profile analytic` takes besides the model.
 #[derive(Debug, Clone)]
 pub struct AnalyticOptions {

@@ -37,6 +37,12 @@ impl BaselineKind {
         BaselineKind::BestGrid,
     ];
 
+    /// The name of the baseline with checkpointing on or off, as tables and reports write it
+    /// (`fsdp2`, `fsdp2+ckpt`).
+    pub fn label(self, checkpoint: bool) -> String {
+        format!("{}{}", self.name(), if checkpoint { "+ckpt" } else { "" })
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             BaselineKind::Ddp => "ddp",

@@ -8,6 +8,9 @@ use serde::{Deserialize, Serialize};
 pub const MAX_MESSAGE_BYTES: u64 = 1 << 60;
 
 /// Points `(bytes, µs)`, bytes = the full (unsharded) message as in nccl-tests' `size` column.
+/// Fraction of the peak bus bandwidth that defines the block size (DESIGN §7).
+pub const BLOCK_BANDWIDTH_FRACTION: f64 = 0.9;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CommCurve {

@@ -19,8 +19,10 @@ const ZOO: [&str; 8] = [
 ];
 
 fn model(name: &str) -> ModelSpec {
-    ModelSpec::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../models/{name}.toml")))
-        .unwrap()
+    ModelSpec::load(
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../models/{name}.toml")),
+    )
+    .unwrap()
 }
 
 #[test]

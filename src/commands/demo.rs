@@ -57,7 +57,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
                 Err(shardplan_scheduler::Error::Infeasible(_)) => continue,
                 Err(e) => return Err(e.into()),
             };
-            let name = format!("{}{}", kind.name(), if checkpoint { "+ckpt" } else { "" });
+            let name = kind.label(checkpoint);
             save(&name, &result.plan, &result.simulation)?;
             rows.push(row(&name, &result.simulation, String::new()));
         }

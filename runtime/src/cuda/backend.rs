@@ -6,8 +6,9 @@
 //! addressed as `arena base + offset` (cudarc's per-buffer tracking is turned off: the plan's
 //! lifetimes and the executor's marks already order every access).
 
+use super::driver_error;
 use super::kernels::{Kernels, per_element};
-use super::nccl::{Nccl, NcclSetup};
+use super::nccl::{DeviceFloats, Nccl, NcclSetup};
 use crate::backend::{Allocation, Backend, DeviceMemory, Region, Stream};
 use crate::gemm::Gemm;
 use crate::mlp::{self, BETA1, BETA2, EPSILON};
@@ -23,10 +24,6 @@ use std::sync::{Arc, Mutex};
 /// Pinned buffers uploads go through, used round-robin (an upload waits only for the copy made
 /// from the same buffer `STAGING_SLOTS` uploads earlier).
 const STAGING_SLOTS: usize = 4;
-
-pub(super) fn driver_error(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
-    move |e| Error::Backend(format!("CUDA: {what}: {e}"))
-}
 
 struct StagingSlot {
     buffer: PinnedHostSlice<f32>,
@@ -147,6 +144,14 @@ impl CudaBackend {
             )));
         }
         Ok(self.base + 4 * r.offset as u64)
+    }
+
+    /// A region as the collectives take it (checked against the arena).
+    fn floats(&self, r: Region) -> Result<DeviceFloats> {
+        let ptr = self.ptr(r)?;
+        // SAFETY: `ptr` checked the region against the arena, which lives as long as the backend
+        // and is freed only after its streams are synchronised; the executor orders every access.
+        Ok(unsafe { DeviceFloats::new(ptr, r.len) })
     }
 
     fn kernel<'a>(&'a self, function: &'a CudaFunction, stream: Stream) -> LaunchArgs<'a> {
@@ -498,24 +503,16 @@ impl Backend for CudaBackend {
         self.launch(k, config)
     }
     fn all_gather(&self, shard: Region, full: Region) -> Result<()> {
-        self.nccl.all_gather(
-            self.ptr(shard)?,
-            self.ptr(full)?,
-            shard.len,
-            &self.communication,
-        )
+        let (send, recv) = (self.floats(shard)?, self.floats(full)?);
+        self.nccl.all_gather(send, recv, &self.communication)
     }
     fn reduce_scatter(&self, full: Region, shard: Region) -> Result<()> {
-        self.nccl.reduce_scatter(
-            self.ptr(full)?,
-            self.ptr(shard)?,
-            shard.len,
-            &self.communication,
-        )
+        let (send, recv) = (self.floats(full)?, self.floats(shard)?);
+        self.nccl.reduce_scatter(send, recv, &self.communication)
     }
     fn all_reduce(&self, data: Region) -> Result<()> {
-        let p = self.ptr(data)?;
-        self.nccl.all_reduce(p, p, data.len, &self.communication)
+        let data = self.floats(data)?;
+        self.nccl.all_reduce(data, data, &self.communication)
     }
     fn all_reduce_host(&self, data: &mut [f32]) -> Result<()> {
         let device = self
@@ -523,8 +520,10 @@ impl Backend for CudaBackend {
             .clone_htod(data)
             .map_err(driver_error("copying to the GPU"))?;
         let (p, _) = device.device_ptr(&self.communication);
-        self.nccl
-            .all_reduce(p, p, data.len(), &self.communication)?;
+        // SAFETY: `device` holds `data.len()` floats and lives until the stream is synchronised
+        // below; nothing else uses it.
+        let floats = unsafe { DeviceFloats::new(p, data.len()) };
+        self.nccl.all_reduce(floats, floats, &self.communication)?;
         self.communication
             .memcpy_dtoh(&device, data)
             .map_err(driver_error("copying from the GPU"))?;

@@ -2,7 +2,7 @@
 //! architecture and memory, and whether the MLP kernels load on a GPU. Every call needs its
 //! library loadable ([`super::libraries::prepare_for`]).
 
-use super::backend::driver_error;
+use super::driver_error;
 use super::kernels::{self, Kernels};
 use crate::{Error, Result};
 use cudarc::driver::CudaContext;

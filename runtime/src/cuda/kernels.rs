@@ -6,7 +6,7 @@
 //! kernel is free of barriers and shared memory, so a test can run this very source on the CPU,
 //! one thread after another (tests/cuda_kernels.rs).
 
-use super::backend::driver_error;
+use super::driver_error;
 use super::nvrtc::{self, Compiled};
 use crate::{Error, Result};
 use cudarc::driver::{CudaContext, CudaFunction, LaunchConfig};

@@ -14,3 +14,10 @@ pub mod replay;
 
 pub use backend::CudaBackend;
 pub use nccl::{NcclSetup, unique_id};
+
+/// A driver error as the backend's, naming what was being done.
+pub(crate) fn driver_error(
+    what: &str,
+) -> impl Fn(cudarc::driver::DriverError) -> crate::Error + '_ {
+    move |e| crate::Error::Backend(format!("CUDA: {what}: {e}"))
+}

@@ -68,75 +68,124 @@ impl Nccl {
         self.size
     }
 
-    /// `count` floats from every rank into `recv` (count·size floats), in rank order.
+    /// `send` from every rank into `recv` (size × as many floats), in rank order.
     pub fn all_gather(
         &self,
-        send: u64,
-        recv: u64,
-        count: usize,
+        send: DeviceFloats,
+        recv: DeviceFloats,
         stream: &CudaStream,
     ) -> Result<()> {
-        // SAFETY: the caller passes arena addresses of `count` and `count·size` floats.
-        unsafe {
-            result::all_gather(
-                send as *const c_void,
-                recv as *mut c_void,
-                count,
-                sys::ncclDataType_t::ncclFloat32,
-                self.comm,
-                stream.cu_stream() as sys::cudaStream_t,
-            )
-        }
-        .map(drop)
-        .map_err(nccl_error("AllGather"))
+        self.collective(Collective::AllGather, send, recv, stream)
     }
 
-    /// The sum over ranks of `send` (count·size floats), this rank's `count` into `recv`.
+    /// The sum over ranks of `send`, this rank's share (1/size of it) into `recv`.
     pub fn reduce_scatter(
         &self,
-        send: u64,
-        recv: u64,
-        count: usize,
+        send: DeviceFloats,
+        recv: DeviceFloats,
         stream: &CudaStream,
     ) -> Result<()> {
-        // SAFETY: as for `all_gather`.
-        unsafe {
-            result::reduce_scatter(
-                send as *const c_void,
-                recv as *mut c_void,
-                count,
-                sys::ncclDataType_t::ncclFloat32,
-                sys::ncclRedOp_t::ncclSum,
-                self.comm,
-                stream.cu_stream() as sys::cudaStream_t,
-            )
-        }
-        .map(drop)
-        .map_err(nccl_error("ReduceScatter"))
+        self.collective(Collective::ReduceScatter, send, recv, stream)
     }
 
-    /// The sum over ranks of `count` floats (in place when `send` = `recv`).
+    /// The sum over ranks of `send` into `recv` (the same length; in place when they are one).
     pub fn all_reduce(
         &self,
-        send: u64,
-        recv: u64,
-        count: usize,
+        send: DeviceFloats,
+        recv: DeviceFloats,
         stream: &CudaStream,
     ) -> Result<()> {
-        // SAFETY: as for `all_gather`.
+        self.collective(Collective::AllReduce, send, recv, stream)
+    }
+
+    /// One collective on `stream`, after checking that the buffers' lengths fit it.
+    fn collective(
+        &self,
+        op: Collective,
+        send: DeviceFloats,
+        recv: DeviceFloats,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        let (count, expected_recv) = match op {
+            Collective::AllGather => (send.len, send.len * self.size),
+            Collective::ReduceScatter => (send.len / self.size, send.len / self.size),
+            Collective::AllReduce => (send.len, send.len),
+        };
+        let whole = op != Collective::ReduceScatter || send.len % self.size == 0;
+        if !whole || recv.len != expected_recv {
+            return Err(Error::Backend(format!(
+                "NCCL {}: {} floats sent and {} received do not fit {} ranks",
+                op.name(),
+                send.len,
+                recv.len,
+                self.size
+            )));
+        }
+        let (send_ptr, recv_ptr) = (send.ptr as *const c_void, recv.ptr as *mut c_void);
+        let (float, sum) = (sys::ncclDataType_t::ncclFloat32, sys::ncclRedOp_t::ncclSum);
+        let cu_stream = stream.cu_stream() as sys::cudaStream_t;
+        // SAFETY: NCCL reads `count` (AllGather, AllReduce) or count·size (ReduceScatter) floats
+        // of `send` and writes `expected_recv` floats of `recv`; the lengths were checked above,
+        // and `DeviceFloats`' contract keeps both allocated until the stream has run it.
         unsafe {
-            result::all_reduce(
-                send as *const c_void,
-                recv as *mut c_void,
-                count,
-                sys::ncclDataType_t::ncclFloat32,
-                sys::ncclRedOp_t::ncclSum,
-                self.comm,
-                stream.cu_stream() as sys::cudaStream_t,
-            )
+            match op {
+                Collective::AllGather => {
+                    result::all_gather(send_ptr, recv_ptr, count, float, self.comm, cu_stream)
+                }
+                Collective::ReduceScatter => result::reduce_scatter(
+                    send_ptr, recv_ptr, count, float, sum, self.comm, cu_stream,
+                ),
+                Collective::AllReduce => {
+                    result::all_reduce(send_ptr, recv_ptr, count, float, sum, self.comm, cu_stream)
+                }
+            }
         }
         .map(drop)
-        .map_err(nccl_error("AllReduce"))
+        .map_err(nccl_error(op.name()))
+    }
+}
+
+/// The three collectives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Collective {
+    AllGather,
+    ReduceScatter,
+    AllReduce,
+}
+
+impl Collective {
+    fn name(self) -> &'static str {
+        match self {
+            Collective::AllGather => "AllGather",
+            Collective::ReduceScatter => "ReduceScatter",
+            Collective::AllReduce => "AllReduce",
+        }
+    }
+}
+
+/// `len` f32 values of device memory, as a collective reads or writes them.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceFloats {
+    ptr: u64,
+    len: usize,
+}
+
+impl DeviceFloats {
+    /// # Safety
+    /// `ptr` must address `len` f32 values of device memory on the communicator's GPU that stay
+    /// allocated until every operation enqueued on them has completed, and that no other
+    /// operation writes while a collective reading them, or reads or writes while a collective
+    /// writing them, runs (the executor's ordering).
+    pub unsafe fn new(ptr: u64, len: usize) -> Self {
+        DeviceFloats { ptr, len }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 

@@ -2,7 +2,8 @@
 //! mixed-precision training runs them), timed with CUDA events on the compute stream.
 
 use super::CudaBackend;
-use super::backend::{BlasCall, blas_int, driver_error};
+use super::backend::{BlasCall, blas_int};
+use super::driver_error;
 use crate::transformer::Gemm;
 use crate::{Error, Result};
 use cudarc::cublas::{result as cublas, sys};

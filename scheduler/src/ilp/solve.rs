@@ -280,11 +280,7 @@ fn best_baseline(profile: &Profile, options: &SolveOptions) -> Option<(String, S
                 } => (peak, max_iteration_time_us.is_none_or(|t| time <= t)),
             };
             if fits && within_ceiling && best.as_ref().is_none_or(|b| score < b.3) {
-                let name = format!(
-                    "{}{}",
-                    kind.name(),
-                    if checkpoint { "+checkpoint" } else { "" }
-                );
+                let name = kind.label(checkpoint);
                 best = Some((name, b.schedule, time, score));
             }
         }

@@ -106,7 +106,7 @@ impl CommCurves {
     pub fn block_size(&self) -> u64 {
         [&self.all_gather, &self.reduce_scatter, &self.all_reduce]
             .iter()
-            .map(|c| c.block_size(crate::analytic::BLOCK_BANDWIDTH_FRACTION))
+            .map(|c| c.block_size(crate::curve::BLOCK_BANDWIDTH_FRACTION))
             .max()
             .expect("three curves")
     }

@@ -236,4 +236,3 @@ pub fn random_schedule(rng: &mut Rng, profile: &Profile) -> Schedule {
         .collect();
     Schedule::new(profile, units).expect("generated schedules are valid")
 }
-

@@ -1,0 +1,59 @@
+"""A GPT-like model small enough for tests and examples on the CPU (no Hugging Face): token
+embedding, pre-norm blocks (causal one-head attention and MLP) and a head, as shardplan units
+`embedding`, `block.1..L`, `head`; its loss and a deterministic batch per rank."""
+
+import torch
+
+VOCAB, DIM, SEQ, BATCH = 64, 32, 16, 4
+
+
+class Block(torch.nn.Module):
+    """Pre-norm attention (causal, one head) and MLP."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln1, self.ln2 = torch.nn.LayerNorm(DIM), torch.nn.LayerNorm(DIM)
+        self.qkv, self.proj = torch.nn.Linear(DIM, 3 * DIM), torch.nn.Linear(DIM, DIM)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(DIM, 4 * DIM), torch.nn.GELU(), torch.nn.Linear(4 * DIM, DIM))
+
+    def forward(self, x):
+        q, k, v = self.qkv(self.ln1(x)).chunk(3, dim=-1)
+        x = x + self.proj(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+        return x + self.mlp(self.ln2(x))
+
+
+class Head(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln, self.out = torch.nn.LayerNorm(DIM), torch.nn.Linear(DIM, VOCAB)
+
+    def forward(self, x):
+        return self.out(self.ln(x))
+
+
+class TinyGPT(torch.nn.Module):
+    def __init__(self, blocks=3):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(VOCAB, DIM)
+        self.blocks = torch.nn.ModuleList(Block() for _ in range(blocks))
+        self.head = Head()
+
+    def forward(self, tokens):
+        x = self.embedding(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+    def units(self):
+        return [("embedding", self.embedding)] + [(f"block.{k + 1}", b) for k, b in enumerate(self.blocks)] + [("head", self.head)]
+
+
+def loss_fn(model, tokens):
+    logits = model(tokens[:, :-1])
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+
+
+def batch(rank, world):
+    g = torch.Generator().manual_seed(1234)
+    tokens = torch.randint(0, VOCAB, (BATCH * world, SEQ + 1), generator=g)
+    return tokens[rank * BATCH:(rank + 1) * BATCH]
