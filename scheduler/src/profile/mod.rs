@@ -102,7 +102,7 @@ pub struct CommCurves {
 
 impl CommCurves {
     /// The block size (DESIGN §1): the largest of the three ops' smallest power-of-two sizes that
-    /// reach 90% of their best bandwidth (ARCHITECTURE item 7).
+    /// reach 90% of their best bandwidth (DESIGN §7).
     pub fn block_size(&self) -> u64 {
         [&self.all_gather, &self.reduce_scatter, &self.all_reduce]
             .iter()
