@@ -111,7 +111,7 @@ impl Nccl {
             Collective::ReduceScatter => (send.len / self.size, send.len / self.size),
             Collective::AllReduce => (send.len, send.len),
         };
-        let whole = op != Collective::ReduceScatter || send.len % self.size == 0;
+        let whole = op != Collective::ReduceScatter || send.len.is_multiple_of(self.size);
         if !whole || recv.len != expected_recv {
             return Err(Error::Backend(format!(
                 "NCCL {}: {} floats sent and {} received do not fit {} ranks",
