@@ -179,14 +179,6 @@ impl DeviceFloats {
     pub unsafe fn new(ptr: u64, len: usize) -> Self {
         DeviceFloats { ptr, len }
     }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
 }
 
 impl Drop for Nccl {

@@ -180,11 +180,6 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
         &self.done[unit * Kind::COUNT + kind.index()]
     }
 
-    /// Global slot g as (iteration, slot): iteration −1 is the prologue, K the epilogue.
-    fn split(&self, g: usize) -> (i64, usize) {
-        ((g / self.program.slots) as i64 - 1, g % self.program.slots)
-    }
-
     /// Waits for the `target`-th signal of `event`, then makes `stream` wait on its mark.
     fn wait(
         &self,
@@ -215,9 +210,8 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
         self.total * 4 + blocks * (self.options.steps + 2)
     }
 
-    /// The compute stream failed: the communication stream's signals will still come, but the
-    /// compute stream will not wait for them; the communication stream failed: its signals will
-    /// not come.
+    /// The communication stream failed: its signals will not come, so every wait of the compute
+    /// stream on them fails at once.
     fn abandon_compute_waits(&self) {
         self.comm_done.abandon();
         self.done.iter().for_each(Event::abandon);
@@ -229,7 +223,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
         let stream = Stream::Communication;
         let mut spans = Vec::with_capacity(self.span_capacity());
         for g in 0..self.total {
-            let (iter, s) = self.split(g);
+            let (iter, s) = self.program.split(g);
             self.wait(stream, &self.slot_started, g as u64 + 1, &|| {
                 format!("the compute stream reaching global slot {g}")
             })?;
@@ -293,7 +287,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
     /// of earlier slots; relaxed, the blocks the slot needs and the buffer-reuse fences.
     fn wait_before_slot(&self, g: usize) -> Result<()> {
         let stream = Stream::Compute;
-        let (iter, s) = self.split(g);
+        let (iter, s) = self.program.split(g);
         let computing = iter >= 0 && (iter as usize) < self.options.steps;
         match self.options.semantics {
             Semantics::Strict => self.wait(stream, &self.comm_done, g as u64, &|| {
@@ -332,7 +326,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
         let mut spans = Vec::with_capacity(self.span_capacity());
         for g in 0..self.total {
             self.wait_before_slot(g)?;
-            let (iter, s) = self.split(g);
+            let (iter, s) = self.program.split(g);
             let started = backend.mark(stream)?;
             if s == 0 && iter >= 0 && iter as usize <= steps {
                 step_marks.push(started.clone());

@@ -157,6 +157,12 @@ pub(super) fn program(schedule: &Schedule, layout: &Layout) -> Program {
 }
 
 impl Program {
+    /// Global slot g of a walk as (iteration, slot): iteration −1 is the prologue, K the
+    /// epilogue.
+    pub(super) fn split(&self, g: usize) -> (i64, usize) {
+        ((g / self.slots) as i64 - 1, g % self.slots)
+    }
+
     /// Per global slot of a K-step walk, the relaxed fences with their targets: (unit, the
     /// reductions of real steps launched before the slot).
     pub(super) fn fence_targets(&self, steps: usize, units: usize) -> Vec<Vec<(usize, u64)>> {
@@ -164,7 +170,7 @@ impl Program {
         let total = (steps + 2) * self.slots;
         let mut targets = Vec::with_capacity(total);
         for g in 0..total {
-            let (iter, s) = ((g / self.slots) as i64 - 1, g % self.slots);
+            let (iter, s) = self.split(g);
             targets.push(
                 self.fences[s]
                     .iter()
