@@ -2,10 +2,10 @@
 //! (one process per rank) or, for one rank, a loopback. Every operation completes before it
 //! returns, so a stream's mark is the instant it was taken and waiting on one is a no-op.
 
+use super::host_arena::{HostArena, Read, Write};
 use super::{Allocation, Backend, DeviceMemory, Region, Stream};
 use crate::mlp;
 use crate::{Error, Result};
-use std::cell::UnsafeCell;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -102,47 +102,40 @@ impl Collectives for Mpi {
 /// Host memory and host kernels, collectives from `C`.
 pub struct CpuBackend<C: Collectives> {
     collectives: C,
-    arena: UnsafeCell<Vec<f32>>,
+    arena: HostArena,
     losses: Mutex<Vec<f32>>,
-    /// A block-sized buffer for AllReduce (MPI has no in-place form here); comm thread only.
-    scratch: UnsafeCell<Vec<f32>>,
+    /// A block-sized buffer for AllReduce (MPI has no in-place form here).
+    scratch: Mutex<Vec<f32>>,
 }
-
-// SAFETY: the executor's schedule guarantees that no two concurrent operations touch overlapping
-// regions (lifetimes from the plan, ordering by events), and `scratch` is used by the
-// communication thread alone.
-unsafe impl<C: Collectives> Sync for CpuBackend<C> {}
 
 impl<C: Collectives> CpuBackend<C> {
     pub fn new(collectives: C) -> Self {
         CpuBackend {
             collectives,
-            arena: UnsafeCell::new(Vec::new()),
+            arena: HostArena::default(),
             losses: Mutex::new(Vec::new()),
-            scratch: UnsafeCell::new(Vec::new()),
+            scratch: Mutex::new(Vec::new()),
         }
     }
 
-    #[allow(clippy::mut_from_ref)]
-    pub(crate) fn slice(&self, r: Region) -> &mut [f32] {
-        // SAFETY: see the Sync impl: regions used concurrently never overlap.
-        unsafe { &mut (&mut *self.arena.get())[r.offset..r.offset + r.len] }
+    /// `region`'s elements to read, refused while an overlapping operation writes them.
+    pub(crate) fn read(&self, region: Region) -> Result<Read<'_>> {
+        self.arena.read(region)
+    }
+
+    /// `region`'s elements to write, refused while an overlapping operation uses them.
+    pub(crate) fn write(&self, region: Region) -> Result<Write<'_>> {
+        self.arena.write(region)
     }
 
     /// Stores this rank's partial loss of `step`.
     pub(crate) fn record_loss(&self, step: usize, loss: f32) -> Result<()> {
-        let mut losses = self.losses.lock().expect("loss lock is never poisoned");
+        let mut losses = self.losses.lock().map_err(|_| poisoned("losses"))?;
         let slot = losses
             .get_mut(step)
             .ok_or_else(|| Error::Backend(format!("loss slot {step} was not allocated")))?;
         *slot = loss;
         Ok(())
-    }
-
-    #[allow(clippy::mut_from_ref)]
-    fn scratch(&self, len: usize) -> &mut [f32] {
-        // SAFETY: only the communication thread calls collectives.
-        unsafe { &mut (&mut *self.scratch.get())[..len] }
     }
 }
 
@@ -159,28 +152,20 @@ impl<C: Collectives> Backend for CpuBackend<C> {
         self.collectives.size()
     }
     fn allocate(&mut self, sizes: Allocation) -> Result<()> {
-        *self.losses.get_mut().expect("loss lock is never poisoned") = vec![0.0; sizes.loss_slots];
-        self.scratch.get_mut().resize(sizes.largest_block, 0.0);
-        let elements = sizes.arena_elements;
-        let arena = self.arena.get_mut();
-        arena.try_reserve_exact(elements).map_err(|e| {
-            Error::Backend(format!(
-                "cannot allocate the {} MiB arena: {e}",
-                (elements * 4) >> 20
-            ))
-        })?;
-        arena.resize(elements, 0.0);
+        *self.losses.get_mut().map_err(|_| poisoned("losses"))? = vec![0.0; sizes.loss_slots];
+        *self.scratch.get_mut().map_err(|_| poisoned("scratch"))? = vec![0.0; sizes.largest_block];
+        self.arena = HostArena::zeroed(sizes.arena_elements)?;
         Ok(())
     }
     fn device_memory(&self) -> Result<Option<DeviceMemory>> {
         Ok(None)
     }
     fn upload(&self, region: Region, data: &[f32]) -> Result<()> {
-        self.slice(region).copy_from_slice(data);
+        self.write(region)?.copy_from_slice(data);
         Ok(())
     }
     fn download(&self, region: Region, out: &mut [f32]) -> Result<()> {
-        out.copy_from_slice(self.slice(region));
+        out.copy_from_slice(&self.read(region)?);
         Ok(())
     }
     fn linear_forward(
@@ -193,9 +178,9 @@ impl<C: Collectives> Backend for CpuBackend<C> {
         relu: bool,
     ) -> Result<()> {
         mlp::linear_forward(
-            self.slice(x),
-            self.slice(params),
-            self.slice(out),
+            &self.read(x)?,
+            &self.read(params)?,
+            &mut self.write(out)?,
             rows,
             dims,
             relu,
@@ -214,14 +199,14 @@ impl<C: Collectives> Backend for CpuBackend<C> {
         dims: (usize, usize),
         relu: bool,
     ) -> Result<()> {
-        let grad_in = grad_in.map(|r| self.slice(r));
+        let mut grad_in = grad_in.map(|r| self.write(r)).transpose()?;
         mlp::linear_backward(
-            self.slice(x),
-            self.slice(params),
-            self.slice(output),
-            self.slice(grad_out),
-            self.slice(grads),
-            grad_in,
+            &self.read(x)?,
+            &self.read(params)?,
+            &self.read(output)?,
+            &mut self.write(grad_out)?,
+            &mut self.write(grads)?,
+            grad_in.as_deref_mut(),
             rows,
             dims,
             relu,
@@ -229,11 +214,16 @@ impl<C: Collectives> Backend for CpuBackend<C> {
         Ok(())
     }
     fn mse_grad(&self, z: Region, y: Region, grad: Region, scale: f32, step: usize) -> Result<()> {
-        let loss = mlp::mse_grad(self.slice(z), self.slice(y), self.slice(grad), scale);
+        let loss = mlp::mse_grad(
+            &self.read(z)?,
+            &self.read(y)?,
+            &mut self.write(grad)?,
+            scale,
+        );
         self.record_loss(step, loss)
     }
     fn losses(&self, steps: usize) -> Result<Vec<f32>> {
-        let losses = self.losses.lock().expect("loss lock is never poisoned");
+        let losses = self.losses.lock().map_err(|_| poisoned("losses"))?;
         losses.get(..steps).map(<[f32]>::to_vec).ok_or_else(|| {
             Error::Backend(format!(
                 "{steps} losses asked, {} slots allocated",
@@ -251,10 +241,10 @@ impl<C: Collectives> Backend for CpuBackend<C> {
         lr: f32,
     ) -> Result<()> {
         mlp::adam(
-            self.slice(params),
-            self.slice(grads),
-            self.slice(m),
-            self.slice(v),
+            &mut self.write(params)?,
+            &self.read(grads)?,
+            &mut self.write(m)?,
+            &mut self.write(v)?,
             step,
             lr,
         );
@@ -262,18 +252,26 @@ impl<C: Collectives> Backend for CpuBackend<C> {
     }
     fn all_gather(&self, shard: Region, full: Region) -> Result<()> {
         self.collectives
-            .all_gather(self.slice(shard), self.slice(full));
+            .all_gather(&self.read(shard)?, &mut self.write(full)?);
         Ok(())
     }
     fn reduce_scatter(&self, full: Region, shard: Region) -> Result<()> {
         self.collectives
-            .reduce_scatter(self.slice(full), self.slice(shard));
+            .reduce_scatter(&self.read(full)?, &mut self.write(shard)?);
         Ok(())
     }
     fn all_reduce(&self, data: Region) -> Result<()> {
-        let send = self.scratch(data.len);
-        send.copy_from_slice(self.slice(data));
-        self.collectives.all_reduce(send, self.slice(data));
+        let mut scratch = self.scratch.lock().map_err(|_| poisoned("scratch"))?;
+        let capacity = scratch.len();
+        let send = scratch.get_mut(..data.len).ok_or_else(|| {
+            Error::Backend(format!(
+                "an AllReduce of {} elements exceeds the {capacity}-element block buffer",
+                data.len
+            ))
+        })?;
+        let mut data = self.write(data)?;
+        send.copy_from_slice(&data);
+        self.collectives.all_reduce(send, &mut data);
         Ok(())
     }
     fn all_reduce_host(&self, data: &mut [f32]) -> Result<()> {
@@ -293,4 +291,10 @@ impl<C: Collectives> Backend for CpuBackend<C> {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
+}
+
+fn poisoned(what: &str) -> Error {
+    Error::Backend(format!(
+        "the {what} lock was poisoned by a panicking thread"
+    ))
 }

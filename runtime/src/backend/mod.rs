@@ -9,8 +9,10 @@
 //! the run ([`Backend::elapsed_us`]), so GPU timings are device times, not host times.
 
 mod cpu;
+mod host_arena;
 
 pub use cpu::{Collectives, CpuBackend, Loopback, Mpi};
+pub(crate) use host_arena::each;
 /// MPI stays initialised while this lives.
 pub use mpi::environment::Universe as MpiUniverse;
 

@@ -1,11 +1,11 @@
 //! [`Gpt2Kernels`] on the CPU backend: each unit's forward and backward composed from
-//! [`super::kernels`] on arena slices (the executor never runs two operations on overlapping
-//! regions at once).
+//! [`super::kernels`] on arena regions, each borrowed to read or to write for the call (the
+//! arena refuses a borrow that overlaps another operation's).
 
 use super::kernels::{self as k, AdamW};
 use super::{Gpt2Kernels, Shape};
 use crate::Result;
-use crate::backend::{Collectives, CpuBackend, Region};
+use crate::backend::{Collectives, CpuBackend, Region, each};
 use crate::workload::carve;
 use std::ops::Range;
 
@@ -22,12 +22,11 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
         out: Region,
     ) -> Result<()> {
         let [wte, wpe] = carve(params, shape.embedding_params());
-        let s = |r| &*self.slice(r);
         k::embedding_forward(
-            s(tokens),
-            s(wte),
-            s(wpe),
-            self.slice(out),
+            &self.read(tokens)?,
+            &self.read(wte)?,
+            &self.read(wpe)?,
+            &mut self.write(out)?,
             shape.seq,
             shape.hidden,
         );
@@ -42,10 +41,17 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
         grads: Region,
     ) -> Result<()> {
         let [wte, wpe] = carve(grads, shape.embedding_params());
-        let dwpe = self.slice(wpe);
+        let mut dwpe = self.write(wpe)?;
         dwpe.fill(0.0);
-        let (t, g) = (&*self.slice(tokens), &*self.slice(grad_out));
-        k::embedding_backward(t, g, self.slice(wte), dwpe, shape.seq, shape.hidden);
+        let (t, g) = (self.read(tokens)?, self.read(grad_out)?);
+        k::embedding_backward(
+            &t,
+            &g,
+            &mut self.write(wte)?,
+            &mut dwpe,
+            shape.seq,
+            shape.hidden,
+        );
         Ok(())
     }
 
@@ -58,6 +64,7 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
         internals: Region,
     ) -> Result<()> {
         let (rows, c, f) = (shape.rows(), shape.hidden, shape.ffn);
+        let weights = each(block_params(shape, params), |r| self.read(r))?;
         let [
             ln1w,
             ln1b,
@@ -71,10 +78,12 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
             bfc,
             wfp,
             bfp,
-        ] = block_params(shape, params).map(|r| &*self.slice(r));
+        ] = weights.each_ref().map(|w| &**w);
+        let mut saved = each(carve(internals, shape.block_internals()), |r| self.write(r))?;
         let [ln1, m1, r1, qkv, probs, atty, res1, ln2, m2, r2, fch, gelu] =
-            carve(internals, shape.block_internals()).map(|r| self.slice(r));
-        let (x, out) = (&*self.slice(x), self.slice(out));
+            saved.each_mut().map(|s| &mut **s);
+        let (x, mut out) = (self.read(x)?, self.write(out)?);
+        let (x, out) = (&*x, &mut *out);
         k::layernorm_forward(x, ln1w, ln1b, ln1, m1, r1, rows, c);
         k::matmul_forward(ln1, wqkv, Some(bqkv), qkv, rows, c, 3 * c);
         k::attention_forward(qkv, probs, atty, shape.attention());
@@ -100,9 +109,11 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
         workspace: Region,
     ) -> Result<()> {
         let (rows, c, f) = (shape.rows(), shape.hidden, shape.ffn);
+        let weights = each(block_params(shape, params), |r| self.read(r))?;
         let [ln1w, _, wqkv, _, wproj, _, ln2w, _, wfc, _, wfp, _] =
-            block_params(shape, params).map(|r| &*self.slice(r));
-        self.slice(grads).fill(0.0);
+            weights.each_ref().map(|w| &**w);
+        self.write(grads)?.fill(0.0);
+        let mut grad_parts = each(block_params(shape, grads), |r| self.write(r))?;
         let [
             dln1w,
             dln1b,
@@ -116,12 +127,15 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
             dbfc,
             dwfp,
             dbfp,
-        ] = block_params(shape, grads).map(|r| self.slice(r));
+        ] = grad_parts.each_mut().map(|g| &mut **g);
+        let saved = each(carve(internals, shape.block_internals()), |r| self.read(r))?;
         let [ln1, m1, r1, qkv, probs, atty, res1, ln2, m2, r2, fch, gelu] =
-            carve(internals, shape.block_internals()).map(|r| &*self.slice(r));
-        let [d_ff, d_h, d_res1, d_qkv, d_probs] =
-            carve(workspace, shape.block_workspace()).map(|r| self.slice(r));
-        let (x, dres2, dx) = (&*self.slice(x), &*self.slice(grad_out), self.slice(grad_in));
+            saved.each_ref().map(|s| &**s);
+        let mut scratch = each(carve(workspace, shape.block_workspace()), |r| self.write(r))?;
+        let [d_ff, d_h, d_res1, d_qkv, d_probs] = scratch.each_mut().map(|s| &mut **s);
+        let (x, dres2) = (self.read(x)?, self.read(grad_out)?);
+        let mut dx = self.write(grad_in)?;
+        let (x, dres2, dx) = (&*x, &*dres2, &mut *dx);
         // MLP: out = res1 + gelu(ln2·Wfc + bfc)·Wfp + bfp.
         k::matmul_backward(dres2, gelu, wfp, Some(d_ff), dwfp, Some(dbfp), rows, f, c);
         k::gelu_backward_inplace(fch, d_ff);
@@ -169,12 +183,12 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
         step: usize,
     ) -> Result<()> {
         let (rows, c, v) = (shape.rows(), shape.hidden, shape.vocab);
-        let [w, b] = carve(params, [c, c]).map(|r| &*self.slice(r));
-        let [lnf, mean, rstd, probs] =
-            carve(internals, shape.head_internals()).map(|r| self.slice(r));
-        k::layernorm_forward(self.slice(x), w, b, lnf, mean, rstd, rows, c);
-        k::tied_logits(lnf, self.slice(wte), probs, rows, c, v);
-        let loss = k::cross_entropy_forward(probs, self.slice(targets), v, scale);
+        let [w, b] = each(carve(params, [c, c]), |r| self.read(r))?;
+        let mut saved = each(carve(internals, shape.head_internals()), |r| self.write(r))?;
+        let [lnf, mean, rstd, probs] = saved.each_mut().map(|s| &mut **s);
+        k::layernorm_forward(&self.read(x)?, &w, &b, lnf, mean, rstd, rows, c);
+        k::tied_logits(lnf, &self.read(wte)?, probs, rows, c, v);
+        let loss = k::cross_entropy_forward(probs, &self.read(targets)?, v, scale);
         self.record_loss(step, loss)
     }
 
@@ -193,18 +207,22 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
         scale: f32,
     ) -> Result<()> {
         let (rows, c, v) = (shape.rows(), shape.hidden, shape.vocab);
-        let w = &*self.slice(carve(params, [c])[0]);
-        self.slice(grads).fill(0.0);
-        let [dw, db] = carve(grads, [c, c]).map(|r| self.slice(r));
-        let [lnf, mean, rstd, probs] =
-            carve(internals, shape.head_internals()).map(|r| self.slice(r));
-        k::cross_entropy_backward_inplace(probs, self.slice(targets), v, scale);
-        let (dlnf, dwte) = (self.slice(workspace), self.slice(wte_grad));
+        let w = self.read(carve(params, [c])[0])?;
+        self.write(grads)?.fill(0.0);
+        let [mut dw, mut db] = each(carve(grads, [c, c]), |r| self.write(r))?;
+        let [lnf, mean, rstd, mut probs] =
+            each(carve(internals, shape.head_internals()), |r| self.write(r))?;
+        k::cross_entropy_backward_inplace(&mut probs, &self.read(targets)?, v, scale);
+        let (mut dlnf, mut dwte) = (self.write(workspace)?, self.write(wte_grad)?);
         dwte.fill(0.0);
-        k::tied_logits_backward(probs, lnf, self.slice(wte), dlnf, dwte, rows, c, v);
-        let dx = self.slice(grad_in);
+        let wte = self.read(wte)?;
+        k::tied_logits_backward(&probs, &lnf, &wte, &mut dlnf, &mut dwte, rows, c, v);
+        let mut dx = self.write(grad_in)?;
         dx.fill(0.0);
-        k::layernorm_backward_add(dlnf, self.slice(x), w, mean, rstd, dx, dw, db, rows, c);
+        let x = self.read(x)?;
+        k::layernorm_backward_add(
+            &dlnf, &x, &w, &mean, &rstd, &mut dx, &mut dw, &mut db, rows, c,
+        );
         Ok(())
     }
 
@@ -218,11 +236,11 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
         hp: &AdamW,
         decayed: &[Range<usize>],
     ) -> Result<()> {
-        let (p, g, m, v) = (
-            self.slice(params),
-            &*self.slice(grads),
-            self.slice(m),
-            self.slice(v),
+        let (mut p, g, mut m, mut v) = (
+            self.write(params)?,
+            self.read(grads)?,
+            self.write(m)?,
+            self.write(v)?,
         );
         let mut at = 0;
         let mut run = |range: Range<usize>, decay: bool| {
