@@ -263,3 +263,87 @@ fn best_grid(
             ))
         })
 }
+
+/// What makes one plan better than another when choosing among plans that fit a cap.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Preference {
+    /// The shortest iteration.
+    Fastest,
+    /// The smallest peak among plans whose iteration is at most `max_iteration_time_us`.
+    Smallest { max_iteration_time_us: Option<f64> },
+}
+
+impl Preference {
+    /// The best of `candidates` whose peak fits `cap` (peak ≤ cap: the cap is inclusive) and
+    /// whose time meets the preference's ceiling; `measure` gives a candidate's (iteration time
+    /// µs, peak bytes). The first of equals wins. None when no candidate qualifies.
+    pub fn choose<T>(
+        self,
+        candidates: impl IntoIterator<Item = T>,
+        cap: Option<u64>,
+        measure: impl Fn(&T) -> (f64, f64),
+    ) -> Option<T> {
+        let mut best: Option<(f64, T)> = None;
+        for candidate in candidates {
+            let (time, peak) = measure(&candidate);
+            let score = match self {
+                Preference::Fastest => time,
+                Preference::Smallest {
+                    max_iteration_time_us,
+                } if max_iteration_time_us.is_none_or(|t| time <= t) => peak,
+                Preference::Smallest { .. } => continue,
+            };
+            let fits = cap.is_none_or(|c| peak <= c as f64);
+            if fits && best.as_ref().is_none_or(|(s, _)| score < *s) {
+                best = Some((score, candidate));
+            }
+        }
+        best.map(|(_, candidate)| candidate)
+    }
+}
+
+/// A baseline with checkpointing on or off, and its plan.
+#[derive(Debug, Clone)]
+pub struct ChosenBaseline {
+    pub kind: BaselineKind,
+    pub checkpoint: bool,
+    pub plan: BaselinePlan,
+}
+
+impl ChosenBaseline {
+    pub fn label(&self) -> String {
+        self.kind.label(self.checkpoint)
+    }
+}
+
+/// The best (by `preference`) of `kinds`, each with checkpointing off and, when `checkpointing`,
+/// on, whose plan fits `cap`. A baseline that cannot be built at the cap is not a candidate.
+pub fn best_baseline(
+    profile: &Profile,
+    kinds: &[BaselineKind],
+    checkpointing: bool,
+    cap: Option<u64>,
+    preference: Preference,
+) -> Option<ChosenBaseline> {
+    let variants: &[bool] = if checkpointing {
+        &[false, true]
+    } else {
+        &[false]
+    };
+    let candidates = kinds.iter().flat_map(|&kind| {
+        variants.iter().filter_map(move |&checkpoint| {
+            let plan = baseline(profile, kind, checkpoint, cap).ok()?;
+            Some(ChosenBaseline {
+                kind,
+                checkpoint,
+                plan,
+            })
+        })
+    });
+    preference.choose(candidates, cap, |c| {
+        (
+            c.plan.simulation.iteration_time_us,
+            c.plan.simulation.peak_memory_bytes,
+        )
+    })
+}

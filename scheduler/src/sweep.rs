@@ -5,7 +5,7 @@
 //! plan is faster, takes it (it fits the larger cap too). The ILP's time therefore never rises
 //! with the cap, and each cap's bound still comes from its own solve.
 
-use crate::baselines::{BaselineKind, baseline};
+use crate::baselines::{BaselineKind, Preference, best_baseline};
 use crate::ilp::{Objective, SolveOptions, solve};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
@@ -102,21 +102,12 @@ impl SweepRow {
 
 /// The fastest variant (checkpointing off or on) of a baseline that fits `cap`.
 pub fn best_baseline_row(profile: &Profile, kind: BaselineKind, cap: u64) -> SweepRow {
-    let mut best: Option<(Schedule, Simulation)> = None;
-    for checkpoint in [false, true] {
-        if let Ok(b) = baseline(profile, kind, checkpoint, Some(cap))
-            && b.simulation.peak_memory_bytes <= cap as f64
-            && best
-                .as_ref()
-                .is_none_or(|(_, s)| b.simulation.iteration_time_us < s.iteration_time_us)
-        {
-            best = Some((b.schedule, b.simulation));
-        }
-    }
+    let best = best_baseline(profile, &[kind], true, Some(cap), Preference::Fastest);
     SweepRow::new(
         cap,
         Method::Baseline(kind),
-        best.as_ref().map(|(s, sim)| (s, sim)),
+        best.as_ref()
+            .map(|b| (&b.plan.schedule, &b.plan.simulation)),
     )
 }
 
@@ -249,19 +240,11 @@ pub fn cap_range(
 ) -> Result<(u64, u64)> {
     let mib = 1u64 << 20;
     let up_to_mib = |bytes: f64| whole_bytes(bytes / mib as f64) * mib;
-    // A baseline's plans without a cap (checkpointing off and on), and the faster of them.
-    let variants = |kind: BaselineKind| -> Vec<Simulation> {
-        [false, true]
-            .into_iter()
-            .filter_map(|checkpoint| baseline(profile, kind, checkpoint, None).ok())
-            .map(|b| b.simulation)
-            .collect()
-    };
-    let fastest = |sims: &[Simulation]| -> Simulation {
-        sims.iter()
-            .min_by(|a, b| a.iteration_time_us.total_cmp(&b.iteration_time_us))
-            .expect("a baseline builds without a cap")
-            .clone()
+    // The peak of the plan `preference` picks among `kinds`, checkpointing off and on, uncapped.
+    let peak_of = |kinds: &[BaselineKind], preference| {
+        best_baseline(profile, kinds, true, None, preference)
+            .map(|b| b.plan.simulation.peak_memory_bytes)
+            .ok_or_else(|| Error::invalid("sweep", "methods", "baselines that build without a cap"))
     };
     let (low, high) = if methods.contains(&Method::Ilp) {
         let memory = SolveOptions {
@@ -272,31 +255,27 @@ pub fn cap_range(
             ..template.clone()
         };
         let smallest = solve(profile, &memory)?;
-        let high = fastest(&[
-            fastest(&variants(BaselineKind::Ddp)),
-            fastest(&variants(BaselineKind::Zero2)),
-        ]);
-        (
-            smallest.simulation.peak_memory_bytes,
-            high.peak_memory_bytes,
-        )
+        let high = peak_of(
+            &[BaselineKind::Ddp, BaselineKind::Zero2],
+            Preference::Fastest,
+        )?;
+        (smallest.simulation.peak_memory_bytes, high)
     } else {
-        let per_kind: Vec<Vec<Simulation>> = methods
+        let kinds: Vec<BaselineKind> = methods
             .iter()
             .filter_map(|m| match m {
-                Method::Baseline(kind) => Some(variants(*kind)),
+                Method::Baseline(kind) => Some(*kind),
                 Method::Ilp => None,
             })
             .collect();
-        let low = per_kind
-            .iter()
-            .flatten()
-            .map(|s| s.peak_memory_bytes)
-            .fold(f64::INFINITY, f64::min);
-        let high = per_kind
-            .iter()
-            .map(|sims| fastest(sims).peak_memory_bytes)
-            .fold(0.0, f64::max);
+        let smallest = Preference::Smallest {
+            max_iteration_time_us: None,
+        };
+        let low = peak_of(&kinds, smallest)?;
+        let mut high: f64 = 0.0;
+        for kind in kinds {
+            high = high.max(peak_of(&[kind], Preference::Fastest)?);
+        }
         (low, high)
     };
     let (low, high) = (up_to_mib(low), whole_bytes(high));

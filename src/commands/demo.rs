@@ -4,7 +4,7 @@
 use crate::cli::DemoArgs;
 use crate::output::{Table, ms, print_json};
 use serde_json::json;
-use shardplan_scheduler::baselines::{BaselineKind, baseline};
+use shardplan_scheduler::baselines::{BaselineKind, Preference, baseline};
 use shardplan_scheduler::ilp::{SolveOptions, solve};
 use shardplan_scheduler::io::write_atomic;
 use shardplan_scheduler::plan::Plan;
@@ -50,6 +50,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         })
     };
     let mut rows = Vec::new();
+    let mut baselines = Vec::new();
     for kind in BaselineKind::ALL {
         for checkpoint in [false, true] {
             let result = match baseline(&profile, kind, checkpoint, Some(cap)) {
@@ -60,6 +61,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             let name = kind.label(checkpoint);
             save(&name, &result.plan, &result.simulation)?;
             rows.push(row(&name, &result.simulation, String::new()));
+            baselines.push((name, result.simulation));
         }
     }
     let options = SolveOptions {
@@ -116,19 +118,13 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         ]);
     }
     println!("{}", table.render());
-    let fastest = rows
-        .iter()
-        .filter(|r| r["fits_cap"].as_bool() == Some(true) && r["method"] != "ilp")
-        .filter_map(|r| {
-            r["iteration_time_us"]
-                .as_f64()
-                .map(|t| (t, r["method"].as_str().unwrap_or_default().to_string()))
-        })
-        .min_by(|a, b| a.0.total_cmp(&b.0));
-    if let Some((time, name)) = fastest {
+    let fastest = Preference::Fastest.choose(&baselines, Some(cap), |(_, sim)| {
+        (sim.iteration_time_us, sim.peak_memory_bytes)
+    });
+    if let Some((name, sim)) = fastest {
         println!(
             "\nILP vs the fastest baseline that fits ({name}): {:.3}x faster",
-            time / solved.simulation.iteration_time_us
+            sim.iteration_time_us / solved.simulation.iteration_time_us
         );
     }
     Ok(())

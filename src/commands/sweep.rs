@@ -6,6 +6,7 @@ use crate::output::{ms, print_json};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use shardplan_scheduler::Error;
+use shardplan_scheduler::baselines::Preference;
 use shardplan_scheduler::ilp::SolveOptions;
 use shardplan_scheduler::io::{check_outputs_distinct, write_atomic};
 use shardplan_scheduler::profile::Profile;
@@ -56,14 +57,11 @@ fn summary(caps: &[u64], rows: &[SweepRow]) -> Vec<serde_json::Value> {
         .map(|&cap| {
             let at: Vec<&SweepRow> = rows.iter().filter(|r| r.cap_bytes == cap).collect();
             let ilp = at.iter().find(|r| r.method == "ilp" && r.feasible);
-            let best = at
-                .iter()
-                .filter(|r| r.method != "ilp" && r.feasible)
-                .min_by(|a, b| {
-                    a.iteration_time_us
-                        .partial_cmp(&b.iteration_time_us)
-                        .expect("finite times")
-                });
+            let baselines = at.iter().filter(|r| r.method != "ilp" && r.feasible);
+            let best = Preference::Fastest.choose(baselines, Some(cap), |r| {
+                let peak = r.peak_memory_bytes.unwrap_or(u64::MAX);
+                (r.iteration_time_us.unwrap_or(f64::INFINITY), peak as f64)
+            });
             let speedup = match (
                 ilp.and_then(|r| r.iteration_time_us),
                 best.and_then(|r| r.iteration_time_us),

@@ -8,7 +8,7 @@ use super::constraints::{
 use super::mapping::{schedule_from_values, schedule_values, slot_terms, tight_time};
 use super::variables::{Columns, UnitVars, declare_units};
 use super::{Objective, PhaseReport, SolveOptions, SolveReport, SolveStatus, Solved};
-use crate::baselines::{BaselineKind, baseline};
+use crate::baselines::{self, BaselineKind, Preference};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
 use crate::sim::{Semantics, memory_by_slot, simulate};
@@ -258,34 +258,23 @@ fn run_highs(
 /// The best baseline for the objective (checkpointing on or off) that fits the cap and the time
 /// ceiling, as a warm start: the fastest for the time objective, the smallest peak for memory.
 fn best_baseline(profile: &Profile, options: &SolveOptions) -> Option<(String, Schedule, f64)> {
-    let cap = options.memory_cap_bytes;
-    let mut best: Option<(String, Schedule, f64, f64)> = None;
-    for kind in BaselineKind::ALL {
-        for checkpoint in [false, true] {
-            if checkpoint && !options.allow_recompute {
-                continue;
-            }
-            let Ok(b) = baseline(profile, kind, checkpoint, cap) else {
-                continue;
-            };
-            let (time, peak) = (
-                b.simulation.iteration_time_us,
-                b.simulation.peak_memory_bytes,
-            );
-            let fits = cap.is_none_or(|c| peak <= c as f64);
-            let (score, within_ceiling) = match options.objective {
-                Objective::Time => (time, true),
-                Objective::Memory {
-                    max_iteration_time_us,
-                } => (peak, max_iteration_time_us.is_none_or(|t| time <= t)),
-            };
-            if fits && within_ceiling && best.as_ref().is_none_or(|b| score < b.3) {
-                let name = kind.label(checkpoint);
-                best = Some((name, b.schedule, time, score));
-            }
-        }
-    }
-    best.map(|(name, schedule, time, _)| (name, schedule, time))
+    let preference = match options.objective {
+        Objective::Time => Preference::Fastest,
+        Objective::Memory {
+            max_iteration_time_us,
+        } => Preference::Smallest {
+            max_iteration_time_us,
+        },
+    };
+    let chosen = baselines::best_baseline(
+        profile,
+        &BaselineKind::ALL,
+        options.allow_recompute,
+        options.memory_cap_bytes,
+        preference,
+    )?;
+    let time = chosen.plan.simulation.iteration_time_us;
+    Some((chosen.label(), chosen.plan.schedule, time))
 }
 
 /// Solves for the plan that minimises the chosen objective. Errors with [`Error::Infeasible`]
