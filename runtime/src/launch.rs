@@ -39,3 +39,14 @@ pub fn cuda_backend() -> Result<(Option<MpiUniverse>, CudaBackend)> {
     let setup = NcclSetup::Rank { rank, size, id };
     Ok((Some(universe), CudaBackend::new(local_rank(rank), setup)?))
 }
+
+/// Ends every rank of a job of more than one rank (MPI_Abort with `code`); returns when this
+/// rank is alone. For a rank that failed: its peers may wait in a collective it will never
+/// join, and MPI_Finalize would then wait for them. The caller reports the failure first.
+pub fn abort_peers(universe: &MpiUniverse, code: i32) {
+    use mpi::topology::Communicator;
+    let world = universe.world();
+    if world.size() > 1 {
+        world.abort(code);
+    }
+}

@@ -137,6 +137,9 @@ pub struct Layout {
     pub arena: Arena,
     /// Every region with its lifetime (what the arena packed), in request order.
     pub regions: Vec<(Region, Request)>,
+    /// Each unit's buffers as indices into `regions` (two buffers alive at different slots may
+    /// share a region, so a region does not name its buffer).
+    pub requests: Vec<UnitLayout<usize>>,
     /// The largest block, for the AllReduce scratch buffer.
     pub largest_block: usize,
 }
@@ -233,35 +236,48 @@ pub fn layout(
         let (f, bw) = (timeline.forward(i), timeline.backward(i));
         let first_use = borrower_backward(i).unwrap_or(bw);
         let after = timeline.window(i, Op::ReduceScatter.window_kind());
-        let full_grad = (u.level != Level::None).then(|| {
-            let (_, last) = schedule.span(i, Op::ReduceScatter).unwrap_or_default();
-            b.add(format!("{name} full gradient"), padded, |s| {
+        // Where the launches of one of the unit's ops lie in its window (a valid schedule
+        // launches every op of the unit's level).
+        let span = |op: Op| {
+            schedule
+                .span(i, op)
+                .ok_or_else(|| Error::Mismatch(format!("{name}: the schedule launches no {op}")))
+        };
+        let full_grad = if u.level == Level::None {
+            None
+        } else {
+            let (_, last) = span(Op::ReduceScatter)?;
+            Some(b.add(format!("{name} full gradient"), padded, |s| {
                 (first_use..=bw).contains(&s) || after.position(s).is_some_and(|p| p <= last)
-            })
-        });
+            }))
+        };
         let gather_op = if u.level == Level::Sdp {
             Op::Gather
         } else {
             Op::GatherForward
         };
-        let gathered_forward = (u.level != Level::None).then(|| {
-            let (first, _) = schedule.span(i, gather_op).unwrap_or_default();
+        let gathered_forward = if u.level == Level::None {
+            None
+        } else {
+            let (first, _) = span(gather_op)?;
             let until = match (u.level, borrower_backward(i)) {
                 (Level::Sdp, _) => bw,
                 (_, Some(borrower)) => borrower,
                 _ => f,
             };
-            b.add(format!("{name} gathered"), padded, |s| {
+            Some(b.add(format!("{name} gathered"), padded, |s| {
                 (f..=until).contains(&s) || after.position(s).is_some_and(|p| p >= first)
-            })
-        });
-        let gathered_backward = (u.level == Level::Fsdp).then(|| {
+            }))
+        };
+        let gathered_backward = if u.level == Level::Fsdp {
             let between = timeline.window(i, Op::GatherBackward.window_kind());
-            let (first, _) = schedule.span(i, Op::GatherBackward).unwrap_or_default();
-            b.add(format!("{name} gathered for backward"), padded, |s| {
+            let (first, _) = span(Op::GatherBackward)?;
+            Some(b.add(format!("{name} gathered for backward"), padded, |s| {
                 s == bw || between.position(s).is_some_and(|p| p >= first)
-            })
-        });
+            }))
+        } else {
+            None
+        };
         let sizes = workload.buffers(i);
         if u.recompute && sizes.forward_workspace < sizes.internals {
             return Err(Error::Mismatch(format!(
@@ -322,12 +338,13 @@ pub fn layout(
         len: (b.requests[k].bytes / 4) as usize,
     };
     let largest_block = pending.iter().map(|u| u.block_elements).max().unwrap_or(0);
-    let units = pending.into_iter().map(|u| u.map(region)).collect();
+    let units = pending.iter().map(|u| u.clone().map(region)).collect();
     let regions = (0..b.requests.len())
         .map(|k| (region(k), b.requests[k].clone()))
         .collect();
     Ok(Layout {
         units,
+        requests: pending,
         arena,
         regions,
         largest_block,

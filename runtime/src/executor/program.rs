@@ -132,17 +132,16 @@ pub(super) fn program(schedule: &Schedule, layout: &Layout) -> Program {
     let fences = (0..slots)
         .map(|s| {
             layout
-                .units
+                .requests
                 .iter()
                 .enumerate()
-                .filter_map(|(u, ul)| {
-                    let grad = ul.full_grad?;
-                    let (_, req) = layout.regions.iter().find(|(r, _)| *r == grad)?;
+                .filter_map(|(u, unit)| {
+                    let (grad, req) = &layout.regions[unit.full_grad?];
                     let reused = !req.alive[s]
                         && layout
                             .regions
                             .iter()
-                            .any(|(r, q)| q.alive[s] && r.overlaps(grad));
+                            .any(|(r, q)| q.alive[s] && r.overlaps(*grad));
                     reused.then_some(u)
                 })
                 .collect()
