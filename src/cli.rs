@@ -3,6 +3,7 @@
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use shardplan_scheduler::baselines::BaselineKind;
 use shardplan_scheduler::sweep::Method;
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -79,6 +80,33 @@ pub enum ProfileCommand {
 /// Parses a byte size for clap.
 pub fn bytes_arg(text: &str) -> Result<u64, String> {
     shardplan_scheduler::size::parse_bytes(text)
+}
+
+/// A per-rank memory cap: bytes, or no cap at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryCap {
+    Bytes(u64),
+    Unlimited,
+}
+
+impl MemoryCap {
+    /// The cap in bytes; None when unlimited.
+    pub fn bytes(self) -> Option<u64> {
+        match self {
+            MemoryCap::Bytes(bytes) => Some(bytes),
+            MemoryCap::Unlimited => None,
+        }
+    }
+}
+
+/// `80GiB`, `85899345920`, `1.5e15`, … or `unlimited`.
+fn memory_cap_arg(text: &str) -> Result<MemoryCap, String> {
+    if text.trim().eq_ignore_ascii_case("unlimited") {
+        return Ok(MemoryCap::Unlimited);
+    }
+    bytes_arg(text)
+        .map(MemoryCap::Bytes)
+        .map_err(|e| format!("{e} (or `unlimited`)"))
 }
 
 /// A number for clap that must be finite and within `range` (`what` says the range in words).
@@ -217,9 +245,9 @@ pub struct BaselineArgs {
     /// Activation checkpointing for every unit.
     #[arg(long)]
     pub checkpoint: bool,
-    /// Memory cap recorded in the plan; best-grid chooses within it.
-    #[arg(long, value_parser = bytes_arg)]
-    pub memory_cap: Option<u64>,
+    /// Memory cap recorded in the plan (bytes or `unlimited`); best-grid chooses within it.
+    #[arg(long, value_parser = memory_cap_arg)]
+    pub memory_cap: Option<MemoryCap>,
     #[arg(long)]
     pub out: PathBuf,
     #[arg(long)]
@@ -276,9 +304,10 @@ pub enum ObjectiveArg {
 pub struct SolveArgs {
     #[arg(long)]
     pub profile: PathBuf,
-    /// Per-rank memory cap (required for --objective time).
-    #[arg(long, value_parser = bytes_arg)]
-    pub memory_cap: Option<u64>,
+    /// Per-rank memory cap: bytes (80GiB, 85899345920) or `unlimited`; required for
+    /// --objective time.
+    #[arg(long, value_parser = memory_cap_arg)]
+    pub memory_cap: Option<MemoryCap>,
     #[arg(long)]
     pub out: PathBuf,
     /// Seconds HiGHS may spend (all phases together).
@@ -289,9 +318,16 @@ pub struct SolveArgs {
     pub gap: f64,
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: u32,
-    /// Limit windows: gathers in the last D slots, reductions in the first D (D >= 1).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
-    pub window_depth: Option<u64>,
+    /// Limit windows: gathers in the last D slots, reductions in the first D (D >= 1); sets
+    /// both --gather-depth and --reduce-depth.
+    #[arg(long, conflicts_with_all = ["gather_depth", "reduce_depth"])]
+    pub window_depth: Option<NonZeroUsize>,
+    /// Gathers only in the last D slots of their window (D >= 1).
+    #[arg(long)]
+    pub gather_depth: Option<NonZeroUsize>,
+    /// Reductions only in the first R slots after the unit's backward (R >= 1).
+    #[arg(long)]
+    pub reduce_depth: Option<NonZeroUsize>,
     /// Solve the full windows directly instead of the two-phase strategy.
     #[arg(long)]
     pub single_phase: bool,

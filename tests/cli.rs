@@ -328,6 +328,77 @@ fn best_grid_with_an_impossible_cap_exits_3() {
     assert!(!out.exists());
 }
 
+/// `--gather-depth` and `--reduce-depth` limit gathers and reductions separately (either alone);
+/// the JSON names the limits the gap holds under; `--window-depth` sets both and cannot be
+/// combined with them; a depth of 0 is refused.
+#[test]
+fn gathers_and_reductions_are_limited_separately() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = analytic(dir.path(), "gpt2-small", "64");
+    let plan = path(dir.path(), "limited.toml");
+    let solve = |extra: &[&str]| {
+        let mut args = vec![
+            "solve",
+            "--profile",
+            &profile,
+            "--memory-cap",
+            "700MiB",
+            "--out",
+            &plan,
+            "--json",
+        ];
+        args.extend(extra);
+        ok_json(&args)
+    };
+    let gather = solve(&["--gather-depth", "1"]);
+    assert_eq!(
+        gather["window_depth"],
+        serde_json::json!({"gather": 1, "reduce": null})
+    );
+    let reduce = solve(&["--reduce-depth", "2"]);
+    assert_eq!(
+        reduce["window_depth"],
+        serde_json::json!({"gather": null, "reduce": 2})
+    );
+    assert_eq!(solve(&["--window-depth", "3"])["window_depth"], 3);
+    // No cap at all: at least as fast as under 700 MiB, and the JSON says there was none.
+    let unlimited = ok_json(&[
+        "solve",
+        "--profile",
+        &profile,
+        "--memory-cap",
+        "unlimited",
+        "--out",
+        &plan,
+        "--json",
+    ]);
+    assert!(unlimited["memory_cap_bytes"].is_null());
+    let capped = solve(&[]);
+    assert!(
+        unlimited["iteration_time_us"].as_f64().unwrap()
+            <= capped["iteration_time_us"].as_f64().unwrap() * (1.0 + 1e-9)
+    );
+    assert!(capped["window_depth"].is_null());
+    assert!(gather.get("best_bound").is_none() && gather["best_bound_us"].is_number());
+    for bad in [
+        &[
+            "--memory-cap",
+            "1GiB",
+            "--window-depth",
+            "2",
+            "--gather-depth",
+            "1",
+        ][..],
+        &["--memory-cap", "1GiB", "--reduce-depth", "0"][..],
+        &["--memory-cap", "lots"][..],
+    ] {
+        let mut args = vec!["solve", "--profile", &profile, "--out", &plan];
+        args.extend(bad);
+        let (code, msg) = fails(&args);
+        assert_eq!(code, 2, "{bad:?}: {msg}");
+    }
+}
+
 #[test]
 fn solve_reports_its_claim_and_explains_infeasible_caps_and_ceilings() {
     let dir = tempfile::tempdir().unwrap();

@@ -6,7 +6,7 @@
 //! with the cap, and each cap's bound still comes from its own solve.
 
 use crate::baselines::{BaselineKind, Preference, best_baseline};
-use crate::ilp::{Objective, SolveOptions, solve};
+use crate::ilp::{Objective, SolveOptions, WindowLimits, solve};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
 use crate::sim::{Semantics, Simulation, simulate};
@@ -65,7 +65,7 @@ pub struct SweepRow {
     pub recomputed_units: usize,
     /// ILP: proven relative gap of the plan (within `window_depth`).
     pub gap: Option<f64>,
-    pub window_depth: Option<usize>,
+    pub window_depth: Option<WindowLimits>,
     pub solve_seconds: Option<f64>,
     /// ILP: integer columns and rows of the widest model solved.
     pub integer_variables: Option<usize>,
@@ -118,7 +118,7 @@ struct IlpPoint {
     time_us: f64,
     /// The cap's own lower bound (None when the plan came from a smaller cap without a solve).
     bound_us: Option<f64>,
-    window_depth: Option<usize>,
+    window_depth: WindowLimits,
     seconds: f64,
     size: (usize, usize),
 }
@@ -218,7 +218,7 @@ pub fn ilp_rows(
                 row.gap = p
                     .bound_us
                     .map(|bound| ((p.time_us - bound) / p.time_us).max(0.0));
-                row.window_depth = p.window_depth;
+                row.window_depth = Some(p.window_depth);
                 row.solve_seconds = Some(p.seconds);
                 row.integer_variables = Some(p.size.0);
                 row.constraints = Some(p.size.1);

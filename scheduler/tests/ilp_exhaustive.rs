@@ -1,7 +1,7 @@
 //! The ILP's optimum equals an exhaustive search over every valid schedule of tiny instances
 //! (≤ 3 units, ≤ 2 blocks per unit, N ∈ {2, 4, 8}, κ ∈ {0, 0.1}, recompute on and off), at caps
 //! from infeasible through tight to loose, at caps equal (to the byte, rounded up) to plans'
-//! peaks, and at the smallest feasible cap an infeasible solve reports. The search judges
+//! peaks, without a cap, and at the smallest feasible cap an infeasible solve reports. The search judges
 //! schedules with the simulator only.
 
 mod common;
@@ -9,13 +9,14 @@ mod common;
 use common::{Rng, random_profile};
 use shardplan_scheduler::Error;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
-use shardplan_scheduler::ilp::{Objective, SolveOptions, solve};
+use shardplan_scheduler::ilp::{Objective, SolveOptions, WindowLimits, solve};
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::{Launch, Schedule, UnitSchedule};
 use shardplan_scheduler::sim::{Semantics, simulate};
 use shardplan_scheduler::size::whole_bytes;
 use shardplan_scheduler::timeline::{Level, Op, Timeline};
 use std::collections::BTreeMap;
+use std::num::NonZeroUsize;
 
 /// Every way to put `nb` blocks on positions 0..len (nb ≤ 2), as sorted position lists.
 fn placements(nb: u32, len: usize) -> Vec<Vec<usize>> {
@@ -105,8 +106,8 @@ fn unit_options(profile: &Profile, unit: usize, recompute: bool) -> Vec<UnitSche
     options
 }
 
-/// (iteration time, peak) of every valid schedule.
-fn enumerate(profile: &Profile, recompute: bool) -> Vec<(f64, f64)> {
+/// (iteration time, peak) of every valid schedule within `limits`.
+fn enumerate(profile: &Profile, recompute: bool, limits: WindowLimits) -> Vec<(f64, f64)> {
     let per_unit: Vec<Vec<UnitSchedule>> = (0..profile.unit_count())
         .map(|u| unit_options(profile, u, recompute))
         .collect();
@@ -119,8 +120,10 @@ fn enumerate(profile: &Profile, recompute: bool) -> Vec<(f64, f64)> {
             .map(|(&k, o)| o[k].clone())
             .collect();
         let schedule = Schedule::new(profile, units).expect("enumerated options are valid");
-        let sim = simulate(profile, &schedule, Semantics::Strict);
-        results.push((sim.iteration_time_us, sim.peak_memory_bytes));
+        if limits.admit(&schedule) {
+            let sim = simulate(profile, &schedule, Semantics::Strict);
+            results.push((sim.iteration_time_us, sim.peak_memory_bytes));
+        }
         let mut u = 0;
         loop {
             if u == index.len() {
@@ -181,9 +184,23 @@ fn ilp_optimum_equals_exhaustive_search() {
         let recompute = seed % 4 < 2;
         // Up to 1000 parameters: at most 2 blocks per unit.
         let profile = random_profile(&mut rng, units, kappa, 1000);
-        let results = enumerate(&profile, recompute);
+        let results = enumerate(&profile, recompute, WindowLimits::FULL);
         instances += 1;
         schedules += results.len();
+        // Without a cap: the fastest schedule of all.
+        let fastest = results.iter().map(|r| r.0).fold(f64::INFINITY, f64::min);
+        let uncapped = SolveOptions {
+            memory_cap_bytes: None,
+            relative_gap: 0.0,
+            allow_recompute: recompute,
+            two_phase: false,
+            ..SolveOptions::default()
+        };
+        let t = solve(&profile, &uncapped).unwrap().report.objective;
+        assert!(
+            (t - fastest).abs() <= 1e-6 * fastest,
+            "seed {seed} uncapped: ILP {t}, exhaustive {fastest}"
+        );
         for cap in caps(&results) {
             let best = results
                 .iter()
@@ -317,12 +334,11 @@ fn a_limited_search_returns_a_plan_within_its_limit() {
         let fsdp2 = baseline(&profile, BaselineKind::Fsdp2, false, None).unwrap();
         let options = SolveOptions {
             memory_cap_bytes: Some(whole_bytes(fsdp2.simulation.peak_memory_bytes)),
-            prefetch_depth: Some(1),
-            reduction_depth: Some(1),
+            limits: WindowLimits::depth(NonZeroUsize::MIN),
             ..SolveOptions::default()
         };
         let solved = solve(&profile, &options).unwrap();
-        assert_eq!(solved.report.window_depth, Some(1), "seed {seed}");
+        assert_eq!(solved.report.window_depth, options.limits, "seed {seed}");
         let timeline = Timeline::new(profile.unit_count());
         for (unit, u) in solved.schedule.units().iter().enumerate() {
             for (op, launches) in &u.launches {
@@ -343,4 +359,83 @@ fn a_limited_search_returns_a_plan_within_its_limit() {
             }
         }
     }
+}
+
+/// Gathers and reductions limited separately (either alone, or both at different depths): the
+/// limited solve's optimum equals the best plan an exhaustive search finds within the same
+/// limits, at caps across the limited space's peaks; the returned plan lies within them; and
+/// where the limited space has no plan under the cap, the error says so and names its
+/// smallest cap, which is feasible when given back.
+#[test]
+fn separately_limited_solves_equal_exhaustive_search_of_the_limited_space() {
+    let depth = |d: usize| NonZeroUsize::new(d);
+    let limits = [
+        (depth(1), None),
+        (None, depth(1)),
+        (depth(1), depth(2)),
+        (depth(2), depth(1)),
+    ]
+    .map(|(gather, reduce)| WindowLimits { gather, reduce });
+    let mut solves = 0;
+    for seed in 0..16u64 {
+        let mut rng = Rng(seed * 104729 + 3);
+        let units = 2 + (seed % 2) as usize;
+        let profile = random_profile(&mut rng, units, 0.1 * (seed % 2) as f64, 1000);
+        let limits = limits[(seed % 4) as usize];
+        let full = enumerate(&profile, true, WindowLimits::FULL);
+        let results = enumerate(&profile, true, limits);
+        assert!(
+            results.len() < full.len(),
+            "seed {seed}: {limits} limits nothing"
+        );
+        for cap in caps(&results) {
+            let best = results
+                .iter()
+                .filter(|r| r.1 <= cap)
+                .map(|r| r.0)
+                .fold(f64::INFINITY, f64::min);
+            let options = SolveOptions {
+                memory_cap_bytes: Some(cap as u64),
+                relative_gap: 0.0,
+                two_phase: false,
+                limits,
+                ..SolveOptions::default()
+            };
+            solves += 1;
+            match solve(&profile, &options) {
+                Ok(solved) => {
+                    let t = solved.report.objective;
+                    assert!(
+                        (t - best).abs() <= 1e-6 * best,
+                        "seed {seed} {limits} cap {cap}: ILP {t}, exhaustive {best}"
+                    );
+                    assert!(
+                        limits.admit(&solved.schedule),
+                        "seed {seed}: outside {limits}"
+                    );
+                    assert_eq!(solved.report.window_depth, limits);
+                }
+                Err(Error::Infeasible(msg)) => {
+                    assert!(
+                        best.is_infinite(),
+                        "seed {seed} {limits} cap {cap}: ILP infeasible ({msg}), exhaustive {best}"
+                    );
+                    assert!(
+                        msg.contains(&format!("no plan within {limits} fits")),
+                        "{msg}"
+                    );
+                    let minimum = reported_minimum(&msg);
+                    let given_back = SolveOptions {
+                        memory_cap_bytes: Some(minimum),
+                        ..options.clone()
+                    };
+                    solve(&profile, &given_back).unwrap_or_else(|e| {
+                        panic!("seed {seed} {limits}: the reported minimum {minimum}: {e}")
+                    });
+                }
+                Err(e) => panic!("seed {seed} {limits} cap {cap}: {e}"),
+            }
+        }
+    }
+    assert!(solves >= 80, "{solves} solves");
 }

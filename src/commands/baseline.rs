@@ -1,6 +1,6 @@
 //! `shardplan baseline`.
 
-use crate::cli::BaselineArgs;
+use crate::cli::{BaselineArgs, MemoryCap};
 use crate::output::{ms, print_json};
 use serde_json::json;
 use shardplan_scheduler::baselines::baseline;
@@ -12,12 +12,11 @@ pub fn run(args: BaselineArgs) -> anyhow::Result<()> {
     let kind = args.kind;
     check_outputs_distinct(&[("--out", &args.out)], &[("--profile", &args.profile)])?;
     let profile = Profile::load(&args.profile)?;
-    let result = baseline(&profile, kind, args.checkpoint, args.memory_cap)?;
+    let cap = args.memory_cap.and_then(MemoryCap::bytes);
+    let result = baseline(&profile, kind, args.checkpoint, cap)?;
     result.plan.save(&args.out)?;
     let sim = &result.simulation;
-    let fits = args
-        .memory_cap
-        .map(|cap| sim.peak_memory_bytes <= cap as f64);
+    let fits = cap.map(|cap| sim.peak_memory_bytes <= cap as f64);
     if args.json {
         print_json(&json!({
             "out": args.out,

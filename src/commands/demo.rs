@@ -73,9 +73,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let solved = solve(&profile, &options)?;
     save("ilp", &solved.plan(&profile, Some(cap)), &solved.simulation)?;
     let r = &solved.report;
-    let window = r
-        .window_depth
-        .map_or("full windows".to_string(), |d| format!("window depth {d}"));
+    let window = r.window_depth;
     rows.push(row(
         "ilp",
         &solved.simulation,

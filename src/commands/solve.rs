@@ -1,10 +1,10 @@
 //! `shardplan solve`.
 
-use crate::cli::{ObjectiveArg, SolveArgs};
+use crate::cli::{MemoryCap, ObjectiveArg, SolveArgs};
 use crate::failure::flag_error;
 use crate::output::{ms, print_json};
 use serde_json::json;
-use shardplan_scheduler::ilp::{Objective, SolveOptions, Solved, solve};
+use shardplan_scheduler::ilp::{Objective, SolveOptions, Solved, WindowLimits, solve};
 use shardplan_scheduler::io::check_outputs_distinct;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::size::{format_bytes, whole_bytes};
@@ -14,7 +14,7 @@ pub fn run(args: SolveArgs) -> anyhow::Result<()> {
     if args.objective == ObjectiveArg::Time && args.memory_cap.is_none() {
         return Err(flag_error(
             "--memory-cap",
-            "a cap with --objective time (e.g. --memory-cap 78GiB)",
+            "a cap with --objective time (e.g. --memory-cap 78GiB, or --memory-cap unlimited)",
         ));
     }
     if args.max_iteration_time.is_some() && args.objective != ObjectiveArg::Memory {
@@ -25,7 +25,6 @@ pub fn run(args: SolveArgs) -> anyhow::Result<()> {
     }
     check_outputs_distinct(&[("--out", &args.out)], &[("--profile", &args.profile)])?;
     let profile = Profile::load(&args.profile)?;
-    let depth = args.window_depth.map(|d| d as usize);
     let options = SolveOptions {
         objective: match args.objective {
             ObjectiveArg::Time => Objective::Time,
@@ -33,18 +32,20 @@ pub fn run(args: SolveArgs) -> anyhow::Result<()> {
                 max_iteration_time_us: args.max_iteration_time,
             },
         },
-        memory_cap_bytes: args.memory_cap,
+        memory_cap_bytes: args.memory_cap.and_then(MemoryCap::bytes),
         time_limit_s: args.time_limit,
         relative_gap: args.gap,
         threads: args.threads,
-        prefetch_depth: depth,
-        reduction_depth: depth,
+        limits: WindowLimits {
+            gather: args.window_depth.or(args.gather_depth),
+            reduce: args.window_depth.or(args.reduce_depth),
+        },
         allow_recompute: !args.no_recompute,
         two_phase: !args.single_phase,
         hint: None,
     };
     let solved = solve(&profile, &options)?;
-    let plan = solved.plan(&profile, args.memory_cap);
+    let plan = solved.plan(&profile, options.memory_cap_bytes);
     plan.save(&args.out)?;
     report(&args, &solved);
     Ok(())
@@ -67,18 +68,21 @@ fn report(args: &SolveArgs, solved: &Solved) {
         .iter()
         .filter(|u| u.recompute)
         .count();
+    let bound_key = match args.objective {
+        ObjectiveArg::Time => "best_bound_us",
+        ObjectiveArg::Memory => "best_bound_bytes",
+    };
     if args.json {
         print_json(&json!({
             "out": args.out,
             "status": solved.report.status.name(),
             "objective": if args.objective == ObjectiveArg::Time { "time" } else { "memory" },
             "iteration_time_us": sim.iteration_time_us,
-            "best_bound_us": if args.objective == ObjectiveArg::Time { Some(r.best_bound) } else { None },
-            "best_bound": r.best_bound,
+            bound_key: r.best_bound,
             "gap": r.gap,
             "solve_seconds": r.solve_seconds,
             "peak_memory_bytes": whole_bytes(sim.peak_memory_bytes),
-            "memory_cap_bytes": args.memory_cap,
+            "memory_cap_bytes": args.memory_cap.and_then(MemoryCap::bytes),
             "variables": r.variables,
             "integer_variables": r.integer_variables,
             "constraints": r.constraints,
@@ -90,7 +94,7 @@ fn report(args: &SolveArgs, solved: &Solved) {
         }));
     } else {
         println!(
-            "wrote {}: {} — iteration {}, peak {} at {}, gap {:.2e} (bound {}), {:.2} s",
+            "wrote {}: {} — iteration {}, peak {} at {}, gap {:.2e} (bound {}, {}), {:.2} s",
             args.out.display(),
             solved.report.status.name(),
             ms(sim.iteration_time_us),
@@ -101,6 +105,11 @@ fn report(args: &SolveArgs, solved: &Solved) {
                 ms(r.best_bound)
             } else {
                 format_bytes(r.best_bound)
+            },
+            if r.window_depth.is_full() {
+                "over every plan".to_string()
+            } else {
+                format!("over plans within {}", r.window_depth)
             },
             r.solve_seconds
         );

@@ -7,7 +7,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use shardplan_scheduler::Error;
 use shardplan_scheduler::baselines::Preference;
-use shardplan_scheduler::ilp::SolveOptions;
+use shardplan_scheduler::ilp::{SolveOptions, WindowLimits};
 use shardplan_scheduler::io::{check_outputs_distinct, write_atomic};
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::size::format_bytes;
@@ -35,14 +35,7 @@ fn csv(rows: &[SweepRow]) -> String {
             r.units_fsdp,
             r.recomputed_units,
             opt(r.gap),
-            r.window_depth.map_or(
-                if r.method == "ilp" && r.feasible {
-                    "full".to_string()
-                } else {
-                    String::new()
-                },
-                |d| d.to_string()
-            ),
+            r.window_depth.map_or(String::new(), WindowLimits::short),
             opt(r.solve_seconds),
             r.integer_variables.map_or(String::new(), |v| v.to_string()),
             r.constraints.map_or(String::new(), |v| v.to_string()),

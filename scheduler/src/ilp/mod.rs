@@ -7,10 +7,12 @@
 //! against the strict simulator.
 
 mod constraints;
+mod limits;
 mod mapping;
 mod solve;
 mod variables;
 
+pub use limits::WindowLimits;
 pub use solve::solve;
 
 use crate::plan::{Plan, Predicted, Producer};
@@ -33,15 +35,14 @@ pub enum Objective {
 #[derive(Debug, Clone)]
 pub struct SolveOptions {
     pub objective: Objective,
-    /// Required for [`Objective::Time`]; optional for memory.
+    /// The per-rank cap (peak ≤ cap); None: no cap (the fastest plan, memory unbounded).
     pub memory_cap_bytes: Option<u64>,
     pub time_limit_s: f64,
     pub relative_gap: f64,
     pub threads: u32,
-    /// D: gathers only in the last D slots of their window.
-    pub prefetch_depth: Option<usize>,
-    /// R: reductions only in the first R slots after B_i.
-    pub reduction_depth: Option<usize>,
+    /// The plans searched: gathers only in the last D slots of their window, reductions only in
+    /// the first R slots after B_i.
+    pub limits: WindowLimits,
     pub allow_recompute: bool,
     /// Solve with D = 1 and D = 4 first and warm-start the full windows, when the model is large.
     pub two_phase: bool,
@@ -58,8 +59,7 @@ impl Default for SolveOptions {
             time_limit_s: 60.0,
             relative_gap: 1e-4,
             threads: 2,
-            prefetch_depth: None,
-            reduction_depth: None,
+            limits: WindowLimits::FULL,
             allow_recompute: true,
             two_phase: true,
             hint: None,
@@ -93,8 +93,8 @@ impl SolveStatus {
 /// One HiGHS run.
 #[derive(Debug, Clone, Serialize)]
 pub struct PhaseReport {
-    /// `None` for full windows, else D (= R).
-    pub window_depth: Option<usize>,
+    /// The plans this run searched.
+    pub window_depth: WindowLimits,
     pub status: SolveStatus,
     pub objective: f64,
     pub best_bound: f64,
@@ -119,8 +119,8 @@ pub struct SolveReport {
     pub constraints: usize,
     /// The baseline the solve was warm-started from and its iteration time.
     pub warm_start: Option<(String, f64)>,
-    /// The window limit under which the optimality claim holds (None: full windows).
-    pub window_depth: Option<usize>,
+    /// The window limit under which the optimality claim holds.
+    pub window_depth: WindowLimits,
     pub phases: Vec<PhaseReport>,
 }
 
@@ -151,7 +151,7 @@ impl Solved {
             ),
             (
                 "window_depth".to_string(),
-                toml::Value::String(r.window_depth.map_or("full".into(), |d| d.to_string())),
+                toml::Value::String(r.window_depth.to_string()),
             ),
         ]);
         if let Some((name, time)) = &r.warm_start {

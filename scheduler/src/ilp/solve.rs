@@ -7,7 +7,7 @@ use super::constraints::{
 };
 use super::mapping::{schedule_from_values, schedule_values, slot_terms, tight_time};
 use super::variables::{Columns, UnitVars, declare_units};
-use super::{Objective, PhaseReport, SolveOptions, SolveReport, SolveStatus, Solved};
+use super::{Objective, PhaseReport, SolveOptions, SolveReport, SolveStatus, Solved, WindowLimits};
 use crate::baselines::{self, BaselineKind, Preference};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
@@ -17,6 +17,7 @@ use crate::timeline::Timeline;
 use crate::{Error, Result};
 use good_lp::{Constraint, Expression, ProblemVariables, SolverModel};
 use highs::HighsModelStatus;
+use std::num::NonZeroUsize;
 use std::time::Instant;
 
 /// HiGHS primal and integer feasibility tolerance.
@@ -24,7 +25,10 @@ const FEASIBILITY_TOLERANCE: f64 = 1e-9;
 /// Window depths of the phases before the full windows, with their share of the time limit:
 /// D = 1 fixes every launch next to its consumer (only levels and recompute are chosen), D = 4
 /// places them; each phase's plan is feasible for the next (the windows nest) and warm-starts it.
-const PHASES: [(usize, f64); 2] = [(1, 0.1), (4, 0.6)];
+const PHASES: [(NonZeroUsize, f64); 2] = [
+    (NonZeroUsize::MIN, 0.1),
+    (NonZeroUsize::new(4).unwrap(), 0.6),
+];
 /// HiGHS' share of effort for primal heuristics (default 0.05). The bound is tight early on these
 /// models and finding the incumbent dominates: on Llama-2 70B at a 150 GiB cap (D = 4), 0.5
 /// reached a 0.1% gap in 7 s where 0.05 took 17 s.
@@ -76,7 +80,9 @@ fn build(profile: &Profile, options: &SolveOptions) -> Built {
     let memory = memory_per_slot(profile, &units, timeline, memory_scale);
     let (objective, peak) = match options.objective {
         Objective::Time => {
-            constraints.extend(memory_cap(memory));
+            if cap.is_some() {
+                constraints.extend(memory_cap(memory));
+            }
             (iteration_time, None)
         }
         Objective::Memory {
@@ -237,7 +243,7 @@ fn run_highs(
         gap
     };
     let phase = PhaseReport {
-        window_depth: options.prefetch_depth,
+        window_depth: options.limits,
         status,
         objective,
         best_bound: bound,
@@ -280,13 +286,6 @@ fn best_baseline(profile: &Profile, options: &SolveOptions) -> Option<(String, S
 /// Solves for the plan that minimises the chosen objective. Errors with [`Error::Infeasible`]
 /// (naming the smallest feasible cap and what dominates it) when nothing fits the cap.
 pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
-    if options.objective == Objective::Time && options.memory_cap_bytes.is_none() {
-        return Err(Error::invalid(
-            "solve",
-            "memory_cap",
-            "a memory cap for the time objective",
-        ));
-    }
     let started = Instant::now();
     let score = |schedule: &Schedule| objective_of(profile, options.objective, schedule);
     let warm = best_baseline(profile, options);
@@ -318,15 +317,14 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
         offer(&mut pool, hint.clone());
     }
     let mut phases = Vec::new();
-    let user_limited = options.prefetch_depth.is_some() || options.reduction_depth.is_some();
+    let user_limited = !options.limits.is_full();
     let staged = options.two_phase
         && !user_limited
         && full_window_integers(profile) > TWO_PHASE_MIN_INTEGERS;
     let stages = if staged { PHASES.to_vec() } else { Vec::new() };
     for (depth, share) in stages {
         let limited = SolveOptions {
-            prefetch_depth: Some(depth),
-            reduction_depth: Some(depth),
+            limits: WindowLimits::depth(depth),
             ..options.clone()
         };
         let run = run_highs(profile, &limited, &pool, options.time_limit_s * share)?;
@@ -343,9 +341,7 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     }
     if user_limited {
         // A warm start outside the windows asked for is not an answer to the limited search.
-        pool.retain(|(schedule, _)| {
-            within_depths(schedule, options.prefetch_depth, options.reduction_depth)
-        });
+        pool.retain(|(schedule, _)| options.limits.admit(schedule));
     }
     if run.infeasible && pool.is_empty() {
         if let Objective::Memory {
@@ -402,29 +398,6 @@ fn objective_of(profile: &Profile, objective: Objective, schedule: &Schedule) ->
     }
 }
 
-/// Whether every launch of `schedule` lies within the window limits: gathers in the last
-/// `gather_depth` slots of their window, reductions in the first `reduce_depth`; None is no limit.
-fn within_depths(
-    schedule: &Schedule,
-    gather_depth: Option<usize>,
-    reduce_depth: Option<usize>,
-) -> bool {
-    let timeline = schedule.timeline();
-    (0..schedule.units().len()).all(|unit| {
-        schedule.ops(unit).all(|(op, launches)| {
-            let window = timeline.window(unit, op.window_kind());
-            launches.iter().all(|l| {
-                let pos = l.position;
-                if op.is_reduction() {
-                    reduce_depth.is_none_or(|depth| pos < depth)
-                } else {
-                    gather_depth.is_none_or(|depth| pos + depth >= window.len)
-                }
-            })
-        })
-    })
-}
-
 /// The claim the returned plan (`schedule`, objective `value`) carries: each phase whose window
 /// limit contains the plan proves that no plan within that limit beats `value` by more than
 /// (value − bound)/value. The widest window whose gap meets `target` wins ("within 0.1% of every
@@ -436,7 +409,7 @@ fn claim(phases: &[PhaseReport], schedule: &Schedule, value: f64, target: f64) -
         phases
             .iter()
             .rev()
-            .filter(|p| within_depths(schedule, p.window_depth, p.window_depth))
+            .filter(|p| p.window_depth.admit(schedule))
     };
     let best = widest_first()
         .find(|p| gap_of(p) <= target.max(1e-9))
@@ -501,6 +474,11 @@ fn explain_infeasible(profile: &Profile, options: &SolveOptions) -> Error {
         .map_or("the memory cap".to_string(), |c| {
             format!("the memory cap of {}", format_bytes(c as f64))
         });
+    let plan = if options.limits.is_full() {
+        "plan".to_string()
+    } else {
+        format!("plan within {}", options.limits)
+    };
     let relaxed = SolveOptions {
         objective: Objective::Memory {
             max_iteration_time_us: None,
@@ -522,7 +500,7 @@ fn explain_infeasible(profile: &Profile, options: &SolveOptions) -> Error {
                 .expect("peak slot exists");
             let (what, bytes) = peak.memory.dominant();
             Error::Infeasible(format!(
-                "no plan fits {cap}: the smallest feasible cap is {} ({} bytes), peaking at slot {} where the largest part is {}, {}",
+                "no {plan} fits {cap}: the smallest feasible cap is {} ({} bytes), peaking at slot {} where the largest part is {}, {}",
                 format_bytes(sim.peak_memory_bytes),
                 whole_bytes(sim.peak_memory_bytes),
                 sim.peak_slot,
@@ -530,6 +508,6 @@ fn explain_infeasible(profile: &Profile, options: &SolveOptions) -> Error {
                 format_bytes(bytes)
             ))
         }
-        None => Error::Infeasible(format!("no plan fits {cap}")),
+        None => Error::Infeasible(format!("no {plan} fits {cap}")),
     }
 }

@@ -129,21 +129,6 @@ impl UnitVars {
     }
 }
 
-/// Allowed positions of an op: reductions in the first R positions of their window, gathers in
-/// the last D positions (DESIGN §4 window limits); all positions without a limit.
-fn allowed_positions(op: Op, window: Window, options: &SolveOptions) -> Vec<usize> {
-    let all = 0..window.len;
-    match (
-        op.is_reduction(),
-        options.reduction_depth,
-        options.prefetch_depth,
-    ) {
-        (true, Some(r), _) => all.take(r.max(1)).collect(),
-        (false, _, Some(d)) => all.skip(window.len.saturating_sub(d.max(1))).collect(),
-        _ => all.collect(),
-    }
-}
-
 fn op_vars(
     columns: &mut Columns,
     profile: &Profile,
@@ -153,7 +138,7 @@ fn op_vars(
     options: &SolveOptions,
 ) -> OpVars {
     let window = timeline.window(unit, op.window_kind());
-    let positions = allowed_positions(op, window, options);
+    let positions: Vec<usize> = options.limits.positions(op, window).collect();
     let nb = profile.blocks(unit);
     let launches = positions.iter().map(|_| columns.integer(nb)).collect();
     let cumulative = positions.iter().map(|_| columns.continuous()).collect();
