@@ -33,7 +33,7 @@ pub enum Command {
     /// Collective curves: import measurements.
     #[command(subcommand)]
     Comm(CommCommand),
-    /// Execute a plan: one process per rank (under mpirun), real training of an MLP model.
+    /// Execute a plan: one process per rank (under mpirun), real training of an MLP or GPT-2 model.
     Run(RunArgs),
     /// Write the plan of a baseline (ddp, zero2, fsdp1, fsdp2, zero3, best-grid).
     Baseline(BaselineArgs),

@@ -486,3 +486,67 @@ fn solve_reports_its_claim_and_explains_infeasible_caps_and_ceilings() {
     let (code, _) = fails(&["solve", "--profile", &profile, "--out", &never]);
     assert_eq!(code, 2, "the time objective needs a cap");
 }
+
+/// A plan written by hand needs no `profile_digest`, `[producer]` or `[predicted]`: `simulate`
+/// computes its prediction (the same as the baseline it was copied from) and names it
+/// hand-written; its units are still checked against the profile.
+#[test]
+fn hand_written_plans_need_no_producer_prediction_or_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = analytic(dir.path(), "gpt2-small", "8");
+    let written = path(dir.path(), "fsdp2.toml");
+    ok_json(&[
+        "baseline",
+        "--profile",
+        &profile,
+        "--kind",
+        "fsdp2",
+        "--out",
+        &written,
+        "--json",
+    ]);
+    let text = std::fs::read_to_string(&written).unwrap();
+    // Keep `schema`, `world_size` and the [[units]] tables only.
+    let units = &text[text.find("[[units]]").unwrap()..];
+    let header: String = text
+        .lines()
+        .filter(|l| l.starts_with("schema") || l.starts_with("world_size"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let hand = path(dir.path(), "hand.toml");
+    std::fs::write(&hand, format!("{header}\n{units}")).unwrap();
+    assert!(
+        !std::fs::read_to_string(&hand)
+            .unwrap()
+            .contains("predicted")
+    );
+    let copied = ok_json(&[
+        "simulate",
+        "--profile",
+        &profile,
+        "--plan",
+        &written,
+        "--json",
+    ]);
+    let by_hand = ok_json(&["simulate", "--profile", &profile, "--plan", &hand, "--json"]);
+    assert_eq!(by_hand["iteration_time_us"], copied["iteration_time_us"]);
+    assert_eq!(by_hand["peak_memory_bytes"], copied["peak_memory_bytes"]);
+    assert_eq!(by_hand["producer"], "hand-written", "{by_hand}");
+    // A unit the profile does not have is still refused, by name.
+    let wrong = path(dir.path(), "wrong.toml");
+    std::fs::write(
+        &wrong,
+        std::fs::read_to_string(&hand).unwrap().replacen(
+            "name = \"block.1\"",
+            "name = \"block.one\"",
+            1,
+        ),
+    )
+    .unwrap();
+    let (code, msg) = fails(&["simulate", "--profile", &profile, "--plan", &wrong]);
+    assert_eq!(code, 2, "{msg}");
+    assert!(
+        msg.contains("units[1].name") && msg.contains("block.one"),
+        "{msg}"
+    );
+}

@@ -30,6 +30,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         .map(|cap| sim.peak_memory_bytes <= cap as f64);
     if args.json {
         print_json(&json!({
+            "producer": plan.producer.name,
             "semantics": semantics.name(),
             "iteration_time_us": sim.iteration_time_us,
             "compute_us": sim.compute_us,

@@ -1,6 +1,11 @@
 //! The plan file: a versioned TOML document that fixes every unit's level, recompute flag and
 //! launch slots, bound to one profile by its digest.
 //!
+//! What the tools write looks as below. A plan written by hand needs only `schema`, `world_size`
+//! and the `[[units]]`: without `profile_digest` it is matched to a profile by world size and
+//! unit names alone, without `[producer]` it is "hand-written", and `[predicted]` is only a record
+//! (`simulate` computes the prediction of any plan).
+//!
 //! ```toml
 //! schema = 1
 //! profile_digest = "sha256:…"
@@ -41,6 +46,16 @@ pub struct Producer {
     pub name: String,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub details: BTreeMap<String, toml::Value>,
+}
+
+impl Default for Producer {
+    /// A plan file without a `[producer]` table.
+    fn default() -> Self {
+        Producer {
+            name: "hand-written".into(),
+            details: BTreeMap::new(),
+        }
+    }
 }
 
 /// What the strict simulator predicted when the plan was written.
@@ -110,12 +125,18 @@ impl UnitPlan {
 #[serde(deny_unknown_fields)]
 pub struct Plan {
     pub schema: u32,
-    pub profile_digest: String,
+    /// The profile the plan was made for; None (hand-written): any profile with the plan's world
+    /// size and unit names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile_digest: Option<String>,
     pub world_size: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_cap_bytes: Option<u64>,
+    #[serde(default)]
     pub producer: Producer,
-    pub predicted: Predicted,
+    /// The strict simulation when the plan was written (a record; never read back as truth).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted: Option<Predicted>,
     pub units: Vec<UnitPlan>,
 }
 
@@ -147,11 +168,13 @@ impl Plan {
     /// into a validated [`Schedule`]. `origin` names the plan in errors.
     pub fn schedule(&self, profile: &Profile, origin: &str) -> Result<Schedule> {
         let digest = profile.digest();
-        if self.profile_digest != digest {
+        if let Some(planned_for) = &self.profile_digest
+            && *planned_for != digest
+        {
             return Err(Error::Mismatch(format!(
-                "{origin}: the plan was made for profile {}, but the given profile is {digest} (`{}`); \
+                "{origin}: the plan was made for profile {planned_for}, but the given profile is {digest} (`{}`); \
                  re-plan for this profile",
-                self.profile_digest, profile.name
+                profile.name
             )));
         }
         if self.world_size != profile.world_size {
@@ -253,11 +276,11 @@ impl Plan {
             .collect();
         Plan {
             schema: PLAN_SCHEMA,
-            profile_digest: profile.digest(),
+            profile_digest: Some(profile.digest()),
             world_size: profile.world_size,
             memory_cap_bytes,
             producer,
-            predicted,
+            predicted: Some(predicted),
             units,
         }
     }
