@@ -1,10 +1,33 @@
 //! Human output (aligned tables) and machine output (one JSON object on stdout).
 
 use serde_json::Value;
+use std::io::Write;
+
+/// Writes one line on stdout. A reader that has gone away (`shardplan … | head`) is not a
+/// failure: the rest of the output is dropped, as `println!` would instead panic.
+pub fn emit(line: std::fmt::Arguments) {
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(line).and_then(|()| out.write_all(b"\n"))
+        && e.kind() != std::io::ErrorKind::BrokenPipe
+    {
+        eprintln!("warning: cannot write to standard output: {e}");
+    }
+}
+
+/// `println!` through [`emit`].
+macro_rules! outln {
+    () => {
+        $crate::output::emit(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::output::emit(format_args!($($arg)*))
+    };
+}
+pub(crate) use outln;
 
 /// Prints one JSON object on stdout.
 pub fn print_json(value: &Value) {
-    println!(
+    outln!(
         "{}",
         serde_json::to_string_pretty(value).expect("JSON values serialise")
     );

@@ -7,7 +7,7 @@ use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::model::ModelSpec;
 use std::path::PathBuf;
 
-const ZOO: [&str; 8] = [
+const ZOO: [&str; 9] = [
     "gpt2-small",
     "gpt2-xl",
     "llama2-7b",
@@ -15,6 +15,7 @@ const ZOO: [&str; 8] = [
     "llama2-70b",
     "llama3-8b",
     "llama3-70b",
+    "llama3-405b",
     "gpt3-175b",
 ];
 
@@ -34,6 +35,7 @@ fn parameter_counts_within_one_percent_of_published() {
         ("gpt3-175b", 174.6e9),
         ("llama2-13b", 13.0e9),
         ("llama3-70b", 70.6e9),
+        ("llama3-405b", 405.85e9),
         ("gpt2-small", 124.4e6),
         ("gpt2-xl", 1.558e9),
     ] {

@@ -1,7 +1,7 @@
 //! `shardplan baseline`.
 
 use crate::cli::{BaselineArgs, MemoryCap};
-use crate::output::{ms, print_json};
+use crate::output::{ms, outln, print_json};
 use serde_json::json;
 use shardplan_scheduler::baselines::baseline;
 use shardplan_scheduler::io::check_outputs_distinct;
@@ -32,7 +32,7 @@ pub fn run(args: BaselineArgs) -> anyhow::Result<()> {
             Some(false) => ", EXCEEDS the cap",
             None => "",
         };
-        println!(
+        outln!(
             "wrote {}: {} — iteration {}, peak {} at {}{fit}",
             args.out.display(),
             kind.name(),

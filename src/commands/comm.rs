@@ -2,7 +2,7 @@
 
 use crate::cli::CommImportArgs;
 use crate::failure::flag_error;
-use crate::output::print_json;
+use crate::output::{outln, print_json};
 use serde_json::json;
 use shardplan_scheduler::io::{check_outputs_distinct, read_text};
 use shardplan_scheduler::nccl_tests::{Collective, Imported, parse};
@@ -81,16 +81,16 @@ pub fn import(args: CommImportArgs) -> anyhow::Result<()> {
         );
     } else {
         for (op, info) in &imported {
-            println!(
+            outln!(
                 "{op}: {} points from {}",
                 info["points"],
                 info["file"].as_str().unwrap_or_default()
             );
             for note in info["notes"].as_array().into_iter().flatten() {
-                println!("  note: {}", note.as_str().unwrap_or_default());
+                outln!("  note: {}", note.as_str().unwrap_or_default());
             }
         }
-        println!(
+        outln!(
             "wrote {}: block size {}",
             out.display(),
             format_bytes(profile.block_size_bytes as f64)

@@ -2,7 +2,7 @@
 //! device's memory, side by side.
 
 use crate::cli::DemoArgs;
-use crate::output::{Table, ms, print_json};
+use crate::output::{Table, ms, outln, print_json};
 use serde_json::json;
 use shardplan_scheduler::baselines::{BaselineKind, Preference, baseline};
 use shardplan_scheduler::ilp::{SolveOptions, solve};
@@ -87,7 +87,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         print_json(&json!({"profile": profile.name, "memory_cap_bytes": cap, "methods": rows}));
         return Ok(());
     }
-    println!(
+    outln!(
         "{}: memory cap {} per rank",
         profile.name,
         format_bytes(cap as f64)
@@ -115,12 +115,12 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             r["note"].as_str().unwrap_or_default().to_string(),
         ]);
     }
-    println!("{}", table.render());
+    outln!("{}", table.render());
     let fastest = Preference::Fastest.choose(&baselines, Some(cap), |(_, sim)| {
         (sim.iteration_time_us, sim.peak_memory_bytes)
     });
     if let Some((name, sim)) = fastest {
-        println!(
+        outln!(
             "\nILP vs the fastest baseline that fits ({name}): {:.3}x faster",
             sim.iteration_time_us / solved.simulation.iteration_time_us
         );

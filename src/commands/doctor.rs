@@ -5,6 +5,7 @@
 //! exits 1, with one line naming what is missing, when the backend cannot start.
 
 use crate::cli::DoctorArgs;
+use crate::output::outln;
 use shardplan_runtime::cuda::libraries::{self, Needed, SearchPaths, find};
 use shardplan_runtime::cuda::{inventory, kernels, nvrtc};
 
@@ -13,7 +14,7 @@ const DEFAULT_ARCHITECTURE: &str = "sm_90";
 
 /// One line of the report: a label column, then the finding.
 fn report(label: &str, finding: impl std::fmt::Display) {
-    println!("{label:<10} {finding}");
+    outln!("{label:<10} {finding}");
 }
 
 pub fn run(args: DoctorArgs) -> anyhow::Result<()> {

@@ -1,7 +1,7 @@
 //! `shardplan export fsdp2`.
 
 use crate::cli::ExportFsdp2Args;
-use crate::output::print_json;
+use crate::output::{outln, print_json};
 use serde_json::json;
 use shardplan_scheduler::export::fsdp2 as export;
 use shardplan_scheduler::io::{check_outputs_distinct, write_atomic};
@@ -37,7 +37,7 @@ pub fn fsdp2(args: ExportFsdp2Args) -> anyhow::Result<()> {
             &json!({"out": args.out, "exact": exported.exact, "approximations": exported.approximations}),
         );
     } else {
-        println!(
+        outln!(
             "wrote {}: {} units, {}",
             args.out.display(),
             exported.units.len(),
@@ -48,7 +48,7 @@ pub fn fsdp2(args: ExportFsdp2Args) -> anyhow::Result<()> {
             }
         );
         for note in &exported.approximations {
-            println!("  ~ {note}");
+            outln!("  ~ {note}");
         }
     }
     Ok(())

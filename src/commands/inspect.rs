@@ -1,7 +1,7 @@
 //! `shardplan inspect`: a plan as a readable table.
 
 use crate::cli::InspectArgs;
-use crate::output::{Table, ms, print_json};
+use crate::output::{Table, ms, outln, print_json};
 use serde_json::json;
 use shardplan_scheduler::sim::{Semantics, simulate};
 use shardplan_scheduler::size::{format_bytes, whole_bytes};
@@ -62,15 +62,15 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
             launches.join("; "),
         ]);
     }
-    println!("{}", table.render());
-    println!();
-    println!(
+    outln!("{}", table.render());
+    outln!();
+    outln!(
         "plan by {}: iteration {} (strict)",
         plan.producer.name,
         ms(sim.iteration_time_us)
     );
     let m = &peak.memory;
-    println!(
+    outln!(
         "memory peak {} at slot {}:",
         format_bytes(sim.peak_memory_bytes),
         sim.peak_slot
@@ -82,7 +82,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         ("activation", m.activation),
         ("workspace", m.workspace),
     ] {
-        println!("  {what:<11} {:>12}", format_bytes(bytes));
+        outln!("  {what:<11} {:>12}", format_bytes(bytes));
     }
     Ok(())
 }

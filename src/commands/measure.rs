@@ -2,7 +2,7 @@
 //! measured and saves the profile (rank 0).
 
 use crate::cli::{BackendArg, MeasureArgs};
-use crate::output::print_json;
+use crate::output::{outln, print_json};
 use serde_json::json;
 use shardplan_runtime::backend::{CpuBackend, Loopback, Mpi};
 use shardplan_runtime::launch::{cuda_backend, under_mpi};
@@ -53,7 +53,7 @@ fn save(profile: &Profile, args: &MeasureArgs, details: serde_json::Value) -> an
         print_json(&json!({"out": args.out, "units": profile.unit_count(),
                            "block_size_bytes": profile.block_size_bytes, "details": details}));
     } else {
-        println!(
+        outln!(
             "wrote {}: {} units, block size {}, overlap slowdown {:.2}",
             args.out.display(),
             profile.unit_count(),

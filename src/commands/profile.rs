@@ -1,7 +1,7 @@
 //! `shardplan profile analytic`.
 
 use crate::cli::{AnalyticArgs, AttentionArg};
-use crate::output::{ms, print_json};
+use crate::output::{ms, outln, print_json};
 use serde_json::json;
 use shardplan_scheduler::analytic::{AnalyticOptions, analytic_profile};
 use shardplan_scheduler::hardware::Catalog;
@@ -55,7 +55,7 @@ pub fn analytic(args: AnalyticArgs) -> anyhow::Result<()> {
             "compute_us": compute_us,
         }));
     } else {
-        println!(
+        outln!(
             "wrote {}: {} units, {:.3} B parameters, block size {}, compute {} per iteration",
             args.out.display(),
             profile.unit_count(),

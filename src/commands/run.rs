@@ -4,7 +4,7 @@
 
 use crate::cli::{BackendArg, RunArgs, SemanticsArg};
 use crate::failure::{Failure, flag_error};
-use crate::output::{ms, print_json};
+use crate::output::{ms, outln, print_json};
 use serde_json::json;
 use shardplan_runtime::backend::{Backend, Collectives, CpuBackend, Loopback, Mpi, MpiUniverse};
 use shardplan_runtime::executor::RunOptions;
@@ -214,34 +214,35 @@ fn report(args: &RunArgs, plan: &Plan, done: &PlanRun, reference: Option<&Refere
         return;
     }
     for (k, (loss, us)) in report.losses.iter().zip(&report.step_us).enumerate() {
-        println!("step {:>4}  loss {loss:.6}  {}", k + 1, ms(*us));
+        outln!("step {:>4}  loss {loss:.6}  {}", k + 1, ms(*us));
     }
-    println!(
+    outln!(
         "{} backend, {} ranks, {} semantics, plan by {}",
         done.backend,
         done.world_size,
         semantics.name(),
         plan.producer.name
     );
-    println!(
+    outln!(
         "  iteration   measured {} (median after the first step), predicted {}",
         ms(measured),
         ms(predicted.iteration_time_us)
     );
-    println!(
+    outln!(
         "  memory      arena {} (live peak {}), predicted peak {}",
         format_bytes(report.arena_bytes as f64),
         format_bytes(report.live_peak_bytes as f64),
         format_bytes(predicted.peak_memory_bytes)
     );
     if let Some(r) = reference {
-        println!(
+        outln!(
             "  weights     against the CPU reference: largest difference {:.2e} of the largest weight, {:.2e} of the update",
-            r.weights_max_relative_error, r.update_relative_error
+            r.weights_max_relative_error,
+            r.update_relative_error
         );
     }
     if let Some(m) = memory {
-        println!(
+        outln!(
             "  device      {} used by the run (arena and workspaces; set-up before it {}, of {})",
             format_bytes((m.now - m.before_arena) as f64),
             format_bytes(m.before_arena as f64),

@@ -1,7 +1,7 @@
 //! `shardplan simulate`.
 
 use crate::cli::{SemanticsArg, SimulateArgs};
-use crate::output::{ms, print_json};
+use crate::output::{ms, outln, print_json};
 use serde_json::json;
 use shardplan_scheduler::io::check_outputs_distinct;
 use shardplan_scheduler::io::write_atomic;
@@ -44,31 +44,31 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             "slots": sim.slots,
         }));
     } else {
-        println!(
+        outln!(
             "plan {} ({}), {} semantics",
             args.plan.display(),
             plan.producer.name,
             semantics.name()
         );
-        println!("  iteration time   {}", ms(sim.iteration_time_us));
-        println!("  compute          {}", ms(sim.compute_us));
-        println!("  communication    {}", ms(sim.comm_us));
-        println!("  exposed comm     {}", ms(sim.exposed_comm_us));
-        println!("  overlap slowdown {}", ms(sim.overlap_slowdown_us));
-        println!(
+        outln!("  iteration time   {}", ms(sim.iteration_time_us));
+        outln!("  compute          {}", ms(sim.compute_us));
+        outln!("  communication    {}", ms(sim.comm_us));
+        outln!("  exposed comm     {}", ms(sim.exposed_comm_us));
+        outln!("  overlap slowdown {}", ms(sim.overlap_slowdown_us));
+        outln!(
             "  peak memory      {} at {}",
             format_bytes(sim.peak_memory_bytes),
             sim.peak_slot
         );
         if let (Some(cap), Some(fits)) = (plan.memory_cap_bytes, fits) {
-            println!(
+            outln!(
                 "  memory cap       {} ({})",
                 format_bytes(cap as f64),
                 if fits { "fits" } else { "EXCEEDED" }
             );
         }
         if let Some(path) = &args.trace {
-            println!("  trace            {}", path.display());
+            outln!("  trace            {}", path.display());
         }
     }
     Ok(())

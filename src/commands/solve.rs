@@ -2,7 +2,7 @@
 
 use crate::cli::{MemoryCap, ObjectiveArg, SolveArgs};
 use crate::failure::flag_error;
-use crate::output::{ms, print_json};
+use crate::output::{ms, outln, print_json};
 use serde_json::json;
 use shardplan_scheduler::ilp::{Objective, SolveOptions, Solved, WindowLimits, solve};
 use shardplan_scheduler::io::check_outputs_distinct;
@@ -93,7 +93,7 @@ fn report(args: &SolveArgs, solved: &Solved) {
             "phases": r.phases,
         }));
     } else {
-        println!(
+        outln!(
             "wrote {}: {} — iteration {}, peak {} at {}, gap {:.2e} (bound {}, {}), {:.2} s",
             args.out.display(),
             solved.report.status.name(),
@@ -113,7 +113,7 @@ fn report(args: &SolveArgs, solved: &Solved) {
             },
             r.solve_seconds
         );
-        println!(
+        outln!(
             "  levels: {} none, {} sdp, {} fsdp; {} recomputed; warm start {}",
             count(Level::None),
             count(Level::Sdp),

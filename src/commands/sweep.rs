@@ -2,7 +2,7 @@
 //! summary and (with --json) the summary as JSON.
 
 use crate::cli::{CapsArg, SweepArgs};
-use crate::output::{ms, print_json};
+use crate::output::{ms, outln, print_json};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use shardplan_scheduler::Error;
@@ -174,7 +174,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
         print_json(&json!({"profile": profile.name, "wall_seconds": seconds, "caps": table}));
     } else {
         print!("{md}");
-        println!(
+        outln!(
             "\nwrote sweep.csv, {}, summary.md into {}",
             charts.join(", "),
             args.out_dir.display()
