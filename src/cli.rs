@@ -145,6 +145,10 @@ fn slowdown_arg(text: &str) -> Result<f64, String> {
     number_in(text, 0.0..=1e6, "a finite number >= 0")
 }
 
+fn comm_slowdown_arg(text: &str) -> Result<f64, String> {
+    number_in(text, 0.0..=1.0, "a number from 0 to 1")
+}
+
 /// The caps of a sweep: `LOW..HIGH` (spread over --points) or a list.
 #[derive(Debug, Clone)]
 pub enum CapsArg {
@@ -220,6 +224,9 @@ pub struct AnalyticArgs {
     /// Overlap slowdown κ (compute µs lost per µs of concurrent communication).
     #[arg(long, default_value_t = 0.0, value_parser = slowdown_arg)]
     pub overlap_slowdown: f64,
+    /// Communication slowdown κ_q (communication µs lost per µs of concurrent compute, 0 to 1).
+    #[arg(long, default_value_t = 0.0, value_parser = comm_slowdown_arg)]
+    pub comm_slowdown: f64,
     /// Hardware catalog; defaults to the bundled models/hardware.toml.
     #[arg(long)]
     pub catalog: Option<PathBuf>,

@@ -26,6 +26,8 @@ pub struct AnalyticOptions {
     /// Overrides the block size derived from the curves.
     pub block_size_bytes: Option<u64>,
     pub overlap_slowdown: f64,
+    /// κ_q, in [0, 1].
+    pub comm_slowdown: f64,
     pub iteration_extra_us: f64,
 }
 
@@ -46,6 +48,7 @@ impl AnalyticOptions {
             },
             block_size_bytes: None,
             overlap_slowdown: 0.0,
+            comm_slowdown: 0.0,
             iteration_extra_us: 0.0,
         }
     }
@@ -167,6 +170,7 @@ pub fn analytic_profile(
         world_size: n,
         block_size_bytes,
         overlap_slowdown: opts.overlap_slowdown,
+        comm_slowdown: opts.comm_slowdown,
         iteration_extra_us: opts.iteration_extra_us,
         bytes_per_param: opts.bytes_per_param,
         units,

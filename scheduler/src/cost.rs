@@ -4,6 +4,33 @@
 use crate::profile::Profile;
 use crate::timeline::{Level, Op, Timeline};
 
+/// Interference in a slot (DESIGN §3.4): compute c beside communication Q takes c + κ_c·Q,
+/// communication beside compute takes Q + κ_q·c (κ_q ≤ 1, so a slot without communication is
+/// never stretched by it); κ_q = 0 is the one-sided model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Interference {
+    /// κ_c: compute µs lost per µs of concurrent communication.
+    pub compute: f64,
+    /// κ_q: communication µs lost per µs of concurrent compute.
+    pub comm: f64,
+}
+
+impl Interference {
+    /// d = max(c + κ_c·Q, Q + κ_q·c): a strict slot's duration.
+    pub fn slot_duration(self, compute_us: f64, comm_us: f64) -> f64 {
+        (compute_us + self.compute * comm_us).max(comm_us + self.comm * compute_us)
+    }
+
+    /// How much longer each block of a slot takes beside the slot's compute: (Q + κ_q·c)/Q.
+    pub fn comm_stretch(self, compute_us: f64, comm_us: f64) -> f64 {
+        if comm_us > 0.0 {
+            1.0 + self.comm * compute_us / comm_us
+        } else {
+            1.0
+        }
+    }
+}
+
 /// Bytes of one block of `op` for unit `unit`: Ψ_i·g/nb_i for reductions, Ψ_i·p/nb_i for gathers.
 pub fn block_bytes(profile: &Profile, unit: usize, op: Op) -> f64 {
     let per_param = if op.is_reduction() {

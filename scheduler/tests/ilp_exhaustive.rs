@@ -1,5 +1,6 @@
 //! The ILP's optimum equals an exhaustive search over every valid schedule of tiny instances
-//! (≤ 3 units, ≤ 2 blocks per unit, N ∈ {2, 4, 8}, κ ∈ {0, 0.1}, recompute on and off), at caps
+//! (≤ 3 units, ≤ 2 blocks per unit, N ∈ {2, 4, 8}, κ_c ∈ {0, 0.1}, κ_q ∈ {0, 0.3}, recompute on
+//! and off), at caps
 //! from infeasible through tight to loose, at caps equal (to the byte, rounded up) to plans'
 //! peaks, without a cap, and at the smallest feasible cap an infeasible solve reports. The search judges
 //! schedules with the simulator only.
@@ -183,7 +184,9 @@ fn ilp_optimum_equals_exhaustive_search() {
         let kappa = if seed % 2 == 0 { 0.0 } else { 0.1 };
         let recompute = seed % 4 < 2;
         // Up to 1000 parameters: at most 2 blocks per unit.
-        let profile = random_profile(&mut rng, units, kappa, 1000);
+        let mut profile = random_profile(&mut rng, units, kappa, 1000);
+        // Communication slowed by compute too, on a third of the instances.
+        profile.comm_slowdown = if seed % 3 == 2 { 0.3 } else { 0.0 };
         let results = enumerate(&profile, recompute, WindowLimits::FULL);
         instances += 1;
         schedules += results.len();

@@ -102,31 +102,29 @@ fn mixed_profile() -> shardplan_scheduler::profile::Profile {
     )
 }
 
+const MIXED_PLAN: &str = r#"
+    [[units]]
+    name = "u1"
+    level = "fsdp"
+    rs = [["E", 2]]
+    agf = [["E", 2]]
+    agb = [["F3", 1], ["B2", 1]]
+    [[units]]
+    name = "u2"
+    level = "sdp"
+    recompute = true
+    rs = [["B1", 1]]
+    ag = [["B1", 1]]
+    [[units]]
+    name = "u3"
+    level = "none"
+    ar = [["B2", 1]]
+"#;
+
 #[test]
 fn mixed_levels_with_recompute_and_a_cyclic_gather() {
     let p = mixed_profile();
-    let s = schedule(
-        &p,
-        r#"
-        [[units]]
-        name = "u1"
-        level = "fsdp"
-        rs = [["E", 2]]
-        agf = [["E", 2]]
-        agb = [["F3", 1], ["B2", 1]]
-        [[units]]
-        name = "u2"
-        level = "sdp"
-        recompute = true
-        rs = [["B1", 1]]
-        ag = [["B1", 1]]
-        [[units]]
-        name = "u3"
-        level = "none"
-        ar = [["B2", 1]]
-    "#,
-    )
-    .unwrap();
+    let s = schedule(&p, MIXED_PLAN).unwrap();
     // Compute: F1 10, F2 20, F3 30, B3 60, B2 40 + 20 (recompute) = 60, B1 20, E 5.
     // Q: F3 50 (AGB1); B2 4 + 50 = 54; B1 25 + 50 = 75; E 2·25 + 2·50 = 150.
     // Strict d = max(c + 0.1·Q, Q): 10, 20, max(35, 50) = 50, 60, max(65.4, 54) = 65.4,
@@ -164,6 +162,36 @@ fn mixed_levels_with_recompute_and_a_cyclic_gather() {
     close(b2.gradient, 400.0, "B2 gradient");
     close(b2.activation, 3200.0, "B2 activation");
     close(b2.workspace, 55.0, "B2 workspace");
+}
+
+/// The same plan with communication slowed by compute as well (κ_q = 0.5, DESIGN §3.3), strict:
+/// d = max(c + 0.1·Q, Q + 0.5·c) per slot, from the (c, Q) pairs worked out above:
+/// F1 (10, 0) max(10, 5) = 10; F2 (20, 0) 20; F3 (30, 50) max(35, 65) = 65; B3 (60, 0) 60;
+/// B2 (60, 54) max(65.4, 84) = 84; B1 (20, 75) max(27.5, 85) = 85; E (5, 150) max(20, 152.5) =
+/// 152.5 → T = 476.5. Each block of a slot is stretched by (Q + 0.5·c)/Q: E's first RS block
+/// (25 µs) ends at 25·152.5/150 = 25.4167 after E starts.
+#[test]
+fn communication_slowed_by_compute() {
+    let mut p = mixed_profile();
+    p.comm_slowdown = 0.5;
+    let s = schedule(&p, MIXED_PLAN).unwrap();
+    let strict = simulate(&p, &s, Semantics::Strict);
+    check(&strict, 476.5, &[10.0, 20.0, 65.0, 60.0, 84.0, 85.0, 152.5]);
+    close(
+        strict.comm_slowdown_us,
+        0.5 * (30.0 + 60.0 + 20.0 + 5.0),
+        "comm slowdown",
+    );
+    let e = strict.slots[6].start_us;
+    let first = strict
+        .blocks
+        .iter()
+        .find(|b| b.slot.to_string() == "E")
+        .unwrap();
+    close(first.end_us - e, 25.0 * 152.5 / 150.0, "E's first block");
+    // Relaxed keeps every wait of strict's but the slot barriers: never slower.
+    let relaxed = simulate(&p, &s, Semantics::Relaxed);
+    assert!(relaxed.iteration_time_us <= 476.5 + 1e-9);
 }
 
 /// The fsdp1 baseline on the same profile: u1, u2 fsdp, u3 (the last) sdp, depth 1.
@@ -215,5 +243,33 @@ fn fsdp1_baseline_placement_time_and_memory() {
         &b.simulation,
         &[5011.0, 6422.0, 9033.0, 9666.0, 7655.0, 5844.0, 4400.0],
         "B3",
+    );
+}
+
+/// κ_q = 0 is the model before communication could be slowed: a profile file without
+/// `comm_slowdown` keeps its digest (its plans stay valid) and its plans simulate, strict and
+/// relaxed, to the figures the binary gave before the two-sided model (shardplan 72dddb7,
+/// `baseline --kind fsdp2 --checkpoint` and `simulate --semantics relaxed` on this profile).
+#[test]
+fn without_comm_slowdown_the_predictions_are_unchanged() {
+    let path = common::repo_root().join("profiles/llama2-7b-h100-n64.toml");
+    let p = shardplan_scheduler::profile::Profile::load(&path).unwrap();
+    assert_eq!(p.comm_slowdown, 0.0);
+    assert_eq!(
+        p.digest(),
+        "sha256:191da969d56c2502a24c057f02ac9709601a89d28fc6b97bcd2442f652d460ed"
+    );
+    let plan = baseline(&p, BaselineKind::Fsdp2, true, None)
+        .unwrap()
+        .schedule;
+    close(
+        simulate(&p, &plan, Semantics::Strict).iteration_time_us,
+        935447.9103126398,
+        "strict",
+    );
+    close(
+        simulate(&p, &plan, Semantics::Relaxed).iteration_time_us,
+        935447.910312674,
+        "relaxed",
     );
 }

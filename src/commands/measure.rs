@@ -54,11 +54,12 @@ fn save(profile: &Profile, args: &MeasureArgs, details: serde_json::Value) -> an
                            "block_size_bytes": profile.block_size_bytes, "details": details}));
     } else {
         outln!(
-            "wrote {}: {} units, block size {}, overlap slowdown {:.2}",
+            "wrote {}: {} units, block size {}, compute slowed {:.3} µs and communication {:.3} µs per µs of the other",
             args.out.display(),
             profile.unit_count(),
             format_bytes(profile.block_size_bytes as f64),
-            profile.overlap_slowdown
+            profile.overlap_slowdown,
+            profile.comm_slowdown
         );
     }
     Ok(())

@@ -37,6 +37,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             "comm_us": sim.comm_us,
             "exposed_comm_us": sim.exposed_comm_us,
             "overlap_slowdown_us": sim.overlap_slowdown_us,
+            "comm_slowdown_us": sim.comm_slowdown_us,
             "peak_memory_bytes": whole_bytes(sim.peak_memory_bytes),
             "peak_slot": sim.peak_slot,
             "memory_cap_bytes": plan.memory_cap_bytes,
@@ -55,6 +56,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         outln!("  communication    {}", ms(sim.comm_us));
         outln!("  exposed comm     {}", ms(sim.exposed_comm_us));
         outln!("  overlap slowdown {}", ms(sim.overlap_slowdown_us));
+        outln!("  comm slowdown    {}", ms(sim.comm_slowdown_us));
         outln!(
             "  peak memory      {} at {}",
             format_bytes(sim.peak_memory_bytes),

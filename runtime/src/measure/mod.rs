@@ -13,7 +13,7 @@ mod timing;
 
 pub use session::{MeasureOptions, Measured, measure_on_cpu, measure_on_cuda, measure_workload};
 pub use timing::{
-    compute_round, measurement_allocation, time_collectives, time_overlap_slowdown, time_units,
+    compute_round, measurement_allocation, time_collectives, time_interference, time_units,
 };
 
 use crate::Result;
@@ -80,6 +80,7 @@ pub fn workload_profile(
         world_size: world,
         block_size_bytes: block,
         overlap_slowdown: 0.0,
+        comm_slowdown: 0.0,
         iteration_extra_us: 0.0,
         bytes_per_param: BytesPerParam {
             param: 4,

@@ -3,7 +3,7 @@
 //! the profile; rank 0 alone saves it.
 
 use super::{
-    compute_layout, compute_round, measurement_allocation, time_collectives, time_overlap_slowdown,
+    compute_layout, compute_round, measurement_allocation, time_collectives, time_interference,
     time_units, workload_profile,
 };
 use crate::backend::{Backend, Collectives, CpuBackend};
@@ -167,8 +167,14 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
     )?;
     let kappa_bytes = profile.block_size_bytes.min(message_bytes);
     let round = || compute_round(&backend, workload, &layout);
-    profile.overlap_slowdown = time_overlap_slowdown(&backend, &round, start, kappa_bytes, 400)?;
-    let details = json!({"unit_times_us": times, "overlap_slowdown": profile.overlap_slowdown});
+    let interference = time_interference(&backend, &round, start, kappa_bytes, 400)?;
+    profile.overlap_slowdown = interference.compute;
+    profile.comm_slowdown = interference.comm;
+    let details = json!({
+        "unit_times_us": times,
+        "overlap_slowdown": profile.overlap_slowdown,
+        "comm_slowdown": profile.comm_slowdown,
+    });
     Ok(Measured {
         profile,
         rank: backend.rank(),
@@ -233,7 +239,9 @@ fn measure_transformer(
         .ok_or_else(|| Error::Backend("the transformer replay has no block unit".into()))?;
     let round = || backend.replay(&block, &buffers);
     let kappa_bytes = profile.block_size_bytes.min(options.max_message);
-    profile.overlap_slowdown = time_overlap_slowdown(&backend, &round, start, kappa_bytes, 400)?;
+    let interference = time_interference(&backend, &round, start, kappa_bytes, 400)?;
+    profile.overlap_slowdown = interference.compute;
+    profile.comm_slowdown = interference.comm;
     profile.source = BTreeMap::from([
         (
             "generator".to_string(),

@@ -7,6 +7,7 @@ use crate::backend::{Allocation, Backend, Region, Stream};
 use crate::layout::Layout;
 use crate::workload::{Pass, Train};
 use crate::{Error, Result};
+use shardplan_scheduler::cost::Interference;
 
 /// Elements of the largest message of the curves, rounded to a multiple of the world size.
 fn message_elements(bytes: u64, world: usize) -> usize {
@@ -163,18 +164,23 @@ pub fn time_collectives<B: Backend>(
     })
 }
 
-/// κ: the share of compute time lost while collectives run beside it. A compute round
+/// The interference of compute and communication (DESIGN §3.4). A compute round
 /// (`compute_round` enqueues it on the compute stream, touching no byte of the message) is timed
-/// alone; then `rounds` AllReduces of `bytes` start on the communication stream together with as
-/// many compute rounds as cover their duration alone; κ = (t_with − t_alone)/t_with per round,
-/// clamped to [0, 1]. Every rank must call it (all run the same AllReduces).
-pub fn time_overlap_slowdown<B: Backend>(
+/// alone (t_alone), and `rounds` AllReduces of `bytes` alone (Q); then the AllReduces start
+/// together with as many compute rounds as cover Q, each round taking t_with and the AllReduces
+/// D. Both streams are busy throughout, so each progresses at a rate: compute r_c =
+/// t_alone/t_with, communication r_q = Q/D. A slot with compute c and communication Q then lasts
+/// max(c + κ_c·Q, Q + κ_q·c) with κ_c = (1 − r_c)/r_q and κ_q = (1 − r_q)/r_c (whichever stream
+/// finishes first, the other runs on alone at full rate). The form holds while r_c + r_q ≥ 1,
+/// i.e. both factors ≤ 1; they are clamped to [0, 1]. Every rank must call it (all run the same
+/// AllReduces).
+pub fn time_interference<B: Backend>(
     backend: &B,
     compute_round: &dyn Fn() -> Result<()>,
     start: usize,
     bytes: u64,
     rounds: usize,
-) -> Result<f64> {
+) -> Result<Interference> {
     let timed = |stream: Stream, work: &dyn Fn() -> Result<()>| -> Result<f64> {
         let before = backend.mark(stream)?;
         work()?;
@@ -200,14 +206,21 @@ pub fn time_overlap_slowdown<B: Backend>(
     let overlapped_rounds = ((comm_alone / alone.max(1e-3)).ceil() as usize).clamp(1, 100_000);
     let go = backend.mark(Stream::Compute)?;
     backend.wait_mark(Stream::Communication, &go)?;
-    let with = std::thread::scope(|scope| -> Result<f64> {
-        let comm = scope.spawn(reductions);
+    let (with, comm_with) = std::thread::scope(|scope| -> Result<(f64, f64)> {
+        let comm = scope.spawn(|| timed(Stream::Communication, &reductions));
         let with = timed(Stream::Compute, &|| {
             (0..overlapped_rounds).try_for_each(|_| compute_round())
         });
-        comm.join()
+        let comm_with = comm
+            .join()
             .map_err(|_| Error::Backend("the communication thread panicked".into()))??;
-        with
-    })? / overlapped_rounds as f64;
-    Ok(((with - alone) / with).clamp(0.0, 1.0))
+        Ok((with?, comm_with))
+    })?;
+    let with = with / overlapped_rounds as f64;
+    let compute_rate = (alone / with.max(1e-9)).clamp(1e-9, 1.0);
+    let comm_rate = (comm_alone / comm_with.max(1e-9)).clamp(1e-9, 1.0);
+    Ok(Interference {
+        compute: ((1.0 - compute_rate) / comm_rate).clamp(0.0, 1.0),
+        comm: ((1.0 - comm_rate) / compute_rate).clamp(0.0, 1.0),
+    })
 }

@@ -1,7 +1,9 @@
 //! The constraint families of DESIGN §4, one function each, in the design's notation.
-//! Units i, slots s, window positions k; nb_i blocks per op; κ the overlap slowdown.
+//! Units i, slots s, window positions k; nb_i blocks per op; κ_c, κ_q the interference (compute
+//! slowed by communication, communication slowed by compute).
 
 use super::variables::{Col, OpVars, UnitVars};
+use crate::cost::Interference;
 use crate::profile::Profile;
 use crate::timeline::{Level, Timeline};
 use good_lp::{Constraint, Expression, constraint};
@@ -111,17 +113,18 @@ pub(super) fn compute_per_slot(
         .collect()
 }
 
-/// Slot durations: d_s ≥ c_s + κ·Q_s and d_s ≥ Q_s.
+/// Slot durations: d_s ≥ c_s + κ_c·Q_s and d_s ≥ Q_s + κ_q·c_s.
 pub(super) fn slot_durations(
     durations: &[Col],
     compute: &[Expression],
     comm: &[Expression],
-    kappa: f64,
+    interference: Interference,
 ) -> Vec<Constraint> {
+    let (kc, kq) = (interference.compute, interference.comm);
     let mut rows = Vec::new();
     for ((d, c), q) in durations.iter().zip(compute).zip(comm) {
-        rows.push(constraint!(d.var >= c.clone() + kappa * q.clone()));
-        rows.push(constraint!(d.var >= q.clone()));
+        rows.push(constraint!(d.var >= c.clone() + kc * q.clone()));
+        rows.push(constraint!(d.var >= q.clone() + kq * c.clone()));
     }
     rows
 }

@@ -3,7 +3,7 @@
 
 use super::variables::{OpVars, UnitVars};
 use crate::Result;
-use crate::cost::compute_us;
+use crate::cost::{Interference, compute_us};
 use crate::profile::Profile;
 use crate::schedule::{Launch, Schedule, UnitSchedule};
 use crate::timeline::{Level, Op, Timeline};
@@ -123,7 +123,11 @@ pub(super) fn slot_terms(profile: &Profile, units: &[UnitVars], values: &[f64]) 
     terms
 }
 
-/// T = Σ_s max(c_s + κ·Q_s, Q_s): the objective of an integer solution with tight durations.
-pub(super) fn tight_time(terms: &[(f64, f64)], kappa: f64) -> f64 {
-    terms.iter().map(|&(c, q)| (c + kappa * q).max(q)).sum()
+/// T = Σ_s max(c_s + κ_c·Q_s, Q_s + κ_q·c_s): the objective of an integer solution with tight
+/// durations.
+pub(super) fn tight_time(terms: &[(f64, f64)], interference: Interference) -> f64 {
+    terms
+        .iter()
+        .map(|&(c, q)| interference.slot_duration(c, q))
+        .sum()
 }

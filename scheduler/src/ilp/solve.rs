@@ -74,7 +74,7 @@ fn build(profile: &Profile, options: &SolveOptions) -> Built {
         &durations,
         &compute,
         &comm,
-        profile.overlap_slowdown,
+        profile.interference(),
     ));
     let iteration_time: Expression = durations.iter().map(|d| d.var).sum();
     let memory = memory_per_slot(profile, &units, timeline, memory_scale);
@@ -185,7 +185,7 @@ fn run_highs(
     {
         let terms = slot_terms(profile, &built.units, &values);
         for (d, (c, q)) in built.durations.iter().zip(terms) {
-            values[d.index] = (c + profile.overlap_slowdown * q).max(q);
+            values[d.index] = profile.interference().slot_duration(c, q);
         }
         if let Some(peak) = built.peak {
             let worst = memory_by_slot(profile, schedule)
@@ -217,7 +217,7 @@ fn run_highs(
         .transpose()?;
     let ilp_time = tight_time(
         &slot_terms(profile, &built.units, &values),
-        profile.overlap_slowdown,
+        profile.interference(),
     );
     let ilp_peak = built.peak.map(|p| values[p.index] * built.memory_scale);
     if let Some(schedule) = &schedule {
@@ -438,7 +438,7 @@ fn full_window_integers(profile: &Profile) -> usize {
 }
 
 /// Every plan HiGHS returns is checked against the strict simulator: the ILP's own evaluation of
-/// its integer solution (Σ_s max(c_s + κ·Q_s, Q_s) from its coefficients, or its peak variable)
+/// its integer solution (Σ_s max(c_s + κ_c·Q_s, Q_s + κ_q·c_s) from its coefficients, or its peak variable)
 /// must match the simulation; otherwise the plan is refused. Whether it fits the cap is judged
 /// where plans enter the pool (`solve`'s `offer`): a plan over the cap by HiGHS' tolerance is
 /// dropped there, not an error.

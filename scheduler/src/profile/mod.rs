@@ -125,8 +125,12 @@ pub struct Profile {
     pub world_size: u32,
     /// B: the unit of communication.
     pub block_size_bytes: u64,
-    /// κ: compute slowdown per µs of concurrent communication.
+    /// κ (κ_c): compute slowdown per µs of concurrent communication.
     pub overlap_slowdown: f64,
+    /// κ_q: communication slowdown per µs of concurrent compute, in [0, 1] (0, the default and
+    /// left out of the file, is the one-sided model; DESIGN §3.4).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub comm_slowdown: f64,
     /// Compute time of slot E (other per-iteration work).
     pub iteration_extra_us: f64,
     pub bytes_per_param: BytesPerParam,
@@ -167,6 +171,14 @@ impl Profile {
         format!("sha256:{hex}")
     }
 
+    /// How compute and communication slow each other when they share a slot.
+    pub fn interference(&self) -> crate::cost::Interference {
+        crate::cost::Interference {
+            compute: self.overlap_slowdown,
+            comm: self.comm_slowdown,
+        }
+    }
+
     /// L, the number of units.
     pub fn unit_count(&self) -> usize {
         self.units.len()
@@ -200,6 +212,12 @@ impl Profile {
             return bad(
                 "overlap_slowdown".into(),
                 format!("a finite number >= 0, got {}", self.overlap_slowdown),
+            );
+        }
+        if !(0.0..=1.0).contains(&self.comm_slowdown) {
+            return bad(
+                "comm_slowdown".into(),
+                format!("a number from 0 to 1, got {}", shown(self.comm_slowdown)),
             );
         }
         if !(0.0..=MAX_TIME_US).contains(&self.iteration_extra_us) {

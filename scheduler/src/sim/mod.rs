@@ -72,8 +72,10 @@ pub struct Simulation {
     pub compute_us: f64,
     /// Σ Q_s.
     pub comm_us: f64,
-    /// κ·Σ Q_s: compute stretched by concurrent communication.
+    /// κ_c·Σ Q_s: compute stretched by concurrent communication.
     pub overlap_slowdown_us: f64,
+    /// κ_q·Σ_{s: Q_s > 0} c_s: communication stretched by concurrent compute.
+    pub comm_slowdown_us: f64,
     /// T − Σ (c_s + κ·Q_s): time the compute stream waits on communication.
     pub exposed_comm_us: f64,
     pub peak_memory_bytes: f64,
@@ -135,10 +137,11 @@ struct Timing {
 /// Simulates a validated schedule.
 pub fn simulate(profile: &Profile, schedule: &Schedule, semantics: Semantics) -> Simulation {
     let inputs = SlotInputs::new(profile, schedule);
-    let kappa = profile.overlap_slowdown;
+    let interference = profile.interference();
+    let kappa = interference.compute;
     let timing = match semantics {
-        Semantics::Strict => strict::run(schedule, &inputs, kappa),
-        Semantics::Relaxed => relaxed::run(schedule, &inputs, kappa),
+        Semantics::Strict => strict::run(schedule, &inputs, interference),
+        Semantics::Relaxed => relaxed::run(schedule, &inputs, interference),
     };
     let timeline = schedule.timeline();
     let totals = |v: &[f64]| v.iter().sum::<f64>();
@@ -169,6 +172,11 @@ pub fn simulate(profile: &Profile, schedule: &Schedule, semantics: Semantics) ->
         compute_us: compute,
         comm_us: comm,
         overlap_slowdown_us: kappa * comm,
+        comm_slowdown_us: interference.comm
+            * (0..timeline.slot_count())
+                .filter(|&s| inputs.comm_us[s] > 0.0)
+                .map(|s| inputs.compute_us[s])
+                .sum::<f64>(),
         exposed_comm_us: (timing.iteration_time_us - compute - kappa * comm).max(0.0),
         peak_memory_bytes: slots[peak].memory_bytes,
         peak_slot: slots[peak].slot,

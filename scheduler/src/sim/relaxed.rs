@@ -2,13 +2,16 @@
 //! free and the compute stream has reached its launch slot; a slot's compute starts when the
 //! previous compute is done and the blocks it needs are done (the unit's gathers; for a `none`
 //! unit's forward, its AllReduce of the previous iteration); compute takes
-//! c_s + κ·Q_s. Reductions are launched after their B_i, so they wait for their gradient.
+//! c_s + κ_c·Q_s, and the blocks launched in slot s take (Q_s + κ_q·c_s)/Q_s times their own time
+//! (the slot's compute beside them). Reductions are launched after their B_i, so they wait for
+//! their gradient.
 //!
 //! The timeline is cyclic (gathers launched in one iteration feed the next), so iterations are
 //! simulated until the iteration time is stationary; the last iteration is reported. Relaxed has
 //! a subset of strict's waits, hence T_relaxed ≤ T_strict for every plan.
 
 use super::{BlockEvent, SlotInputs, Timing};
+use crate::cost::Interference;
 use crate::schedule::Schedule;
 use crate::timeline::{Level, Op};
 
@@ -32,7 +35,7 @@ fn needed(schedule: &Schedule, slot: usize) -> Option<(usize, Op)> {
     }
 }
 
-pub(super) fn run(schedule: &Schedule, inputs: &SlotInputs, kappa: f64) -> Timing {
+pub(super) fn run(schedule: &Schedule, inputs: &SlotInputs, interference: Interference) -> Timing {
     let timeline = schedule.timeline();
     let slots = timeline.slot_count();
     let units = schedule.units().len();
@@ -66,7 +69,9 @@ pub(super) fn run(schedule: &Schedule, inputs: &SlotInputs, kappa: f64) -> Timin
             for &(u, k) in opening {
                 ready[u][k] = f64::NEG_INFINITY;
             }
+            let stretch = interference.comm_stretch(inputs.compute_us[s], inputs.comm_us[s]);
             for &(unit, op, t) in &inputs.queue[s] {
+                let t = t * stretch;
                 let start = channel_free.max(launch);
                 channel_free = start + t;
                 let k = op_index(op);
@@ -82,7 +87,8 @@ pub(super) fn run(schedule: &Schedule, inputs: &SlotInputs, kappa: f64) -> Timin
             let wait =
                 needed(schedule, s).map_or(f64::NEG_INFINITY, |(u, op)| ready[u][op_index(op)]);
             let compute_start = compute_end.max(wait);
-            compute_end = compute_start + inputs.compute_us[s] + kappa * inputs.comm_us[s];
+            compute_end =
+                compute_start + inputs.compute_us[s] + interference.compute * inputs.comm_us[s];
             start_us.push(launch - iteration_start);
             compute_start_us.push(compute_start - iteration_start);
             duration_us.push(compute_end - launch);

@@ -1,10 +1,12 @@
-//! Strict semantics: d_s = max(c_s + κ·Q_s, Q_s), T = Σ_s d_s. Every block of slot s starts at
-//! the slot's start, serialised on the one channel.
+//! Strict semantics: d_s = max(c_s + κ_c·Q_s, Q_s + κ_q·c_s), T = Σ_s d_s. Every block of slot s
+//! starts at the slot's start, serialised on the one channel, each stretched by the slot's
+//! compute as (Q_s + κ_q·c_s)/Q_s.
 
 use super::{BlockEvent, SlotInputs, Timing};
+use crate::cost::Interference;
 use crate::schedule::Schedule;
 
-pub(super) fn run(schedule: &Schedule, inputs: &SlotInputs, kappa: f64) -> Timing {
+pub(super) fn run(schedule: &Schedule, inputs: &SlotInputs, interference: Interference) -> Timing {
     let timeline = schedule.timeline();
     let slots = timeline.slot_count();
     let mut start_us = Vec::with_capacity(slots);
@@ -14,7 +16,9 @@ pub(super) fn run(schedule: &Schedule, inputs: &SlotInputs, kappa: f64) -> Timin
     for s in 0..slots {
         let (c, q) = (inputs.compute_us[s], inputs.comm_us[s]);
         let mut channel = now;
+        let stretch = interference.comm_stretch(c, q);
         for &(unit, op, t) in &inputs.queue[s] {
+            let t = t * stretch;
             blocks.push(BlockEvent {
                 unit,
                 op,
@@ -24,7 +28,7 @@ pub(super) fn run(schedule: &Schedule, inputs: &SlotInputs, kappa: f64) -> Timin
             });
             channel += t;
         }
-        let d = (c + kappa * q).max(q);
+        let d = interference.slot_duration(c, q);
         start_us.push(now);
         duration_us.push(d);
         now += d;

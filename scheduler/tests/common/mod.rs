@@ -67,6 +67,7 @@ pub fn profile(
         world_size,
         block_size_bytes,
         overlap_slowdown,
+        comm_slowdown: 0.0,
         iteration_extra_us,
         bytes_per_param: BytesPerParam {
             param: bytes_per_param.0,
