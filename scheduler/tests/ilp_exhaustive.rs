@@ -161,6 +161,15 @@ fn caps(results: &[(f64, f64)]) -> Vec<f64> {
     caps
 }
 
+/// The shortest iteration among `results` (time, peak) whose peak fits `cap`; ∞ when none does.
+fn fastest_within(results: &[(f64, f64)], cap: f64) -> f64 {
+    results
+        .iter()
+        .filter(|r| r.1 <= cap)
+        .map(|r| r.0)
+        .fold(f64::INFINITY, f64::min)
+}
+
 /// The smallest feasible cap an infeasible solve names: `(N bytes)`.
 fn reported_minimum(message: &str) -> u64 {
     let end = message
@@ -191,7 +200,7 @@ fn ilp_optimum_equals_exhaustive_search() {
         instances += 1;
         schedules += results.len();
         // Without a cap: the fastest schedule of all.
-        let fastest = results.iter().map(|r| r.0).fold(f64::INFINITY, f64::min);
+        let fastest = fastest_within(&results, f64::INFINITY);
         let uncapped = SolveOptions {
             memory_cap_bytes: None,
             relative_gap: 0.0,
@@ -205,11 +214,7 @@ fn ilp_optimum_equals_exhaustive_search() {
             "seed {seed} uncapped: ILP {t}, exhaustive {fastest}"
         );
         for cap in caps(&results) {
-            let best = results
-                .iter()
-                .filter(|r| r.1 <= cap)
-                .map(|r| r.0)
-                .fold(f64::INFINITY, f64::min);
+            let best = fastest_within(&results, cap);
             let options = SolveOptions {
                 memory_cap_bytes: Some(cap as u64),
                 relative_gap: 0.0,
@@ -249,11 +254,7 @@ fn ilp_optimum_equals_exhaustive_search() {
                     );
                     // Given back, the reported minimum is feasible and gives its optimum.
                     let minimum = reported_minimum(&msg);
-                    let at_minimum = results
-                        .iter()
-                        .filter(|r| r.1 <= minimum as f64)
-                        .map(|r| r.0)
-                        .fold(f64::INFINITY, f64::min);
+                    let at_minimum = fastest_within(&results, minimum as f64);
                     let solved = solve(
                         &profile,
                         &SolveOptions {
@@ -392,11 +393,7 @@ fn separately_limited_solves_equal_exhaustive_search_of_the_limited_space() {
             "seed {seed}: {limits} limits nothing"
         );
         for cap in caps(&results) {
-            let best = results
-                .iter()
-                .filter(|r| r.1 <= cap)
-                .map(|r| r.0)
-                .fold(f64::INFINITY, f64::min);
+            let best = fastest_within(&results, cap);
             let options = SolveOptions {
                 memory_cap_bytes: Some(cap as u64),
                 relative_gap: 0.0,
