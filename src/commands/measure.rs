@@ -1,6 +1,7 @@
 //! `shardplan profile measure`: parses the options, starts the backend, prints what the runtime
 //! measured and saves the profile (rank 0).
 
+use super::end_job_on_failure;
 use crate::cli::{BackendArg, MeasureArgs};
 use crate::output::{outln, print_json};
 use serde_json::json;
@@ -27,13 +28,15 @@ pub fn measure(args: MeasureArgs) -> anyhow::Result<()> {
     };
     let measured = match args.backend {
         BackendArg::Cpu if under_mpi() => {
-            let (_universe, mpi) = Mpi::init()?;
-            measure_on_cpu(CpuBackend::new(mpi), model, &origin, &options)?
+            let (universe, mpi) = Mpi::init()?;
+            let result = measure_on_cpu(CpuBackend::new(mpi), model, &origin, &options);
+            end_job_on_failure(Some(&universe), result.map_err(Into::into), args.json)?
         }
         BackendArg::Cpu => measure_on_cpu(CpuBackend::new(Loopback), model, &origin, &options)?,
         BackendArg::Cuda => {
-            let (_universe, backend) = cuda_backend()?;
-            measure_on_cuda(backend, model, &origin, &options)?
+            let (universe, backend) = cuda_backend()?;
+            let result = measure_on_cuda(backend, model, &origin, &options);
+            end_job_on_failure(universe.as_ref(), result.map_err(Into::into), args.json)?
         }
     };
     let Measured {

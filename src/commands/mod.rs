@@ -14,6 +14,9 @@ pub mod solve;
 mod sweep;
 
 use crate::cli::{Cli, CommCommand, Command, ExportCommand, ProfileCommand};
+use crate::failure::Failure;
+use shardplan_runtime::backend::MpiUniverse;
+use shardplan_runtime::launch::abort_peers;
 use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::Schedule;
@@ -45,4 +48,20 @@ pub fn load_plan(
     let plan = Plan::load(plan_path)?;
     let schedule = plan.schedule(&profile, &plan_path.display().to_string())?;
     Ok((profile, plan, schedule))
+}
+
+/// A failed rank of a job reports its failure and ends the job: its peers may be waiting in a
+/// collective it will never join (returning would leave them, and this rank's MPI_Finalize,
+/// waiting for ever).
+pub(crate) fn end_job_on_failure<T>(
+    universe: Option<&MpiUniverse>,
+    result: anyhow::Result<T>,
+    json: bool,
+) -> anyhow::Result<T> {
+    if let (Err(error), Some(universe)) = (&result, universe) {
+        let failure = Failure::of(error);
+        failure.report(json);
+        abort_peers(universe, failure.code.into());
+    }
+    result
 }

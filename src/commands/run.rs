@@ -2,15 +2,16 @@
 //! without mpirun) and the CUDA backend (one GPU per process; under mpirun the ranks share an NCCL
 //! id over MPI, without it one GPU alone).
 
+use super::end_job_on_failure;
 use crate::cli::{BackendArg, RunArgs, SemanticsArg};
-use crate::failure::{Failure, flag_error};
+use crate::failure::flag_error;
 use crate::output::{ms, outln, print_json};
 use serde_json::json;
-use shardplan_runtime::backend::{Backend, Collectives, CpuBackend, Loopback, Mpi, MpiUniverse};
+use shardplan_runtime::backend::{Backend, Collectives, CpuBackend, Loopback, Mpi};
 use shardplan_runtime::executor::RunOptions;
 use shardplan_runtime::gpt2::data::Tokens;
 use shardplan_runtime::gpt2::{Gpt2, weights};
-use shardplan_runtime::launch::{abort_peers, cuda_backend, under_mpi};
+use shardplan_runtime::launch::{cuda_backend, under_mpi};
 use shardplan_runtime::mlp::{Mlp, max_relative_error, reference_training, update_relative_error};
 use shardplan_runtime::model_file::ModelFile;
 use shardplan_runtime::session::{PlanRun, chrome_trace, run_plan};
@@ -66,22 +67,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
             end_job_on_failure(universe.as_ref(), result, args.json)
         }
     }
-}
-
-/// A failed rank of a job reports its failure and ends the job: its peers may be waiting in a
-/// collective it will never join (returning would leave them, and this rank's MPI_Finalize,
-/// waiting for ever).
-fn end_job_on_failure(
-    universe: Option<&MpiUniverse>,
-    result: anyhow::Result<()>,
-    json: bool,
-) -> anyhow::Result<()> {
-    if let (Err(error), Some(universe)) = (&result, universe) {
-        let failure = Failure::of(error);
-        failure.report(json);
-        abort_peers(universe, failure.code.into());
-    }
-    result
 }
 
 /// The CPU backend with either workload.

@@ -85,7 +85,8 @@ impl HostArena {
 
     /// Records a borrow of `region` after checking it against the live ones.
     fn lease(&self, region: Region, exclusive: bool) -> Result<(u64, &[UnsafeCell<f32>])> {
-        let range = region.offset..region.offset + region.len;
+        let end = region.offset.saturating_add(region.len);
+        let range = region.offset..end;
         let cells = self.cells.get(range.clone()).ok_or_else(|| {
             Error::Backend(format!(
                 "region {range:?} lies outside the {}-element arena",
@@ -234,6 +235,7 @@ mod tests {
         assert!(arena.read(region(2, 3)).is_err());
         assert!(arena.write(region(5, 0)).is_err());
         assert!(arena.read(region(4, 0)).is_ok());
+        assert!(arena.read(region(1, usize::MAX)).is_err());
     }
 
     #[test]
