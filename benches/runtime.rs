@@ -122,6 +122,7 @@ fn overhead(c: &mut Criterion) {
         semantics: Semantics::Strict,
         timeout: Duration::from_secs(30),
         trace: false,
+        on_step: None,
     };
     let mut group = c.benchmark_group("mlp-small 5 steps, 1 rank");
     group.bench_function("executor (ddp plan, strict)", |b| {

@@ -372,6 +372,7 @@ fn relaxed_runs_with_slow_communication_never_reuse_memory_in_flight() {
                     semantics,
                     timeout: Duration::from_secs(60),
                     trace: false,
+                    on_step: None,
                 };
                 let backend = CpuBackend::new(SlowMirror { size: world });
                 let run = session::run_plan(backend, &g, &profile, &plan, &name, &options)

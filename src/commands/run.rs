@@ -6,13 +6,16 @@ use super::end_job_on_failure;
 use crate::cli::{BackendArg, RunArgs, SemanticsArg};
 use crate::failure::flag_error;
 use crate::output::{ms, outln, print_json};
+use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use shardplan_runtime::backend::{Backend, Collectives, CpuBackend, Loopback, Mpi};
-use shardplan_runtime::executor::RunOptions;
+use shardplan_runtime::executor::{OnStep, RunOptions};
 use shardplan_runtime::gpt2::data::Tokens;
 use shardplan_runtime::gpt2::{Gpt2, weights};
 use shardplan_runtime::launch::{cuda_backend, under_mpi};
-use shardplan_runtime::mlp::{Mlp, max_relative_error, reference_training, update_relative_error};
+use shardplan_runtime::mlp::{
+    Mlp, MlpSpec, max_relative_error, reference_training, update_relative_error,
+};
 use shardplan_runtime::model_file::ModelFile;
 use shardplan_runtime::session::{PlanRun, chrome_trace, run_plan};
 use shardplan_runtime::workload::Train;
@@ -21,6 +24,7 @@ use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::sim::Semantics;
 use shardplan_scheduler::size::{format_bytes, whole_bytes};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// `shardplan run`.
@@ -60,8 +64,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                 ));
             };
             let (universe, backend) = cuda_backend()?;
+            let throughput = Throughput::samples(&spec, backend.world_size());
             let mlp = Mlp::new(spec, backend.rank(), backend.world_size());
-            let result = run_with(backend, &mlp, &args, |params| {
+            let result = run_with(backend, &mlp, &args, throughput, |params| {
                 mlp_check(&mlp, params, &args)
             });
             end_job_on_failure(universe.as_ref(), result, args.json)
@@ -78,8 +83,11 @@ fn run_on_cpu<C: Collectives>(
     let (rank, world) = (backend.rank(), backend.world_size());
     match model {
         ModelFile::Mlp(spec) => {
+            let throughput = Throughput::samples(&spec, world);
             let mlp = Mlp::new(spec, rank, world);
-            run_with(backend, &mlp, args, |params| mlp_check(&mlp, params, args))
+            run_with(backend, &mlp, args, throughput, |params| {
+                mlp_check(&mlp, params, args)
+            })
         }
         ModelFile::Transformer(model) => {
             let origin = args.model.display().to_string();
@@ -92,7 +100,12 @@ fn run_on_cpu<C: Collectives>(
             let tokens = Tokens::load(data, model.seq_len as usize, model.vocab as usize)?;
             let init = args.init_weights.as_deref();
             let gpt2 = Gpt2::new(&model, &origin, rank, world, tokens, init)?;
-            run_with(backend, &gpt2, args, |params| {
+            let sequences = model.training.as_ref().map_or(0, |t| t.batch_size);
+            let throughput = Throughput {
+                per_step: sequences * model.seq_len,
+                unit: "tokens",
+            };
+            run_with(backend, &gpt2, args, throughput, |params| {
                 if let Some(path) = &args.save_weights {
                     write_atomic(path, &weights::serialize(gpt2.tensors(), params)?)?;
                 }
@@ -130,12 +143,45 @@ fn mlp_check(
     }))
 }
 
+/// What a step trains on, for the progress bar: `per_step` tokens or samples over all ranks.
+struct Throughput {
+    per_step: u64,
+    unit: &'static str,
+}
+
+impl Throughput {
+    fn samples(spec: &MlpSpec, world: usize) -> Self {
+        Throughput {
+            per_step: (spec.batch_per_rank * world) as u64,
+            unit: "samples",
+        }
+    }
+
+    /// A bar on stderr (hidden when stderr is not a terminal) that shows the steps done and the
+    /// rate; the losses are printed per step at the end (they are summed over the ranks then).
+    fn bar(self, steps: u64) -> (ProgressBar, OnStep) {
+        let bar = ProgressBar::new(steps).with_style(
+            ProgressStyle::with_template("{bar:30} step {pos}/{len}  {msg}  {elapsed}")
+                .expect("the template is valid"),
+        );
+        let shown = bar.clone();
+        let on_step = OnStep(Arc::new(move |step| {
+            shown.set_position(step as u64 + 1);
+            let seconds = shown.elapsed().as_secs_f64().max(1e-9);
+            let rate = (step as u64 + 1) as f64 * self.per_step as f64 / seconds;
+            shown.set_message(format!("{rate:.0} {}/s", self.unit));
+        }));
+        (bar, on_step)
+    }
+}
+
 /// Runs `workload`; rank 0 then hands the trained weights to `finish` (which may report the
 /// largest relative difference from a reference) and prints the report.
 fn run_with<B: Backend, W: Train<B>>(
     backend: B,
     workload: &W,
     args: &RunArgs,
+    throughput: Throughput,
     finish: impl FnOnce(&[Vec<f32>]) -> anyhow::Result<Option<ReferenceCheck>>,
 ) -> anyhow::Result<()> {
     let profile = Profile::load(&args.profile)?;
@@ -144,14 +190,20 @@ fn run_with<B: Backend, W: Train<B>>(
         SemanticsArg::Strict => Semantics::Strict,
         SemanticsArg::Relaxed => Semantics::Relaxed,
     };
+    let bar = (backend.rank() == 0 && !args.json).then(|| throughput.bar(args.steps));
     let options = RunOptions {
         steps: args.steps as usize,
         semantics,
         timeout: Duration::from_secs_f64(args.timeout),
         trace: args.trace.is_some(),
+        on_step: bar.as_ref().map(|(_, on_step)| on_step.clone()),
     };
     let origin = args.plan.display().to_string();
-    let done = run_plan(backend, workload, &profile, &plan, &origin, &options)?;
+    let done = run_plan(backend, workload, &profile, &plan, &origin, &options);
+    if let Some((bar, _)) = bar {
+        bar.finish_and_clear();
+    }
+    let done = done?;
     if done.rank != 0 {
         return Ok(());
     }

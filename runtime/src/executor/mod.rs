@@ -33,6 +33,7 @@ use program::{Block, Kind, Program, program};
 use shardplan_scheduler::schedule::Schedule;
 use shardplan_scheduler::sim::Semantics;
 use shardplan_scheduler::timeline::Level;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How to run.
@@ -43,6 +44,18 @@ pub struct RunOptions {
     /// Longest wait on any event before the run fails (a dead peer, a stuck stream).
     pub timeout: Duration,
     pub trace: bool,
+    /// Told each step's index as the compute stream finishes it (issues it, on a GPU).
+    pub on_step: Option<OnStep>,
+}
+
+/// A progress callback of [`RunOptions`], called from the compute stream's thread.
+#[derive(Clone)]
+pub struct OnStep(pub Arc<dyn Fn(usize) + Send + Sync>);
+
+impl std::fmt::Debug for OnStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnStep(..)")
+    }
 }
 
 /// One timed operation of the trace.
@@ -330,6 +343,9 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
             let started = backend.mark(stream)?;
             if s == 0 && iter >= 0 && iter as usize <= steps {
                 step_marks.push(started.clone());
+                if let (Some(on_step), Some(done)) = (&self.options.on_step, iter.checked_sub(1)) {
+                    (on_step.0)(done as usize);
+                }
             }
             self.slot_started.signal(started);
             let Some(i) = timeline.compute_unit(s) else {
