@@ -100,9 +100,8 @@ fn run_on_cpu<C: Collectives>(
             let tokens = Tokens::load(data, model.seq_len as usize, model.vocab as usize)?;
             let init = args.init_weights.as_deref();
             let gpt2 = Gpt2::new(&model, &origin, rank, world, tokens, init)?;
-            let sequences = model.training.as_ref().map_or(0, |t| t.batch_size);
             let throughput = Throughput {
-                per_step: sequences * model.seq_len,
+                per_step: (gpt2.shape().rows() * world) as u64,
                 unit: "tokens",
             };
             run_with(backend, &gpt2, args, throughput, |params| {
