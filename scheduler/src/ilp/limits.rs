@@ -59,7 +59,6 @@ impl WindowLimits {
 
     /// For tables: `full`, the common depth (`4`), or gather/reduce (`2/full`).
     pub fn short(self) -> String {
-        let depth = |d: Option<NonZeroUsize>| d.map_or("full".to_string(), |d| d.to_string());
         match self.common_depth() {
             Some(d) => depth(d),
             None => format!("{}/{}", depth(self.gather), depth(self.reduce)),
@@ -72,10 +71,14 @@ impl WindowLimits {
     }
 }
 
+/// A depth as tables and messages write it: the number, or `full` without a limit.
+fn depth(limit: Option<NonZeroUsize>) -> String {
+    limit.map_or("full".to_string(), |d| d.to_string())
+}
+
 /// `full windows`, `window depth 4`, or `gather depth 2, reduce depth full`.
 impl fmt::Display for WindowLimits {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let depth = |d: Option<NonZeroUsize>| d.map_or("full".to_string(), |d| d.to_string());
         match self.common_depth() {
             Some(None) => write!(f, "full windows"),
             Some(Some(d)) => write!(f, "window depth {d}"),
