@@ -2,17 +2,62 @@
 //! step, from its lifetime on the cyclic slot timeline, so the peak is known before the run and
 //! the steady state never allocates.
 //!
-//! Packing is first-fit by decreasing size: a region goes to the lowest offset at which it
-//! overlaps no placed region alive in a common slot. The peak of live bytes over slots is a lower
-//! bound on any packing; `size_bytes` is compared with it (and with the simulator's peak) in the
-//! run report.
+//! A buffer is contiguous but need not be alive all at once: it is a run of consecutive parts,
+//! each alive in its own slots (an op whose blocks launch in several slots holds each launch's
+//! blocks from that launch on, as the simulator counts them). Packing places buffers one by one in
+//! some order, each at an aligned offset at which none of its parts overlaps a placed part alive
+//! in a common slot (the lowest, or the start of the tightest free gap). The peak of live bytes
+//! over slots is a lower bound on any packing; `size_bytes` is compared with it (and with the
+//! simulator's peak) in the run report.
 
-/// A buffer to place: its size and the slots (indices into the cyclic timeline) it is alive in.
+/// Consecutive bytes of a buffer alive in the same slots (indices into the cyclic timeline).
+#[derive(Debug, Clone)]
+pub struct Part {
+    pub bytes: u64,
+    pub alive: Vec<bool>,
+}
+
+/// A buffer to place: its parts, in address order (all with the same number of slots).
 #[derive(Debug, Clone)]
 pub struct Request {
     pub name: String,
-    pub bytes: u64,
-    pub alive: Vec<bool>,
+    pub parts: Vec<Part>,
+}
+
+impl Request {
+    /// A buffer alive as a whole in the slots `alive`.
+    pub fn whole(name: String, bytes: u64, alive: Vec<bool>) -> Self {
+        Request {
+            name,
+            parts: vec![Part { bytes, alive }],
+        }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.parts.iter().map(|p| p.bytes).sum()
+    }
+
+    /// Whether any part is alive in slot `s`.
+    pub fn alive_in(&self, s: usize) -> bool {
+        self.parts.iter().any(|p| p.alive[s])
+    }
+
+    /// Each part as (start, end, alive), byte offsets from the buffer's start; the last part
+    /// ends at the aligned size (the padding is held with it).
+    pub fn extents(&self) -> impl Iterator<Item = (u64, u64, &[bool])> {
+        let last = self.parts.len().saturating_sub(1);
+        let mut start = 0;
+        self.parts.iter().enumerate().map(move |(k, p)| {
+            let end = if k == last {
+                aligned(start + p.bytes)
+            } else {
+                start + p.bytes
+            };
+            let extent = (start, end, p.alive.as_slice());
+            start = end;
+            extent
+        })
+    }
 }
 
 /// Where each request went.
@@ -24,61 +69,97 @@ pub struct Arena {
     pub live_peak_bytes: u64,
 }
 
-/// Alignment of every region (a cache line).
+/// A request's sort key for one packing order (the largest first).
+type SortKey<'a> = dyn Fn(usize) -> (u64, u64, u64) + 'a;
+
+/// Reorderings the local search tries after the fixed orders.
+const SEARCH_MOVES: usize = 400;
+
+/// Alignment of every buffer (a cache line).
 pub const ALIGN: u64 = 64;
 
 fn aligned(bytes: u64) -> u64 {
     bytes.div_ceil(ALIGN) * ALIGN
 }
 
-/// Packs `requests` (all with the same number of slots).
+fn together(a: &[bool], b: &[bool]) -> bool {
+    a.iter().zip(b).any(|(x, y)| *x && *y)
+}
+
+/// Packs `requests` (all with the same number of slots): first-fit and best-fit in each of a few
+/// orders, keeping the smallest arena; then a local search over the order until the arena is the
+/// live peak or `SEARCH_MOVES` moves are spent.
 pub fn pack(requests: &[Request]) -> Arena {
-    let slots = requests.first().map_or(0, |r| r.alive.len());
-    let live_peak_bytes = (0..slots)
-        .map(|s| {
-            requests
-                .iter()
-                .filter(|r| r.alive[s])
-                .map(|r| aligned(r.bytes))
-                .sum::<u64>()
-        })
-        .max()
-        .unwrap_or(0);
-    let mut order: Vec<usize> = (0..requests.len()).collect();
-    order.sort_by_key(|&k| (std::cmp::Reverse(aligned(requests[k].bytes)), k));
-    let mut offsets = vec![0u64; requests.len()];
-    let mut placed: Vec<usize> = Vec::new();
-    for k in order {
-        let r = &requests[k];
-        let size = aligned(r.bytes);
-        let mut conflicts: Vec<(u64, u64)> = placed
-            .iter()
-            .filter(|&&p| {
-                requests[p]
-                    .alive
-                    .iter()
-                    .zip(&r.alive)
-                    .any(|(a, b)| *a && *b)
-            })
-            .map(|&p| (offsets[p], offsets[p] + aligned(requests[p].bytes)))
-            .collect();
-        conflicts.sort_unstable();
-        let mut offset = 0;
-        for (start, end) in conflicts {
-            if offset + size <= start {
-                break;
-            }
-            offset = offset.max(end);
-        }
-        offsets[k] = offset;
-        placed.push(k);
-    }
-    let size_bytes = requests
+    let slots = requests
         .iter()
-        .zip(&offsets)
-        .map(|(r, o)| o + aligned(r.bytes))
-        .max()
-        .unwrap_or(0);
+        .find_map(|r| r.parts.first())
+        .map_or(0, |p| p.alive.len());
+    let live = |s: usize| -> u64 {
+        requests
+            .iter()
+            .flat_map(Request::extents)
+            .filter(|(_, _, alive)| alive[s])
+            .map(|(start, end, _)| end - start)
+            .sum()
+    };
+    let live_by_slot: Vec<u64> = (0..slots).map(live).collect();
+    let live_peak_bytes = live_by_slot.iter().copied().max().unwrap_or(0);
+    let peak_slots: Vec<usize> = (0..slots)
+        .filter(|&s| live_by_slot[s] == live_peak_bytes)
+        .collect();
+    let size = |k: usize| aligned(requests[k].bytes());
+    let slots_alive = |k: usize| (0..slots).filter(|&s| requests[k].alive_in(s)).count() as u64;
+    let at_peak = |k: usize| peak_slots.iter().any(|&s| requests[k].alive_in(s));
+    // The timeline cut where the fewest bytes live; a buffer's start is its first slot after it.
+    let cut = (0..slots).min_by_key(|&s| live_by_slot[s]).unwrap_or(0);
+    let start = |k: usize| {
+        (0..slots)
+            .position(|p| requests[k].alive_in((cut + p) % slots))
+            .unwrap_or(slots) as u64
+    };
+    // Sort keys, the largest first.
+    let orders: [Box<SortKey>; 5] = [
+        Box::new(|k| (size(k), 0, 0)),
+        Box::new(|k| (slots_alive(k), size(k), 0)),
+        Box::new(|k| (size(k) * slots_alive(k), 0, 0)),
+        Box::new(|k| (u64::from(at_peak(k)), size(k), 0)),
+        Box::new(|k| (u64::MAX - start(k), slots_alive(k), size(k))),
+    ];
+    let (mut order, fit, (mut offsets, mut size_bytes)) = orders
+        .iter()
+        .flat_map(|key| {
+            let mut order: Vec<usize> = (0..requests.len()).collect();
+            order.sort_by_key(|&k| (std::cmp::Reverse(key(k)), k));
+            [Fit::First, Fit::Best].map(|fit| {
+                let packed = place(requests, &order, fit);
+                (order.clone(), fit, packed)
+            })
+        })
+        .min_by_key(|(_, _, (_, size))| *size)
+        .unwrap_or((Vec::new(), Fit::First, Default::default()));
+    // Local search: move one request earlier in the order; keep moves that do not grow the
+    // arena. A fixed-seed generator keeps the layout reproducible.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |bound: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % bound as u64) as usize
+    };
+    for _ in 0..SEARCH_MOVES {
+        if size_bytes == live_peak_bytes || order.len() < 2 {
+            break;
+        }
+        let from = 1 + next(order.len() - 1);
+        let to = next(from);
+        let mut candidate = order.clone();
+        let k = candidate.remove(from);
+        candidate.insert(to, k);
+        let (o, size) = place(requests, &candidate, fit);
+        if size <= size_bytes {
+            (order, offsets, size_bytes) = (candidate, o, size);
+        }
+    }
     Arena {
         offsets,
         size_bytes,
@@ -86,16 +167,100 @@ pub fn pack(requests: &[Request]) -> Arena {
     }
 }
 
+/// Where a request goes among the offsets that fit it.
+#[derive(Debug, Clone, Copy)]
+enum Fit {
+    /// The lowest.
+    First,
+    /// The start of the smallest free gap (the top only when no gap below fits).
+    Best,
+}
+
+/// Places `requests` in `order`, each at an aligned offset where none of its parts overlaps a
+/// placed part alive in a common slot, chosen by `fit`; the offsets and the arena's size.
+fn place(requests: &[Request], order: &[usize], fit: Fit) -> (Vec<u64>, u64) {
+    let mut offsets = vec![0u64; requests.len()];
+    // Placed parts as absolute (start, end, alive).
+    let mut placed: Vec<(u64, u64, &[bool])> = Vec::new();
+    for &k in order {
+        let r = &requests[k];
+        // Offsets o at which part (a, b) of r would overlap a placed part (s, e) alive with it:
+        // s − b < o < e − a, kept as the half-open [s − b + 1, e − a).
+        let mut forbidden: Vec<(u64, u64)> = r
+            .extents()
+            .flat_map(|(a, b, alive)| {
+                placed
+                    .iter()
+                    .filter(move |(_, _, other)| together(alive, other))
+                    .filter(move |(_, e, _)| *e > a)
+                    .map(move |(s, e, _)| ((s + 1).saturating_sub(b), e - a))
+            })
+            .collect();
+        forbidden.sort_unstable();
+        // Free gaps [start, end) of aligned offsets; the last one is open.
+        let mut gaps = Vec::new();
+        let mut start = 0;
+        for (low, high) in forbidden {
+            if start < low {
+                gaps.push((start, low));
+            }
+            start = start.max(aligned(high));
+        }
+        let top = start;
+        offsets[k] = match fit {
+            Fit::First => gaps.first().map_or(top, |g| g.0),
+            Fit::Best => gaps
+                .iter()
+                .min_by_key(|(start, end)| (end - start, *start))
+                .map_or(top, |g| g.0),
+        };
+        let offset = offsets[k];
+        placed.extend(
+            r.extents()
+                .map(|(a, b, alive)| (offset + a, offset + b, alive)),
+        );
+    }
+    let size = requests
+        .iter()
+        .zip(&offsets)
+        .map(|(r, o)| o + aligned(r.bytes()))
+        .max()
+        .unwrap_or(0);
+    (offsets, size)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn req(bytes: u64, alive: &[usize], slots: usize) -> Request {
-        Request {
-            name: format!("{bytes}"),
-            bytes,
-            alive: (0..slots).map(|s| alive.contains(&s)).collect(),
+    fn alive(slots: &[usize], count: usize) -> Vec<bool> {
+        (0..count).map(|s| slots.contains(&s)).collect()
+    }
+
+    fn req(bytes: u64, slots: &[usize], count: usize) -> Request {
+        Request::whole(format!("{bytes}"), bytes, alive(slots, count))
+    }
+
+    /// Every pair of parts alive in a common slot lies at disjoint addresses.
+    fn assert_disjoint(rs: &[Request], a: &Arena) {
+        let parts: Vec<(u64, u64, &[bool], usize)> = rs
+            .iter()
+            .zip(&a.offsets)
+            .enumerate()
+            .flat_map(|(k, (r, o))| r.extents().map(move |(s, e, l)| (o + s, o + e, l, k)))
+            .collect();
+        for (i, p) in parts.iter().enumerate() {
+            for q in &parts[..i] {
+                let apart = p.1 <= q.0 || q.1 <= p.0;
+                assert!(
+                    !together(p.2, q.2) || apart,
+                    "parts of requests {} and {} are alive together and overlap",
+                    p.3,
+                    q.3
+                );
+            }
         }
+        assert!(a.size_bytes >= a.live_peak_bytes);
     }
 
     #[test]
@@ -112,17 +277,7 @@ mod tests {
         );
         assert_eq!(a.size_bytes, 768);
         assert_eq!(a.live_peak_bytes, 768);
-        for i in 0..3 {
-            for j in 0..i {
-                let together = rs[i].alive.iter().zip(&rs[j].alive).any(|(x, y)| *x && *y);
-                let disjoint = a.offsets[i] + rs[i].bytes <= a.offsets[j]
-                    || a.offsets[j] + rs[j].bytes <= a.offsets[i];
-                assert!(
-                    !together || disjoint,
-                    "{i} and {j} are alive together and overlap"
-                );
-            }
-        }
+        assert_disjoint(&rs, &a);
     }
 
     #[test]
@@ -138,5 +293,62 @@ mod tests {
         assert_ne!(a.offsets[0], a.offsets[1]);
         assert_ne!(a.offsets[0], a.offsets[2]);
         assert_eq!(a.size_bytes, 128);
+    }
+
+    /// A gather launched over two slots: its second half is not alive in slot 0, so a buffer of
+    /// slot 0 may sit there; the arena is the live peak, where whole lifetimes would need more.
+    #[test]
+    fn a_buffer_alive_in_parts_lends_its_later_parts() {
+        let staircase = Request {
+            name: "gathered".into(),
+            parts: vec![
+                Part {
+                    bytes: 256,
+                    alive: alive(&[0, 1, 2], 3),
+                },
+                Part {
+                    bytes: 256,
+                    alive: alive(&[1, 2], 3),
+                },
+            ],
+        };
+        let rs = [staircase, req(192, &[0], 3), req(64, &[0, 1, 2], 3)];
+        let a = pack(&rs);
+        assert_disjoint(&rs, &a);
+        assert_eq!(a.live_peak_bytes, 576);
+        assert_eq!(a.size_bytes, 576);
+        assert_eq!(a.offsets[1], 256, "slot 0's buffer takes the later half");
+        let whole: Vec<Request> = rs
+            .iter()
+            .map(|r| {
+                let slots = (0..3).filter(|&s| r.alive_in(s)).collect::<Vec<_>>();
+                req(r.bytes(), &slots, 3)
+            })
+            .collect();
+        assert_eq!(pack(&whole).size_bytes, 768);
+    }
+
+    proptest::proptest! {
+        /// Random multi-part buffers: parts alive together never overlap, and the arena is never
+        /// below the live peak.
+        #[test]
+        fn parts_alive_together_never_overlap(
+            buffers in proptest::collection::vec(
+                proptest::collection::vec((1u64..600, proptest::collection::vec(proptest::bool::ANY, 6)), 1..4),
+                0..12,
+            )
+        ) {
+            let rs: Vec<Request> = buffers
+                .into_iter()
+                .enumerate()
+                .map(|(k, parts)| Request {
+                    name: k.to_string(),
+                    parts: parts.into_iter().map(|(bytes, alive)| Part { bytes, alive }).collect(),
+                })
+                .collect();
+            let a = pack(&rs);
+            assert_disjoint(&rs, &a);
+            proptest::prop_assert!(a.offsets.iter().all(|o| o % ALIGN == 0));
+        }
     }
 }

@@ -6,20 +6,20 @@
 //! block for `sdp`/`fsdp`); for sharded units the full gradient (B_i to the last RS launch) and
 //! the gathered parameters (first gather launch to F_i for fsdp's forward, to B_i for sdp; first
 //! AGB launch to B_i for fsdp's backward); then the workload's activation and workspace buffers
-//! ([`crate::workload`]). A region lives from its first block's launch: when an op's blocks launch
-//! in several slots the arena holds the whole op from the first (the simulator counts each block
-//! from its own).
+//! ([`crate::workload`]). A gathered or full-gradient buffer is contiguous but alive in parts: the
+//! blocks of each launch from that launch on (gathers) or until it (reductions), as the simulator
+//! counts them, so the arena may lend a later launch's blocks to a buffer alive before it.
 //!
 //! A unit that borrows an earlier unit's parameters (GPT-2's tied head) extends the lender's
 //! lifetimes: the lender's full gradient is alive from the borrower's backward (which writes it
 //! first), and an `fsdp` lender's forward gather stays until the borrower's backward.
 
-use crate::arena::{Arena, Request, pack};
+use crate::arena::{Arena, Part, Request, pack};
 use crate::backend::Region;
 use crate::workload::{Pass, Workload};
 use crate::{Error, Result};
 use shardplan_scheduler::profile::Profile;
-use shardplan_scheduler::schedule::Schedule;
+use shardplan_scheduler::schedule::{Placed, Schedule};
 use shardplan_scheduler::timeline::{Level, Op};
 
 /// Where a unit keeps what its forward saves besides `saved`.
@@ -135,7 +135,7 @@ impl UnitLayout {
 pub struct Layout {
     pub units: Vec<UnitLayout>,
     pub arena: Arena,
-    /// Every region with its lifetime (what the arena packed), in request order.
+    /// Every region with its parts' lifetimes (what the arena packed), in request order.
     pub regions: Vec<(Region, Request)>,
     /// Each unit's buffers as indices into `regions` (two buffers alive at different slots may
     /// share a region, so a region does not name its buffer).
@@ -151,6 +151,29 @@ impl Layout {
             .input_gradient
             .expect("units after the first pass an input gradient")
     }
+
+    /// The parts of request `k` as regions with the slots each is alive in.
+    pub fn parts(&self, k: usize) -> impl Iterator<Item = (Region, &[bool])> {
+        let (region, request) = &self.regions[k];
+        request.extents().map(|(start, end, alive)| {
+            let offset = region.offset + (start / 4) as usize;
+            let len = (end.min(request.bytes()) / 4) as usize + region.offset - offset;
+            (Region { offset, len }, alive)
+        })
+    }
+
+    /// Whether, in slot `s`, a part of request `k` that is not alive shares an element with a
+    /// part of another request that is: the arena has lent that memory to another buffer.
+    pub fn lent_in(&self, k: usize, s: usize) -> bool {
+        self.parts(k)
+            .filter(|(_, alive)| !alive[s])
+            .any(|(mine, _)| {
+                (0..self.regions.len())
+                    .filter(|&other| other != k)
+                    .flat_map(|other| self.parts(other))
+                    .any(|(theirs, alive)| alive[s] && theirs.overlaps(mine))
+            })
+    }
 }
 
 /// Builds regions and lifetimes while walking the units.
@@ -161,11 +184,29 @@ struct Builder {
 
 impl Builder {
     fn add(&mut self, name: String, elements: usize, alive: impl Fn(usize) -> bool) -> usize {
-        self.requests.push(Request {
-            name,
-            bytes: 4 * elements as u64,
-            alive: (0..self.slots).map(alive).collect(),
-        });
+        let alive = (0..self.slots).map(alive).collect();
+        self.requests
+            .push(Request::whole(name, 4 * elements as u64, alive));
+        self.requests.len() - 1
+    }
+
+    /// A buffer of `launches`' blocks in launch order, each launch's blocks alive in the slots
+    /// `alive(s, position)` accepts for the launch's window position.
+    fn add_launched(
+        &mut self,
+        name: String,
+        block_elements: usize,
+        launches: &[Placed],
+        alive: impl Fn(usize, usize) -> bool,
+    ) -> usize {
+        let parts = launches
+            .iter()
+            .map(|l| Part {
+                bytes: 4 * (l.blocks as usize * block_elements) as u64,
+                alive: (0..self.slots).map(|s| alive(s, l.position)).collect(),
+            })
+            .collect();
+        self.requests.push(Request { name, parts });
         self.requests.len() - 1
     }
 }
@@ -181,6 +222,16 @@ pub fn check_profile(workload: &dyn Workload, profile: &Profile) -> Result<()> {
         )));
     }
     for u in 0..workload.unit_count() {
+        let lender = workload.borrows_params_of(u).map(|l| workload.unit_name(l));
+        if profile.units[u].reads_params_of != lender {
+            return Err(Error::Mismatch(format!(
+                "profile unit {} (`{}`) has reads_params_of = {:?}; the model's unit reads the parameters of {:?}: measure the profile again",
+                u + 1,
+                profile.units[u].name,
+                profile.units[u].reads_params_of,
+                lender
+            )));
+        }
         if profile.units[u].params != workload.params(u) as u64
             || profile.units[u].name != workload.unit_name(u)
         {
@@ -236,20 +287,26 @@ pub fn layout(
         let (f, bw) = (timeline.forward(i), timeline.backward(i));
         let first_use = borrower_backward(i).unwrap_or(bw);
         let after = timeline.window(i, Op::ReduceScatter.window_kind());
-        // Where the launches of one of the unit's ops lie in its window (a valid schedule
-        // launches every op of the unit's level).
-        let span = |op: Op| {
-            schedule
-                .span(i, op)
-                .ok_or_else(|| Error::Mismatch(format!("{name}: the schedule launches no {op}")))
+        // The launches of one of the unit's ops in window order (a valid schedule launches every
+        // block of every op of the unit's level).
+        let launches = |op: Op| match schedule.launches(i, op) {
+            [] => Err(Error::Mismatch(format!(
+                "{name}: the schedule launches no {op}"
+            ))),
+            launched => Ok(launched),
         };
         let full_grad = if u.level == Level::None {
             None
         } else {
-            let (_, last) = span(Op::ReduceScatter)?;
-            Some(b.add(format!("{name} full gradient"), padded, |s| {
-                (first_use..=bw).contains(&s) || after.position(s).is_some_and(|p| p <= last)
-            }))
+            let reductions = launches(Op::ReduceScatter)?;
+            Some(b.add_launched(
+                format!("{name} full gradient"),
+                block_elements,
+                reductions,
+                |s, launch| {
+                    (first_use..=bw).contains(&s) || after.position(s).is_some_and(|p| p <= launch)
+                },
+            ))
         };
         let gather_op = if u.level == Level::Sdp {
             Op::Gather
@@ -259,22 +316,30 @@ pub fn layout(
         let gathered_forward = if u.level == Level::None {
             None
         } else {
-            let (first, _) = span(gather_op)?;
+            let gathers = launches(gather_op)?;
             let until = match (u.level, borrower_backward(i)) {
                 (Level::Sdp, _) => bw,
                 (_, Some(borrower)) => borrower,
                 _ => f,
             };
-            Some(b.add(format!("{name} gathered"), padded, |s| {
-                (f..=until).contains(&s) || after.position(s).is_some_and(|p| p >= first)
-            }))
+            Some(b.add_launched(
+                format!("{name} gathered"),
+                block_elements,
+                gathers,
+                |s, launch| {
+                    (f..=until).contains(&s) || after.position(s).is_some_and(|p| p >= launch)
+                },
+            ))
         };
         let gathered_backward = if u.level == Level::Fsdp {
             let between = timeline.window(i, Op::GatherBackward.window_kind());
-            let (first, _) = span(Op::GatherBackward)?;
-            Some(b.add(format!("{name} gathered for backward"), padded, |s| {
-                s == bw || between.position(s).is_some_and(|p| p >= first)
-            }))
+            let gathers = launches(Op::GatherBackward)?;
+            Some(b.add_launched(
+                format!("{name} gathered for backward"),
+                block_elements,
+                gathers,
+                |s, launch| s == bw || between.position(s).is_some_and(|p| p >= launch),
+            ))
         } else {
             None
         };
@@ -335,7 +400,7 @@ pub fn layout(
     let arena = pack(&b.requests);
     let region = |k: usize| Region {
         offset: (arena.offsets[k] / 4) as usize,
-        len: (b.requests[k].bytes / 4) as usize,
+        len: (b.requests[k].bytes() / 4) as usize,
     };
     let largest_block = pending.iter().map(|u| u.block_elements).max().unwrap_or(0);
     let units = pending.iter().map(|u| u.clone().map(region)).collect();

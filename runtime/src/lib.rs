@@ -6,7 +6,7 @@
 //! `backend` (the collectives; MPI and a single-rank loopback), `executor` (the slot walker),
 //! `measure` (the measuring profiler), `gemm` (products and their cuBLAS calls), `transformer`
 //! (a zoo unit's products), `cuda` (the GPU backend), `launch` (a rank's start under mpirun),
-//! `session` (one run of a saved plan, end to end).
+//! `session` (one run of a saved plan, end to end), `process` (the process's peak resident memory).
 
 pub mod arena;
 pub mod backend;
@@ -21,6 +21,7 @@ pub mod layout;
 pub mod measure;
 pub mod mlp;
 pub mod model_file;
+pub mod process;
 pub mod session;
 pub mod transformer;
 pub mod workload;

@@ -23,6 +23,9 @@ pub struct PlanRun {
     pub report: RunReport,
     /// The device's memory readings (GPU backends).
     pub device_memory: Option<DeviceMemory>,
+    /// This rank's peak resident memory after the steps (before the parameters are gathered for
+    /// the report), where the system reports it.
+    pub peak_resident_bytes: Option<u64>,
     /// The trained parameters, each unit's in full.
     pub params: Vec<Vec<f32>>,
     /// The simulation of the plan in the run's semantics.
@@ -105,6 +108,7 @@ pub fn run_plan<B: Backend, W: Train<B>>(
         world_size: backend.world_size(),
         measured_iteration_us: steady_median(&report.step_us),
         device_memory: backend.device_memory()?,
+        peak_resident_bytes: crate::process::peak_resident_bytes(),
         params: final_params(&backend, workload, &layout)?,
         report,
         predicted: simulate(profile, &schedule, options.semantics),

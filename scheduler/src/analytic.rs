@@ -144,6 +144,7 @@ pub fn analytic_profile(
                 checkpoint_activation_bytes: u.checkpoint_activation_bytes,
                 forward_workspace_bytes: u.forward_workspace_bytes,
                 backward_workspace_bytes: u.backward_workspace_bytes,
+                reads_params_of: u.reads_params_of,
             }
         })
         .collect();

@@ -152,6 +152,8 @@ pub struct UnitShape {
     /// Transient bytes during forward and backward.
     pub forward_workspace_bytes: u64,
     pub backward_workspace_bytes: u64,
+    /// The earlier unit whose parameters this one reads (the head of tied embeddings).
+    pub reads_params_of: Option<String>,
 }
 
 /// Attention kernel: flash stores no score matrix, eager stores softmax inputs and outputs.
@@ -300,6 +302,7 @@ impl ModelSpec {
             checkpoint_activation_bytes: (8.0 * tokens) as u64,
             forward_workspace_bytes: 0,
             backward_workspace_bytes: (2.0 * sbh) as u64,
+            reads_params_of: None,
         });
         for layer in 1..=self.layers {
             units.push(UnitShape {
@@ -310,6 +313,7 @@ impl ModelSpec {
                 checkpoint_activation_bytes: (2.0 * sbh) as u64,
                 forward_workspace_bytes: (2.0 * tokens * ffn_inner) as u64,
                 backward_workspace_bytes: (4.0 * tokens * ffn_inner + 4.0 * sbh) as u64,
+                reads_params_of: None,
             });
         }
         units.push(UnitShape {
@@ -320,6 +324,7 @@ impl ModelSpec {
             checkpoint_activation_bytes: (2.0 * sbh) as u64,
             forward_workspace_bytes: (4.0 * tokens * vocab) as u64,
             backward_workspace_bytes: (4.0 * tokens * vocab + 2.0 * sbh) as u64,
+            reads_params_of: self.tied_embeddings.then(|| "embedding".into()),
         });
         units
     }

@@ -187,6 +187,7 @@ fn ilp_optimum_equals_exhaustive_search() {
     let mut solves = 0;
     let mut infeasible = 0;
     let mut schedules = 0;
+    let mut tied = 0;
     for seed in 0..36u64 {
         let mut rng = Rng(seed * 7919 + 1);
         let units = 1 + (seed % 3) as usize;
@@ -196,6 +197,11 @@ fn ilp_optimum_equals_exhaustive_search() {
         let mut profile = random_profile(&mut rng, units, kappa, 1000);
         // Communication slowed by compute too, on a third of the instances.
         profile.comm_slowdown = if seed % 3 == 2 { 0.3 } else { 0.0 };
+        // The last unit reads the first's parameters (a tied head) on a third of the others.
+        if units > 1 && seed % 3 == 1 {
+            profile.units[units - 1].reads_params_of = Some(profile.units[0].name.clone());
+            tied += 1;
+        }
         let results = enumerate(&profile, recompute, WindowLimits::FULL);
         instances += 1;
         schedules += results.len();
@@ -274,10 +280,10 @@ fn ilp_optimum_equals_exhaustive_search() {
         }
     }
     eprintln!(
-        "{instances} instances, {schedules} schedules enumerated, {solves} solves, {infeasible} infeasible caps"
+        "{instances} instances ({tied} tied), {schedules} schedules enumerated, {solves} solves, {infeasible} infeasible caps"
     );
     assert!(
-        instances >= 30 && infeasible >= instances && solves >= 5 * instances,
+        instances >= 30 && tied >= 6 && infeasible >= instances && solves >= 5 * instances,
         "{instances} instances, {solves} solves, {infeasible} infeasible"
     );
 }

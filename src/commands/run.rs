@@ -236,6 +236,7 @@ fn report(args: &RunArgs, plan: &Plan, done: &PlanRun, reference: Option<&Refere
             "predicted_iteration_time_us": predicted.iteration_time_us,
             "arena_bytes": report.arena_bytes,
             "arena_live_peak_bytes": report.live_peak_bytes,
+            "peak_resident_bytes": done.peak_resident_bytes,
             "predicted_peak_memory_bytes": whole_bytes(predicted.peak_memory_bytes),
             "executor_overhead_us_per_slot": if report.executor_overhead_us_per_slot.is_finite() { Some(report.executor_overhead_us_per_slot) } else { None },
             "weights_max_relative_error_vs_reference": reference.map(|r| r.weights_max_relative_error),
@@ -270,6 +271,13 @@ fn report(args: &RunArgs, plan: &Plan, done: &PlanRun, reference: Option<&Refere
         format_bytes(report.live_peak_bytes as f64),
         format_bytes(predicted.peak_memory_bytes)
     );
+    if let Some(rss) = done.peak_resident_bytes {
+        outln!(
+            "  process     rank {}'s peak resident memory {} (arena, program and libraries)",
+            done.rank,
+            format_bytes(rss as f64)
+        );
+    }
     if let Some(r) = reference {
         outln!(
             "  weights     against the CPU reference: largest difference {:.2e} of the largest weight, {:.2e} of the update",

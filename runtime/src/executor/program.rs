@@ -135,15 +135,7 @@ pub(super) fn program(schedule: &Schedule, layout: &Layout) -> Program {
                 .requests
                 .iter()
                 .enumerate()
-                .filter_map(|(u, unit)| {
-                    let (grad, req) = &layout.regions[unit.full_grad?];
-                    let reused = !req.alive[s]
-                        && layout
-                            .regions
-                            .iter()
-                            .any(|(r, q)| q.alive[s] && r.overlaps(*grad));
-                    reused.then_some(u)
-                })
+                .filter_map(|(u, unit)| layout.lent_in(unit.full_grad?, s).then_some(u))
                 .collect()
         })
         .collect();

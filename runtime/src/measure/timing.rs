@@ -113,9 +113,10 @@ pub fn time_units<B: Backend, W: Train<B>>(
 }
 
 /// Times each collective across message sizes 4 KiB … `max_bytes` (bytes = the full message, as
-/// nccl-tests' size) on the communication stream: 2 warm-up runs, then the median of `repeats`.
-/// Every rank must call it; on one rank the collectives are what that rank's backend makes of
-/// them (copies).
+/// nccl-tests' size) on the communication stream: 2 warm-up runs, then the median of `repeats`,
+/// averaged over the ranks so that every rank holds the same curves (and derives the same block
+/// size from them). Every rank must call it; on one rank the collectives are what that rank's
+/// backend makes of them (copies).
 pub fn time_collectives<B: Backend>(
     backend: &B,
     start: usize,
@@ -156,12 +157,38 @@ pub fn time_collectives<B: Backend>(
             curve.push((4 * elements as u64, median(samples).max(1e-3)));
         }
     }
+    mean_over_ranks(backend, &mut curves)?;
     let [ag, rs, ar] = curves;
     Ok(shardplan_scheduler::profile::CommCurves {
         all_gather: CommCurve { points: ag },
         reduce_scatter: CommCurve { points: rs },
         all_reduce: CommCurve { points: ar },
     })
+}
+
+/// Each point's time averaged over the ranks, the same on every rank (each rank timed its own
+/// view of the same collectives: one that arrives late waits less). Every rank must call it.
+fn mean_over_ranks<B: Backend>(backend: &B, curves: &mut [Vec<(u64, f64)>; 3]) -> Result<()> {
+    let mut sums: Vec<f32> = curves.iter().flatten().map(|&(_, t)| t as f32).collect();
+    backend.all_reduce_host(&mut sums)?;
+    let ranks = backend.world_size() as f64;
+    for ((_, time), sum) in curves.iter_mut().flatten().zip(sums) {
+        *time = (f64::from(sum) / ranks).max(1e-3);
+    }
+    Ok(())
+}
+
+/// Rank 0's `value` on every rank: a broadcast through the host AllReduce, the other ranks adding
+/// zeros, in 16-bit limbs so that the f32 sums stay exact. Every rank must call it.
+fn from_first_rank<B: Backend>(backend: &B, value: u64) -> Result<u64> {
+    let mine = if backend.rank() == 0 { value } else { 0 };
+    let mut limbs: [f32; 4] = std::array::from_fn(|k| ((mine >> (16 * k)) & 0xffff) as f32);
+    backend.all_reduce_host(&mut limbs)?;
+    Ok(limbs
+        .iter()
+        .enumerate()
+        .map(|(k, &limb)| (limb as u64) << (16 * k))
+        .sum())
 }
 
 /// The interference of compute and communication (DESIGN §3.4). A compute round
@@ -172,8 +199,9 @@ pub fn time_collectives<B: Backend>(
 /// t_alone/t_with, communication r_q = Q/D. A slot with compute c and communication Q then lasts
 /// max(c + κ_c·Q, Q + κ_q·c) with κ_c = (1 − r_c)/r_q and κ_q = (1 − r_q)/r_c (whichever stream
 /// finishes first, the other runs on alone at full rate). The form holds while r_c + r_q ≥ 1,
-/// i.e. both factors ≤ 1; they are clamped to [0, 1]. Every rank must call it (all run the same
-/// AllReduces).
+/// i.e. both factors ≤ 1; they are clamped to [0, 1]. Every rank must call it; all run rank 0's
+/// `bytes` (ranks that derived another block size from their own timings would otherwise run
+/// AllReduces of different sizes against each other: MPI_ERR_TRUNCATE or a corrupted heap).
 pub fn time_interference<B: Backend>(
     backend: &B,
     compute_round: &dyn Fn() -> Result<()>,
@@ -188,6 +216,7 @@ pub fn time_interference<B: Backend>(
         backend.synchronize()?;
         backend.elapsed_us(&before, &after)
     };
+    let bytes = from_first_rank(backend, bytes)?;
     let message = Region {
         offset: start,
         len: message_elements(bytes, backend.world_size()),
@@ -223,4 +252,59 @@ pub fn time_interference<B: Backend>(
         compute: ((1.0 - compute_rate) / comm_rate).clamp(0.0, 1.0),
         comm: ((1.0 - comm_rate) / compute_rate).clamp(0.0, 1.0),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Collectives, CpuBackend};
+
+    /// Rank 1 of two, whose peer adds `peer` to every AllReduce.
+    struct SecondOfTwo {
+        peer: Vec<f32>,
+    }
+
+    impl Collectives for SecondOfTwo {
+        fn rank(&self) -> usize {
+            1
+        }
+        fn size(&self) -> usize {
+            2
+        }
+        fn all_gather(&self, _: &[f32], _: &mut [f32]) {
+            unreachable!("not used")
+        }
+        fn reduce_scatter(&self, _: &[f32], _: &mut [f32]) {
+            unreachable!("not used")
+        }
+        fn all_reduce(&self, send: &[f32], recv: &mut [f32]) {
+            for ((r, s), p) in recv.iter_mut().zip(send).zip(&self.peer) {
+                *r = s + p;
+            }
+        }
+    }
+
+    #[test]
+    fn every_rank_gets_the_first_ranks_value_exactly() {
+        for value in [0u64, 1, 65_535, 65_536, 3 << 40 | 12_345, u64::MAX] {
+            let peer = (0..4)
+                .map(|k| ((value >> (16 * k)) & 0xffff) as f32)
+                .collect();
+            let backend = CpuBackend::new(SecondOfTwo { peer });
+            assert_eq!(from_first_rank(&backend, 777).unwrap(), value);
+        }
+    }
+
+    #[test]
+    fn curves_are_the_mean_of_the_ranks() {
+        let backend = CpuBackend::new(SecondOfTwo {
+            peer: vec![30.0, 50.0, 70.0],
+        });
+        let mut curves = [vec![(4096, 10.0)], vec![(4096, 20.0)], vec![(4096, 30.0)]];
+        mean_over_ranks(&backend, &mut curves).unwrap();
+        assert_eq!(
+            curves,
+            [vec![(4096, 20.0)], vec![(4096, 35.0)], vec![(4096, 50.0)]]
+        );
+    }
 }

@@ -148,6 +148,8 @@ fn add_launched_up_to(m: &mut Expression, op: &OpVars, pos: usize, scale: f64) {
 ///     + saved:    F_i ≤ s < B_i:        act_i − (act_i − ckpt_i)·r_i
 ///                 s = B_i:              act_i + ckpt_i·r_i
 ///     + ws(s)
+///     + lent to unit j (B_j < B_i):  F_i < s ≤ B_j:  Ψ_i·p·y_fsdp
+///                                    B_j ≤ s < B_i:  Ψ_i·g·(y_sdp + y_fsdp)
 /// ```
 ///
 /// Every term is divided by `scale` (the cap) to keep the row well conditioned.
@@ -158,6 +160,9 @@ pub(super) fn memory_per_slot(
     scale: f64,
 ) -> Vec<Expression> {
     let b = profile.bytes_per_param;
+    let borrower_backward: Vec<Option<usize>> = (0..units.len())
+        .map(|i| profile.borrower(i).map(|j| timeline.backward(j)))
+        .collect();
     let mut rows = vec![Expression::default(); timeline.slot_count()];
     for (s, m) in rows.iter_mut().enumerate() {
         for (i, u) in units.iter().enumerate() {
@@ -165,6 +170,14 @@ pub(super) fn memory_per_slot(
             let (forward, backward) = (timeline.forward(i), timeline.backward(i));
             let params_p = (p.params * b.param) as f64 / scale;
             let params_g = (p.params * b.grad) as f64 / scale;
+            if let Some(lent_until) = borrower_backward[i] {
+                if s > forward && s <= lent_until {
+                    m.add_mul(params_p, u.level(Level::Fsdp));
+                }
+                if s >= lent_until && s < backward {
+                    m.add_mul(params_g, u.sharded());
+                }
+            }
             m.add_mul(u.persistent_full / scale, u.level(Level::None));
             m.add_mul(u.persistent_sharded / scale, u.sharded());
             if let Some(k) = u.fg.window.position(s) {

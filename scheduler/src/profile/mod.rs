@@ -61,6 +61,11 @@ pub struct UnitProfile {
     pub forward_workspace_bytes: u64,
     /// ws_b_i.
     pub backward_workspace_bytes: u64,
+    /// The earlier unit whose full parameters this unit also reads (a head tied to the token
+    /// embedding, DESIGN §3.9): they stay gathered until this unit's backward, and the lender's
+    /// full gradient is alive from it. Absent (and not written) when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reads_params_of: Option<String>,
 }
 
 fn is_zero(value: &f64) -> bool {
@@ -184,6 +189,14 @@ impl Profile {
         self.units.len()
     }
 
+    /// The unit that reads unit `lender`'s full parameters (`reads_params_of`), if any; a valid
+    /// profile has at most one, after the lender.
+    pub fn borrower(&self, lender: usize) -> Option<usize> {
+        let name = &self.units[lender].name;
+        (lender + 1..self.units.len())
+            .find(|&u| self.units[u].reads_params_of.as_ref() == Some(name))
+    }
+
     /// nb_i = ceil(Ψ_i·p / B): blocks of unit `i` (0-based).
     pub fn blocks(&self, i: usize) -> u32 {
         let bytes = self.units[i].params * self.bytes_per_param.param;
@@ -255,12 +268,24 @@ impl Profile {
             );
         }
         let mut names = std::collections::HashSet::new();
+        let mut lenders = std::collections::HashSet::new();
         for (k, u) in self.units.iter().enumerate() {
             if !names.insert(u.name.as_str()) {
                 return bad(
                     format!("units[{k}].name"),
                     format!("a unique name, `{}` appears twice", u.name),
                 );
+            }
+            if let Some(lender) = &u.reads_params_of {
+                let earlier = self.units[..k].iter().any(|e| &e.name == lender);
+                if !earlier || !lenders.insert(lender.as_str()) {
+                    return bad(
+                        format!("units[{k}].reads_params_of"),
+                        format!(
+                            "the name of an earlier unit that no other unit reads, got `{lender}`"
+                        ),
+                    );
+                }
             }
             if u.params > MAX_UNIT_PARAMS {
                 return bad(

@@ -1,10 +1,11 @@
 //! Per-slot memory of a rank (DESIGN §3):
-//! M_s = Σ persistent_i + Σ gathered_i(s) + Σ grad_i(s) + Σ_{F_i ≤ s ≤ B_i} saved_i + ws(s).
+//! M_s = Σ persistent_i + Σ gathered_i(s) + Σ grad_i(s) + Σ_{F_i ≤ s ≤ B_i} saved_i + ws(s),
+//! with a lent unit's buffers extended to its borrower's backward B_j (DESIGN §3.9).
 
 use crate::cost::{block_bytes, persistent_bytes};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
-use crate::timeline::Op;
+use crate::timeline::{Level, Op};
 use serde::Serialize;
 
 /// What is alive during one slot, in bytes.
@@ -63,6 +64,21 @@ pub fn memory_by_slot(profile: &Profile, schedule: &Schedule) -> Vec<MemoryBreak
         memory[forward].workspace += p.forward_workspace_bytes as f64;
         memory[backward].workspace += p.backward_workspace_bytes as f64;
 
+        if let Some(borrower) = profile.borrower(unit) {
+            let borrower_backward = timeline.backward(borrower);
+            if u.level == Level::Fsdp {
+                // The forward gather stays until the borrower's backward: (F_i, B_j].
+                for m in &mut memory[forward + 1..=borrower_backward] {
+                    m.gathered += (p.params * profile.bytes_per_param.param) as f64;
+                }
+            }
+            if u.level != Level::None {
+                // The full gradient is written from the borrower's backward: [B_j, B_i).
+                for m in &mut memory[borrower_backward..backward] {
+                    m.gradient += (p.params * profile.bytes_per_param.grad) as f64;
+                }
+            }
+        }
         for (op, launches) in schedule.ops(unit) {
             let window = timeline.window(unit, op.window_kind());
             let bytes = block_bytes(profile, unit, op);

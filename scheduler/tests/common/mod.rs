@@ -87,6 +87,7 @@ pub fn profile(
                 checkpoint_activation_bytes: ckpt,
                 forward_workspace_bytes: wsf,
                 backward_workspace_bytes: wsb,
+                reads_params_of: None,
             })
             .collect(),
         comm: CommCurves {
