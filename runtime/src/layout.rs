@@ -155,10 +155,13 @@ impl Layout {
     /// The parts of request `k` as regions with the slots each is alive in.
     pub fn parts(&self, k: usize) -> impl Iterator<Item = (Region, &[bool])> {
         let (region, request) = &self.regions[k];
+        // The last part's padding is not part of the region.
         request.extents().map(|(start, end, alive)| {
-            let offset = region.offset + (start / 4) as usize;
-            let len = (end.min(request.bytes()) / 4) as usize + region.offset - offset;
-            (Region { offset, len }, alive)
+            let region = Region {
+                offset: region.offset + (start / 4) as usize,
+                len: ((end.min(request.bytes()) - start) / 4) as usize,
+            };
+            (region, alive)
         })
     }
 
