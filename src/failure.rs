@@ -127,7 +127,9 @@ impl Failure {
                 "exit_code": self.code,
             }));
         } else {
-            eprintln!("error: {}", self.message);
+            // One write, so that the lines of ranks failing together under mpirun never interleave.
+            let line = format!("error: {}\n", self.message);
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         }
     }
 }

@@ -168,6 +168,65 @@ impl<C: Collectives> Backend for CpuBackend<C> {
         out.copy_from_slice(&self.read(region)?);
         Ok(())
     }
+    fn losses(&self, steps: usize) -> Result<Vec<f32>> {
+        let losses = self.losses.lock().map_err(|_| poisoned("losses"))?;
+        losses.get(..steps).map(<[f32]>::to_vec).ok_or_else(|| {
+            Error::Backend(format!(
+                "{steps} losses asked, {} slots allocated",
+                losses.len()
+            ))
+        })
+    }
+    fn all_gather(&self, shard: Region, full: Region) -> Result<()> {
+        self.collectives
+            .all_gather(&self.read(shard)?, &mut self.write(full)?);
+        Ok(())
+    }
+    fn reduce_scatter(&self, full: Region, shard: Region) -> Result<()> {
+        self.collectives
+            .reduce_scatter(&self.read(full)?, &mut self.write(shard)?);
+        Ok(())
+    }
+    fn all_reduce(&self, data: Region) -> Result<()> {
+        let mut scratch = self.scratch.lock().map_err(|_| poisoned("scratch"))?;
+        let capacity = scratch.len();
+        let send = scratch.get_mut(..data.len).ok_or_else(|| {
+            Error::Backend(format!(
+                "an AllReduce of {} elements exceeds the {capacity}-element block buffer",
+                data.len
+            ))
+        })?;
+        let mut data = self.write(data)?;
+        send.copy_from_slice(&data);
+        self.collectives.all_reduce(send, &mut data);
+        Ok(())
+    }
+    fn all_reduce_host(&self, data: &mut [f32]) -> Result<()> {
+        let send = data.to_vec();
+        self.collectives.all_reduce(&send, data);
+        Ok(())
+    }
+    fn mark(&self, _stream: Stream) -> Result<Instant> {
+        Ok(Instant::now())
+    }
+    fn wait_mark(&self, _stream: Stream, _mark: &Instant) -> Result<()> {
+        Ok(())
+    }
+    fn elapsed_us(&self, from: &Instant, to: &Instant) -> Result<f64> {
+        Ok(to.saturating_duration_since(*from).as_secs_f64() * 1e6)
+    }
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+fn poisoned(what: &str) -> Error {
+    Error::Backend(format!(
+        "the {what} lock was poisoned by a panicking thread"
+    ))
+}
+
+impl<C: Collectives> crate::mlp::MlpKernels for CpuBackend<C> {
     fn linear_forward(
         &self,
         x: Region,
@@ -222,15 +281,6 @@ impl<C: Collectives> Backend for CpuBackend<C> {
         );
         self.record_loss(step, loss)
     }
-    fn losses(&self, steps: usize) -> Result<Vec<f32>> {
-        let losses = self.losses.lock().map_err(|_| poisoned("losses"))?;
-        losses.get(..steps).map(<[f32]>::to_vec).ok_or_else(|| {
-            Error::Backend(format!(
-                "{steps} losses asked, {} slots allocated",
-                losses.len()
-            ))
-        })
-    }
     fn adam(
         &self,
         params: Region,
@@ -250,51 +300,4 @@ impl<C: Collectives> Backend for CpuBackend<C> {
         );
         Ok(())
     }
-    fn all_gather(&self, shard: Region, full: Region) -> Result<()> {
-        self.collectives
-            .all_gather(&self.read(shard)?, &mut self.write(full)?);
-        Ok(())
-    }
-    fn reduce_scatter(&self, full: Region, shard: Region) -> Result<()> {
-        self.collectives
-            .reduce_scatter(&self.read(full)?, &mut self.write(shard)?);
-        Ok(())
-    }
-    fn all_reduce(&self, data: Region) -> Result<()> {
-        let mut scratch = self.scratch.lock().map_err(|_| poisoned("scratch"))?;
-        let capacity = scratch.len();
-        let send = scratch.get_mut(..data.len).ok_or_else(|| {
-            Error::Backend(format!(
-                "an AllReduce of {} elements exceeds the {capacity}-element block buffer",
-                data.len
-            ))
-        })?;
-        let mut data = self.write(data)?;
-        send.copy_from_slice(&data);
-        self.collectives.all_reduce(send, &mut data);
-        Ok(())
-    }
-    fn all_reduce_host(&self, data: &mut [f32]) -> Result<()> {
-        let send = data.to_vec();
-        self.collectives.all_reduce(&send, data);
-        Ok(())
-    }
-    fn mark(&self, _stream: Stream) -> Result<Instant> {
-        Ok(Instant::now())
-    }
-    fn wait_mark(&self, _stream: Stream, _mark: &Instant) -> Result<()> {
-        Ok(())
-    }
-    fn elapsed_us(&self, from: &Instant, to: &Instant) -> Result<f64> {
-        Ok(to.saturating_duration_since(*from).as_secs_f64() * 1e6)
-    }
-    fn synchronize(&self) -> Result<()> {
-        Ok(())
-    }
-}
-
-fn poisoned(what: &str) -> Error {
-    Error::Backend(format!(
-        "the {what} lock was poisoned by a panicking thread"
-    ))
 }

@@ -106,42 +106,8 @@ pub trait Backend: Sync {
     fn upload(&self, region: Region, data: &[f32]) -> Result<()>;
     /// Copies arena data to the host after every stream's work has completed.
     fn download(&self, region: Region, out: &mut [f32]) -> Result<()>;
-    fn linear_forward(
-        &self,
-        x: Region,
-        params: Region,
-        out: Region,
-        rows: usize,
-        dims: (usize, usize),
-        relu: bool,
-    ) -> Result<()>;
-    #[allow(clippy::too_many_arguments)]
-    fn linear_backward(
-        &self,
-        x: Region,
-        params: Region,
-        output: Region,
-        grad_out: Region,
-        grads: Region,
-        grad_in: Option<Region>,
-        rows: usize,
-        dims: (usize, usize),
-        relu: bool,
-    ) -> Result<()>;
-    /// Writes dL/dz into `grad` and this rank's partial loss into loss slot `step`.
-    fn mse_grad(&self, z: Region, y: Region, grad: Region, scale: f32, step: usize) -> Result<()>;
     /// The first `steps` loss slots (after every stream's work has completed).
     fn losses(&self, steps: usize) -> Result<Vec<f32>>;
-    /// One Adam step on the communication stream (after the unit's last reduction).
-    fn adam(
-        &self,
-        params: Region,
-        grads: Region,
-        m: Region,
-        v: Region,
-        step: u32,
-        lr: f32,
-    ) -> Result<()>;
     /// Every rank's `shard` concatenated in rank order into `full`.
     fn all_gather(&self, shard: Region, full: Region) -> Result<()>;
     /// The sum over ranks of `full`, this rank's part into `shard`.

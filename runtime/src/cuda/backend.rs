@@ -357,6 +357,75 @@ impl Backend for CudaBackend {
             .synchronize()
             .map_err(driver_error("copying from the GPU"))
     }
+    fn losses(&self, steps: usize) -> Result<Vec<f32>> {
+        if steps > self.loss_slots {
+            return Err(Error::Backend(format!(
+                "{steps} losses asked, {} slots allocated",
+                self.loss_slots
+            )));
+        }
+        self.synchronize()?;
+        let losses = self.losses.as_ref().expect("allocated with the slots");
+        let all = self
+            .compute
+            .clone_dtoh(losses)
+            .map_err(driver_error("copying the losses"))?;
+        Ok(all[..steps].to_vec())
+    }
+    fn all_gather(&self, shard: Region, full: Region) -> Result<()> {
+        let (send, recv) = (self.floats(shard)?, self.floats(full)?);
+        self.nccl.all_gather(send, recv, &self.communication)
+    }
+    fn reduce_scatter(&self, full: Region, shard: Region) -> Result<()> {
+        let (send, recv) = (self.floats(full)?, self.floats(shard)?);
+        self.nccl.reduce_scatter(send, recv, &self.communication)
+    }
+    fn all_reduce(&self, data: Region) -> Result<()> {
+        let data = self.floats(data)?;
+        self.nccl.all_reduce(data, data, &self.communication)
+    }
+    fn all_reduce_host(&self, data: &mut [f32]) -> Result<()> {
+        let device = self
+            .communication
+            .clone_htod(data)
+            .map_err(driver_error("copying to the GPU"))?;
+        let (p, _) = device.device_ptr(&self.communication);
+        // SAFETY: `device` holds `data.len()` floats and lives until the stream is synchronised
+        // below; nothing else uses it.
+        let floats = unsafe { DeviceFloats::new(p, data.len()) };
+        self.nccl.all_reduce(floats, floats, &self.communication)?;
+        self.communication
+            .memcpy_dtoh(&device, data)
+            .map_err(driver_error("copying from the GPU"))?;
+        self.communication
+            .synchronize()
+            .map_err(driver_error("reducing host values"))?;
+        Ok(())
+    }
+    fn mark(&self, stream: Stream) -> Result<Arc<CudaEvent>> {
+        self.stream(stream)
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map(Arc::new)
+            .map_err(driver_error("recording an event"))
+    }
+    fn wait_mark(&self, stream: Stream, mark: &Arc<CudaEvent>) -> Result<()> {
+        self.stream(stream)
+            .wait(mark)
+            .map_err(driver_error("waiting on an event"))
+    }
+    fn elapsed_us(&self, from: &Arc<CudaEvent>, to: &Arc<CudaEvent>) -> Result<f64> {
+        from.elapsed_ms(to)
+            .map(|ms| ms as f64 * 1e3)
+            .map_err(driver_error("timing events"))
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.ctx
+            .synchronize()
+            .map_err(driver_error("synchronising"))
+    }
+}
+
+impl crate::mlp::MlpKernels for CudaBackend {
     fn linear_forward(
         &self,
         x: Region,
@@ -457,21 +526,6 @@ impl Backend for CudaBackend {
         k.arg(&partials).arg(&parts_arg).arg(&loss);
         self.launch(k, one)
     }
-    fn losses(&self, steps: usize) -> Result<Vec<f32>> {
-        if steps > self.loss_slots {
-            return Err(Error::Backend(format!(
-                "{steps} losses asked, {} slots allocated",
-                self.loss_slots
-            )));
-        }
-        self.synchronize()?;
-        let losses = self.losses.as_ref().expect("allocated with the slots");
-        let all = self
-            .compute
-            .clone_dtoh(losses)
-            .map_err(driver_error("copying the losses"))?;
-        Ok(all[..steps].to_vec())
-    }
     fn adam(
         &self,
         params: Region,
@@ -501,56 +555,5 @@ impl Backend for CudaBackend {
             .arg(&c2);
         k.arg(&BETA1).arg(&BETA2).arg(&EPSILON);
         self.launch(k, config)
-    }
-    fn all_gather(&self, shard: Region, full: Region) -> Result<()> {
-        let (send, recv) = (self.floats(shard)?, self.floats(full)?);
-        self.nccl.all_gather(send, recv, &self.communication)
-    }
-    fn reduce_scatter(&self, full: Region, shard: Region) -> Result<()> {
-        let (send, recv) = (self.floats(full)?, self.floats(shard)?);
-        self.nccl.reduce_scatter(send, recv, &self.communication)
-    }
-    fn all_reduce(&self, data: Region) -> Result<()> {
-        let data = self.floats(data)?;
-        self.nccl.all_reduce(data, data, &self.communication)
-    }
-    fn all_reduce_host(&self, data: &mut [f32]) -> Result<()> {
-        let device = self
-            .communication
-            .clone_htod(data)
-            .map_err(driver_error("copying to the GPU"))?;
-        let (p, _) = device.device_ptr(&self.communication);
-        // SAFETY: `device` holds `data.len()` floats and lives until the stream is synchronised
-        // below; nothing else uses it.
-        let floats = unsafe { DeviceFloats::new(p, data.len()) };
-        self.nccl.all_reduce(floats, floats, &self.communication)?;
-        self.communication
-            .memcpy_dtoh(&device, data)
-            .map_err(driver_error("copying from the GPU"))?;
-        self.communication
-            .synchronize()
-            .map_err(driver_error("reducing host values"))?;
-        Ok(())
-    }
-    fn mark(&self, stream: Stream) -> Result<Arc<CudaEvent>> {
-        self.stream(stream)
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .map(Arc::new)
-            .map_err(driver_error("recording an event"))
-    }
-    fn wait_mark(&self, stream: Stream, mark: &Arc<CudaEvent>) -> Result<()> {
-        self.stream(stream)
-            .wait(mark)
-            .map_err(driver_error("waiting on an event"))
-    }
-    fn elapsed_us(&self, from: &Arc<CudaEvent>, to: &Arc<CudaEvent>) -> Result<f64> {
-        from.elapsed_ms(to)
-            .map(|ms| ms as f64 * 1e3)
-            .map_err(driver_error("timing events"))
-    }
-    fn synchronize(&self) -> Result<()> {
-        self.ctx
-            .synchronize()
-            .map_err(driver_error("synchronising"))
     }
 }

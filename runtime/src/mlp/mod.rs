@@ -13,7 +13,7 @@ mod train;
 
 use crate::gemm::Gemm;
 
-pub use train::Mlp;
+pub use train::{Mlp, MlpKernels};
 
 use crate::{Error, Result};
 use serde::Deserialize;

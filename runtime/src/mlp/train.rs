@@ -97,7 +97,49 @@ impl Workload for Mlp {
     }
 }
 
-impl<B: Backend> Train<B> for Mlp {
+/// The device kernels of the MLP's units (a backend implements them once; the workload never
+/// touches memory itself).
+pub trait MlpKernels: Backend {
+    /// `out = x·Wᵀ + b` (then ReLU when `relu`), `params` = W | b, `dims` = (in, out).
+    fn linear_forward(
+        &self,
+        x: Region,
+        params: Region,
+        out: Region,
+        rows: usize,
+        dims: (usize, usize),
+        relu: bool,
+    ) -> Result<()>;
+    /// The gradients of `linear_forward` from `grad_out` (turned into dL/dz in place, masked by
+    /// `output > 0` when `relu`): W's then b's into `grads`, the input's into `grad_in` if given.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_backward(
+        &self,
+        x: Region,
+        params: Region,
+        output: Region,
+        grad_out: Region,
+        grads: Region,
+        grad_in: Option<Region>,
+        rows: usize,
+        dims: (usize, usize),
+        relu: bool,
+    ) -> Result<()>;
+    /// Writes dL/dz into `grad` and this rank's partial loss into loss slot `step`.
+    fn mse_grad(&self, z: Region, y: Region, grad: Region, scale: f32, step: usize) -> Result<()>;
+    /// One Adam step on the communication stream (after the unit's last reduction).
+    fn adam(
+        &self,
+        params: Region,
+        grads: Region,
+        m: Region,
+        v: Region,
+        step: u32,
+        lr: f32,
+    ) -> Result<()>;
+}
+
+impl<B: MlpKernels> Train<B> for Mlp {
     fn forward(
         &self,
         backend: &B,
