@@ -396,3 +396,38 @@ fn relaxed_runs_with_slow_communication_never_reuse_memory_in_flight() {
         "some plans share a region between buffers"
     );
 }
+
+/// A plan whose buffers fit its memory cap but whose packed arena does not is refused before any
+/// step, naming both sizes and a cap to solve under; at a cap equal to the arena it runs.
+#[test]
+fn a_plan_whose_arena_exceeds_its_cap_is_refused() {
+    use shardplan_runtime::Error;
+    use shardplan_runtime::backend::Loopback;
+    let (g, profile) = (gpt2(1), profile(1));
+    let mut rng = Rng(17);
+    let (schedule, l) = (0..200)
+        .map(|_| {
+            let schedule = random_schedule(&mut rng, &profile);
+            let l = layout(&g, &profile, &schedule, 1).unwrap();
+            (schedule, l)
+        })
+        .find(|(_, l)| l.arena.size_bytes > l.arena.live_peak_bytes)
+        .expect("a random plan that packs above its live peak");
+    let prepare = |cap: u64| {
+        let producer = Producer {
+            name: "fragmented".into(),
+            details: Default::default(),
+        };
+        let (plan, _) = plan_with_prediction(&profile, &schedule, producer, Some(cap));
+        session::Prepared::new(CpuBackend::new(Loopback), &g, &profile, &plan, "p.toml", 1)
+    };
+    match prepare(l.arena.live_peak_bytes) {
+        Err(Error::OverCap(message)) => assert!(
+            message.contains(&format!("into {} bytes", l.arena.size_bytes))
+                && message.contains("--memory-cap"),
+            "{message}"
+        ),
+        other => panic!("expected the cap to be refused, got {:?}", other.err()),
+    }
+    assert!(prepare(l.arena.size_bytes).is_ok());
+}

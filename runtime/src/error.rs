@@ -14,6 +14,9 @@ pub enum Error {
         setting: &'static str,
         expected: String,
     },
+    /// The plan does not fit its own memory cap on this backend.
+    #[error("{0}")]
+    OverCap(String),
     /// A wait outlived its deadline: a peer or a stream stopped making progress.
     #[error("{0}")]
     Timeout(String),

@@ -61,6 +61,7 @@ impl<B: Backend> Prepared<B> {
             )));
         }
         let layout = layout(workload, profile, &schedule, world)?;
+        check_cap(&layout, plan, origin)?;
         backend.allocate(Allocation {
             arena_elements: (layout.arena.size_bytes / 4) as usize,
             largest_block: layout.largest_block,
@@ -83,6 +84,21 @@ impl<B: Backend> Prepared<B> {
             &self.layout,
             options,
         )
+    }
+}
+
+/// Refuses a plan whose buffers fit its memory cap (the profile describes this backend's buffers
+/// and the plan was solved under the cap) but whose packed arena does not: a static packing of
+/// cyclic lifetimes can leave gaps (DESIGN §6.5), and the cap is a promise.
+fn check_cap(layout: &Layout, plan: &Plan, origin: &str) -> Result<()> {
+    let (arena, live) = (layout.arena.size_bytes, layout.arena.live_peak_bytes);
+    match plan.memory_cap_bytes {
+        Some(cap) if live <= cap && arena > cap => Err(Error::OverCap(format!(
+            "{origin}: the arena packs this plan's buffers into {arena} bytes, {} above its memory              cap of {cap} bytes (their live peak, {live} bytes, fits; the packing leaves gaps):              solve again under --memory-cap {}",
+            arena - cap,
+            cap.saturating_sub(arena - cap)
+        ))),
+        _ => Ok(()),
     }
 }
 
