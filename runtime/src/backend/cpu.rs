@@ -7,7 +7,7 @@ use super::{Allocation, Backend, DeviceMemory, Region, Stream};
 use crate::mlp;
 use crate::{Error, Result};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The three collectives on host slices.
 pub trait Collectives: Sync {
@@ -85,17 +85,53 @@ impl Collectives for Mpi {
     }
     fn all_gather(&self, send: &[f32], recv: &mut [f32]) {
         use mpi::collective::CommunicatorCollectives;
-        self.world.all_gather_into(send, recv);
+        mpi::request::scope(|scope| {
+            wait_without_spinning(self.world.immediate_all_gather_into(scope, send, recv))
+        });
     }
     fn reduce_scatter(&self, send: &[f32], recv: &mut [f32]) {
         use mpi::collective::{CommunicatorCollectives, SystemOperation};
-        self.world
-            .reduce_scatter_block_into(send, recv, SystemOperation::sum());
+        mpi::request::scope(|scope| {
+            let sum = SystemOperation::sum();
+            let request = self
+                .world
+                .immediate_reduce_scatter_block_into(scope, send, recv, sum);
+            wait_without_spinning(request)
+        });
     }
     fn all_reduce(&self, send: &[f32], recv: &mut [f32]) {
         use mpi::collective::{CommunicatorCollectives, SystemOperation};
-        self.world
-            .all_reduce_into(send, recv, SystemOperation::sum());
+        mpi::request::scope(|scope| {
+            let sum = SystemOperation::sum();
+            let request = self.world.immediate_all_reduce_into(scope, send, recv, sum);
+            wait_without_spinning(request)
+        });
+    }
+}
+
+/// How long a collective's wait tests without pausing, and the longest pause between tests.
+const SPIN: Duration = Duration::from_micros(20);
+const LONGEST_PAUSE: Duration = Duration::from_micros(200);
+
+/// Waits for a non-blocking collective by testing it, pausing between tests once it has taken
+/// longer than [`SPIN`] (pauses double up to [`LONGEST_PAUSE`]). MPI's blocking wait spins for
+/// as long as the peer takes to arrive, and with a compute and a communication thread per rank
+/// on shared cores that time is taken from compute (DESIGN §6.1). MPI progresses the collective
+/// inside each test.
+fn wait_without_spinning<'a, D: ?Sized, S: mpi::request::Scope<'a>>(
+    mut request: mpi::request::Request<'a, D, S>,
+) {
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(5);
+    loop {
+        match request.test() {
+            Ok(_) => return,
+            Err(pending) => request = pending,
+        }
+        if start.elapsed() > SPIN {
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(LONGEST_PAUSE);
+        }
     }
 }
 
