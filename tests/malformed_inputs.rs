@@ -203,6 +203,17 @@ fn cases(inputs: &Inputs) -> Vec<Case> {
             Some("units[0].activation_bytes"),
         ),
         case(
+            "a unit reading the parameters of no earlier unit",
+            baseline(&inputs.profile_with(
+                "forward_us = ",
+                "reads_params_of = \"head\"\nforward_us = ",
+                1,
+            )),
+            2,
+            "the name of an earlier unit that no other unit reads, got `head`",
+            Some("units[0].reads_params_of"),
+        ),
+        case(
             "negative integer",
             baseline(&inputs.profile_with("activation_bytes = ", "activation_bytes = -", 1)),
             2,

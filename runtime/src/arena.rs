@@ -72,8 +72,10 @@ pub struct Arena {
 /// A request's sort key for one packing order (the largest first).
 type SortKey<'a> = dyn Fn(usize) -> (u64, u64, u64) + 'a;
 
-/// Reorderings the local search tries after the fixed orders.
+/// Reorderings the local search tries after the fixed orders, at most; fewer for large plans, so
+/// that the search compares at most [`SEARCH_WORK`] pairs of parts' lifetimes in all.
 const SEARCH_MOVES: usize = 400;
+const SEARCH_WORK: usize = 200_000_000;
 
 /// Alignment of every buffer (a cache line).
 pub const ALIGN: u64 = 64;
@@ -88,7 +90,7 @@ fn together(a: &[bool], b: &[bool]) -> bool {
 
 /// Packs `requests` (all with the same number of slots): first-fit and best-fit in each of a few
 /// orders, keeping the smallest arena; then a local search over the order until the arena is the
-/// live peak or `SEARCH_MOVES` moves are spent.
+/// live peak or its moves are spent.
 pub fn pack(requests: &[Request]) -> Arena {
     let slots = requests
         .iter()
@@ -146,7 +148,9 @@ pub fn pack(requests: &[Request]) -> Arena {
         state ^= state << 17;
         (state % bound as u64) as usize
     };
-    for _ in 0..SEARCH_MOVES {
+    let parts: usize = requests.iter().map(|r| r.parts.len()).sum();
+    let moves = SEARCH_MOVES.min(SEARCH_WORK / (parts * parts * slots).max(1));
+    for _ in 0..moves {
         if size_bytes == live_peak_bytes || order.len() < 2 {
             break;
         }
