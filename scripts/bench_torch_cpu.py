@@ -13,17 +13,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2LMHeadModel
+
+from shardplan_torch.gpt2 import adamw, config as gpt2_config
 
 from benchlib import ROOT, prepare, shardplan, training_text, write_section
-
-
-def gpt2_config(spec):
-    return GPT2Config(
-        vocab_size=spec["vocab"], n_positions=spec["seq_len"], n_embd=spec["hidden"],
-        n_layer=spec["layers"], n_head=spec["heads"], n_inner=spec["ffn"],
-        activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-        layer_norm_epsilon=1e-5, tie_word_embeddings=True, bos_token_id=None, eos_token_id=None)
 
 
 def batch(data, seq, rows):
@@ -36,12 +30,7 @@ def batch(data, seq, rows):
 def train(model, spec, steps, rank=0, world=1):
     """AdamW steps on this rank's share of each global batch; the step times in µs."""
     t = spec["training"]
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": t.get("weight_decay", 0.1)},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=t["learning_rate"], betas=tuple(t.get("betas", (0.9, 0.95))), eps=t.get("eps", 1e-8))
+    opt = adamw(model, t)
     data = training_text()
     seq, global_batch = spec["seq_len"], t["batch_size"]
     windows = (len(data) - 1) // seq

@@ -17,20 +17,14 @@ import unittest
 
 import torch
 from safetensors.torch import load_file
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2LMHeadModel
+
+from shardplan_torch.gpt2 import adamw, config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = os.environ.get("SHARDPLAN_BIN", str(ROOT / "target" / "release" / "shardplan"))
 MODEL = ROOT / "models" / "gpt2-tiny.toml"
 STEPS = 3
-
-
-def config(spec):
-    return GPT2Config(
-        vocab_size=spec["vocab"], n_positions=spec["seq_len"], n_embd=spec["hidden"],
-        n_layer=spec["layers"], n_head=spec["heads"], n_inner=spec["ffn"],
-        activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-        layer_norm_epsilon=1e-5, tie_word_embeddings=True, bos_token_id=None, eos_token_id=None)
 
 
 def text():
@@ -53,12 +47,7 @@ def batches(data, seq, batch, steps):
 
 def hf_training(model, spec, data):
     t = spec["training"]
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": t.get("weight_decay", 0.1)},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=t["learning_rate"], betas=tuple(t.get("betas", (0.9, 0.95))), eps=t.get("eps", 1e-8))
+    opt = adamw(model, t)
     losses = []
     for x, y in batches(data, spec["seq_len"], t["batch_size"], STEPS):
         logits = model(input_ids=x).logits
