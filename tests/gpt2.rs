@@ -424,6 +424,7 @@ fn a_plan_whose_arena_exceeds_its_cap_is_refused() {
     match prepare(l.arena.live_peak_bytes) {
         Err(Error::OverCap(message)) => assert!(
             message.contains(&format!("into {} bytes", l.arena.size_bytes))
+                && message.contains("above its memory cap of")
                 && message.contains("--memory-cap"),
             "{message}"
         ),

@@ -94,7 +94,9 @@ fn check_cap(layout: &Layout, plan: &Plan, origin: &str) -> Result<()> {
     let (arena, live) = (layout.arena.size_bytes, layout.arena.live_peak_bytes);
     match plan.memory_cap_bytes {
         Some(cap) if live <= cap && arena > cap => Err(Error::OverCap(format!(
-            "{origin}: the arena packs this plan's buffers into {arena} bytes, {} above its memory              cap of {cap} bytes (their live peak, {live} bytes, fits; the packing leaves gaps):              solve again under --memory-cap {}",
+            "{origin}: the arena packs this plan's buffers into {arena} bytes, {} above its memory \
+             cap of {cap} bytes (their live peak, {live} bytes, fits; the packing leaves gaps): \
+             solve again under --memory-cap {}",
             arena - cap,
             cap.saturating_sub(arena - cap)
         ))),
