@@ -131,7 +131,7 @@ pub fn pack(requests: &[Request]) -> Arena {
         .iter()
         .flat_map(|key| {
             let mut order: Vec<usize> = (0..requests.len()).collect();
-            order.sort_by_key(|&k| (std::cmp::Reverse(key(k)), k));
+            order.sort_by_cached_key(|&k| (std::cmp::Reverse(key(k)), k));
             [Fit::First, Fit::Best].map(|fit| {
                 let packed = place(requests, &order, fit);
                 (order.clone(), fit, packed)

@@ -266,12 +266,9 @@ pub fn layout(
         requests: Vec::new(),
     };
     let always = |_: usize| true;
-    // The backward slot of the unit that borrows each unit's parameters, if any.
-    let borrower_backward = |lender: usize| {
-        (lender + 1..workload.unit_count())
-            .find(|&u| workload.borrows_params_of(u) == Some(lender))
-            .map(|u| timeline.backward(u))
-    };
+    // The backward slot of the unit that borrows each unit's parameters, if any (the profile's
+    // `reads_params_of`, which `check_profile` found equal to the workload's).
+    let borrower_backward = |lender: usize| profile.borrower(lender).map(|u| timeline.backward(u));
     let mut pending = Vec::new();
     for (i, u) in schedule.units().iter().enumerate() {
         let nb = profile.blocks(i) as usize;
