@@ -19,13 +19,19 @@ def prepare():
         os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
 
 
-def shardplan(args, world=1):
-    """Runs the binary (under mpirun for more than one rank); its stdout, or exits naming the
-    command and its stderr."""
+def call(args, world=1):
+    """Runs the binary (under mpirun for more than one rank): the command and its completed
+    process."""
     command = [str(BIN), *map(str, args)]
     if world > 1:
         command = ["mpirun", "--oversubscribe", "-np", str(world), *command]
-    done = subprocess.run(command, capture_output=True, text=True)
+    return command, subprocess.run(command, capture_output=True, text=True)
+
+
+def shardplan(args, world=1):
+    """Runs the binary (under mpirun for more than one rank); its stdout, or exits naming the
+    command and its stderr."""
+    command, done = call(args, world)
     if done.returncode != 0:
         sys.exit(f"`{' '.join(command)}` failed ({done.returncode}):\n{done.stderr}")
     return done.stdout

@@ -191,6 +191,13 @@ fn from_first_rank<B: Backend>(backend: &B, value: u64) -> Result<u64> {
         .sum())
 }
 
+/// Alone/together pairs of the interference measurement: the machine's speed drifts over
+/// seconds, so each pair's rates come from timings taken moments apart, and κ from their medians.
+const INTERFERENCE_PAIRS: usize = 5;
+
+/// Compute rounds timed alone in each pair.
+const ALONE_ROUNDS: usize = 3;
+
 /// The interference of compute and communication (DESIGN §3.4). A compute round
 /// (`compute_round` enqueues it on the compute stream, touching no byte of the message) is timed
 /// alone (t_alone), and `rounds` AllReduces of `bytes` alone (Q); then the AllReduces start
@@ -199,9 +206,12 @@ fn from_first_rank<B: Backend>(backend: &B, value: u64) -> Result<u64> {
 /// t_alone/t_with, communication r_q = Q/D. A slot with compute c and communication Q then lasts
 /// max(c + κ_c·Q, Q + κ_q·c) with κ_c = (1 − r_c)/r_q and κ_q = (1 − r_q)/r_c (whichever stream
 /// finishes first, the other runs on alone at full rate). The form holds while r_c + r_q ≥ 1,
-/// i.e. both factors ≤ 1; they are clamped to [0, 1]. Every rank must call it; all run rank 0's
-/// `bytes` (ranks that derived another block size from their own timings would otherwise run
-/// AllReduces of different sizes against each other: MPI_ERR_TRUNCATE or a corrupted heap).
+/// i.e. both factors ≤ 1; they are clamped to [0, 1]. The alone and together timings are taken
+/// in [`INTERFERENCE_PAIRS`] pairs, alternating which comes first, and each rate is the median
+/// of the pairs' (a drift between two timings seconds apart would otherwise read as
+/// interference). Every rank must call it; all run rank 0's `bytes` (ranks that derived another
+/// block size from their own timings would otherwise run AllReduces of different sizes against
+/// each other: MPI_ERR_TRUNCATE or a corrupted heap).
 pub fn time_interference<B: Backend>(
     backend: &B,
     compute_round: &dyn Fn() -> Result<()>,
@@ -209,13 +219,6 @@ pub fn time_interference<B: Backend>(
     bytes: u64,
     rounds: usize,
 ) -> Result<Interference> {
-    let timed = |stream: Stream, work: &dyn Fn() -> Result<()>| -> Result<f64> {
-        let before = backend.mark(stream)?;
-        work()?;
-        let after = backend.mark(stream)?;
-        backend.synchronize()?;
-        backend.elapsed_us(&before, &after)
-    };
     let bytes = from_first_rank(backend, bytes)?;
     let message = Region {
         offset: start,
@@ -228,29 +231,87 @@ pub fn time_interference<B: Backend>(
         Ok(())
     };
     compute_round()?;
-    let alone = timed(Stream::Compute, &|| {
-        (0..10).try_for_each(|_| compute_round())
-    })? / 10.0;
-    let comm_alone = timed(Stream::Communication, &reductions)?;
-    let overlapped_rounds = ((comm_alone / alone.max(1e-3)).ceil() as usize).clamp(1, 100_000);
+    let alone = || -> Result<Timing> {
+        let compute = timed(backend, Stream::Compute, &|| {
+            (0..ALONE_ROUNDS).try_for_each(|_| compute_round())
+        })? / ALONE_ROUNDS as f64;
+        let comm = timed(backend, Stream::Communication, &reductions)?;
+        Ok(Timing { compute, comm })
+    };
+    // Together: as many compute rounds as cover the AllReduces alone (the estimate's).
+    let together = |estimate: &Timing| -> Result<Timing> {
+        let rounds =
+            ((estimate.comm / estimate.compute.max(1e-3)).ceil() as usize).clamp(1, 100_000);
+        let (compute, comm) = overlap(backend, compute_round, &reductions, rounds)?;
+        Ok(Timing {
+            compute: compute / rounds as f64,
+            comm,
+        })
+    };
+    let mut pairs: Vec<(Timing, Timing)> = Vec::with_capacity(INTERFERENCE_PAIRS);
+    for pair in 0..INTERFERENCE_PAIRS {
+        pairs.push(match pairs.last() {
+            Some((previous, _)) if pair % 2 == 1 => {
+                let with = together(previous)?;
+                (alone()?, with)
+            }
+            _ => {
+                let by_itself = alone()?;
+                let with = together(&by_itself)?;
+                (by_itself, with)
+            }
+        });
+    }
+    let rate = |side: fn(&Timing) -> f64| {
+        median(
+            pairs
+                .iter()
+                .map(|(by_itself, with)| (side(by_itself) / side(with).max(1e-9)).clamp(1e-9, 1.0))
+                .collect(),
+        )
+    };
+    let compute_rate = rate(|t| t.compute);
+    let comm_rate = rate(|t| t.comm);
+    Ok(Interference {
+        compute: ((1.0 - compute_rate) / comm_rate).clamp(0.0, 1.0),
+        comm: ((1.0 - comm_rate) / compute_rate).clamp(0.0, 1.0),
+    })
+}
+
+/// One timing of the interference measurement: a compute round's µs and the AllReduces' µs.
+struct Timing {
+    compute: f64,
+    comm: f64,
+}
+
+/// µs of `work` enqueued on `stream`, waited for.
+fn timed<B: Backend>(backend: &B, stream: Stream, work: &dyn Fn() -> Result<()>) -> Result<f64> {
+    let before = backend.mark(stream)?;
+    work()?;
+    let after = backend.mark(stream)?;
+    backend.synchronize()?;
+    backend.elapsed_us(&before, &after)
+}
+
+/// `reductions` on the communication stream (its own thread) started together with
+/// `compute_rounds` rounds on the compute stream: the µs of each side.
+fn overlap<B: Backend>(
+    backend: &B,
+    compute_round: &dyn Fn() -> Result<()>,
+    reductions: &(dyn Fn() -> Result<()> + Sync),
+    compute_rounds: usize,
+) -> Result<(f64, f64)> {
     let go = backend.mark(Stream::Compute)?;
     backend.wait_mark(Stream::Communication, &go)?;
-    let (with, comm_with) = std::thread::scope(|scope| -> Result<(f64, f64)> {
-        let comm = scope.spawn(|| timed(Stream::Communication, &reductions));
-        let with = timed(Stream::Compute, &|| {
-            (0..overlapped_rounds).try_for_each(|_| compute_round())
+    std::thread::scope(|scope| {
+        let comm = scope.spawn(|| timed(backend, Stream::Communication, reductions));
+        let with = timed(backend, Stream::Compute, &|| {
+            (0..compute_rounds).try_for_each(|_| compute_round())
         });
         let comm_with = comm
             .join()
             .map_err(|_| Error::Backend("the communication thread panicked".into()))??;
         Ok((with?, comm_with))
-    })?;
-    let with = with / overlapped_rounds as f64;
-    let compute_rate = (alone / with.max(1e-9)).clamp(1e-9, 1.0);
-    let comm_rate = (comm_alone / comm_with.max(1e-9)).clamp(1e-9, 1.0);
-    Ok(Interference {
-        compute: ((1.0 - compute_rate) / comm_rate).clamp(0.0, 1.0),
-        comm: ((1.0 - comm_rate) / compute_rate).clamp(0.0, 1.0),
     })
 }
 
