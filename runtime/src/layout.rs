@@ -225,7 +225,7 @@ pub fn check_profile(workload: &dyn Workload, profile: &Profile) -> Result<()> {
         )));
     }
     for u in 0..workload.unit_count() {
-        let lender = workload.borrows_params_of(u).map(|l| workload.unit_name(l));
+        let lender = workload.reads_params_of(u);
         if profile.units[u].reads_params_of != lender {
             return Err(Error::Mismatch(format!(
                 "profile unit {} (`{}`) has reads_params_of = {:?}; the model's unit reads the parameters of {:?}: measure the profile again",

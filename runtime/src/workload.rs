@@ -44,6 +44,11 @@ pub trait Workload: Sync {
     fn borrows_params_of(&self, _unit: usize) -> Option<usize> {
         None
     }
+    /// The profile's `reads_params_of` of the unit: the name of the unit it borrows from.
+    fn reads_params_of(&self, unit: usize) -> Option<String> {
+        self.borrows_params_of(unit)
+            .map(|lender| self.unit_name(lender))
+    }
 }
 
 /// Whether a forward is the step's own or the recomputation before a checkpointed backward.

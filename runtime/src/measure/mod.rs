@@ -69,9 +69,7 @@ pub fn workload_profile(
                 backward_workspace_bytes: bytes(
                     b.backward_workspace + b.input_gradient + next_gradient,
                 ),
-                reads_params_of: workload
-                    .borrows_params_of(i)
-                    .map(|lender| workload.unit_name(lender)),
+                reads_params_of: workload.reads_params_of(i),
             }
         })
         .collect();
