@@ -346,6 +346,11 @@ pub struct SolveArgs {
     /// Never recompute activations.
     #[arg(long)]
     pub no_recompute: bool,
+    /// Pack the plan's buffers as `run` will for this model (an MLP, or a GPT-2 with
+    /// [training]) and, while the packed arena exceeds --memory-cap, solve again under a cap
+    /// lowered by the excess.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
 }

@@ -6,7 +6,8 @@
 //! `backend` (the collectives; MPI and a single-rank loopback), `executor` (the slot walker),
 //! `measure` (the measuring profiler), `gemm` (products and their cuBLAS calls), `transformer`
 //! (a zoo unit's products), `cuda` (the GPU backend), `launch` (a rank's start under mpirun),
-//! `session` (one run of a saved plan, end to end), `process` (the process's peak resident memory).
+//! `session` (one run of a saved plan, end to end), `fit` (a solve whose packed arena keeps
+//! its cap), `process` (the process's peak resident memory).
 
 pub mod arena;
 pub mod backend;
@@ -14,6 +15,7 @@ pub mod cuda;
 pub mod error;
 pub mod event;
 pub mod executor;
+pub mod fit;
 pub mod gemm;
 pub mod gpt2;
 pub mod launch;

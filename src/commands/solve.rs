@@ -4,6 +4,8 @@ use crate::cli::{MemoryCap, ObjectiveArg, SolveArgs};
 use crate::failure::flag_error;
 use crate::output::{ms, outln, print_json};
 use serde_json::json;
+use shardplan_runtime::fit::{layout_workload, solve_to_fit};
+use shardplan_runtime::model_file::ModelFile;
 use shardplan_scheduler::ilp::{Objective, SolveOptions, Solved, WindowLimits, solve};
 use shardplan_scheduler::io::check_outputs_distinct;
 use shardplan_scheduler::profile::Profile;
@@ -23,7 +25,9 @@ pub fn run(args: SolveArgs) -> anyhow::Result<()> {
             "it only with --objective memory",
         ));
     }
-    check_outputs_distinct(&[("--out", &args.out)], &[("--profile", &args.profile)])?;
+    let mut inputs = vec![("--profile", args.profile.as_path())];
+    inputs.extend(args.model.as_deref().map(|m| ("--model", m)));
+    check_outputs_distinct(&[("--out", &args.out)], &inputs)?;
     let profile = Profile::load(&args.profile)?;
     let options = SolveOptions {
         objective: match args.objective {
@@ -44,14 +48,36 @@ pub fn run(args: SolveArgs) -> anyhow::Result<()> {
         two_phase: !args.single_phase,
         hint: None,
     };
-    let solved = solve(&profile, &options)?;
+    let (solved, packing) = match &args.model {
+        None => (solve(&profile, &options)?, None),
+        Some(path) => {
+            let origin = path.display().to_string();
+            let model = ModelFile::load(path)?;
+            let workload = layout_workload(model, &origin, profile.world_size as usize)?;
+            let fitted = solve_to_fit(workload.as_ref(), &profile, &options)?;
+            let packing = Packing {
+                arena_bytes: fitted.arena_bytes,
+                live_peak_bytes: fitted.live_peak_bytes,
+                refused: fitted.refused,
+            };
+            (fitted.solved, Some(packing))
+        }
+    };
     let plan = solved.plan(&profile, options.memory_cap_bytes);
     plan.save(&args.out)?;
-    report(&args, &solved);
+    report(&args, &solved, packing.as_ref());
     Ok(())
 }
 
-fn report(args: &SolveArgs, solved: &Solved) {
+/// How the runtime packs the plan (with `--model`): its arena, the buffers' live peak, and each
+/// earlier solve whose arena exceeded the cap (the cap it was solved under, its arena).
+struct Packing {
+    arena_bytes: u64,
+    live_peak_bytes: u64,
+    refused: Vec<(u64, u64)>,
+}
+
+fn report(args: &SolveArgs, solved: &Solved, packing: Option<&Packing>) {
     let r = &solved.report;
     let sim = &solved.simulation;
     let count = |level: Level| {
@@ -91,6 +117,9 @@ fn report(args: &SolveArgs, solved: &Solved) {
             "warm_start": r.warm_start.as_ref().map(|(name, time)| json!({"name": name, "iteration_time_us": time})),
             "window_depth": r.window_depth,
             "phases": r.phases,
+            "arena_bytes": packing.map(|p| p.arena_bytes),
+            "live_peak_bytes": packing.map(|p| p.live_peak_bytes),
+            "solved_again": packing.map(|p| p.refused.iter().map(|(cap, arena)| json!({"memory_cap_bytes": cap, "arena_bytes": arena})).collect::<Vec<_>>()),
         }));
     } else {
         outln!(
@@ -123,5 +152,20 @@ fn report(args: &SolveArgs, solved: &Solved) {
                 .as_ref()
                 .map_or("none".to_string(), |(n, t)| format!("{n} ({})", ms(*t)))
         );
+        if let Some(p) = packing {
+            outln!(
+                "  packed for --model: arena {} (live peak {}){}",
+                format_bytes(p.arena_bytes as f64),
+                format_bytes(p.live_peak_bytes as f64),
+                p.refused
+                    .iter()
+                    .map(|(cap, arena)| format!(
+                        "; under {} it packed into {}",
+                        format_bytes(*cap as f64),
+                        format_bytes(*arena as f64)
+                    ))
+                    .collect::<String>()
+            );
+        }
     }
 }

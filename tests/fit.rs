@@ -1,0 +1,197 @@
+//! `solve --model`: the plan returned packs, as the runtime packs it, within the cap asked for —
+//! checked against the runtime's own layout and its refusal of over-cap plans, for caps across
+//! gpt2-tiny's whole range, some of which the plain solve answers with a plan `run` refuses.
+
+mod common;
+
+use common::runtime_profile;
+use shardplan_runtime::Error;
+use shardplan_runtime::backend::{CpuBackend, Loopback};
+use shardplan_runtime::fit::{Fitted, solve_to_fit};
+use shardplan_runtime::gpt2::Gpt2;
+use shardplan_runtime::gpt2::data::Tokens;
+use shardplan_runtime::layout::layout;
+use shardplan_runtime::session::Prepared;
+use shardplan_scheduler::baselines::{BaselineKind, baseline};
+use shardplan_scheduler::ilp::{SolveOptions, solve};
+use shardplan_scheduler::model::ModelSpec;
+use shardplan_scheduler::profile::Profile;
+use std::path::PathBuf;
+
+fn model_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/gpt2-tiny.toml")
+}
+
+fn gpt2(world: usize) -> Gpt2 {
+    let model = ModelSpec::load(&model_path()).unwrap();
+    let tokens = Tokens::Synthetic {
+        seed: 1,
+        vocab: 256,
+    };
+    Gpt2::new(&model, "gpt2-tiny", 0, world, tokens, None).unwrap()
+}
+
+fn options(cap: u64) -> SolveOptions {
+    SolveOptions {
+        memory_cap_bytes: Some(cap),
+        time_limit_s: 5.0,
+        threads: 1,
+        ..Default::default()
+    }
+}
+
+/// Caps from the smallest baseline peak to the largest, evenly spaced.
+fn caps(profile: &Profile, count: u64) -> Vec<u64> {
+    let peaks: Vec<f64> = BaselineKind::ALL
+        .into_iter()
+        .flat_map(|kind| [false, true].map(|ckpt| (kind, ckpt)))
+        .filter_map(|(kind, ckpt)| baseline(profile, kind, ckpt, None).ok())
+        .map(|b| b.simulation.peak_memory_bytes)
+        .collect();
+    let low = peaks.iter().copied().fold(f64::INFINITY, f64::min).ceil() as u64;
+    let high = peaks.iter().copied().fold(0.0, f64::max).ceil() as u64;
+    (0..count)
+        .map(|k| low + (high - low) * k / (count - 1))
+        .collect()
+}
+
+/// At every cap, the fitted plan's arena (the runtime's own layout) is within the cap, the
+/// runtime accepts the plan under that cap, and the plan is no faster than the plain solve's
+/// (it was solved under a cap at most as large). Where the plain solve's plan packs above the
+/// cap, the runtime refuses that plan and the fitted one is a different, fitting plan; at least
+/// one cap of the range is such a case, so the re-solve is exercised.
+#[test]
+fn a_plan_solved_with_the_model_packs_within_its_cap() {
+    for world in [2usize, 4] {
+        let g = gpt2(world);
+        let profile = runtime_profile(&g, world as u32, 32 << 10);
+        let (mut resolved, mut refused_caps) = (0, 0);
+        for cap in caps(&profile, 25) {
+            let plain = solve(&profile, &options(cap)).unwrap();
+            let plain_arena = layout(&g, &profile, &plain.schedule, world).unwrap().arena;
+            let fitted = match solve_to_fit(&g, &profile, &options(cap)) {
+                Ok(fitted) => fitted,
+                Err(Error::OverCap(message)) => {
+                    assert!(
+                        plain_arena.size_bytes > cap,
+                        "N={world} cap {cap}: {message}"
+                    );
+                    assert!(message.contains("packed arena fits"), "{message}");
+                    refused_caps += 1;
+                    continue;
+                }
+                Err(e) => panic!("N={world} cap {cap}: {e}"),
+            };
+            let Fitted {
+                solved,
+                arena_bytes,
+                live_peak_bytes,
+                refused,
+            } = &fitted;
+            let own = layout(&g, &profile, &solved.schedule, world).unwrap().arena;
+            assert_eq!(
+                (own.size_bytes, own.live_peak_bytes),
+                (*arena_bytes, *live_peak_bytes)
+            );
+            assert!(
+                *arena_bytes <= cap,
+                "N={world} cap {cap}: arena {arena_bytes}"
+            );
+            assert!(solved.simulation.peak_memory_bytes <= cap as f64);
+            assert!(
+                solved.simulation.iteration_time_us
+                    >= plain.simulation.iteration_time_us * (1.0 - 1e-4),
+                "N={world} cap {cap}: a lower cap cannot give a faster optimum"
+            );
+            assert!(refused.iter().all(|&(_, arena)| arena > cap));
+            let plan = solved.plan(&profile, Some(cap));
+            let prepare = |plan| {
+                let backend = CpuBackend::new(Loopback);
+                Prepared::new(backend, &g, &profile, plan, "fitted", 1).map(|_| ())
+            };
+            if world == 1 {
+                prepare(&plan).unwrap_or_else(|e| panic!("cap {cap}: {e}"));
+            }
+            if plain_arena.size_bytes > cap {
+                assert!(!refused.is_empty());
+                resolved += 1;
+                if world == 1 {
+                    let refused_plan = plain.plan(&profile, Some(cap));
+                    assert!(matches!(prepare(&refused_plan), Err(Error::OverCap(_))));
+                }
+            } else {
+                assert!(refused.is_empty());
+                assert_eq!(
+                    solved.simulation.iteration_time_us,
+                    plain.simulation.iteration_time_us
+                );
+            }
+        }
+        eprintln!("N={world}: {resolved} of 25 caps solved again, {refused_caps} refused");
+        assert!(resolved > 0, "N={world}: no cap needed a second solve");
+    }
+}
+
+/// The command: `solve --model` reports the arena, the live peak and each earlier solve that
+/// packed above the cap, and its plan runs under that cap; a model the profile was not made for
+/// is refused (exit 2, the mismatch named, no plan written).
+#[test]
+fn solve_with_a_model_reports_its_arena_and_refuses_another_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let world = 2;
+    let profile = runtime_profile(&gpt2(world), world as u32, 32 << 10);
+    let profile_path = dir.path().join("profile.toml");
+    profile.save(&profile_path).unwrap();
+    let plan = dir.path().join("plan.toml");
+    let bin = env!("CARGO_BIN_EXE_shardplan");
+    let solve = |cap: u64, model: &std::path::Path| {
+        std::process::Command::new(bin)
+            .args(["solve", "--profile"])
+            .arg(&profile_path)
+            .args([
+                "--memory-cap",
+                &cap.to_string(),
+                "--time-limit",
+                "5",
+                "--model",
+            ])
+            .arg(model)
+            .arg("--out")
+            .arg(&plan)
+            .arg("--json")
+            .output()
+            .unwrap()
+    };
+    let mut solved_again = 0;
+    for cap in caps(&profile, 25).into_iter().skip(3).step_by(4) {
+        let done = solve(cap, &model_path());
+        assert!(
+            done.status.success(),
+            "{}",
+            String::from_utf8_lossy(&done.stdout)
+        );
+        let json: serde_json::Value = serde_json::from_slice(&done.stdout).unwrap();
+        let arena = json["arena_bytes"].as_u64().unwrap();
+        let live = json["live_peak_bytes"].as_u64().unwrap();
+        assert!(live <= arena && arena <= cap, "{json}");
+        let again = json["solved_again"].as_array().unwrap();
+        assert!(
+            again
+                .iter()
+                .all(|s| s["arena_bytes"].as_u64().unwrap() > cap)
+        );
+        solved_again += again.len();
+    }
+    assert!(solved_again > 0, "some cap packs the first plan above it");
+    std::fs::remove_file(&plan).unwrap();
+    let mlp = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/mlp-small.toml");
+    let done = solve(caps(&profile, 2)[1], &mlp);
+    assert_eq!(done.status.code(), Some(2));
+    let json: serde_json::Value = serde_json::from_slice(&done.stdout).unwrap();
+    assert_eq!(json["kind"], "mismatch", "{json}");
+    assert!(
+        json["error"].as_str().unwrap().contains("another model"),
+        "{json}"
+    );
+    assert!(!plan.exists());
+}
