@@ -15,6 +15,7 @@ pub mod cuda;
 pub mod error;
 pub mod event;
 pub mod executor;
+#[cfg(feature = "solver")]
 pub mod fit;
 pub mod gemm;
 pub mod gpt2;

@@ -65,9 +65,10 @@ pub fn compute_round<B: Backend, W: Train<B>>(
     compute_round_marks(backend, workload, layout).map(|_| ())
 }
 
-/// Forward, backward and optimizer µs of each unit: 3 warm-up rounds, then the median of
-/// `repeats`. The first unit's forward includes taking and uploading the batch, as in a run.
-/// After each round every unit takes an optimizer step on the communication stream (with the
+/// Forward, backward and optimizer µs of each unit: 3 warm-up rounds, then the median over
+/// `repeats` rounds of the slowest rank's time (a slot whose collectives join the ranks ends with
+/// the slowest; on gpt2-tiny at N = 2 its median is 0.4–3.5% above one rank's own). The first
+/// unit's forward includes taking and uploading the batch, as in a run. After each round every unit takes an optimizer step on the communication stream (with the
 /// gradients the round left), as the executor does after a unit's last reduction; the streams
 /// wait for each other in between, so no step is timed beside other work.
 pub fn time_units<B: Backend, W: Train<B>>(
@@ -94,22 +95,42 @@ pub fn time_units<B: Backend, W: Train<B>>(
         }
     }
     backend.synchronize()?;
-    (0..l)
-        .map(|i| {
-            let time = |k: usize| -> Result<f64> {
-                let samples = rounds
-                    .iter()
-                    .map(|m| backend.elapsed_us(&m[k][0], &m[k][1]))
-                    .collect::<Result<Vec<f64>>>()?;
-                Ok(median(samples))
-            };
-            Ok(UnitTime {
-                forward_us: time(i)?,
-                backward_us: time(2 * l - 1 - i)?,
-                optimizer_us: time(2 * l + i)?,
-            })
+    let mine = rounds
+        .iter()
+        .flat_map(|m| m.iter().map(|[start, end]| backend.elapsed_us(start, end)))
+        .collect::<Result<Vec<f64>>>()?;
+    let ranks = every_rank(backend, &mine)?;
+    let spans = 3 * l;
+    // Span k of round r: the slowest rank's time.
+    let slowest = |r: usize, k: usize| {
+        ranks
+            .iter()
+            .map(|times| times[r * spans + k])
+            .fold(0.0, f64::max)
+    };
+    let time = |k: usize| median((0..rounds.len()).map(|r| slowest(r, k)).collect());
+    Ok((0..l)
+        .map(|i| UnitTime {
+            forward_us: time(i),
+            backward_us: time(2 * l - 1 - i),
+            optimizer_us: time(2 * l + i),
         })
-        .collect()
+        .collect())
+}
+
+/// Every rank's `values` (the same length on every rank), on every rank: each rank adds its own
+/// into its share of a zeroed buffer summed over the ranks. Every rank must call it.
+fn every_rank<B: Backend>(backend: &B, values: &[f64]) -> Result<Vec<Vec<f64>>> {
+    let (n, rank) = (values.len(), backend.rank());
+    let mut all = vec![0f32; n * backend.world_size()];
+    for (slot, v) in all[rank * n..(rank + 1) * n].iter_mut().zip(values) {
+        *slot = *v as f32;
+    }
+    backend.all_reduce_host(&mut all)?;
+    Ok(all
+        .chunks(n.max(1))
+        .map(|c| c.iter().map(|&t| f64::from(t)).collect())
+        .collect())
 }
 
 /// Times each collective across message sizes 4 KiB … `max_bytes` (bytes = the full message, as
@@ -354,6 +375,17 @@ mod tests {
             let backend = CpuBackend::new(SecondOfTwo { peer });
             assert_eq!(from_first_rank(&backend, 777).unwrap(), value);
         }
+    }
+
+    #[test]
+    fn every_rank_sees_each_ranks_values_in_rank_order() {
+        let backend = CpuBackend::new(SecondOfTwo {
+            peer: vec![7.0, 8.5, 0.0, 0.0],
+        });
+        assert_eq!(
+            every_rank(&backend, &[5.0, 6.25]).unwrap(),
+            [vec![7.0, 8.5], vec![5.0, 6.25]]
+        );
     }
 
     #[test]
