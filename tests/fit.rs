@@ -4,32 +4,16 @@
 
 mod common;
 
-use common::runtime_profile;
+use common::{gpt2_tiny as gpt2, gpt2_tiny_path as model_path, runtime_profile};
 use shardplan_runtime::Error;
 use shardplan_runtime::backend::{CpuBackend, Loopback};
 use shardplan_runtime::fit::{Fitted, solve_to_fit};
-use shardplan_runtime::gpt2::Gpt2;
-use shardplan_runtime::gpt2::data::Tokens;
 use shardplan_runtime::layout::layout;
 use shardplan_runtime::session::Prepared;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::ilp::{SolveOptions, solve};
-use shardplan_scheduler::model::ModelSpec;
 use shardplan_scheduler::profile::Profile;
 use std::path::PathBuf;
-
-fn model_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/gpt2-tiny.toml")
-}
-
-fn gpt2(world: usize) -> Gpt2 {
-    let model = ModelSpec::load(&model_path()).unwrap();
-    let tokens = Tokens::Synthetic {
-        seed: 1,
-        vocab: 256,
-    };
-    Gpt2::new(&model, "gpt2-tiny", 0, world, tokens, None).unwrap()
-}
 
 fn options(cap: u64) -> SolveOptions {
     SolveOptions {

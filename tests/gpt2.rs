@@ -6,16 +6,16 @@
 
 mod common;
 
-use common::{Rng, random_schedule, run_plan, runtime_profile};
+use common::{
+    Rng, gpt2_tiny as gpt2, gpt2_tiny_path as model_path, random_schedule, run_plan,
+    runtime_profile,
+};
 use shardplan_runtime::backend::{Collectives, CpuBackend};
 use shardplan_runtime::executor::RunOptions;
-use shardplan_runtime::gpt2::Gpt2;
-use shardplan_runtime::gpt2::data::Tokens;
 use shardplan_runtime::layout::layout;
 use shardplan_runtime::session;
 use shardplan_runtime::workload::Workload;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
-use shardplan_scheduler::model::ModelSpec;
 use shardplan_scheduler::plan::{Producer, plan_with_prediction};
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::Schedule;
@@ -25,19 +25,6 @@ use std::process::Output;
 use std::time::Duration;
 
 const STEPS: usize = 3;
-
-fn model_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/gpt2-tiny.toml")
-}
-
-fn gpt2(world: usize) -> Gpt2 {
-    let model = ModelSpec::load(&model_path()).unwrap();
-    let tokens = Tokens::Synthetic {
-        seed: 1,
-        vocab: 256,
-    };
-    Gpt2::new(&model, "gpt2-tiny", 0, world, tokens, None).unwrap()
-}
 
 /// The runtime's own profile of gpt2-tiny with 32 KiB blocks (blocks split into ~25 blocks, so
 /// launches spread over several slots); times are arbitrary (they only shape random plans).

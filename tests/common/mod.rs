@@ -8,6 +8,22 @@ mod scheduler_fixtures;
 pub use scheduler_fixtures::*;
 use shardplan_scheduler::profile::{CommCurves, Profile};
 
+/// models/gpt2-tiny.toml.
+pub fn gpt2_tiny_path() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/gpt2-tiny.toml")
+}
+
+/// gpt2-tiny as rank 0 of `world` lays it out (synthetic tokens, the model's initialisation).
+pub fn gpt2_tiny(world: usize) -> shardplan_runtime::gpt2::Gpt2 {
+    use shardplan_runtime::gpt2::{Gpt2, data::Tokens};
+    let model = shardplan_scheduler::model::ModelSpec::load(&gpt2_tiny_path()).unwrap();
+    let tokens = Tokens::Synthetic {
+        seed: 1,
+        vocab: 256,
+    };
+    Gpt2::new(&model, "gpt2-tiny", 0, world, tokens, None).unwrap()
+}
+
 /// The runtime's own profile of `workload` on `world` ranks with blocks of `block_size_bytes`,
 /// arbitrary unit times (unit u: forward 10 + u, backward 20 + u, optimizer 3 + u µs) and affine
 /// curves: times only shape random plans.
