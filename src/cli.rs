@@ -347,8 +347,8 @@ pub struct SolveArgs {
     #[arg(long)]
     pub no_recompute: bool,
     /// Pack the plan's buffers as `run` will for this model (an MLP, or a GPT-2 with
-    /// [training]) and, while the packed arena exceeds --memory-cap, solve again under a cap
-    /// lowered by the excess.
+    /// [training]) and, while the packed arena exceeds --memory-cap, search a lower cap to solve
+    /// under; the plan returned packs within --memory-cap.
     #[arg(long)]
     pub model: Option<PathBuf>,
     #[arg(long)]

@@ -13,11 +13,13 @@
 //! recorded under `M`, the cap the user asked for.
 
 use crate::arena::Arena;
+use crate::gpt2::Gpt2;
 use crate::layout::layout;
+use crate::mlp::Mlp;
 use crate::model_file::ModelFile;
 use crate::workload::Workload;
 use crate::{Error, Result};
-use shardplan_scheduler::baselines::{BaselineKind, baseline};
+use shardplan_scheduler::baselines::{BaselineKind, Preference, baseline};
 use shardplan_scheduler::ilp::{Objective, SolveOptions, Solved, solve};
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::Schedule;
@@ -29,6 +31,11 @@ pub const MAX_SOLVES: usize = 8;
 /// A solve whose plan's packed arena fits the cap asked for.
 pub struct Fitted {
     pub solved: Solved,
+    pub packing: Packing,
+}
+
+/// How the runtime packs a fitted plan, and the solves before it that packed above the cap.
+pub struct Packing {
     /// The arena the runtime packs the plan's buffers into, and their live peak.
     pub arena_bytes: u64,
     pub live_peak_bytes: u64,
@@ -122,9 +129,11 @@ impl Fitted {
     fn new(solved: Solved, arena: &Arena, refused: Vec<(u64, u64)>) -> Fitted {
         Fitted {
             solved,
-            arena_bytes: arena.size_bytes,
-            live_peak_bytes: arena.live_peak_bytes,
-            refused,
+            packing: Packing {
+                arena_bytes: arena.size_bytes,
+                live_peak_bytes: arena.live_peak_bytes,
+                refused,
+            },
         }
     }
 }
@@ -197,23 +206,23 @@ fn packed_baseline(
     cap: u64,
     arena_of: &dyn Fn(&Schedule) -> Result<Arena>,
 ) -> Result<String> {
-    let mut best: Option<(f64, String, u64)> = None;
+    let mut candidates = Vec::new();
     for kind in BaselineKind::ALL {
         for checkpoint in [false, true] {
-            let Ok(plan) = baseline(profile, kind, checkpoint, Some(cap)) else {
-                continue;
-            };
-            let time = plan.simulation.iteration_time_us;
-            if best.as_ref().is_some_and(|(t, _, _)| *t <= time) {
-                continue;
-            }
-            let arena = arena_of(&plan.schedule)?.size_bytes;
-            if arena <= cap {
-                best = Some((time, kind.label(checkpoint), arena));
+            if let Ok(plan) = baseline(profile, kind, checkpoint, Some(cap)) {
+                let arena = arena_of(&plan.schedule)?.size_bytes;
+                candidates.push((
+                    kind.label(checkpoint),
+                    plan.simulation.iteration_time_us,
+                    arena,
+                ));
             }
         }
     }
-    Ok(best.map_or(String::new(), |(time, label, arena)| {
+    let fastest = Preference::Fastest.choose(candidates, Some(cap), |(_, time, arena)| {
+        (*time, *arena as f64)
+    });
+    Ok(fastest.map_or(String::new(), |(label, time, arena)| {
         format!(
             "; the baseline {label} packs into {arena} bytes ({:.3} ms an iteration)",
             time / 1e3
@@ -226,15 +235,7 @@ fn packed_baseline(
 /// file in errors.
 pub fn layout_workload(model: ModelFile, origin: &str, world: usize) -> Result<Box<dyn Workload>> {
     Ok(match model {
-        ModelFile::Mlp(spec) => Box::new(crate::mlp::Mlp::new(spec, 0, world)),
-        ModelFile::Transformer(model) => {
-            let tokens = crate::gpt2::data::Tokens::Synthetic {
-                seed: 1,
-                vocab: model.vocab as usize,
-            };
-            Box::new(crate::gpt2::Gpt2::new(
-                &model, origin, 0, world, tokens, None,
-            )?)
-        }
+        ModelFile::Mlp(spec) => Box::new(Mlp::new(spec, 0, world)),
+        ModelFile::Transformer(model) => Box::new(Gpt2::synthetic(&model, origin, 0, world)?),
     })
 }

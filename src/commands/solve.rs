@@ -4,7 +4,7 @@ use crate::cli::{MemoryCap, ObjectiveArg, SolveArgs};
 use crate::failure::flag_error;
 use crate::output::{ms, outln, print_json};
 use serde_json::json;
-use shardplan_runtime::fit::{layout_workload, solve_to_fit};
+use shardplan_runtime::fit::{Packing, layout_workload, solve_to_fit};
 use shardplan_runtime::model_file::ModelFile;
 use shardplan_scheduler::ilp::{Objective, SolveOptions, Solved, WindowLimits, solve};
 use shardplan_scheduler::io::check_outputs_distinct;
@@ -55,26 +55,13 @@ pub fn run(args: SolveArgs) -> anyhow::Result<()> {
             let model = ModelFile::load(path)?;
             let workload = layout_workload(model, &origin, profile.world_size as usize)?;
             let fitted = solve_to_fit(workload.as_ref(), &profile, &options)?;
-            let packing = Packing {
-                arena_bytes: fitted.arena_bytes,
-                live_peak_bytes: fitted.live_peak_bytes,
-                refused: fitted.refused,
-            };
-            (fitted.solved, Some(packing))
+            (fitted.solved, Some(fitted.packing))
         }
     };
     let plan = solved.plan(&profile, options.memory_cap_bytes);
     plan.save(&args.out)?;
     report(&args, &solved, packing.as_ref());
     Ok(())
-}
-
-/// How the runtime packs the plan (with `--model`): its arena, the buffers' live peak, and each
-/// earlier solve whose arena exceeded the cap (the cap it was solved under, its arena).
-struct Packing {
-    arena_bytes: u64,
-    live_peak_bytes: u64,
-    refused: Vec<(u64, u64)>,
 }
 
 fn report(args: &SolveArgs, solved: &Solved, packing: Option<&Packing>) {

@@ -15,13 +15,8 @@ pub fn gpt2_tiny_path() -> std::path::PathBuf {
 
 /// gpt2-tiny as rank 0 of `world` lays it out (synthetic tokens, the model's initialisation).
 pub fn gpt2_tiny(world: usize) -> shardplan_runtime::gpt2::Gpt2 {
-    use shardplan_runtime::gpt2::{Gpt2, data::Tokens};
     let model = shardplan_scheduler::model::ModelSpec::load(&gpt2_tiny_path()).unwrap();
-    let tokens = Tokens::Synthetic {
-        seed: 1,
-        vocab: 256,
-    };
-    Gpt2::new(&model, "gpt2-tiny", 0, world, tokens, None).unwrap()
+    shardplan_runtime::gpt2::Gpt2::synthetic(&model, "gpt2-tiny", 0, world).unwrap()
 }
 
 /// The runtime's own profile of `workload` on `world` ranks with blocks of `block_size_bytes`,

@@ -289,6 +289,16 @@ impl Gpt2 {
         })
     }
 
+    /// The model of `model` on rank `rank` of `world` with GPT-2's initialisation and synthetic
+    /// tokens: for timing and layout, which depend on neither the data nor the weights.
+    pub fn synthetic(model: &ModelSpec, origin: &str, rank: usize, world: usize) -> Result<Gpt2> {
+        let tokens = Tokens::Synthetic {
+            seed: 1,
+            vocab: model.vocab as usize,
+        };
+        Gpt2::new(model, origin, rank, world, tokens, None)
+    }
+
     pub fn shape(&self) -> &Shape {
         &self.shape
     }

@@ -10,7 +10,6 @@ use crate::backend::{Backend, Collectives, CpuBackend};
 use crate::cuda::CudaBackend;
 use crate::executor::initialise;
 use crate::gpt2::Gpt2;
-use crate::gpt2::data::Tokens;
 use crate::mlp::Mlp;
 use crate::model_file::ModelFile;
 use crate::transformer::{UnitKind, backward_gemms, forward_gemms};
@@ -70,13 +69,9 @@ pub fn measure_on_cpu<C: Collectives>(
                 )
                 .into());
             }
-            let tokens = Tokens::Synthetic {
-                seed: 1,
-                vocab: model.vocab as usize,
-            };
             // The profile is for --world-size ranks: each holds batch_size / N sequences.
             let world = options.world_size as usize;
-            let gpt2 = Gpt2::new(&model, origin, rank, world, tokens, None)?;
+            let gpt2 = Gpt2::synthetic(&model, origin, rank, world)?;
             measure_workload(backend, &gpt2, options)
         }
     }

@@ -68,9 +68,10 @@ pub fn compute_round<B: Backend, W: Train<B>>(
 /// Forward, backward and optimizer µs of each unit: 3 warm-up rounds, then the median over
 /// `repeats` rounds of the slowest rank's time (a slot whose collectives join the ranks ends with
 /// the slowest; on gpt2-tiny at N = 2 its median is 0.4–3.5% above one rank's own). The first
-/// unit's forward includes taking and uploading the batch, as in a run. After each round every unit takes an optimizer step on the communication stream (with the
-/// gradients the round left), as the executor does after a unit's last reduction; the streams
-/// wait for each other in between, so no step is timed beside other work.
+/// unit's forward includes taking and uploading the batch, as in a run. After each round every
+/// unit takes an optimizer step on the communication stream (with the gradients the round left),
+/// as the executor does after a unit's last reduction; the streams wait for each other in
+/// between, so no step is timed beside other work.
 pub fn time_units<B: Backend, W: Train<B>>(
     backend: &B,
     workload: &W,
