@@ -62,25 +62,48 @@ fn caps(profile: &Profile, count: u64) -> Vec<u64> {
         .collect()
 }
 
+/// Every baseline (checkpointing off and on) that the runtime packs within `cap` at `world`
+/// ranks: its label and strict iteration time.
+fn packed_baselines(
+    g: &shardplan_runtime::gpt2::Gpt2,
+    profile: &Profile,
+    world: usize,
+    cap: u64,
+) -> Vec<(String, f64)> {
+    BaselineKind::ALL
+        .into_iter()
+        .flat_map(|kind| [false, true].map(|ckpt| (kind, ckpt)))
+        .filter_map(|(kind, ckpt)| {
+            let plan = baseline(profile, kind, ckpt, Some(cap)).ok()?;
+            let arena = layout(g, profile, &plan.schedule, world).unwrap().arena;
+            (arena.size_bytes <= cap).then(|| (kind.label(ckpt), plan.simulation.iteration_time_us))
+        })
+        .collect()
+}
+
 /// At every cap, the fitted plan's arena (the runtime's own layout) is within the cap, the
 /// runtime accepts the plan under that cap, and the plan is no faster than the plain solve's
-/// (it was solved under a cap at most as large). Where the plain solve's plan packs above the
-/// cap, the runtime refuses that plan and the fitted one is a different, fitting plan; at least
-/// one cap of the range is such a case, so the re-solve is exercised.
+/// (it was solved under a cap at most as large) and no slower than any baseline that packs
+/// within the cap (checked with the baselines and the layout, not the search). Where the plain
+/// solve's plan packs above the cap, the runtime refuses that plan and the fitted one is a
+/// different, fitting plan; at least one cap of the range is such a case, so the re-solve is
+/// exercised. A cap is refused only when no baseline packs within it either; the gap is against
+/// the bound of the solve under the cap asked for.
 #[test]
 fn a_plan_solved_with_the_model_packs_within_its_cap() {
     for world in [2usize, 4] {
         let g = gpt2(world);
         let profile = runtime_profile(&g, world as u32, 32 << 10);
-        let (mut resolved, mut refused_caps, mut run_refusals) = (0, 0, 0);
+        let (mut resolved, mut refused_caps, mut run_refusals, mut baselines) = (0, 0, 0, 0);
         for cap in caps(&profile, 25) {
             let plain = solve(&profile, &options(cap)).unwrap();
             let plain_arena = layout(&g, &profile, &plain.schedule, world).unwrap().arena;
+            let packed = packed_baselines(&g, &profile, world, cap);
             let fitted = match solve_to_fit(&g, &profile, &options(cap)) {
                 Ok(fitted) => fitted,
                 Err(Error::OverCap(message)) => {
                     assert!(
-                        plain_arena.size_bytes > cap,
+                        plain_arena.size_bytes > cap && packed.is_empty(),
                         "N={world} cap {cap}: {message}"
                     );
                     assert!(message.contains("packed arena fits"), "{message}");
@@ -94,6 +117,7 @@ fn a_plan_solved_with_the_model_packs_within_its_cap() {
                 arena_bytes,
                 live_peak_bytes,
                 refused,
+                baseline: returned_baseline,
             } = packing;
             let own = layout(&g, &profile, &solved.schedule, world).unwrap().arena;
             assert_eq!(
@@ -105,11 +129,29 @@ fn a_plan_solved_with_the_model_packs_within_its_cap() {
                 "N={world} cap {cap}: arena {arena_bytes}"
             );
             assert!(solved.simulation.peak_memory_bytes <= cap as f64);
+            let time = solved.simulation.iteration_time_us;
             assert!(
-                solved.simulation.iteration_time_us
-                    >= plain.simulation.iteration_time_us * (1.0 - 1e-4),
+                time >= plain.simulation.iteration_time_us * (1.0 - 1e-4),
                 "N={world} cap {cap}: a lower cap cannot give a faster optimum"
             );
+            for (label, baseline_time) in &packed {
+                assert!(
+                    time <= baseline_time * (1.0 + 1e-9),
+                    "N={world} cap {cap}: {label} packs and takes {baseline_time}, the answer {time}"
+                );
+            }
+            let r = &solved.report;
+            assert!((r.objective - time).abs() <= time * 1e-9, "{r:?}");
+            assert!(r.best_bound <= time * (1.0 + 1e-9), "{r:?}");
+            assert!(
+                (r.gap - (time - r.best_bound).max(0.0) / time).abs() < 1e-9,
+                "{r:?}"
+            );
+            if let Some(label) = returned_baseline {
+                let (_, baseline_time) = packed.iter().find(|(l, _)| l == label).unwrap();
+                assert_eq!(time, *baseline_time);
+                baselines += 1;
+            }
             assert!(refused.iter().all(|&(_, arena)| arena > cap));
             let plan = solved.plan(&profile, Some(cap));
             let prepare = |plan| {
@@ -138,7 +180,10 @@ fn a_plan_solved_with_the_model_packs_within_its_cap() {
                 );
             }
         }
-        eprintln!("N={world}: {resolved} of 25 caps solved again, {refused_caps} refused");
+        eprintln!(
+            "N={world}: {resolved} of 25 caps solved again, {baselines} answered by a baseline, \
+             {refused_caps} refused"
+        );
         assert!(resolved > 0, "N={world}: no cap needed a second solve");
         assert!(run_refusals > 0, "N={world}: `run` refused no plain plan");
     }

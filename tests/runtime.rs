@@ -355,3 +355,79 @@ proptest::proptest! {
         proptest::prop_assert!(l.arena.size_bytes >= l.arena.live_peak_bytes);
     }
 }
+
+/// `profile measure` on the CPU at N = 2 (mpirun): the profile describes the workload (its units
+/// and the runtime's buffers, so a baseline's arena is its predicted peak up to alignment), carries the three
+/// interference factors in their ranges, and its ddp baseline runs; the simulator's prediction
+/// of that plan moves with κ_u exactly as DESIGN §3.4's L_s says.
+#[test]
+fn a_measured_profile_carries_every_interference_factor() {
+    let dir = tempfile::tempdir().unwrap();
+    let (spec, model) = spec(dir.path());
+    let out = dir.path().join("measured.toml");
+    let measured = common::run(
+        2,
+        &[
+            "profile",
+            "measure",
+            "--backend",
+            "cpu",
+            "--model",
+            model.to_str().unwrap(),
+            "--world-size",
+            "2",
+            "--repeats",
+            "2",
+            "--max-message",
+            "64KiB",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        measured.status.success(),
+        "{}",
+        String::from_utf8_lossy(&measured.stderr)
+    );
+    let mut p = Profile::load(&out).unwrap();
+    assert_eq!(p.unit_count(), spec.units());
+    let update = p.update_slowdown.expect("κ_u is measured");
+    for kappa in [p.overlap_slowdown, p.comm_slowdown, update] {
+        assert!((0.0..=1.0).contains(&kappa), "{p:?}");
+    }
+    let ddp = baseline(&p, BaselineKind::Ddp, false, None).unwrap();
+    let plan = write_plan(dir.path(), "ddp", &p, &ddp.schedule);
+    let ran = run_plan(2, &out, &plan, &model, 3, &["--json"]);
+    assert!(
+        ran.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&ran.stdout).unwrap();
+    let arena = report["arena_bytes"].as_f64().unwrap();
+    let predicted = report["predicted_peak_memory_bytes"].as_f64().unwrap();
+    // Equal up to the arena's 64-byte alignment of each buffer (this model's are tiny).
+    assert!(
+        predicted <= arena && arena <= predicted * 1.01,
+        "{arena} against {predicted}"
+    );
+    // The AllReduce blocks carry every unit's optimizer step: the prediction's compute load
+    // changes by (κ_u − κ_c)·Σ o_i in the slots where compute binds, and never by more.
+    let optimizer: f64 = p.units.iter().map(|u| u.optimizer_us).sum();
+    let with = ddp.simulation.overlap_slowdown_us;
+    p.update_slowdown = None;
+    let without = baseline(&p, BaselineKind::Ddp, false, None)
+        .unwrap()
+        .simulation;
+    let expected = (update - p.overlap_slowdown) * optimizer;
+    assert!(
+        (with - without.overlap_slowdown_us - expected).abs() <= 1e-6 * with.max(1.0),
+        "Σ L {with} against {} + {expected}",
+        without.overlap_slowdown_us
+    );
+    let moved = ddp.simulation.iteration_time_us - without.iteration_time_us;
+    assert!(
+        moved.abs() <= expected.abs() + 1e-6,
+        "{moved} against {expected}"
+    );
+}

@@ -9,8 +9,10 @@
 //! not, to 0.1% of `M` or [`MAX_SOLVES`] solves; never below the peak of the plan that minimises
 //! memory, which is feasible. The packing's excess does not shrink with the
 //! cap (gpt2-tiny's plans near 18.5 MiB packed 34–330 KiB above their live peaks, in no order),
-//! hence a search rather than one step. The fastest plan that packed within `M` is returned,
-//! recorded under `M`, the cap the user asked for.
+//! hence a search rather than one step. The answer is the best of the plans that packed within
+//! `M` and the baselines that pack within it (a baseline can win where the ILP's plans near the
+//! smallest caps all pack above them), recorded under `M`, the cap the user asked for, with its
+//! gap against the bound proven under `M`.
 
 use crate::arena::Arena;
 use crate::gpt2::Gpt2;
@@ -20,9 +22,10 @@ use crate::model_file::ModelFile;
 use crate::workload::Workload;
 use crate::{Error, Result};
 use shardplan_scheduler::baselines::{BaselineKind, Preference, baseline};
-use shardplan_scheduler::ilp::{Objective, SolveOptions, Solved, solve};
+use shardplan_scheduler::ilp::{Objective, SolveOptions, SolveReport, Solved, solve};
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::Schedule;
+use shardplan_scheduler::sim::Simulation;
 use shardplan_scheduler::size::whole_bytes;
 
 /// Solves a cap at most this many times (the first solve included).
@@ -41,11 +44,15 @@ pub struct Packing {
     pub live_peak_bytes: u64,
     /// Each solve that packed above the cap: the cap it was solved under and its arena.
     pub refused: Vec<(u64, u64)>,
+    /// The baseline returned (its label), when no plan the solves found packed within the cap
+    /// and did better.
+    pub baseline: Option<String>,
 }
 
 /// Solves `options` for `profile` and packs each answer for `workload` (at the profile's world
 /// size), searching a lower cap to solve under while the arena exceeds `options.memory_cap_bytes`.
-/// When no solve packs within the cap, the error names the fastest baseline that does, if any.
+/// The answer is the best of the plans that packed within the cap and the baselines that do; its
+/// gap is against the bound proven under the cap. When none packs, the error says so.
 pub fn solve_to_fit(
     workload: &dyn Workload,
     profile: &Profile,
@@ -59,11 +66,13 @@ pub fn solve_to_fit(
     let arena = arena_of(&first.schedule)?;
     let cap = match options.memory_cap_bytes {
         Some(cap) if arena.size_bytes > cap => cap,
-        _ => return Ok(Fitted::new(first, &arena, Vec::new())),
+        _ => return Ok(Fitted::new(first, &arena, Vec::new(), None)),
     };
+    let value = |c: &Candidate| options.objective.value_of(&c.simulation);
+    let mut seconds = first.report.solve_seconds;
     let mut refused = vec![(cap, arena.size_bytes)];
     let mut search = CapSearch::new(cap, arena.size_bytes - cap, smallest_cap(profile, options)?);
-    let mut best: Option<(Solved, Arena)> = None;
+    let mut best: Option<Candidate> = None;
     let mut infeasible = None;
     while let Some(under) = search.next() {
         let attempt = SolveOptions {
@@ -72,6 +81,7 @@ pub fn solve_to_fit(
         };
         match solve(profile, &attempt) {
             Ok(solved) => {
+                seconds += solved.report.solve_seconds;
                 let arena = arena_of(&solved.schedule)?;
                 if arena.size_bytes > cap {
                     refused.push((under, arena.size_bytes));
@@ -79,12 +89,9 @@ pub fn solve_to_fit(
                     continue;
                 }
                 search.fitted(under);
-                let time = solved.simulation.iteration_time_us;
-                if best
-                    .as_ref()
-                    .is_none_or(|(b, _)| time < b.simulation.iteration_time_us)
-                {
-                    best = Some((solved, arena));
+                let fitted = Candidate::solved(solved, arena);
+                if best.as_ref().is_none_or(|b| value(&fitted) < value(b)) {
+                    best = Some(fitted);
                 }
             }
             Err(shardplan_scheduler::Error::Infeasible(why)) => {
@@ -94,11 +101,16 @@ pub fn solve_to_fit(
             Err(e) => return Err(e.into()),
         }
     }
-    match best {
-        Some((solved, arena)) => Ok(Fitted::new(solved, &arena, refused)),
-        None => Err(Error::OverCap(format!(
-            "no plan's packed arena fits the memory cap of {cap} bytes ({} solves; solved under \
-             → packed into: {}){}{}",
+    let baseline = packed_baseline(profile, options, cap, &arena_of)?;
+    // The first of equals wins: a solve's plan over a baseline.
+    let Some(answer) = best
+        .into_iter()
+        .chain(baseline)
+        .min_by(|a, b| value(a).total_cmp(&value(b)))
+    else {
+        return Err(Error::OverCap(format!(
+            "no plan's packed arena fits the memory cap of {cap} bytes, nor any baseline's \
+             ({} solves; solved under → packed into: {}){}",
             search.solves,
             refused
                 .iter()
@@ -106,8 +118,44 @@ pub fn solve_to_fit(
                 .collect::<Vec<_>>()
                 .join(", "),
             infeasible.map_or(String::new(), |why| format!("; lower: {why}")),
-            packed_baseline(profile, cap, &arena_of)?
-        ))),
+        )));
+    };
+    let report = SolveReport {
+        solve_seconds: seconds,
+        warm_start: answer.warm_start,
+        ..first.report.claim_for(
+            &answer.schedule,
+            options.objective.value_of(&answer.simulation),
+            options.relative_gap,
+        )
+    };
+    let solved = Solved {
+        schedule: answer.schedule,
+        simulation: answer.simulation,
+        report,
+    };
+    Ok(Fitted::new(solved, &answer.arena, refused, answer.baseline))
+}
+
+/// A plan that packs within the cap: a solve's, or a baseline's.
+struct Candidate {
+    schedule: Schedule,
+    simulation: Simulation,
+    arena: Arena,
+    warm_start: Option<(String, f64)>,
+    /// The baseline's label, for a baseline.
+    baseline: Option<String>,
+}
+
+impl Candidate {
+    fn solved(solved: Solved, arena: Arena) -> Candidate {
+        Candidate {
+            schedule: solved.schedule,
+            simulation: solved.simulation,
+            arena,
+            warm_start: solved.report.warm_start,
+            baseline: None,
+        }
     }
 }
 
@@ -126,13 +174,19 @@ fn smallest_cap(profile: &Profile, options: &SolveOptions) -> Result<u64> {
 }
 
 impl Fitted {
-    fn new(solved: Solved, arena: &Arena, refused: Vec<(u64, u64)>) -> Fitted {
+    fn new(
+        solved: Solved,
+        arena: &Arena,
+        refused: Vec<(u64, u64)>,
+        baseline: Option<String>,
+    ) -> Fitted {
         Fitted {
             solved,
             packing: Packing {
                 arena_bytes: arena.size_bytes,
                 live_peak_bytes: arena.live_peak_bytes,
                 refused,
+                baseline,
             },
         }
     }
@@ -199,33 +253,50 @@ impl CapSearch {
     }
 }
 
-/// The fastest baseline (checkpointing off or on) whose packed arena fits `cap`, as the end of an
-/// error message ("" when none does).
+/// The best baseline by the solve's objective (checkpointing off, or on where recompute is
+/// allowed) that keeps the solve's window limits and whose packed arena fits `cap`.
 fn packed_baseline(
     profile: &Profile,
+    options: &SolveOptions,
     cap: u64,
     arena_of: &dyn Fn(&Schedule) -> Result<Arena>,
-) -> Result<String> {
+) -> Result<Option<Candidate>> {
     let mut candidates = Vec::new();
     for kind in BaselineKind::ALL {
         for checkpoint in [false, true] {
-            if let Ok(plan) = baseline(profile, kind, checkpoint, Some(cap)) {
-                let arena = arena_of(&plan.schedule)?.size_bytes;
-                candidates.push((
-                    kind.label(checkpoint),
-                    plan.simulation.iteration_time_us,
+            if checkpoint && !options.allow_recompute {
+                continue;
+            }
+            let Ok(plan) = baseline(profile, kind, checkpoint, Some(cap)) else {
+                continue;
+            };
+            if !options.limits.admit(&plan.schedule) {
+                continue;
+            }
+            let arena = arena_of(&plan.schedule)?;
+            if arena.size_bytes <= cap {
+                candidates.push(Candidate {
+                    schedule: plan.schedule,
+                    simulation: plan.simulation,
                     arena,
-                ));
+                    warm_start: None,
+                    baseline: Some(kind.label(checkpoint)),
+                });
             }
         }
     }
-    let fastest = Preference::Fastest.choose(candidates, Some(cap), |(_, time, arena)| {
-        (*time, *arena as f64)
-    });
-    Ok(fastest.map_or(String::new(), |(label, time, arena)| {
-        format!(
-            "; the baseline {label} packs into {arena} bytes ({:.3} ms an iteration)",
-            time / 1e3
+    let preference = match options.objective {
+        Objective::Time => Preference::Fastest,
+        Objective::Memory {
+            max_iteration_time_us,
+        } => Preference::Smallest {
+            max_iteration_time_us,
+        },
+    };
+    Ok(preference.choose(candidates, None, |b| {
+        (
+            b.simulation.iteration_time_us,
+            b.simulation.peak_memory_bytes,
         )
     }))
 }

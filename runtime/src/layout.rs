@@ -165,6 +165,23 @@ impl Layout {
         })
     }
 
+    /// The same layout `elements` further into the arena: a second set of the same buffers.
+    pub fn shifted(&self, elements: usize) -> Layout {
+        let shift = |r: Region| Region {
+            offset: r.offset + elements,
+            ..r
+        };
+        Layout {
+            units: self.units.iter().map(|u| u.clone().map(shift)).collect(),
+            regions: self
+                .regions
+                .iter()
+                .map(|(r, request)| (shift(*r), request.clone()))
+                .collect(),
+            ..self.clone()
+        }
+    }
+
     /// Whether, in slot `s`, a part of request `k` that is not alive shares an element with a
     /// part of another request that is: the arena has lent that memory to another buffer.
     pub fn lent_in(&self, k: usize, s: usize) -> bool {

@@ -172,6 +172,7 @@ pub fn analytic_profile(
         block_size_bytes,
         overlap_slowdown: opts.overlap_slowdown,
         comm_slowdown: opts.comm_slowdown,
+        update_slowdown: None,
         iteration_extra_us: opts.iteration_extra_us,
         bytes_per_param: opts.bytes_per_param,
         units,

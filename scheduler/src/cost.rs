@@ -4,21 +4,25 @@
 use crate::profile::Profile;
 use crate::timeline::{Level, Op, Timeline};
 
-/// Interference in a slot (DESIGN §3.4): compute c beside communication Q takes c + κ_c·Q,
-/// communication beside compute takes Q + κ_q·c (κ_q ≤ 1, so a slot without communication is
-/// never stretched by it); κ_q = 0 is the one-sided model.
+/// Interference in a slot (DESIGN §3.4): compute c beside communication-stream work takes
+/// c + L, where L = κ_c·(collectives' time) + κ_u·(optimizer steps' time); that work beside
+/// compute takes Q + κ_q·c (κ_q ≤ 1, so a slot without communication is never stretched by it).
+/// κ_q = 0 and κ_u = κ_c is the one-sided model.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Interference {
-    /// κ_c: compute µs lost per µs of concurrent communication.
+    /// κ_c: compute µs lost per µs of concurrent collectives.
     pub compute: f64,
-    /// κ_q: communication µs lost per µs of concurrent compute.
+    /// κ_q: communication-stream µs lost per µs of concurrent compute.
     pub comm: f64,
+    /// κ_u: compute µs lost per µs of a concurrent optimizer step (on the communication stream).
+    pub update: f64,
 }
 
 impl Interference {
-    /// d = max(c + κ_c·Q, Q + κ_q·c): a strict slot's duration.
-    pub fn slot_duration(self, compute_us: f64, comm_us: f64) -> f64 {
-        (compute_us + self.compute * comm_us).max(comm_us + self.comm * compute_us)
+    /// d = max(c + L, Q + κ_q·c): a strict slot's duration from its compute c, its
+    /// communication-stream time Q and the compute load L of that work.
+    pub fn slot_duration(self, compute_us: f64, comm_us: f64, load_us: f64) -> f64 {
+        (compute_us + load_us).max(comm_us + self.comm * compute_us)
     }
 
     /// How much longer each block of a slot takes beside the slot's compute: (Q + κ_q·c)/Q.
@@ -28,6 +32,25 @@ impl Interference {
         } else {
             1.0
         }
+    }
+
+    /// L of one block: κ_c·t_op + κ_u·upd, the compute it costs the slot it runs in.
+    pub fn load_us(self, block: BlockTime) -> f64 {
+        self.compute * block.collective_us + self.update * block.update_us
+    }
+}
+
+/// One block's time on the communication stream: the collective's, and the share of the unit's
+/// optimizer step that follows a reduction.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BlockTime {
+    pub collective_us: f64,
+    pub update_us: f64,
+}
+
+impl BlockTime {
+    pub fn total_us(self) -> f64 {
+        self.collective_us + self.update_us
     }
 }
 
@@ -41,11 +64,11 @@ pub fn block_bytes(profile: &Profile, unit: usize, op: Op) -> f64 {
     (profile.units[unit].params * per_param) as f64 / f64::from(profile.blocks(unit))
 }
 
-/// t_op(bytes(b)) + upd_op: time of one block of `op` for unit `unit`. A reduction's blocks
-/// also carry equal shares of the unit's optimizer step, which follows its last block on the
-/// communication stream: upd = o_i/nb_i after an AllReduce (the whole unit), o_i/(N·nb_i) after
-/// a ReduceScatter (the rank's shard); gathers carry none.
-pub fn block_time_us(profile: &Profile, unit: usize, op: Op) -> f64 {
+/// t_op(bytes(b)) and upd_op of one block for unit `unit`. A reduction's blocks carry equal
+/// shares of the unit's optimizer step, which follows its last block on the communication stream:
+/// upd = o_i/nb_i after an AllReduce (the whole unit), o_i/(N·nb_i) after a ReduceScatter (the
+/// rank's shard); gathers carry none.
+pub fn block_time(profile: &Profile, unit: usize, op: Op) -> BlockTime {
     let blocks = f64::from(profile.blocks(unit));
     let optimizer_us = profile.units[unit].optimizer_us;
     let (curve, update_us) = match op {
@@ -56,7 +79,15 @@ pub fn block_time_us(profile: &Profile, unit: usize, op: Op) -> f64 {
         ),
         Op::Gather | Op::GatherForward | Op::GatherBackward => (&profile.comm.all_gather, 0.0),
     };
-    curve.time_us(block_bytes(profile, unit, op)) + update_us
+    BlockTime {
+        collective_us: curve.time_us(block_bytes(profile, unit, op)),
+        update_us,
+    }
+}
+
+/// t_op(bytes(b)) + upd_op: time of one block of `op` for unit `unit` on the communication stream.
+pub fn block_time_us(profile: &Profile, unit: usize, op: Op) -> f64 {
+    block_time(profile, unit, op).total_us()
 }
 
 /// c_s: f_i at F_i, b_i (+ f_i with recompute) at B_i, the extra time at E.

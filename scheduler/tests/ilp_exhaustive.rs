@@ -195,8 +195,18 @@ fn ilp_optimum_equals_exhaustive_search() {
         let recompute = seed % 4 < 2;
         // Up to 1000 parameters: at most 2 blocks per unit.
         let mut profile = random_profile(&mut rng, units, kappa, 1000);
-        // Communication slowed by compute too, on a third of the instances.
+        // Communication slowed by compute too, on a third of the instances. Across those
+        // thirds, on a third of each (`seed / 3`), optimizer steps slowing compute by their own
+        // factor, with compute long enough that slots carrying them are compute-bound.
         profile.comm_slowdown = if seed % 3 == 2 { 0.3 } else { 0.0 };
+        if (seed / 3) % 3 == 0 {
+            profile.update_slowdown = Some(0.7);
+            for unit in &mut profile.units {
+                unit.optimizer_us *= 5.0;
+                unit.forward_us *= 10.0;
+                unit.backward_us *= 10.0;
+            }
+        }
         // The last unit reads the first's parameters (a tied head) on a third of the others.
         if units > 1 && seed % 3 == 1 {
             profile.units[units - 1].reads_params_of = Some(profile.units[0].name.clone());

@@ -77,6 +77,52 @@ fn ddp_two_units() {
     check_memory(&relaxed, &memory, "F2");
 }
 
+/// The same DDP plan with optimizer steps (o_1 = 8, o_2 = 6 µs, carried by each unit's AllReduce
+/// block: AR1 = 12 + 8 = 20, AR2 = 14 + 6 = 20), κ_c = 0.5 and κ_u = 1 (DESIGN §3.4): a block
+/// costs its slot's compute L = κ_c·t_AR + κ_u·upd, AR2 0.5·14 + 6 = 13 and AR1 0.5·12 + 8 = 14.
+/// Strict: F1 10, F2 30, B2 60, B1 max(20 + 13, 20) = 33, E max(0 + 14, 20) = 20 → 153; Σ L = 27.
+/// With κ_u absent it is κ_c: B1 max(20 + 0.5·20, 20) = 30, E 20 → 150; Σ L = 20.
+#[test]
+fn optimizer_steps_slow_compute_by_their_own_factor() {
+    let mut p = profile(
+        2,
+        1 << 20,
+        0.5,
+        0.0,
+        (2, 2, 4),
+        &[
+            (100, 10.0, 20.0, 1000, 100, 50, 70),
+            (200, 30.0, 60.0, 2000, 200, 0, 0),
+        ],
+        affine(1.0, 1.0),
+        affine(1.0, 1.0),
+        affine(10.0, 100.0),
+    );
+    p.units[0].optimizer_us = 8.0;
+    p.units[1].optimizer_us = 6.0;
+    let plan = r#"
+        [[units]]
+        name = "u1"
+        level = "none"
+        ar = [["E", 1]]
+        [[units]]
+        name = "u2"
+        level = "none"
+        ar = [["B1", 1]]
+    "#;
+    let s = schedule(&p, plan).unwrap();
+    let same = simulate(&p, &s, Semantics::Strict);
+    check(&same, 150.0, &[10.0, 30.0, 60.0, 30.0, 20.0]);
+    close(same.overlap_slowdown_us, 20.0, "Σ L with κ_u = κ_c");
+    p.update_slowdown = Some(1.0);
+    let strict = simulate(&p, &s, Semantics::Strict);
+    check(&strict, 153.0, &[10.0, 30.0, 60.0, 33.0, 20.0]);
+    close(strict.overlap_slowdown_us, 27.0, "Σ L");
+    close(strict.comm_us, 40.0, "comm");
+    let relaxed = simulate(&p, &s, Semantics::Relaxed);
+    assert!(relaxed.iteration_time_us <= 153.0 + 1e-9);
+}
+
 /// Three units, N = 4, p = g = 2, o = 12, B = 400 bytes, κ = 0.1, E compute 5.
 /// u1 Ψ 400 (2 blocks of 400 B), f 10, b 20, act 1000, ckpt 100, ws 11/44: fsdp.
 /// u2 Ψ 200 (1 block of 400 B), f 20, b 40, act 2000, ckpt 200, ws 22/55: sdp, recompute.

@@ -15,10 +15,11 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
     #[test]
-    fn relaxed_is_never_slower_than_strict(seed in any::<u64>(), units in 1usize..7, kappa in prop::sample::select(vec![0.0, 0.1, 0.5]), comm_kappa in prop::sample::select(vec![0.0, 0.2, 1.0])) {
+    fn relaxed_is_never_slower_than_strict(seed in any::<u64>(), units in 1usize..7, kappa in prop::sample::select(vec![0.0, 0.1, 0.5]), comm_kappa in prop::sample::select(vec![0.0, 0.2, 1.0]), update_kappa in prop::sample::select(vec![None, Some(0.0), Some(1.0)])) {
         let mut rng = Rng(seed);
         let mut profile = random_profile(&mut rng, units, kappa, 1500);
         profile.comm_slowdown = comm_kappa;
+        profile.update_slowdown = update_kappa;
         let schedule = random_schedule(&mut rng, &profile);
         let strict = simulate(&profile, &schedule, Semantics::Strict);
         let relaxed = simulate(&profile, &schedule, Semantics::Relaxed);

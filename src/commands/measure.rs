@@ -56,13 +56,15 @@ fn save(profile: &Profile, args: &MeasureArgs, details: serde_json::Value) -> an
         print_json(&json!({"out": args.out, "units": profile.unit_count(),
                            "block_size_bytes": profile.block_size_bytes, "details": details}));
     } else {
+        let interference = profile.interference();
         outln!(
-            "wrote {}: {} units, block size {}, compute slowed {:.3} µs and communication {:.3} µs per µs of the other",
+            "wrote {}: {} units, block size {}, compute slowed {:.3} µs per µs of collectives and {:.3} per µs of optimizer steps beside it, communication {:.3} µs per µs of compute",
             args.out.display(),
             profile.unit_count(),
             format_bytes(profile.block_size_bytes as f64),
-            profile.overlap_slowdown,
-            profile.comm_slowdown
+            interference.compute,
+            interference.update,
+            interference.comm
         );
     }
     Ok(())

@@ -107,6 +107,7 @@ fn report(args: &SolveArgs, solved: &Solved, packing: Option<&Packing>) {
             "arena_bytes": packing.map(|p| p.arena_bytes),
             "live_peak_bytes": packing.map(|p| p.live_peak_bytes),
             "solved_again": packing.map(|p| p.refused.iter().map(|(cap, arena)| json!({"memory_cap_bytes": cap, "arena_bytes": arena})).collect::<Vec<_>>()),
+            "baseline": packing.and_then(|p| p.baseline.as_ref()),
         }));
     } else {
         outln!(
@@ -153,6 +154,11 @@ fn report(args: &SolveArgs, solved: &Solved, packing: Option<&Packing>) {
                     ))
                     .collect::<String>()
             );
+            if let Some(label) = &p.baseline {
+                outln!(
+                    "  returned the baseline {label}: no plan the solves found packs within the cap and does better"
+                );
+            }
         }
     }
 }

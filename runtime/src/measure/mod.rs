@@ -13,7 +13,8 @@ mod timing;
 
 pub use session::{MeasureOptions, Measured, measure_on_cpu, measure_on_cuda, measure_workload};
 pub use timing::{
-    compute_round, measurement_allocation, time_collectives, time_interference, time_units,
+    Slowdowns, block_reductions, compute_round, measurement_allocation, time_collectives,
+    time_interference, time_units,
 };
 
 use crate::Result;
@@ -82,6 +83,7 @@ pub fn workload_profile(
         block_size_bytes: block,
         overlap_slowdown: 0.0,
         comm_slowdown: 0.0,
+        update_slowdown: None,
         iteration_extra_us: 0.0,
         bytes_per_param: BytesPerParam {
             param: 4,

@@ -2,14 +2,16 @@
 //! collectives, κ), or a zoo transformer's units replayed on a GPU. The CLI calls these and saves
 //! the profile; rank 0 alone saves it.
 
+use super::UnitTimes;
 use super::{
-    compute_layout, compute_round, measurement_allocation, time_collectives, time_interference,
-    time_units, workload_profile,
+    block_reductions, compute_layout, compute_round, measurement_allocation, time_collectives,
+    time_interference, time_units, workload_profile,
 };
 use crate::backend::{Backend, Collectives, CpuBackend};
 use crate::cuda::CudaBackend;
 use crate::executor::initialise;
 use crate::gpt2::Gpt2;
+use crate::layout::Layout;
 use crate::mlp::Mlp;
 use crate::model_file::ModelFile;
 use crate::transformer::{UnitKind, backward_gemms, forward_gemms};
@@ -140,10 +142,14 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
     let world = backend.world_size();
     let message_bytes = options.max_message.max(options.block_size.unwrap_or(0));
     let layout = compute_layout(workload, options.world_size)?;
-    let compute_elements = (layout.arena.size_bytes / 4) as usize;
-    let (allocation, start) = measurement_allocation(compute_elements, world, message_bytes);
+    // A second copy of the layout after the first, whose optimizer steps run beside compute
+    // rounds of the first (κ_u) without touching their bytes.
+    let copy_offset = ((layout.arena.size_bytes / 4) as usize).div_ceil(16) * 16;
+    let copy = layout.shifted(copy_offset);
+    let (allocation, start) = measurement_allocation(2 * copy_offset, world, message_bytes);
     backend.allocate(allocation)?;
     initialise(&backend, workload, &layout)?;
+    initialise(&backend, workload, &copy)?;
     let times = time_units(&backend, workload, &layout, options.repeats)?;
     let (comm, comm_source) = curves(&backend, start, options)?;
     let source = BTreeMap::from([
@@ -162,19 +168,40 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
     )?;
     let kappa_bytes = profile.block_size_bytes.min(message_bytes);
     let round = || compute_round(&backend, workload, &layout);
-    let interference = time_interference(&backend, &round, start, kappa_bytes, 400)?;
+    let reductions = block_reductions(&backend, start, kappa_bytes, 400)?;
+    let interference = time_interference(&backend, &round, &reductions)?;
     profile.overlap_slowdown = interference.compute;
     profile.comm_slowdown = interference.comm;
+    let updates = optimizer_passes(&backend, workload, &copy, &times);
+    profile.update_slowdown = Some(time_interference(&backend, &round, &updates)?.compute);
     let details = json!({
         "unit_times_us": times,
         "overlap_slowdown": profile.overlap_slowdown,
         "comm_slowdown": profile.comm_slowdown,
+        "update_slowdown": profile.update_slowdown,
     });
     Ok(Measured {
         profile,
         rank: backend.rank(),
         details,
     })
+}
+
+/// Every unit's optimizer step on `layout`, repeated for about 0.2 s (by the units' measured
+/// optimizer times): the optimizer's side of κ_u.
+fn optimizer_passes<'a, B: Backend, W: Train<B>>(
+    backend: &'a B,
+    workload: &'a W,
+    layout: &'a Layout,
+    times: &UnitTimes,
+) -> impl Fn() -> Result<()> + Sync + 'a {
+    let pass_us: f64 = times.iter().map(|t| t.optimizer_us).sum();
+    let passes = (200_000.0 / pass_us.max(1.0)).ceil().clamp(1.0, 10_000.0) as usize;
+    move || {
+        (0..passes).try_for_each(|_| {
+            (0..workload.unit_count()).try_for_each(|i| workload.optimize(backend, layout, i, 1))
+        })
+    }
 }
 
 /// A zoo transformer on a GPU: its units' products replayed, bytes from the model formulas.
@@ -234,7 +261,8 @@ fn measure_transformer(
         .ok_or_else(|| Error::Backend("the transformer replay has no block unit".into()))?;
     let round = || backend.replay(&block, &buffers);
     let kappa_bytes = profile.block_size_bytes.min(options.max_message);
-    let interference = time_interference(&backend, &round, start, kappa_bytes, 400)?;
+    let reductions = block_reductions(&backend, start, kappa_bytes, 400)?;
+    let interference = time_interference(&backend, &round, &reductions)?;
     profile.overlap_slowdown = interference.compute;
     profile.comm_slowdown = interference.comm;
     profile.source = BTreeMap::from([

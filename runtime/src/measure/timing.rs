@@ -7,7 +7,6 @@ use crate::backend::{Allocation, Backend, Region, Stream};
 use crate::layout::Layout;
 use crate::workload::{Pass, Train};
 use crate::{Error, Result};
-use shardplan_scheduler::cost::Interference;
 
 /// Elements of the largest message of the curves, rounded to a multiple of the world size.
 fn message_elements(bytes: u64, world: usize) -> usize {
@@ -220,51 +219,59 @@ const INTERFERENCE_PAIRS: usize = 5;
 /// Compute rounds timed alone in each pair.
 const ALONE_ROUNDS: usize = 3;
 
-/// The interference of compute and communication (DESIGN §3.4). A compute round
-/// (`compute_round` enqueues it on the compute stream, touching no byte of the message) is timed
-/// alone (t_alone), and `rounds` AllReduces of `bytes` alone (Q); then the AllReduces start
-/// together with as many compute rounds as cover Q, each round taking t_with and the AllReduces
-/// D. Both streams are busy throughout, so each progresses at a rate: compute r_c =
-/// t_alone/t_with, communication r_q = Q/D. A slot with compute c and communication Q then lasts
-/// max(c + κ_c·Q, Q + κ_q·c) with κ_c = (1 − r_c)/r_q and κ_q = (1 − r_q)/r_c (whichever stream
-/// finishes first, the other runs on alone at full rate). The form holds while r_c + r_q ≥ 1,
-/// i.e. both factors ≤ 1; they are clamped to [0, 1]. The alone and together timings are taken
-/// in [`INTERFERENCE_PAIRS`] pairs, alternating which comes first, and each rate is the median
-/// of the pairs' (a drift between two timings seconds apart would otherwise read as
-/// interference). Every rank must call it; all run rank 0's `bytes` (ranks that derived another
+/// AllReduces of rank 0's `bytes` (every rank runs the same size: ranks that derived another
 /// block size from their own timings would otherwise run AllReduces of different sizes against
-/// each other: MPI_ERR_TRUNCATE or a corrupted heap).
-pub fn time_interference<B: Backend>(
+/// each other, MPI_ERR_TRUNCATE or a corrupted heap), `rounds` of them, from element `start` of
+/// the arena: the communication side of κ_c and κ_q. Every rank must call it.
+pub fn block_reductions<B: Backend>(
     backend: &B,
-    compute_round: &dyn Fn() -> Result<()>,
     start: usize,
     bytes: u64,
     rounds: usize,
-) -> Result<Interference> {
+) -> Result<impl Fn() -> Result<()> + Sync + '_> {
     let bytes = from_first_rank(backend, bytes)?;
     let message = Region {
         offset: start,
         len: message_elements(bytes, backend.world_size()),
     };
-    let reductions = || -> Result<()> {
+    Ok(move || -> Result<()> {
         for _ in 0..rounds {
             backend.all_reduce(message)?;
         }
         Ok(())
-    };
+    })
+}
+
+/// How compute and the work of the communication stream slow each other (DESIGN §3.4). A compute
+/// round (`compute_round` enqueues it on the compute stream, touching no byte that `comm_work`
+/// touches) is timed alone (t_alone), and `comm_work` alone (Q); then `comm_work` starts together
+/// with as many compute rounds as cover Q, each round taking t_with and the work D. Both streams
+/// are busy throughout, so each progresses at a rate: compute r_c = t_alone/t_with,
+/// communication r_q = Q/D. A slot with compute c and communication Q then lasts
+/// max(c + κ_c·Q, Q + κ_q·c) with κ_c = (1 − r_c)/r_q and κ_q = (1 − r_q)/r_c (whichever stream
+/// finishes first, the other runs on alone at full rate). The form holds while r_c + r_q ≥ 1,
+/// i.e. both factors ≤ 1; they are clamped to [0, 1]. The alone and together timings are taken
+/// in [`INTERFERENCE_PAIRS`] pairs, alternating which comes first, and each rate is the median
+/// of the pairs' (a drift between two timings seconds apart would otherwise read as
+/// interference). Every rank must call it.
+pub fn time_interference<B: Backend>(
+    backend: &B,
+    compute_round: &dyn Fn() -> Result<()>,
+    comm_work: &(dyn Fn() -> Result<()> + Sync),
+) -> Result<Slowdowns> {
     compute_round()?;
     let alone = || -> Result<Timing> {
         let compute = timed(backend, Stream::Compute, &|| {
             (0..ALONE_ROUNDS).try_for_each(|_| compute_round())
         })? / ALONE_ROUNDS as f64;
-        let comm = timed(backend, Stream::Communication, &reductions)?;
+        let comm = timed(backend, Stream::Communication, comm_work)?;
         Ok(Timing { compute, comm })
     };
     // Together: as many compute rounds as cover the AllReduces alone (the estimate's).
     let together = |estimate: &Timing| -> Result<Timing> {
         let rounds =
             ((estimate.comm / estimate.compute.max(1e-3)).ceil() as usize).clamp(1, 100_000);
-        let (compute, comm) = overlap(backend, compute_round, &reductions, rounds)?;
+        let (compute, comm) = overlap(backend, compute_round, comm_work, rounds)?;
         Ok(Timing {
             compute: compute / rounds as f64,
             comm,
@@ -294,13 +301,23 @@ pub fn time_interference<B: Backend>(
     };
     let compute_rate = rate(|t| t.compute);
     let comm_rate = rate(|t| t.comm);
-    Ok(Interference {
+    Ok(Slowdowns {
         compute: ((1.0 - compute_rate) / comm_rate).clamp(0.0, 1.0),
         comm: ((1.0 - comm_rate) / compute_rate).clamp(0.0, 1.0),
     })
 }
 
-/// One timing of the interference measurement: a compute round's µs and the AllReduces' µs.
+/// How compute and one kind of communication-stream work slow each other: µs lost per µs of the
+/// other running beside it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Slowdowns {
+    /// Compute µs lost per µs of the work beside it (κ_c for collectives, κ_u for optimizer steps).
+    pub compute: f64,
+    /// The work's µs lost per µs of compute beside it (κ_q for collectives).
+    pub comm: f64,
+}
+
+/// One timing of the interference measurement: a compute round's µs and the communication work's.
 struct Timing {
     compute: f64,
     comm: f64,
@@ -315,18 +332,18 @@ fn timed<B: Backend>(backend: &B, stream: Stream, work: &dyn Fn() -> Result<()>)
     backend.elapsed_us(&before, &after)
 }
 
-/// `reductions` on the communication stream (its own thread) started together with
+/// `comm_work` on the communication stream (its own thread) started together with
 /// `compute_rounds` rounds on the compute stream: the µs of each side.
 fn overlap<B: Backend>(
     backend: &B,
     compute_round: &dyn Fn() -> Result<()>,
-    reductions: &(dyn Fn() -> Result<()> + Sync),
+    comm_work: &(dyn Fn() -> Result<()> + Sync),
     compute_rounds: usize,
 ) -> Result<(f64, f64)> {
     let go = backend.mark(Stream::Compute)?;
     backend.wait_mark(Stream::Communication, &go)?;
     std::thread::scope(|scope| {
-        let comm = scope.spawn(|| timed(backend, Stream::Communication, reductions));
+        let comm = scope.spawn(|| timed(backend, Stream::Communication, comm_work));
         let with = timed(backend, Stream::Compute, &|| {
             (0..compute_rounds).try_for_each(|_| compute_round())
         });

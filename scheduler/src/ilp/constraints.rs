@@ -80,15 +80,22 @@ pub(super) fn reductions_before_gathers(units: &[UnitVars]) -> Vec<Constraint> {
     rows
 }
 
-/// Q_s = Σ_{i,op,k: slot(k) = s} t_{i,op} · x_{i,op,k}: communication launched at each slot.
-pub(super) fn communication_per_slot(units: &[UnitVars], slots: usize) -> Vec<Expression> {
+/// Q_s = Σ_{i,op,k: slot(k) = s} t_{i,op} · x_{i,op,k}: communication launched at each slot,
+/// and L_s = Σ_{i,op,k: slot(k) = s} ℓ_{i,op} · x_{i,op,k} with ℓ = κ_c·t_op + κ_u·upd_op: the
+/// compute it costs the slot.
+pub(super) fn communication_per_slot(
+    units: &[UnitVars],
+    slots: usize,
+) -> (Vec<Expression>, Vec<Expression>) {
     let mut q = vec![Expression::default(); slots];
+    let mut load = vec![Expression::default(); slots];
     for op in units.iter().flat_map(UnitVars::ops) {
         for (&k, x) in op.positions.iter().zip(&op.launches) {
             q[op.window.slot_at(k)].add_mul(op.block_time_us, x.var);
+            load[op.window.slot_at(k)].add_mul(op.block_load_us, x.var);
         }
     }
-    q
+    (q, load)
 }
 
 /// c_s: f_i at F_i, b_i + f_i·r_i at B_i, the extra time at E.
@@ -113,17 +120,17 @@ pub(super) fn compute_per_slot(
         .collect()
 }
 
-/// Slot durations: d_s ≥ c_s + κ_c·Q_s and d_s ≥ Q_s + κ_q·c_s.
+/// Slot durations: d_s ≥ c_s + L_s and d_s ≥ Q_s + κ_q·c_s.
 pub(super) fn slot_durations(
     durations: &[Col],
     compute: &[Expression],
-    comm: &[Expression],
+    (comm, load): (&[Expression], &[Expression]),
     interference: Interference,
 ) -> Vec<Constraint> {
-    let (kc, kq) = (interference.compute, interference.comm);
+    let kq = interference.comm;
     let mut rows = Vec::new();
-    for ((d, c), q) in durations.iter().zip(compute).zip(comm) {
-        rows.push(constraint!(d.var >= c.clone() + kc * q.clone()));
+    for (((d, c), q), l) in durations.iter().zip(compute).zip(comm).zip(load) {
+        rows.push(constraint!(d.var >= c.clone() + l.clone()));
         rows.push(constraint!(d.var >= q.clone() + kq * c.clone()));
     }
     rows

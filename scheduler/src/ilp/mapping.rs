@@ -108,26 +108,33 @@ pub(super) fn schedule_from_values(
     Schedule::new(profile, units)
 }
 
-/// Per slot (c_s, Q_s) of an integer solution, from the ILP's own coefficients.
-pub(super) fn slot_terms(profile: &Profile, units: &[UnitVars], values: &[f64]) -> Vec<(f64, f64)> {
+/// Per slot (c_s, Q_s, L_s) of an integer solution, from the ILP's own coefficients.
+pub(super) fn slot_terms(
+    profile: &Profile,
+    units: &[UnitVars],
+    values: &[f64],
+) -> Vec<(f64, f64, f64)> {
     let timeline = Timeline::new(units.len());
     let recompute = |u: usize| units[u].recompute.is_some_and(|r| values[r.index] > 0.5);
-    let mut terms: Vec<(f64, f64)> = (0..timeline.slot_count())
-        .map(|s| (compute_us(profile, timeline, s, recompute), 0.0))
+    let mut terms: Vec<(f64, f64, f64)> = (0..timeline.slot_count())
+        .map(|s| (compute_us(profile, timeline, s, recompute), 0.0, 0.0))
         .collect();
     for op in units.iter().flat_map(UnitVars::ops) {
         for (&pos, x) in op.positions.iter().zip(&op.launches) {
-            terms[op.window.slot_at(pos)].1 += op.block_time_us * values[x.index].round();
+            let blocks = values[x.index].round();
+            let slot = &mut terms[op.window.slot_at(pos)];
+            slot.1 += op.block_time_us * blocks;
+            slot.2 += op.block_load_us * blocks;
         }
     }
     terms
 }
 
-/// T = Σ_s max(c_s + κ_c·Q_s, Q_s + κ_q·c_s): the objective of an integer solution with tight
+/// T = Σ_s max(c_s + L_s, Q_s + κ_q·c_s): the objective of an integer solution with tight
 /// durations.
-pub(super) fn tight_time(terms: &[(f64, f64)], interference: Interference) -> f64 {
+pub(super) fn tight_time(terms: &[(f64, f64, f64)], interference: Interference) -> f64 {
     terms
         .iter()
-        .map(|&(c, q)| interference.slot_duration(c, q))
+        .map(|&(c, q, l)| interference.slot_duration(c, q, l))
         .sum()
 }

@@ -31,6 +31,16 @@ pub enum Objective {
     Memory { max_iteration_time_us: Option<f64> },
 }
 
+impl Objective {
+    /// The objective's value for a plan: its strict iteration time (µs), or its peak bytes.
+    pub fn value_of(self, simulation: &Simulation) -> f64 {
+        match self {
+            Objective::Time => simulation.iteration_time_us,
+            Objective::Memory { .. } => simulation.peak_memory_bytes,
+        }
+    }
+}
+
 /// Solver settings.
 #[derive(Debug, Clone)]
 pub struct SolveOptions {

@@ -68,12 +68,12 @@ fn build(profile: &Profile, options: &SolveOptions) -> Built {
     constraints.extend(cumulative_counts(&units));
     constraints.extend(coverage(&units));
     constraints.extend(reductions_before_gathers(&units));
-    let comm = communication_per_slot(&units, timeline.slot_count());
+    let (comm, load) = communication_per_slot(&units, timeline.slot_count());
     let compute = compute_per_slot(profile, &units, timeline);
     constraints.extend(slot_durations(
         &durations,
         &compute,
-        &comm,
+        (&comm, &load),
         profile.interference(),
     ));
     let iteration_time: Expression = durations.iter().map(|d| d.var).sum();
@@ -184,8 +184,8 @@ fn run_highs(
         .find_map(|(s, _)| schedule_values(&built.units, s, built.columns).map(|v| (s, v)))
     {
         let terms = slot_terms(profile, &built.units, &values);
-        for (d, (c, q)) in built.durations.iter().zip(terms) {
-            values[d.index] = profile.interference().slot_duration(c, q);
+        for (d, (c, q, l)) in built.durations.iter().zip(terms) {
+            values[d.index] = profile.interference().slot_duration(c, q, l);
         }
         if let Some(peak) = built.peak {
             let worst = memory_by_slot(profile, schedule)
@@ -398,6 +398,24 @@ fn objective_of(profile: &Profile, objective: Objective, schedule: &Schedule) ->
     }
 }
 
+impl SolveReport {
+    /// What this solve's bounds claim for another plan (`schedule`, objective `value`) that meets
+    /// the same cap: `solve --model` returns a plan that packs within the cap, solved under a
+    /// lower one or a baseline (DESIGN §6.5), and its gap is against the bounds proven under the
+    /// cap the user asked for, not under the lower one.
+    pub fn claim_for(&self, schedule: &Schedule, value: f64, target: f64) -> SolveReport {
+        let claim = claim(&self.phases, schedule, value, target);
+        SolveReport {
+            status: claim.status,
+            objective: value,
+            best_bound: claim.best_bound,
+            gap: claim.gap,
+            window_depth: claim.window_depth,
+            ..self.clone()
+        }
+    }
+}
+
 /// The claim the returned plan (`schedule`, objective `value`) carries: each phase whose window
 /// limit contains the plan proves that no plan within that limit beats `value` by more than
 /// (value − bound)/value. The widest window whose gap meets `target` wins ("within 0.1% of every
@@ -438,7 +456,7 @@ fn full_window_integers(profile: &Profile) -> usize {
 }
 
 /// Every plan HiGHS returns is checked against the strict simulator: the ILP's own evaluation of
-/// its integer solution (Σ_s max(c_s + κ_c·Q_s, Q_s + κ_q·c_s) from its coefficients, or its peak variable)
+/// its integer solution (Σ_s max(c_s + L_s, Q_s + κ_q·c_s) from its coefficients, or its peak variable)
 /// must match the simulation; otherwise the plan is refused. Whether it fits the cap is judged
 /// where plans enter the pool (`solve`'s `offer`): a plan over the cap by HiGHS' tolerance is
 /// dropped there, not an error.

@@ -10,7 +10,7 @@
 //! how long its buffer lives), BG (AGB_i of fsdp).
 
 use super::SolveOptions;
-use crate::cost::{block_bytes, block_time_us, persistent_bytes};
+use crate::cost::{block_bytes, block_time, persistent_bytes};
 use crate::profile::Profile;
 use crate::timeline::{Level, Op, Timeline, Window};
 use good_lp::{Expression, ProblemVariables, Variable, variable};
@@ -64,8 +64,10 @@ pub(super) struct OpVars {
     pub launches: Vec<Col>,
     /// C_{i,op,k} for each allowed position.
     pub cumulative: Vec<Col>,
-    /// t_op(bytes(b)) of one block.
+    /// t_op(bytes(b)) + upd_op of one block: its time on the communication stream.
     pub block_time_us: f64,
+    /// κ_c·t_op + κ_u·upd_op of one block: the compute it costs its slot.
+    pub block_load_us: f64,
     /// Bytes of one block (Ψ·p/nb or Ψ·g/nb).
     pub block_bytes: f64,
 }
@@ -140,6 +142,7 @@ fn op_vars(
     let window = timeline.window(unit, op.window_kind());
     let positions: Vec<usize> = options.limits.positions(op, window).collect();
     let nb = profile.blocks(unit);
+    let time = block_time(profile, unit, op);
     let launches = positions.iter().map(|_| columns.integer(nb)).collect();
     let cumulative = positions.iter().map(|_| columns.continuous()).collect();
     OpVars {
@@ -147,7 +150,8 @@ fn op_vars(
         positions,
         launches,
         cumulative,
-        block_time_us: block_time_us(profile, unit, op),
+        block_time_us: time.total_us(),
+        block_load_us: profile.interference().load_us(time),
         block_bytes: block_bytes(profile, unit, op),
     }
 }

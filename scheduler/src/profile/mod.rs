@@ -136,6 +136,10 @@ pub struct Profile {
     /// left out of the file, is the one-sided model; DESIGN §3.4).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub comm_slowdown: f64,
+    /// κ_u: compute slowdown per µs of a concurrent optimizer step (DESIGN §3.4). Absent (and not
+    /// written), it is κ_c: the optimizer step slows compute as the collectives do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_slowdown: Option<f64>,
     /// Compute time of slot E (other per-iteration work).
     pub iteration_extra_us: f64,
     pub bytes_per_param: BytesPerParam,
@@ -181,6 +185,7 @@ impl Profile {
         crate::cost::Interference {
             compute: self.overlap_slowdown,
             comm: self.comm_slowdown,
+            update: self.update_slowdown.unwrap_or(self.overlap_slowdown),
         }
     }
 
@@ -225,6 +230,14 @@ impl Profile {
             return bad(
                 "overlap_slowdown".into(),
                 format!("a finite number >= 0, got {}", self.overlap_slowdown),
+            );
+        }
+        if let Some(update) = self.update_slowdown
+            && !(update >= 0.0 && update.is_finite())
+        {
+            return bad(
+                "update_slowdown".into(),
+                format!("a finite number >= 0, got {update}"),
             );
         }
         if !(0.0..=1.0).contains(&self.comm_slowdown) {

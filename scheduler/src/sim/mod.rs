@@ -9,7 +9,7 @@ pub mod trace;
 pub use memory::{MemoryBreakdown, memory_by_slot};
 pub use trace::chrome_trace;
 
-use crate::cost::{block_time_us, compute_us};
+use crate::cost::{block_time, block_time_us, compute_us};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
 use crate::timeline::{Op, Slot};
@@ -72,11 +72,12 @@ pub struct Simulation {
     pub compute_us: f64,
     /// Σ Q_s.
     pub comm_us: f64,
-    /// κ_c·Σ Q_s: compute stretched by concurrent communication.
+    /// Σ L_s (κ_c·Σ Q_s when κ_u = κ_c): compute stretched by concurrent communication-stream
+    /// work.
     pub overlap_slowdown_us: f64,
     /// κ_q·Σ_{s: Q_s > 0} c_s: communication stretched by concurrent compute.
     pub comm_slowdown_us: f64,
-    /// T − Σ (c_s + κ·Q_s): time the compute stream waits on communication.
+    /// T − Σ (c_s + L_s): time the compute stream waits on communication.
     pub exposed_comm_us: f64,
     pub peak_memory_bytes: f64,
     pub peak_slot: Slot,
@@ -91,6 +92,8 @@ struct SlotInputs {
     /// Per slot: (unit, op, time) of every block, in plan order.
     queue: Vec<Vec<(usize, Op, f64)>>,
     comm_us: Vec<f64>,
+    /// Per slot: the compute its communication-stream work costs, L_s (DESIGN §3.4).
+    load_us: Vec<f64>,
     memory: Vec<MemoryBreakdown>,
 }
 
@@ -116,10 +119,20 @@ impl SlotInputs {
             .iter()
             .map(|q: &Vec<(usize, Op, f64)>| q.iter().map(|b| b.2).sum())
             .collect();
+        let interference = profile.interference();
+        let load_us = queue
+            .iter()
+            .map(|q| {
+                q.iter()
+                    .map(|&(unit, op, _)| interference.load_us(block_time(profile, unit, op)))
+                    .sum()
+            })
+            .collect();
         SlotInputs {
             compute_us,
             queue,
             comm_us,
+            load_us,
             memory: memory_by_slot(profile, schedule),
         }
     }
@@ -138,7 +151,6 @@ struct Timing {
 pub fn simulate(profile: &Profile, schedule: &Schedule, semantics: Semantics) -> Simulation {
     let inputs = SlotInputs::new(profile, schedule);
     let interference = profile.interference();
-    let kappa = interference.compute;
     let timing = match semantics {
         Semantics::Strict => strict::run(schedule, &inputs, interference),
         Semantics::Relaxed => relaxed::run(schedule, &inputs, interference),
@@ -147,6 +159,7 @@ pub fn simulate(profile: &Profile, schedule: &Schedule, semantics: Semantics) ->
     let totals = |v: &[f64]| v.iter().sum::<f64>();
     let compute = totals(&inputs.compute_us);
     let comm = totals(&inputs.comm_us);
+    let load = totals(&inputs.load_us);
     let slots: Vec<SlotReport> = (0..timeline.slot_count())
         .map(|s| SlotReport {
             slot: timeline.slot(s),
@@ -171,13 +184,13 @@ pub fn simulate(profile: &Profile, schedule: &Schedule, semantics: Semantics) ->
         iteration_time_us: timing.iteration_time_us,
         compute_us: compute,
         comm_us: comm,
-        overlap_slowdown_us: kappa * comm,
+        overlap_slowdown_us: load,
         comm_slowdown_us: interference.comm
             * (0..timeline.slot_count())
                 .filter(|&s| inputs.comm_us[s] > 0.0)
                 .map(|s| inputs.compute_us[s])
                 .sum::<f64>(),
-        exposed_comm_us: (timing.iteration_time_us - compute - kappa * comm).max(0.0),
+        exposed_comm_us: (timing.iteration_time_us - compute - load).max(0.0),
         peak_memory_bytes: slots[peak].memory_bytes,
         peak_slot: slots[peak].slot,
         slots,

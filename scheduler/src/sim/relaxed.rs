@@ -2,7 +2,7 @@
 //! free and the compute stream has reached its launch slot; a slot's compute starts when the
 //! previous compute is done and the blocks it needs are done (the unit's gathers; for a `none`
 //! unit's forward, its AllReduce of the previous iteration); compute takes
-//! c_s + κ_c·Q_s, and the blocks launched in slot s take (Q_s + κ_q·c_s)/Q_s times their own time
+//! c_s + L_s, and the blocks launched in slot s take (Q_s + κ_q·c_s)/Q_s times their own time
 //! (the slot's compute beside them). Reductions are launched after their B_i, so they wait for
 //! their gradient.
 //!
@@ -87,8 +87,7 @@ pub(super) fn run(schedule: &Schedule, inputs: &SlotInputs, interference: Interf
             let wait =
                 needed(schedule, s).map_or(f64::NEG_INFINITY, |(u, op)| ready[u][op_index(op)]);
             let compute_start = compute_end.max(wait);
-            compute_end =
-                compute_start + inputs.compute_us[s] + interference.compute * inputs.comm_us[s];
+            compute_end = compute_start + inputs.compute_us[s] + inputs.load_us[s];
             start_us.push(launch - iteration_start);
             compute_start_us.push(compute_start - iteration_start);
             duration_us.push(compute_end - launch);

@@ -1,4 +1,4 @@
-//! Strict semantics: d_s = max(c_s + κ_c·Q_s, Q_s + κ_q·c_s), T = Σ_s d_s. Every block of slot s
+//! Strict semantics: d_s = max(c_s + L_s, Q_s + κ_q·c_s), T = Σ_s d_s. Every block of slot s
 //! starts at the slot's start, serialised on the one channel, each stretched by the slot's
 //! compute as (Q_s + κ_q·c_s)/Q_s.
 
@@ -28,7 +28,7 @@ pub(super) fn run(schedule: &Schedule, inputs: &SlotInputs, interference: Interf
             });
             channel += t;
         }
-        let d = interference.slot_duration(c, q);
+        let d = interference.slot_duration(c, q, inputs.load_us[s]);
         start_us.push(now);
         duration_us.push(d);
         now += d;

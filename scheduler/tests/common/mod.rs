@@ -68,6 +68,7 @@ pub fn profile(
         block_size_bytes,
         overlap_slowdown,
         comm_slowdown: 0.0,
+        update_slowdown: None,
         iteration_extra_us,
         bytes_per_param: BytesPerParam {
             param: bytes_per_param.0,
