@@ -21,7 +21,7 @@ use crate::mlp::Mlp;
 use crate::model_file::ModelFile;
 use crate::workload::Workload;
 use crate::{Error, Result};
-use shardplan_scheduler::baselines::{BaselineKind, Preference, baseline};
+use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::ilp::{Objective, SolveOptions, SolveReport, Solved, solve};
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::Schedule;
@@ -285,20 +285,15 @@ fn packed_baseline(
             }
         }
     }
-    let preference = match options.objective {
-        Objective::Time => Preference::Fastest,
-        Objective::Memory {
-            max_iteration_time_us,
-        } => Preference::Smallest {
-            max_iteration_time_us,
-        },
-    };
-    Ok(preference.choose(candidates, None, |b| {
-        (
-            b.simulation.iteration_time_us,
-            b.simulation.peak_memory_bytes,
-        )
-    }))
+    Ok(options
+        .objective
+        .preference()
+        .choose(candidates, None, |b| {
+            (
+                b.simulation.iteration_time_us,
+                b.simulation.peak_memory_bytes,
+            )
+        }))
 }
 
 /// The workload of a `--model` file as the runtime lays it out at `world` ranks (initial weights

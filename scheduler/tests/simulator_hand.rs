@@ -26,16 +26,15 @@ fn check_memory(sim: &shardplan_scheduler::sim::Simulation, memory: &[f64], peak
     assert_eq!(sim.peak_slot.to_string(), peak_slot);
 }
 
-/// Two replicated units (DDP). N = 2, p = g = 2, o = 4; one block each.
+/// Two replicated units (DDP; κ_c = `kappa`). N = 2, p = g = 2, o = 4; one block each.
 /// u1: Ψ 100, f 10, b 20, act 1000, ws_f 50, ws_b 70. u2: Ψ 200, f 30, b 60, act 2000.
 /// AR curve t = 10 + bytes/100: AR1 = 10 + 200/100 = 12, AR2 = 10 + 400/100 = 14.
 /// Slots F1 F2 B2 B1 E; AR2 at B1, AR1 at E.
-#[test]
-fn ddp_two_units() {
-    let p = profile(
+fn two_units(kappa: f64) -> shardplan_scheduler::profile::Profile {
+    profile(
         2,
         1 << 20,
-        0.0,
+        kappa,
         0.0,
         (2, 2, 4),
         &[
@@ -45,21 +44,24 @@ fn ddp_two_units() {
         affine(1.0, 1.0),
         affine(1.0, 1.0),
         affine(10.0, 100.0),
-    );
-    let s = schedule(
-        &p,
-        r#"
-        [[units]]
-        name = "u1"
-        level = "none"
-        ar = [["E", 1]]
-        [[units]]
-        name = "u2"
-        level = "none"
-        ar = [["B1", 1]]
-    "#,
     )
-    .unwrap();
+}
+
+const DDP_PLAN: &str = r#"
+    [[units]]
+    name = "u1"
+    level = "none"
+    ar = [["E", 1]]
+    [[units]]
+    name = "u2"
+    level = "none"
+    ar = [["B1", 1]]
+"#;
+
+#[test]
+fn ddp_two_units() {
+    let p = two_units(0.0);
+    let s = schedule(&p, DDP_PLAN).unwrap();
     // Strict: F1 10, F2 30, B2 60, B1 max(20, 14) = 20, E max(0, 12) = 12 → 132.
     let strict = simulate(&p, &s, Semantics::Strict);
     check(&strict, 132.0, &[10.0, 30.0, 60.0, 20.0, 12.0]);
@@ -84,33 +86,10 @@ fn ddp_two_units() {
 /// With κ_u absent it is κ_c: B1 max(20 + 0.5·20, 20) = 30, E 20 → 150; Σ L = 20.
 #[test]
 fn optimizer_steps_slow_compute_by_their_own_factor() {
-    let mut p = profile(
-        2,
-        1 << 20,
-        0.5,
-        0.0,
-        (2, 2, 4),
-        &[
-            (100, 10.0, 20.0, 1000, 100, 50, 70),
-            (200, 30.0, 60.0, 2000, 200, 0, 0),
-        ],
-        affine(1.0, 1.0),
-        affine(1.0, 1.0),
-        affine(10.0, 100.0),
-    );
+    let mut p = two_units(0.5);
     p.units[0].optimizer_us = 8.0;
     p.units[1].optimizer_us = 6.0;
-    let plan = r#"
-        [[units]]
-        name = "u1"
-        level = "none"
-        ar = [["E", 1]]
-        [[units]]
-        name = "u2"
-        level = "none"
-        ar = [["B1", 1]]
-    "#;
-    let s = schedule(&p, plan).unwrap();
+    let s = schedule(&p, DDP_PLAN).unwrap();
     let same = simulate(&p, &s, Semantics::Strict);
     check(&same, 150.0, &[10.0, 30.0, 60.0, 30.0, 20.0]);
     close(same.overlap_slowdown_us, 20.0, "Σ L with κ_u = κ_c");

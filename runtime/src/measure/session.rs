@@ -2,10 +2,9 @@
 //! collectives, κ), or a zoo transformer's units replayed on a GPU. The CLI calls these and saves
 //! the profile; rank 0 alone saves it.
 
-use super::UnitTimes;
 use super::{
-    block_reductions, compute_layout, compute_round, measurement_allocation, time_collectives,
-    time_interference, time_units, workload_profile,
+    UnitTimes, block_reductions, compute_layout, compute_round, measurement_allocation,
+    time_collectives, time_interference, time_units, workload_profile,
 };
 use crate::backend::{Backend, Collectives, CpuBackend};
 use crate::cuda::CudaBackend;

@@ -267,7 +267,7 @@ pub fn time_interference<B: Backend>(
         let comm = timed(backend, Stream::Communication, comm_work)?;
         Ok(Timing { compute, comm })
     };
-    // Together: as many compute rounds as cover the AllReduces alone (the estimate's).
+    // Together: as many compute rounds as cover the work alone (the estimate's).
     let together = |estimate: &Timing| -> Result<Timing> {
         let rounds =
             ((estimate.comm / estimate.compute.max(1e-3)).ceil() as usize).clamp(1, 100_000);

@@ -15,6 +15,7 @@ mod variables;
 pub use limits::WindowLimits;
 pub use solve::solve;
 
+use crate::baselines::Preference;
 use crate::plan::{Plan, Predicted, Producer};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
@@ -32,6 +33,19 @@ pub enum Objective {
 }
 
 impl Objective {
+    /// How a baseline is chosen for this objective: the fastest, or the smallest peak under the
+    /// time ceiling.
+    pub fn preference(self) -> Preference {
+        match self {
+            Objective::Time => Preference::Fastest,
+            Objective::Memory {
+                max_iteration_time_us,
+            } => Preference::Smallest {
+                max_iteration_time_us,
+            },
+        }
+    }
+
     /// The objective's value for a plan: its strict iteration time (µs), or its peak bytes.
     pub fn value_of(self, simulation: &Simulation) -> f64 {
         match self {

@@ -8,7 +8,7 @@ use super::constraints::{
 use super::mapping::{schedule_from_values, schedule_values, slot_terms, tight_time};
 use super::variables::{Columns, UnitVars, declare_units};
 use super::{Objective, PhaseReport, SolveOptions, SolveReport, SolveStatus, Solved, WindowLimits};
-use crate::baselines::{self, BaselineKind, Preference};
+use crate::baselines::{self, BaselineKind};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
 use crate::sim::{Semantics, memory_by_slot, simulate};
@@ -264,14 +264,7 @@ fn run_highs(
 /// The best baseline for the objective (checkpointing on or off) that fits the cap and the time
 /// ceiling, as a warm start: the fastest for the time objective, the smallest peak for memory.
 fn best_baseline(profile: &Profile, options: &SolveOptions) -> Option<(String, Schedule, f64)> {
-    let preference = match options.objective {
-        Objective::Time => Preference::Fastest,
-        Objective::Memory {
-            max_iteration_time_us,
-        } => Preference::Smallest {
-            max_iteration_time_us,
-        },
-    };
+    let preference = options.objective.preference();
     let chosen = baselines::best_baseline(
         profile,
         &BaselineKind::ALL,
