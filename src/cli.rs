@@ -348,7 +348,8 @@ pub struct SolveArgs {
     pub no_recompute: bool,
     /// Pack the plan's buffers as `run` will for this model (an MLP, or a GPT-2 with
     /// [training]) and, while the packed arena exceeds --memory-cap, search a lower cap to solve
-    /// under; the plan returned packs within --memory-cap.
+    /// under; the plan returned (the best of those solves and the baselines) packs within
+    /// --memory-cap.
     #[arg(long)]
     pub model: Option<PathBuf>,
     #[arg(long)]

@@ -21,7 +21,7 @@ use crate::mlp::Mlp;
 use crate::model_file::ModelFile;
 use crate::workload::Workload;
 use crate::{Error, Result};
-use shardplan_scheduler::baselines::{BaselineKind, baseline};
+use shardplan_scheduler::baselines::{BaselineKind, baselines_at};
 use shardplan_scheduler::ilp::{Objective, SolveOptions, SolveReport, Solved, solve};
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::Schedule;
@@ -262,27 +262,26 @@ fn packed_baseline(
     arena_of: &dyn Fn(&Schedule) -> Result<Arena>,
 ) -> Result<Option<Candidate>> {
     let mut candidates = Vec::new();
-    for kind in BaselineKind::ALL {
-        for checkpoint in [false, true] {
-            if checkpoint && !options.allow_recompute {
-                continue;
-            }
-            let Ok(plan) = baseline(profile, kind, checkpoint, Some(cap)) else {
-                continue;
-            };
-            if !options.limits.admit(&plan.schedule) {
-                continue;
-            }
-            let arena = arena_of(&plan.schedule)?;
-            if arena.size_bytes <= cap {
-                candidates.push(Candidate {
-                    schedule: plan.schedule,
-                    simulation: plan.simulation,
-                    arena,
-                    warm_start: None,
-                    baseline: Some(kind.label(checkpoint)),
-                });
-            }
+    for chosen in baselines_at(
+        profile,
+        &BaselineKind::ALL,
+        options.allow_recompute,
+        Some(cap),
+    ) {
+        let label = chosen.label();
+        let plan = chosen.plan;
+        if !options.limits.admit(&plan.schedule) {
+            continue;
+        }
+        let arena = arena_of(&plan.schedule)?;
+        if arena.size_bytes <= cap {
+            candidates.push(Candidate {
+                schedule: plan.schedule,
+                simulation: plan.simulation,
+                arena,
+                warm_start: None,
+                baseline: Some(label),
+            });
         }
     }
     Ok(options

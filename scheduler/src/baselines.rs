@@ -316,21 +316,20 @@ impl ChosenBaseline {
     }
 }
 
-/// The best (by `preference`) of `kinds`, each with checkpointing off and, when `checkpointing`,
-/// on, whose plan fits `cap`. A baseline that cannot be built at the cap is not a candidate.
-pub fn best_baseline(
+/// Every baseline of `kinds`, each with checkpointing off and, when `checkpointing`, on, that
+/// can be built at `cap` (a baseline that cannot is left out).
+pub fn baselines_at(
     profile: &Profile,
     kinds: &[BaselineKind],
     checkpointing: bool,
     cap: Option<u64>,
-    preference: Preference,
-) -> Option<ChosenBaseline> {
+) -> impl Iterator<Item = ChosenBaseline> {
     let variants: &[bool] = if checkpointing {
         &[false, true]
     } else {
         &[false]
     };
-    let candidates = kinds.iter().flat_map(|&kind| {
+    kinds.iter().flat_map(move |&kind| {
         variants.iter().filter_map(move |&checkpoint| {
             let plan = baseline(profile, kind, checkpoint, cap).ok()?;
             Some(ChosenBaseline {
@@ -339,7 +338,18 @@ pub fn best_baseline(
                 plan,
             })
         })
-    });
+    })
+}
+
+/// The best (by `preference`) of [`baselines_at`] whose plan fits `cap`.
+pub fn best_baseline(
+    profile: &Profile,
+    kinds: &[BaselineKind],
+    checkpointing: bool,
+    cap: Option<u64>,
+    preference: Preference,
+) -> Option<ChosenBaseline> {
+    let candidates = baselines_at(profile, kinds, checkpointing, cap);
     preference.choose(candidates, cap, |c| {
         (
             c.plan.simulation.iteration_time_us,
