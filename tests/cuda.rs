@@ -1,7 +1,7 @@
 //! The CUDA backend where there is no GPU (CI): `run --backend cuda` and `profile measure
 //! --backend cuda` exit 1 with one line naming the missing driver library and where it was
 //! searched — never a panic — and write nothing; `doctor` finds the CUDA wheels of a Python
-//! environment and NVRTC compiles the kernels, which needs no GPU.
+//! environment and NVRTC compiles the MLP and GPT-2 kernels, which needs no GPU.
 
 use shardplan_runtime::cuda::libraries::{Needed, SearchPaths, find};
 use std::process::Command;
@@ -131,17 +131,26 @@ fn doctor_finds_the_wheels_and_nvrtc_compiles_the_kernels() {
         "{stdout}"
     );
     assert!(line("nccl").contains("version 2."), "{stdout}");
-    let kernels = line("kernels");
-    let compiled = format!(
-        "compiled the {} MLP kernels for sm_90",
-        shardplan_runtime::cuda::kernels::ENTRY_POINTS.len()
-    );
-    for part in [
-        compiled.as_str(),
-        "(no fused multiply-add)",
-        "bytes of machine code",
-    ] {
-        assert!(kernels.contains(part), "`{part}` missing from: {kernels}");
+    let kernels: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.split_whitespace().next() == Some("kernels"))
+        .collect();
+    let sources = [
+        ("MLP", shardplan_runtime::cuda::kernels::ENTRY_POINTS.len()),
+        (
+            "GPT-2",
+            shardplan_runtime::cuda::gpt2_kernels::signatures().len(),
+        ),
+    ];
+    for (model, count) in sources {
+        let compiled = format!("compiled the {count} {model} kernels for sm_90");
+        let found = kernels
+            .iter()
+            .find(|l| l.contains(&compiled))
+            .unwrap_or_else(|| panic!("`{compiled}` missing from:\n{stdout}"));
+        for part in ["(no fused multiply-add", "bytes of machine code"] {
+            assert!(found.contains(part), "`{part}` missing from: {found}");
+        }
     }
     if !driver_present() {
         assert_eq!(code, Some(1), "{stderr}");
@@ -153,10 +162,10 @@ fn doctor_finds_the_wheels_and_nvrtc_compiles_the_kernels() {
 
     let (code, stdout, stderr) = doctor(venv, &["--arch", "compute_90"]);
     assert_eq!(code, Some(1), "{stderr}");
-    assert!(
-        stderr.contains("the MLP kernels do not compile"),
-        "{stderr}"
-    );
+    for model in ["MLP", "GPT-2"] {
+        let refused = format!("the {model} kernels do not compile");
+        assert!(stderr.contains(&refused), "{stderr}");
+    }
     assert!(
         stdout.contains("name a real architecture (sm_90)"),
         "{stdout}"

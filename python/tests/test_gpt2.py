@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import GPT2LMHeadModel
 
-from shardplan_torch.gpt2 import adamw, config
+from shardplan_torch.gpt2 import config, sample_text, train
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = os.environ.get("SHARDPLAN_BIN", str(ROOT / "target" / "release" / "shardplan"))
@@ -28,35 +28,7 @@ STEPS = 3
 
 
 def text():
-    """Deterministic bytes with structure (so the loss falls) and every byte value."""
-    base = (ROOT / "README.md").read_bytes()
-    return base + bytes(range(256))
-
-
-def batches(data, seq, batch, steps):
-    """What `shardplan run --data` feeds: sequence n starts at (n mod W)·seq, W = (len−1)//seq."""
-    windows = (len(data) - 1) // seq
-    out = []
-    for k in range(steps):
-        rows = [(((k * batch + j) % windows) * seq) for j in range(batch)]
-        x = torch.tensor([list(data[s:s + seq]) for s in rows])
-        y = torch.tensor([list(data[s + 1:s + seq + 1]) for s in rows])
-        out.append((x, y))
-    return out
-
-
-def hf_training(model, spec, data):
-    t = spec["training"]
-    opt = adamw(model, t)
-    losses = []
-    for x, y in batches(data, spec["seq_len"], t["batch_size"], STEPS):
-        logits = model(input_ids=x).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        losses.append(loss.item())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return losses
+    return sample_text(ROOT)
 
 
 def shardplan(world, *args):
@@ -83,7 +55,7 @@ class Gpt2AgainstTransformers(unittest.TestCase):
         cls.w0 = load_file(cls.init)
         cls.data = d / "data.txt"
         cls.data.write_bytes(text())
-        cls.hf_losses = hf_training(model, cls.spec, text())
+        cls.hf_losses = train(model, cls.spec, text(), STEPS)
         cls.hf = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     def check(self, world, kind, checkpoint=False, semantics="strict"):

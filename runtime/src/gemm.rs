@@ -1,10 +1,11 @@
-//! Matrix products as the workloads state them (row-major, densely stored operands, either one
-//! possibly transposed) and as cuBLAS takes them (column-major).
+//! Matrix products as the workloads state them (row-major operands, either one possibly
+//! transposed, densely stored or with row and batch strides) and as cuBLAS takes them
+//! (column-major).
 //!
 //! A row-major matrix read column-major is its transpose, so the row-major C = op(A)·op(B) is
 //! the column-major C′ = op(B)′·op(A)′: cuBLAS gets B as its first operand and A as its second,
-//! with the dimensions swapped. [`Gemm::cublas`] is the one place that mapping is written; the
-//! MLP's layers and the transformer replay both call cuBLAS through it.
+//! with the dimensions swapped. [`Strided::cublas`] is the one place that mapping is written; the
+//! MLP's layers, GPT-2's products and the transformer replay all call cuBLAS through it.
 
 /// C (m × n) = op(A) (m × k) · op(B) (k × n), `batch` times. A is stored m × k, or k × m when
 /// `a_transposed`; B is stored k × n, or n × k when `b_transposed`; C is stored m × n. Storage is
@@ -19,9 +20,10 @@ pub struct Gemm {
     pub b_transposed: bool,
 }
 
-/// The arguments of cuBLAS's `gemm` (`cublasSgemm`, `cublasGemmStridedBatchedEx`) that compute
-/// a [`Gemm`]: `gemm(transa, transb, m, n, k, α, B, lda, A, ldb, β, C, ldc)`. The names are
-/// cuBLAS's, so its "A" is the row-major product's B and its "B" is the product's A.
+/// The arguments of cuBLAS's `gemm` (`cublasSgemm`, `cublasSgemmStridedBatched`,
+/// `cublasGemmStridedBatchedEx`) that compute a [`Strided`] product:
+/// `gemm(transa, transb, m, n, k, α, B, lda, strideA, A, ldb, strideB, β, C, ldc, strideC, batch)`.
+/// The names are cuBLAS's, so its "A" is the row-major product's B and its "B" is the product's A.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CublasGemm {
     pub transa: bool,
@@ -32,6 +34,10 @@ pub struct CublasGemm {
     pub lda: usize,
     pub ldb: usize,
     pub ldc: usize,
+    pub stride_a: usize,
+    pub stride_b: usize,
+    pub stride_c: usize,
+    pub batch: usize,
 }
 
 impl Gemm {
@@ -80,58 +86,52 @@ impl Gemm {
         (self.m * self.k, self.k * self.n, self.m * self.n)
     }
 
-    /// The column-major call: C′ (n × m) = op(B)′ (n × k) · op(A)′ (k × m). A stored row-major
-    /// with r rows and c columns is, read column-major, c × r with leading dimension c; so the
-    /// leading dimensions are the stored row widths, and a transposed operand stays transposed.
-    pub fn cublas(&self) -> CublasGemm {
-        CublasGemm {
-            transa: self.b_transposed,
-            transb: self.a_transposed,
-            m: self.n,
-            n: self.m,
-            k: self.k,
-            lda: if self.b_transposed { self.k } else { self.n },
-            ldb: if self.a_transposed { self.m } else { self.k },
-            ldc: self.n,
+    /// Rows and columns of A, B and C as stored.
+    fn stored(&self) -> [(usize, usize); 3] {
+        let (m, n, k) = (self.m, self.n, self.k);
+        [
+            if self.a_transposed { (k, m) } else { (m, k) },
+            if self.b_transposed { (n, k) } else { (k, n) },
+            (m, n),
+        ]
+    }
+
+    /// The product on densely stored operands: each row stride is its stored row's width, each
+    /// batch stride its operand's elements.
+    pub fn dense(self) -> Strided {
+        let (a, b, c) = self.elements();
+        Strided {
+            gemm: self,
+            row_stride: self.stored().map(|(_, cols)| cols),
+            batch_stride: [a, b, c],
         }
     }
 
-    /// Computes C ← α·op(A)·op(B) + β·C on the host (fp32, `matrixmultiply`), with the strides
-    /// the storage above implies. One product (`batch` = 1); the slices must hold at least the
-    /// operands' elements.
-    pub fn host(&self, alpha: f32, a: &[f32], b: &[f32], beta: f32, c: &mut [f32]) {
-        let (m, n, k) = (self.m, self.n, self.k);
-        assert_eq!(self.batch, 1, "a host product is not batched");
-        let (a_len, b_len, c_len) = self.elements();
-        assert!(
-            a.len() >= a_len && b.len() >= b_len && c.len() >= c_len,
-            "operands of {}, {} and {} elements for a {m}×{n}×{k} product",
-            a.len(),
-            b.len(),
-            c.len()
-        );
-        let (rsa, csa) = if self.a_transposed { (1, m) } else { (k, 1) };
-        let (rsb, csb) = if self.b_transposed { (1, k) } else { (n, 1) };
-        // SAFETY: the lengths are asserted above; with these strides every index of op(A)
-        // (m × k), op(B) (k × n) and C (m × n) lies inside its dense row-major storage.
-        unsafe {
-            matrixmultiply::sgemm(
-                m,
-                k,
-                n,
-                alpha,
-                a.as_ptr(),
-                rsa as isize,
-                csa as isize,
-                b.as_ptr(),
-                rsb as isize,
-                csb as isize,
-                beta,
-                c.as_mut_ptr(),
-                n as isize,
-                1,
+    /// The product on operands stored with `row_stride` (elements from one stored row to the
+    /// next) and `batch_stride` (from one product's operand to the next), each for A, B, C.
+    /// Panics if a row stride is shorter than its stored row: a layout error in the caller.
+    pub fn strided(self, row_stride: [usize; 3], batch_stride: [usize; 3]) -> Strided {
+        for (operand, ((_, cols), stride)) in self.stored().iter().zip(row_stride).enumerate() {
+            assert!(
+                stride >= *cols,
+                "operand {operand} of {self:?}: row stride {stride} below its {cols} columns"
             );
         }
+        Strided {
+            gemm: self,
+            row_stride,
+            batch_stride,
+        }
+    }
+
+    /// The column-major call on dense operands ([`Strided::cublas`]).
+    pub fn cublas(&self) -> CublasGemm {
+        self.dense().cublas()
+    }
+
+    /// Computes C ← α·op(A)·op(B) + β·C on the host on dense operands ([`Strided::host`]).
+    pub fn host(&self, alpha: f32, a: &[f32], b: &[f32], beta: f32, c: &mut [f32]) {
+        self.dense().host(alpha, a, b, beta, c);
     }
 
     /// The two backward products of C = op(A)·op(B) given dC, each written into the operand's
@@ -161,6 +161,107 @@ impl Gemm {
     }
 }
 
+/// A [`Gemm`] on operands stored row-major with row and batch strides of their own (attention
+/// reads Q, K and V out of the fused QKV rows): built by [`Gemm::dense`] or [`Gemm::strided`],
+/// so every row stride covers its stored row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Strided {
+    gemm: Gemm,
+    row_stride: [usize; 3],
+    batch_stride: [usize; 3],
+}
+
+impl Strided {
+    pub fn gemm(&self) -> &Gemm {
+        &self.gemm
+    }
+
+    /// Elements of A, B and C from each operand's first element to its last, over the batch
+    /// (0 for an empty operand).
+    pub fn extents(&self) -> [usize; 3] {
+        let batch = self.gemm.batch;
+        let mut spans = [0; 3];
+        for (i, (rows, cols)) in self.gemm.stored().into_iter().enumerate() {
+            if batch > 0 && rows > 0 && cols > 0 {
+                spans[i] =
+                    (batch - 1) * self.batch_stride[i] + (rows - 1) * self.row_stride[i] + cols;
+            }
+        }
+        spans
+    }
+
+    /// The column-major call: C′ (n × m) = op(B)′ (n × k) · op(A)′ (k × m). A stored row-major
+    /// with row stride s is, read column-major, its transpose with leading dimension s; so the
+    /// leading dimensions are the row strides, and a transposed operand stays transposed.
+    pub fn cublas(&self) -> CublasGemm {
+        let g = &self.gemm;
+        let [a, b, c] = self.row_stride;
+        let [stride_a, stride_b, stride_c] = self.batch_stride;
+        CublasGemm {
+            transa: g.b_transposed,
+            transb: g.a_transposed,
+            m: g.n,
+            n: g.m,
+            k: g.k,
+            lda: b,
+            ldb: a,
+            ldc: c,
+            stride_a: stride_b,
+            stride_b: stride_a,
+            stride_c,
+            batch: g.batch,
+        }
+    }
+
+    /// Computes C ← α·op(A)·op(B) + β·C on the host (fp32, `matrixmultiply`) for every product
+    /// of the batch; the slices must hold the operands' [`Strided::extents`].
+    pub fn host(&self, alpha: f32, a: &[f32], b: &[f32], beta: f32, c: &mut [f32]) {
+        let Gemm { m, n, k, batch, .. } = self.gemm;
+        let [ea, eb, ec] = self.extents();
+        assert!(
+            a.len() >= ea && b.len() >= eb && c.len() >= ec,
+            "operands of {}, {} and {} elements for {self:?}",
+            a.len(),
+            b.len(),
+            c.len()
+        );
+        let [ra, rb, rc] = self.row_stride;
+        let (rsa, csa) = if self.gemm.a_transposed {
+            (1, ra)
+        } else {
+            (ra, 1)
+        };
+        let (rsb, csb) = if self.gemm.b_transposed {
+            (1, rb)
+        } else {
+            (rb, 1)
+        };
+        let [sa, sb, sc] = self.batch_stride;
+        for i in 0..batch {
+            // SAFETY: the extents are asserted above; with these strides every index of op(A)
+            // (m × k), op(B) (k × n) and C (m × n) of product i lies inside its operand's extent.
+            unsafe {
+                matrixmultiply::sgemm(
+                    m,
+                    k,
+                    n,
+                    alpha,
+                    a.as_ptr().add(i * sa),
+                    rsa as isize,
+                    csa as isize,
+                    b.as_ptr().add(i * sb),
+                    rsb as isize,
+                    csb as isize,
+                    beta,
+                    c.as_mut_ptr().add(i * sc),
+                    rc as isize,
+                    1,
+                );
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,6 +279,7 @@ mod tests {
             lda,
             ldb,
             ldc,
+            ..
         } = *call;
         assert!(lda >= (if transa { k } else { m }).max(1), "lda {call:?}");
         assert!(ldb >= (if transb { n } else { k }).max(1), "ldb {call:?}");
@@ -342,5 +444,69 @@ mod tests {
         let mut dw = vec![0.0; dout * din];
         blas_gemm(&weight_grad.cublas(), &x, &dz, 0.0, &mut dw);
         close(&dw, &grads[..dout * din], "weight gradient");
+    }
+
+    /// Attention's products read Q, K and V in place out of fused QKV rows: for every transpose
+    /// combination, the strided product on the host and the cuBLAS call it describes (one call
+    /// per product of the batch, at its batch offsets) equal the row-major product of dense
+    /// copies of the operands.
+    #[test]
+    fn strided_products_read_their_operands_in_place() {
+        let (m, n, k, batch) = (4, 3, 5, 3);
+        for g in all_layouts(m, n, k) {
+            let g = g.batched(batch);
+            let stored = g.stored();
+            // Each operand lives in a buffer with wider rows (+2) and a gap between products.
+            let row_stride = stored.map(|(_, cols)| cols + 2);
+            let batch_stride = [0, 1, 2].map(|i| stored[i].0 * row_stride[i] + 3);
+            let strided = g.strided(row_stride, batch_stride);
+            let [ea, eb, ec] = strided.extents();
+            let (a, b) = (values(ea, 11), values(eb, 12));
+            let c0 = values(ec, 13);
+            let dense = |x: &[f32], i: usize, p: usize| -> Vec<f32> {
+                let (rows, cols) = stored[i];
+                (0..rows)
+                    .flat_map(|r| {
+                        let at = p * batch_stride[i] + r * row_stride[i];
+                        x[at..at + cols].to_vec()
+                    })
+                    .collect()
+            };
+            let mut host = c0.clone();
+            strided.host(1.0, &a, &b, 0.5, &mut host);
+            let call = strided.cublas();
+            assert_eq!(
+                (call.stride_a, call.stride_b, call.stride_c, call.batch),
+                (batch_stride[1], batch_stride[0], batch_stride[2], batch)
+            );
+            let mut blas = c0.clone();
+            for p in 0..batch {
+                let (sa, sb, sc) = (p * call.stride_a, p * call.stride_b, p * call.stride_c);
+                blas_gemm(&call, &b[sa..], &a[sb..], 0.5, &mut blas[sc..]);
+            }
+            let single = Gemm { batch: 1, ..g };
+            for p in 0..batch {
+                let product = row_major(&single, &dense(&a, 0, p), &dense(&b, 1, p));
+                let before = dense(&c0, 2, p);
+                for (what, c) in [("host", &host), ("cuBLAS", &blas)] {
+                    for (j, got) in dense(c, 2, p).iter().enumerate() {
+                        let want = product[j] + 0.5 * before[j];
+                        assert!((got - want).abs() <= 1e-5, "{what} {g:?} product {p}");
+                    }
+                }
+            }
+            // What lies between the rows and products is untouched.
+            let written: std::collections::HashSet<usize> = (0..batch)
+                .flat_map(|p| {
+                    (0..m).flat_map(move |r| {
+                        let at = p * batch_stride[2] + r * row_stride[2];
+                        at..at + n
+                    })
+                })
+                .collect();
+            for i in (0..ec).filter(|i| !written.contains(i)) {
+                assert_eq!((host[i], blas[i]), (c0[i], c0[i]), "{g:?} element {i}");
+            }
+        }
     }
 }

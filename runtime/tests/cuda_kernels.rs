@@ -5,25 +5,10 @@
 
 use shardplan_runtime::cuda::kernels::{SOURCE, per_element};
 use shardplan_runtime::mlp::{self, BETA1, BETA2, EPSILON};
-use std::process::Command;
 
-const SHIM: &str = r#"
-#include <math.h>
-struct Dim { unsigned x, y, z; };
-static Dim blockIdx, threadIdx, blockDim;
-#define __global__
-"#;
+mod shim;
 
 const WRAPPERS: &str = r#"
-template <class F> static void grid(unsigned blocks, unsigned threads, F kernel) {
-    blockDim = {threads, 1, 1};
-    for (unsigned b = 0; b < blocks; ++b)
-        for (unsigned t = 0; t < threads; ++t) {
-            blockIdx = {b, 0, 0};
-            threadIdx = {t, 0, 0};
-            kernel();
-        }
-}
 extern "C" void run_fill_rows(unsigned g, unsigned t, float* out, const float* row, int rows, int cols) {
     grid(g, t, [&] { fill_rows(out, row, rows, cols); });
 }
@@ -50,31 +35,7 @@ extern "C" void run_adam(unsigned g, unsigned t, float* p, const float* gr, floa
 "#;
 
 fn compile() -> (tempfile::TempDir, libloading::Library) {
-    let dir = tempfile::tempdir().unwrap();
-    let source = dir.path().join("kernels.cpp");
-    std::fs::write(&source, format!("{SHIM}{SOURCE}{WRAPPERS}")).unwrap();
-    let library = dir.path().join("libkernels.so");
-    let out = Command::new("c++")
-        .args([
-            "-std=c++17",
-            "-O1",
-            "-ffp-contract=off",
-            "-shared",
-            "-fPIC",
-            "-o",
-        ])
-        .arg(&library)
-        .arg(&source)
-        .output()
-        .expect("a C++ compiler (c++) is installed: HiGHS needs one too");
-    assert!(
-        out.status.success(),
-        "the kernel source does not compile as C++: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // SAFETY: the library was just built from the source above.
-    let lib = unsafe { libloading::Library::new(&library) }.unwrap();
-    (dir, lib)
+    shim::compile(SOURCE, WRAPPERS)
 }
 
 fn values(n: usize, seed: u32) -> Vec<f32> {

@@ -1,13 +1,13 @@
 //! `shardplan doctor`: what the CUDA backend finds on this machine and whether
 //! `run --backend cuda` can start. It prints, per library, where it is or the one-line reason it
-//! is missing; the driver's and NCCL's versions; each GPU; and the MLP kernels compiled by NVRTC
+//! is missing; the driver's and NCCL's versions; each GPU; and the MLP and GPT-2 kernels compiled by NVRTC
 //! (no GPU needed, so any machine with NVRTC checks the kernel source) and loaded on GPU 0. It
 //! exits 1, with one line naming what is missing, when the backend cannot start.
 
 use crate::cli::DoctorArgs;
 use crate::output::outln;
 use shardplan_runtime::cuda::libraries::{self, Needed, SearchPaths, find};
-use shardplan_runtime::cuda::{inventory, kernels, nvrtc};
+use shardplan_runtime::cuda::{gpt2_kernels, inventory, kernels, nvrtc};
 
 /// The architecture the kernels are compiled for when neither `--arch` nor a GPU says: Hopper.
 const DEFAULT_ARCHITECTURE: &str = "sm_90";
@@ -78,19 +78,34 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
         let version = nvrtc::version()
             .map(|(major, minor)| format!("NVRTC {major}.{minor}"))
             .unwrap_or_else(|e| e.to_string());
-        match kernels::compile(&arch) {
-            Ok(compiled) => report(
-                "kernels",
-                format!(
-                    "{version} compiled the {} MLP kernels for {arch}: {} bytes of PTX (no fused multiply-add), {} bytes of machine code",
-                    kernels::ENTRY_POINTS.len(),
-                    compiled.ptx.len(),
-                    compiled.cubin.len()
-                ),
+        let sources = [
+            (
+                "MLP",
+                kernels::ENTRY_POINTS.len(),
+                kernels::compile(&arch),
+                "",
             ),
-            Err(e) => {
-                report("kernels", e);
-                problems.push("the MLP kernels do not compile".into());
+            (
+                "GPT-2",
+                gpt2_kernels::signatures().len(),
+                gpt2_kernels::compile(&arch),
+                " outside the math library's exp, log and tanh",
+            ),
+        ];
+        for (model, count, compiled, except) in sources {
+            match compiled {
+                Ok(compiled) => report(
+                    "kernels",
+                    format!(
+                        "{version} compiled the {count} {model} kernels for {arch}: {} bytes of PTX (no fused multiply-add{except}), {} bytes of machine code",
+                        compiled.ptx.len(),
+                        compiled.cubin.len()
+                    ),
+                ),
+                Err(e) => {
+                    report("kernels", e);
+                    problems.push(format!("the {model} kernels do not compile"));
+                }
             }
         }
         if let Some(gpu) = gpus.first() {
@@ -98,10 +113,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
                 Ok(()) => report("kernels", format!("loaded on GPU {}", gpu.ordinal)),
                 Err(e) => {
                     report("kernels", e);
-                    problems.push(format!(
-                        "the MLP kernels do not load on GPU {}",
-                        gpu.ordinal
-                    ));
+                    problems.push(format!("the kernels do not load on GPU {}", gpu.ordinal));
                 }
             }
         }

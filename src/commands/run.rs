@@ -8,13 +8,13 @@ use crate::failure::flag_error;
 use crate::output::{ms, outln, print_json};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
-use shardplan_runtime::backend::{Backend, Collectives, CpuBackend, Loopback, Mpi};
+use shardplan_runtime::backend::{Backend, CpuBackend, Loopback, Mpi};
 use shardplan_runtime::executor::{OnStep, RunOptions};
 use shardplan_runtime::gpt2::data::Tokens;
-use shardplan_runtime::gpt2::{Gpt2, weights};
+use shardplan_runtime::gpt2::{Gpt2, Gpt2Kernels, weights};
 use shardplan_runtime::launch::{cuda_backend, under_mpi};
 use shardplan_runtime::mlp::{
-    Mlp, MlpSpec, max_relative_error, reference_training, update_relative_error,
+    Mlp, MlpKernels, MlpSpec, max_relative_error, reference_training, update_relative_error,
 };
 use shardplan_runtime::model_file::ModelFile;
 use shardplan_runtime::session::{PlanRun, chrome_trace, run_plan};
@@ -49,34 +49,21 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     match args.backend {
         BackendArg::Cpu if under_mpi() => {
             let (universe, mpi) = Mpi::init()?;
-            let result = run_on_cpu(CpuBackend::new(mpi), model, &args);
+            let result = run_model(CpuBackend::new(mpi), model, &args);
             end_job_on_failure(Some(&universe), result, args.json)
         }
-        BackendArg::Cpu => run_on_cpu(CpuBackend::new(Loopback), model, &args),
+        BackendArg::Cpu => run_model(CpuBackend::new(Loopback), model, &args),
         BackendArg::Cuda => {
-            let ModelFile::Mlp(spec) = model else {
-                return Err(flag_error(
-                    "--backend",
-                    format!(
-                        "cpu for {}: GPT-2 trains on the CPU backend only so far (its CUDA kernels are not written yet)",
-                        args.model.display()
-                    ),
-                ));
-            };
             let (universe, backend) = cuda_backend()?;
-            let throughput = Throughput::samples(&spec, backend.world_size());
-            let mlp = Mlp::new(spec, backend.rank(), backend.world_size());
-            let result = run_with(backend, &mlp, &args, throughput, |params| {
-                mlp_check(&mlp, params, &args)
-            });
+            let result = run_model(backend, model, &args);
             end_job_on_failure(universe.as_ref(), result, args.json)
         }
     }
 }
 
-/// The CPU backend with either workload.
-fn run_on_cpu<C: Collectives>(
-    backend: CpuBackend<C>,
+/// Either workload on a backend that has both's kernels.
+fn run_model<B: MlpKernels + Gpt2Kernels>(
+    backend: B,
     model: ModelFile,
     args: &RunArgs,
 ) -> anyhow::Result<()> {

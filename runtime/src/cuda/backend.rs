@@ -7,10 +7,11 @@
 //! lifetimes and the executor's marks already order every access).
 
 use super::driver_error;
+use super::gpt2::Gpt2Device;
 use super::kernels::{Kernels, per_element};
 use super::nccl::{DeviceFloats, Nccl, NcclSetup};
 use crate::backend::{Allocation, Backend, DeviceMemory, Region, Stream};
-use crate::gemm::Gemm;
+use crate::gemm::{Gemm, Strided};
 use crate::mlp::{self, BETA1, BETA2, EPSILON};
 use crate::{Error, Result};
 use cudarc::cublas::{result as cublas, sys as cublas_sys};
@@ -37,6 +38,7 @@ pub struct CudaBackend {
     communication: Arc<CudaStream>,
     pub(super) blas: cublas_sys::cublasHandle_t,
     kernels: Kernels,
+    pub(super) gpt2: Gpt2Device,
     nccl: Nccl,
     arena: Option<CudaSlice<f32>>,
     base: CUdeviceptr,
@@ -82,6 +84,7 @@ impl CudaBackend {
                 .map_err(|e| Error::Backend(format!("cuBLAS: setting its stream: {e:?}")))?;
         }
         let kernels = Kernels::load(&ctx)?;
+        let gpt2 = Gpt2Device::new(&ctx, &compute)?;
         ctx.bind_to_thread()
             .map_err(driver_error("binding the context"))?;
         let nccl = Nccl::new(setup)?;
@@ -92,6 +95,7 @@ impl CudaBackend {
             communication,
             blas,
             kernels,
+            gpt2,
             nccl,
             arena: None,
             base: 0,
@@ -133,8 +137,20 @@ impl CudaBackend {
         }
     }
 
+    /// The device address of step `step`'s loss slot.
+    pub(super) fn loss_slot(&self, step: usize) -> Result<CUdeviceptr> {
+        if step >= self.loss_slots {
+            return Err(Error::Backend(format!(
+                "loss slot {step} was not allocated"
+            )));
+        }
+        let losses = self.losses.as_ref().expect("allocated with the slots");
+        let (base, _) = losses.device_ptr(&self.compute);
+        Ok(base + 4 * step as u64)
+    }
+
     /// The device address of a region (checked against the arena).
-    fn ptr(&self, r: Region) -> Result<CUdeviceptr> {
+    pub(super) fn ptr(&self, r: Region) -> Result<CUdeviceptr> {
         if r.offset + r.len > self.elements {
             return Err(Error::Backend(format!(
                 "region {}..{} lies outside the {}-element arena",
@@ -154,23 +170,38 @@ impl CudaBackend {
         Ok(unsafe { DeviceFloats::new(ptr, r.len) })
     }
 
-    fn kernel<'a>(&'a self, function: &'a CudaFunction, stream: Stream) -> LaunchArgs<'a> {
+    pub(super) fn kernel<'a>(
+        &'a self,
+        function: &'a CudaFunction,
+        stream: Stream,
+    ) -> LaunchArgs<'a> {
         self.stream(stream).launch_builder(function)
     }
 
-    fn launch(&self, mut builder: LaunchArgs<'_>, config: LaunchConfig) -> Result<()> {
-        // SAFETY: the arguments match the kernel's signature in `kernels::SOURCE` and every
-        // pointer lies inside the arena (checked by `ptr`).
+    pub(super) fn launch(&self, mut builder: LaunchArgs<'_>, config: LaunchConfig) -> Result<()> {
+        // SAFETY: the arguments match the kernel's signature (in `kernels::SOURCE`, or checked
+        // against `gpt2_kernels::SOURCE`'s by `Gpt2Functions::checked`) and every pointer lies
+        // inside the arena (checked by `ptr`) or in a buffer the backend allocated.
         unsafe { builder.launch(config) }
             .map(drop)
             .map_err(driver_error("launching a kernel"))
     }
 
-    /// Row-major C = op(A)·op(B) + beta·C on the compute stream, through cuBLAS's column-major
-    /// call ([`Gemm::cublas`]).
+    /// Row-major C = op(A)·op(B) + beta·C on dense operands on the compute stream.
     fn gemm(
         &self,
         product: &Gemm,
+        (a, b, c): (CUdeviceptr, CUdeviceptr, CUdeviceptr),
+        beta: f32,
+    ) -> Result<()> {
+        self.strided_gemm(&product.dense(), (a, b, c), beta)
+    }
+
+    /// Row-major C = op(A)·op(B) + beta·C for every product of the batch on the compute stream,
+    /// through cuBLAS's column-major call ([`Strided::cublas`]).
+    pub(super) fn strided_gemm(
+        &self,
+        product: &Strided,
         (a, b, c): (CUdeviceptr, CUdeviceptr, CUdeviceptr),
         beta: f32,
     ) -> Result<()> {
@@ -179,10 +210,11 @@ impl CudaBackend {
         self.ctx
             .bind_to_thread()
             .map_err(driver_error("binding the context"))?;
-        // SAFETY: pointers lie in the arena with the extents the dimensions say (the layout sized
-        // every region from the same dimensions); alpha and beta live across the call.
+        // SAFETY: the pointers lie in the arena with the extents the product names (the layout
+        // sized every region from the same dimensions, and callers check the extents); alpha
+        // and beta live across the call.
         unsafe {
-            cublas::sgemm(
+            cublas::sgemm_strided_batched(
                 self.blas,
                 call.transa,
                 call.transb,
@@ -192,11 +224,15 @@ impl CudaBackend {
                 &alpha,
                 b as *const f32,
                 call.lda,
+                call.stride_a,
                 a as *const f32,
                 call.ldb,
+                call.stride_b,
                 &beta,
                 c as *mut f32,
                 call.ldc,
+                call.stride_c,
+                call.batch,
             )
         }
         .map_err(|e| Error::Backend(format!("cuBLAS sgemm {product:?}: {e:?}")))
@@ -204,11 +240,11 @@ impl CudaBackend {
 }
 
 /// A matrix dimension as cuBLAS's 32-bit integer.
-pub(super) fn blas_int(v: usize) -> Result<i32> {
+fn blas_int(v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::Backend(format!("GEMM dimension {v} exceeds i32")))
 }
 
-/// [`Gemm::cublas`]'s arguments in cuBLAS's own types (its "A" is the product's B).
+/// [`Strided::cublas`]'s arguments in cuBLAS's own types (its "A" is the product's B).
 pub(super) struct BlasCall {
     pub transa: cublas_sys::cublasOperation_t,
     pub transb: cublas_sys::cublasOperation_t,
@@ -218,13 +254,20 @@ pub(super) struct BlasCall {
     pub lda: i32,
     pub ldb: i32,
     pub ldc: i32,
+    pub stride_a: i64,
+    pub stride_b: i64,
+    pub stride_c: i64,
+    pub batch: i32,
 }
 
 impl BlasCall {
-    pub(super) fn of(product: &Gemm) -> Result<Self> {
+    pub(super) fn of(product: &Strided) -> Result<Self> {
         use cublas_sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
         let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
         let call = product.cublas();
+        let stride = |s: usize| {
+            i64::try_from(s).map_err(|_| Error::Backend(format!("GEMM stride {s} exceeds i64")))
+        };
         Ok(BlasCall {
             transa: op(call.transa),
             transb: op(call.transb),
@@ -234,6 +277,10 @@ impl BlasCall {
             lda: blas_int(call.lda)?,
             ldb: blas_int(call.ldb)?,
             ldc: blas_int(call.ldc)?,
+            stride_a: stride(call.stride_a)?,
+            stride_b: stride(call.stride_b)?,
+            stride_c: stride(call.stride_c)?,
+            batch: blas_int(call.batch)?,
         })
     }
 }
@@ -490,14 +537,7 @@ impl crate::mlp::MlpKernels for CudaBackend {
     }
     fn mse_grad(&self, z: Region, y: Region, grad: Region, scale: f32, step: usize) -> Result<()> {
         let (zp, yp, gp) = (self.ptr(z)?, self.ptr(y)?, self.ptr(grad)?);
-        if step >= self.loss_slots {
-            return Err(Error::Backend(format!(
-                "loss slot {step} was not allocated"
-            )));
-        }
-        let losses = self.losses.as_ref().expect("allocated with the slots");
-        let (loss_base, _) = losses.device_ptr(&self.compute);
-        let loss = loss_base + 4 * step as u64;
+        let loss = self.loss_slot(step)?;
         let n = z.len as i64;
         let mut k = self.kernel(&self.kernels.mse_grad, Stream::Compute);
         k.arg(&zp).arg(&yp).arg(&gp).arg(&scale).arg(&n);

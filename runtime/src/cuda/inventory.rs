@@ -1,8 +1,9 @@
 //! What a machine offers the CUDA backend: the driver's and NCCL's versions, each GPU's name,
-//! architecture and memory, and whether the MLP kernels load on a GPU. Every call needs its
+//! architecture and memory, and whether the MLP and GPT-2 kernels load on a GPU. Every call needs its
 //! library loadable ([`super::libraries::prepare_for`]).
 
 use super::driver_error;
+use super::gpt2_kernels::Gpt2Functions;
 use super::kernels::{self, Kernels};
 use crate::{Error, Result};
 use cudarc::driver::CudaContext;
@@ -59,9 +60,10 @@ pub fn gpus() -> Result<Vec<Gpu>> {
         .collect()
 }
 
-/// Compiles the MLP kernels for GPU `ordinal` and loads them there (the driver turns the PTX
-/// into machine code), as the backend does when it starts.
+/// Compiles the MLP and GPT-2 kernels for GPU `ordinal` and loads their machine code there, as
+/// the backend does when it starts.
 pub fn load_kernels(ordinal: usize) -> Result<()> {
     let ctx = CudaContext::new(ordinal).map_err(driver_error("opening a GPU"))?;
-    Kernels::load(&ctx).map(drop)
+    Kernels::load(&ctx)?;
+    Gpt2Functions::load(&ctx).map(drop)
 }

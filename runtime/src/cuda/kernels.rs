@@ -100,11 +100,24 @@ pub struct Kernels {
 }
 
 /// [`SOURCE`] compiled for the real architecture `arch` (`sm_90` for Hopper) by NVRTC alone: no
-/// driver or GPU is needed. Compiled without fused multiply-adds, with IEEE division and square
-/// root and denormals kept, as the CPU backend rounds. Checks that every entry point is in the
-/// PTX under its unmangled name and that no fused multiply-add is (the kernels equal the CPU
-/// backend bitwise only if none is).
+/// driver or GPU is needed ([`compile_source`]).
 pub fn compile(arch: &str) -> Result<Compiled> {
+    compile_source(SOURCE, "shardplan_mlp.cu", arch, ENTRY_POINTS, &[])
+}
+
+/// `source` (called `name` in messages) compiled for the real architecture `arch` without fused
+/// multiply-adds, with IEEE division and square root and denormals kept, as the CPU backend
+/// rounds. Checks that every entry point is in the PTX under its unmangled name and that no
+/// fused multiply-add is, except in the kernels of `library_math`: they call CUDA's `expf`,
+/// `logf` or `tanhf`, whose implementations fuse by design (`--fmad` governs only the source's
+/// own expressions).
+pub fn compile_source<'a>(
+    source: &str,
+    name: &str,
+    arch: &str,
+    entry_points: impl IntoIterator<Item = &'a str>,
+    library_math: &[&str],
+) -> Result<Compiled> {
     let options = [
         "--fmad=false",
         "--prec-div=true",
@@ -113,21 +126,37 @@ pub fn compile(arch: &str) -> Result<Compiled> {
         &format!("--gpu-architecture={arch}"),
     ]
     .map(String::from);
-    let compiled = nvrtc::compile(SOURCE, "shardplan_mlp.cu", &options)?;
-    if let Some(name) = ENTRY_POINTS
-        .iter()
-        .find(|name| !compiled.ptx.contains(&format!(".entry {name}(")))
+    let compiled = nvrtc::compile(source, name, &options)?;
+    if let Some(entry) = entry_points
+        .into_iter()
+        .find(|entry| !compiled.ptx.contains(&format!(".entry {entry}(")))
     {
         return Err(Error::Backend(format!(
-            "NVRTC's PTX for {arch} has no entry point {name}"
+            "NVRTC's PTX of {name} for {arch} has no entry point {entry}"
         )));
     }
-    if compiled.ptx.contains("fma.") {
+    if let Some(fused) = ptx_entries(&compiled.ptx)
+        .into_iter()
+        .find(|(entry, body)| body.contains("fma.") && !library_math.contains(entry))
+    {
         return Err(Error::Backend(format!(
-            "NVRTC fused multiply-adds in the PTX for {arch} despite --fmad=false"
+            "NVRTC fused multiply-adds in {} of {name}'s PTX for {arch} despite --fmad=false",
+            if fused.0.is_empty() {
+                "the module"
+            } else {
+                fused.0
+            }
         )));
     }
     Ok(compiled)
+}
+
+/// The PTX cut at each `.entry`: (its name, its text); what precedes the first has the name "".
+fn ptx_entries(ptx: &str) -> Vec<(&str, &str)> {
+    let mut parts = ptx.split(".entry ");
+    let mut entries = vec![("", parts.next().unwrap_or(""))];
+    entries.extend(parts.map(|part| (part.split('(').next().unwrap_or("").trim(), part)));
+    entries
 }
 
 /// The real architecture of the context's GPU (`sm_<major><minor>`).

@@ -1,10 +1,12 @@
 //! The CUDA backend (cudarc with dynamic loading: it builds without CUDA and loads the driver,
 //! cuBLAS, NVRTC and NCCL at run time). `libraries` finds them before any CUDA call, `kernels`
-//! holds the NVRTC source, `nccl` the communicator, `backend` the [`crate::backend::Backend`],
+//! holds the MLP's NVRTC source and `gpt2_kernels` GPT-2's, `gpt2` runs GPT-2's launches, `nccl` the communicator, `backend` the [`crate::backend::Backend`],
 //! `replay` a transformer unit's products, `inventory` the versions and GPUs `doctor` reports,
 //! `nvrtc` run-time compilation to PTX and machine code.
 
 pub mod backend;
+mod gpt2;
+pub mod gpt2_kernels;
 pub mod inventory;
 pub mod kernels;
 pub mod libraries;

@@ -2,7 +2,7 @@
 //! mixed-precision training runs them), timed with CUDA events on the compute stream.
 
 use super::CudaBackend;
-use super::backend::{BlasCall, blas_int};
+use super::backend::BlasCall;
 use super::driver_error;
 use crate::transformer::Gemm;
 use crate::{Error, Result};
@@ -64,8 +64,7 @@ impl CudaBackend {
             .bind_to_thread()
             .map_err(driver_error("binding the context"))?;
         for g in gemms {
-            let (ea, eb, ec) = g.elements();
-            let call = BlasCall::of(g)?;
+            let call = BlasCall::of(&g.dense())?;
             // SAFETY: the buffers hold the largest batch of each operand (`replay_buffers`).
             unsafe {
                 cublas::gemm_strided_batched_ex(
@@ -79,17 +78,17 @@ impl CudaBackend {
                     b as *const c_void,
                     CUDA_R_16BF,
                     call.lda,
-                    eb as i64,
+                    call.stride_a,
                     a as *const c_void,
                     CUDA_R_16BF,
                     call.ldb,
-                    ea as i64,
+                    call.stride_b,
                     &beta as *const f32 as *const c_void,
                     c as *mut c_void,
                     CUDA_R_16BF,
                     call.ldc,
-                    ec as i64,
-                    blas_int(g.batch)?,
+                    call.stride_c,
+                    call.batch,
                     sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                     sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
                 )

@@ -242,8 +242,7 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
             self.write(m)?,
             self.write(v)?,
         );
-        let mut at = 0;
-        let mut run = |range: Range<usize>, decay: bool| {
+        for (range, decay) in k::decay_runs(decayed, params.len) {
             k::adamw(
                 &mut p[range.clone()],
                 &g[range.clone()],
@@ -253,13 +252,7 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
                 hp,
                 decay,
             );
-        };
-        for r in decayed {
-            run(at..r.start, false);
-            run(r.clone(), true);
-            at = r.end;
         }
-        run(at..params.len, false);
         Ok(())
     }
 }

@@ -7,6 +7,7 @@
 //! them first) and *write* input gradients unless the name says `add`.
 
 use crate::gemm::Gemm;
+use std::ops::Range;
 
 /// LayerNorm's ε (GPT-2's `layer_norm_epsilon`).
 pub const LN_EPS: f32 = 1e-5;
@@ -379,6 +380,53 @@ pub struct AdamW {
     pub weight_decay: f32,
 }
 
+/// The per-step scalars of an AdamW step, computed on the host once for every element (and
+/// passed as they are to the CUDA kernel, so both backends round alike).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWStep {
+    /// `1 − lr·wd` for decayed elements, 1 for the others.
+    pub shrink: f32,
+    /// `lr / (1 − β₁ᵗ)`.
+    pub step_size: f32,
+    /// `√(1 − β₂ᵗ)`.
+    pub bias_correction2_sqrt: f32,
+    pub one_minus_beta1: f32,
+    pub one_minus_beta2: f32,
+}
+
+impl AdamW {
+    /// The scalars of step `step` (≥ 1), with or without weight decay.
+    pub fn at_step(&self, step: u32, decay: bool) -> AdamWStep {
+        let bc1 = 1.0 - self.beta1.powi(step as i32);
+        AdamWStep {
+            shrink: if decay {
+                1.0 - self.learning_rate * self.weight_decay
+            } else {
+                1.0
+            },
+            step_size: self.learning_rate / bc1,
+            bias_correction2_sqrt: (1.0 - self.beta2.powi(step as i32)).sqrt(),
+            one_minus_beta1: 1.0 - self.beta1,
+            one_minus_beta2: 1.0 - self.beta2,
+        }
+    }
+}
+
+/// `0..len` cut into runs that decay alike: the `decayed` ranges (sorted, disjoint, within
+/// `len`) and the gaps between them, in order, empty runs left out.
+pub fn decay_runs(decayed: &[Range<usize>], len: usize) -> Vec<(Range<usize>, bool)> {
+    let mut runs = Vec::with_capacity(2 * decayed.len() + 1);
+    let mut at = 0;
+    for r in decayed {
+        runs.push((at..r.start, false));
+        runs.push((r.clone(), true));
+        at = r.end;
+    }
+    runs.push((at..len, false));
+    runs.retain(|(r, _)| !r.is_empty());
+    runs
+}
+
 /// One AdamW step (`step` ≥ 1) as `torch.optim.AdamW` (single-tensor path) computes it:
 /// `p ← p·(1 − lr·wd)` when `decay`, then the Adam update with bias corrections.
 pub fn adamw(
@@ -390,20 +438,13 @@ pub fn adamw(
     hp: &AdamW,
     decay: bool,
 ) {
-    let bc1 = 1.0 - hp.beta1.powi(step as i32);
-    let bc2_sqrt = (1.0 - hp.beta2.powi(step as i32)).sqrt();
-    let step_size = hp.learning_rate / bc1;
-    let shrink = if decay {
-        1.0 - hp.learning_rate * hp.weight_decay
-    } else {
-        1.0
-    };
+    let s = hp.at_step(step, decay);
     for k in 0..params.len() {
         let g = grads[k];
-        params[k] *= shrink;
-        m[k] += (g - m[k]) * (1.0 - hp.beta1);
-        v[k] = v[k] * hp.beta2 + (1.0 - hp.beta2) * g * g;
-        let denom = v[k].sqrt() / bc2_sqrt + hp.eps;
-        params[k] -= step_size * m[k] / denom;
+        params[k] *= s.shrink;
+        m[k] += (g - m[k]) * s.one_minus_beta1;
+        v[k] = v[k] * hp.beta2 + s.one_minus_beta2 * g * g;
+        let denom = v[k].sqrt() / s.bias_correction2_sqrt + hp.eps;
+        params[k] -= s.step_size * m[k] / denom;
     }
 }

@@ -18,6 +18,7 @@
 mod cpu;
 pub mod data;
 pub mod kernels;
+pub mod launches;
 pub mod tensors;
 pub mod weights;
 

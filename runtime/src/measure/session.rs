@@ -9,7 +9,7 @@ use super::{
 use crate::backend::{Backend, Collectives, CpuBackend};
 use crate::cuda::CudaBackend;
 use crate::executor::initialise;
-use crate::gpt2::Gpt2;
+use crate::gpt2::{Gpt2, Gpt2Kernels};
 use crate::layout::Layout;
 use crate::mlp::Mlp;
 use crate::model_file::ModelFile;
@@ -70,15 +70,27 @@ pub fn measure_on_cpu<C: Collectives>(
                 )
                 .into());
             }
-            // The profile is for --world-size ranks: each holds batch_size / N sequences.
-            let world = options.world_size as usize;
-            let gpt2 = Gpt2::synthetic(&model, origin, rank, world)?;
-            measure_workload(backend, &gpt2, options)
+            measure_gpt2(backend, &model, origin, options)
         }
     }
 }
 
-/// The CUDA backend: the MLP trained, or a zoo transformer's products replayed.
+/// A GPT-2 with `[training]` trained with synthetic tokens (timing depends on neither the data
+/// nor the weights); the profile is for --world-size ranks, each holding batch_size / N
+/// sequences.
+fn measure_gpt2<B: Gpt2Kernels>(
+    backend: B,
+    model: &ModelSpec,
+    origin: &str,
+    options: &MeasureOptions,
+) -> Result<Measured> {
+    let world = options.world_size as usize;
+    let gpt2 = Gpt2::synthetic(model, origin, backend.rank(), world)?;
+    measure_workload(backend, &gpt2, options)
+}
+
+/// The CUDA backend: the MLP or a GPT-2 with `[training]` trained, or a zoo transformer's
+/// products replayed.
 pub fn measure_on_cuda(
     backend: CudaBackend,
     model: ModelFile,
@@ -89,6 +101,9 @@ pub fn measure_on_cuda(
         ModelFile::Mlp(spec) => {
             let mlp = Mlp::new(spec, backend.rank(), backend.world_size());
             measure_workload(backend, &mlp, options)
+        }
+        ModelFile::Transformer(model) if model.training.is_some() => {
+            measure_gpt2(backend, &model, origin, options)
         }
         ModelFile::Transformer(model) => measure_transformer(backend, &model, origin, options),
     }

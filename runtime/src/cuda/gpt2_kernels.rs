@@ -1,0 +1,445 @@
+//! GPT-2's element-wise and row kernels for the CUDA backend, compiled at start-up by NVRTC.
+//! Each computes what its namesake in [`crate::gpt2::kernels`] computes, in the same order of
+//! floating-point operations (rows, columns and reductions are walked in the CPU's order, one
+//! thread per row, column or element; compiled without fused multiply-adds), so on the host the
+//! kernels equal the CPU backend bitwise. No kernel uses barriers, shared memory or atomics: a
+//! test runs this very source on the CPU, one thread after another
+//! (runtime/tests/cuda_gpt2_kernels.rs). The products are cuBLAS's ([`crate::gpt2::launches`]).
+//!
+//! Every kernel's parameters are pointers (`float*`, `const float*`, `double*`), `long long` or
+//! `float`, so a launch is a list of [`crate::gpt2::launches::Arg`]s checked against the
+//! signatures below ([`signatures`]).
+
+use super::kernels::architecture;
+use super::nvrtc::Compiled;
+use crate::gpt2::launches::{Arg, Kernel};
+use crate::{Error, Result};
+use cudarc::driver::{CudaContext, CudaFunction};
+use cudarc::nvrtc::Ptx;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The CUDA C source: one `extern "C"` kernel per operation.
+pub const SOURCE: &str = r#"
+typedef long long i64;
+#define THREAD ((i64)blockIdx.x * blockDim.x + threadIdx.x)
+#define GELU_SCALE 0.7978846f
+
+extern "C" __global__ void fill_values(float* x, float value, i64 n) {
+    i64 i = THREAD;
+    if (i < n) x[i] = value;
+}
+
+extern "C" __global__ void copy_values(const float* src, float* dst, i64 n) {
+    i64 i = THREAD;
+    if (i < n) dst[i] = src[i];
+}
+
+extern "C" __global__ void add_values(const float* src, float* dst, i64 n) {
+    i64 i = THREAD;
+    if (i < n) dst[i] = dst[i] + src[i];
+}
+
+// out[r, j] = bias[j]: a linear layer's output before its product is added.
+extern "C" __global__ void bias_rows(float* out, const float* bias, i64 rows, i64 cols) {
+    i64 i = THREAD;
+    if (i < rows * cols) out[i] = bias[i % cols];
+}
+
+// out[j] += sum over rows in order of x[r, j]: a bias gradient.
+extern "C" __global__ void column_sums_add(const float* x, float* out, i64 rows, i64 cols) {
+    i64 j = THREAD;
+    if (j >= cols) return;
+    float sum = out[j];
+    for (i64 r = 0; r < rows; ++r) sum += x[r * cols + j];
+    out[j] = sum;
+}
+
+// out[r] = wte[token[r]] + wpe[r mod seq].
+extern "C" __global__ void embedding_forward(const float* tokens, const float* wte,
+                                             const float* wpe, float* out, i64 rows, i64 seq,
+                                             i64 hidden) {
+    i64 i = THREAD;
+    if (i >= rows * hidden) return;
+    i64 r = i / hidden, k = i % hidden;
+    i64 token = (i64)tokens[r];
+    out[i] = wte[token * hidden + k] + wpe[(r % seq) * hidden + k];
+}
+
+// dwte[token[r], k] += dout[r, k] over the rows in order; thread (slice, k) takes the tokens
+// that are slice modulo `slices`, so no two threads write one element.
+extern "C" __global__ void embedding_backward_tokens(const float* tokens, const float* dout,
+                                                     float* dwte, i64 rows, i64 hidden,
+                                                     i64 slices) {
+    i64 i = THREAD;
+    if (i >= slices * hidden) return;
+    i64 slice = i / hidden, k = i % hidden;
+    for (i64 r = 0; r < rows; ++r) {
+        i64 token = (i64)tokens[r];
+        if (token % slices != slice) continue;
+        dwte[token * hidden + k] = dwte[token * hidden + k] + dout[r * hidden + k];
+    }
+}
+
+// dwpe[p, k] += dout[r, k] over the rows r of position p, in order.
+extern "C" __global__ void embedding_backward_positions(const float* dout, float* dwpe,
+                                                        i64 rows, i64 seq, i64 hidden) {
+    i64 i = THREAD;
+    if (i >= seq * hidden) return;
+    i64 p = i / hidden, k = i % hidden;
+    float sum = dwpe[i];
+    for (i64 r = p; r < rows; r += seq) sum += dout[r * hidden + k];
+    dwpe[i] = sum;
+}
+
+// One row per thread: mean, 1/sigma (saved), out = (x - mean) / sigma * weight + bias.
+extern "C" __global__ void layernorm_forward(const float* x, const float* weight,
+                                             const float* bias, float* out, float* mean,
+                                             float* rstd, i64 rows, i64 width) {
+    i64 r = THREAD;
+    if (r >= rows) return;
+    const float* row = x + r * width;
+    float sum = 0.0f;
+    for (i64 k = 0; k < width; ++k) sum += row[k];
+    float m = sum / (float)width;
+    float squares = 0.0f;
+    for (i64 k = 0; k < width; ++k) squares += (row[k] - m) * (row[k] - m);
+    float var = squares / (float)width;
+    float s = 1.0f / sqrtf(var + 1e-5f);
+    float* o = out + r * width;
+    for (i64 k = 0; k < width; ++k) o[k] = (row[k] - m) * s * weight[k] + bias[k];
+    mean[r] = m;
+    rstd[r] = s;
+}
+
+// One row per thread: dx += the input gradient (the residual stream's is already there).
+extern "C" __global__ void layernorm_backward_input(const float* dout, const float* x,
+                                                    const float* weight, const float* mean,
+                                                    const float* rstd, float* dx, i64 rows,
+                                                    i64 width) {
+    i64 r = THREAD;
+    if (r >= rows) return;
+    float m = mean[r], s = rstd[r];
+    const float* row = x + r * width;
+    const float* g = dout + r * width;
+    float mean_dn = 0.0f, mean_dn_xhat = 0.0f;
+    for (i64 k = 0; k < width; ++k) {
+        float xhat = (row[k] - m) * s;
+        float dn = g[k] * weight[k];
+        mean_dn += dn;
+        mean_dn_xhat += dn * xhat;
+    }
+    mean_dn = mean_dn / (float)width;
+    mean_dn_xhat = mean_dn_xhat / (float)width;
+    float* d = dx + r * width;
+    for (i64 k = 0; k < width; ++k) {
+        float xhat = (row[k] - m) * s;
+        d[k] = d[k] + s * (g[k] * weight[k] - mean_dn - xhat * mean_dn_xhat);
+    }
+}
+
+// One column per thread, over the rows in order: dweight += dout * xhat, dbias += dout.
+extern "C" __global__ void layernorm_backward_params(const float* dout, const float* x,
+                                                     const float* mean, const float* rstd,
+                                                     float* dweight, float* dbias, i64 rows,
+                                                     i64 width) {
+    i64 k = THREAD;
+    if (k >= width) return;
+    float dw = dweight[k], db = dbias[k];
+    for (i64 r = 0; r < rows; ++r) {
+        float g = dout[r * width + k];
+        float xhat = (x[r * width + k] - mean[r]) * rstd[r];
+        db = db + g;
+        dw = dw + g * xhat;
+    }
+    dweight[k] = dw;
+    dbias[k] = db;
+}
+
+// GELU, tanh approximation (transformers' gelu_new).
+extern "C" __global__ void gelu_forward(const float* x, float* out, i64 n) {
+    i64 i = THREAD;
+    if (i >= n) return;
+    float v = x[i];
+    float cube = 0.044715f * v * v * v;
+    out[i] = 0.5f * v * (1.0f + tanhf(GELU_SCALE * (v + cube)));
+}
+
+// d *= gelu'(x), in place.
+extern "C" __global__ void gelu_backward(const float* x, float* d, i64 n) {
+    i64 i = THREAD;
+    if (i >= n) return;
+    float v = x[i];
+    float cube = 0.044715f * v * v * v;
+    float t = tanhf(GELU_SCALE * (v + cube));
+    float sech2 = 1.0f - t * t;
+    float local = 0.5f * (1.0f + t) + 0.5f * v * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * v * v);
+    d[i] = d[i] * local;
+}
+
+// One score row (sample, head, t) per thread, in place: softmax of scale * q.k over the
+// positions up to t, zero after it.
+extern "C" __global__ void causal_softmax(float* scores, float scale, i64 rows, i64 seq) {
+    i64 i = THREAD;
+    if (i >= rows) return;
+    i64 t = i % seq;
+    float* p = scores + i * seq;
+    p[0] = p[0] * scale;
+    float max = p[0];  // the CPU's max from -infinity, which NVRTC does not name
+    for (i64 u = 1; u <= t; ++u) {
+        p[u] = p[u] * scale;
+        max = fmaxf(max, p[u]);
+    }
+    float sum = 0.0f;
+    for (i64 u = 0; u <= t; ++u) {
+        p[u] = expf(p[u] - max);
+        sum += p[u];
+    }
+    for (i64 u = 0; u <= t; ++u) p[u] = p[u] / sum;
+    for (i64 u = t + 1; u < seq; ++u) p[u] = 0.0f;
+}
+
+// One row per thread, in place on d(probs): d(scores) = p * (dp - sum p*dp) * scale.
+extern "C" __global__ void causal_softmax_backward(const float* probs, float* dprobs,
+                                                   float scale, i64 rows, i64 seq) {
+    i64 i = THREAD;
+    if (i >= rows) return;
+    i64 t = i % seq;
+    const float* p = probs + i * seq;
+    float* dp = dprobs + i * seq;
+    float inner = 0.0f;
+    for (i64 u = 0; u <= t; ++u) inner += p[u] * dp[u];
+    for (i64 u = 0; u <= t; ++u) dp[u] = p[u] * (dp[u] - inner) * scale;
+    for (i64 u = t + 1; u < seq; ++u) dp[u] = 0.0f;
+}
+
+// One row of logits per thread, replaced by its softmax.
+extern "C" __global__ void softmax_rows(float* logits, i64 rows, i64 vocab) {
+    i64 r = THREAD;
+    if (r >= rows) return;
+    float* row = logits + r * vocab;
+    float max = row[0];
+    for (i64 k = 1; k < vocab; ++k) max = fmaxf(max, row[k]);
+    float sum = 0.0f;
+    for (i64 k = 0; k < vocab; ++k) {
+        row[k] = expf(row[k] - max);
+        sum += row[k];
+    }
+    for (i64 k = 0; k < vocab; ++k) row[k] = row[k] / sum;
+}
+
+// partials[j] = -sum of log p[target] over the rows j, j + parts, ... (in double).
+extern "C" __global__ void nll_partials(const float* probs, const float* targets, i64 rows,
+                                        i64 vocab, i64 parts, double* partials) {
+    i64 j = THREAD;
+    if (j >= parts) return;
+    double sum = 0.0;
+    for (i64 r = j; r < rows; r += parts)
+        sum = sum - (double)logf(probs[r * vocab + (i64)targets[r]]);
+    partials[j] = sum;
+}
+
+// One thread: the partials summed in order, times scale, into the step's loss slot.
+extern "C" __global__ void sum_loss(const double* partials, i64 parts, float scale,
+                                    float* loss) {
+    if (THREAD != 0) return;
+    double sum = 0.0;
+    for (i64 j = 0; j < parts; ++j) sum = sum + partials[j];
+    *loss = (float)(sum * (double)scale);
+}
+
+// probs <- (probs - onehot(target)) * scale, in place.
+extern "C" __global__ void cross_entropy_backward(float* probs, const float* targets, i64 rows,
+                                                  i64 vocab, float scale) {
+    i64 i = THREAD;
+    if (i >= rows * vocab) return;
+    float v = probs[i];
+    if (i % vocab == (i64)targets[i / vocab]) v = v - 1.0f;
+    probs[i] = v * scale;
+}
+
+// One AdamW step; the step's scalars come from the host (AdamW::at_step).
+extern "C" __global__ void adamw(float* params, const float* grads, float* m, float* v, i64 n,
+                                 float shrink, float beta2, float eps, float one_minus_beta1,
+                                 float one_minus_beta2, float step_size,
+                                 float bias_correction2_sqrt) {
+    i64 k = THREAD;
+    if (k >= n) return;
+    float g = grads[k];
+    float p = params[k] * shrink;
+    m[k] = m[k] + (g - m[k]) * one_minus_beta1;
+    v[k] = v[k] * beta2 + one_minus_beta2 * g * g;
+    float denom = sqrtf(v[k]) / bias_correction2_sqrt + eps;
+    params[k] = p - step_size * m[k] / denom;
+}
+"#;
+
+/// A kernel parameter's type, as [`signatures`] reads it from [`SOURCE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Param {
+    /// `float*` or `const float*`.
+    Floats,
+    /// `double*`.
+    Doubles,
+    /// `long long` (`i64`).
+    Int,
+    /// `float`.
+    Float,
+}
+
+/// Every kernel of [`SOURCE`] with its parameters, in source order. Panics on a parameter type
+/// outside [`Param`] (a source this module's tests reject).
+pub fn signatures() -> Vec<(&'static str, Vec<Param>)> {
+    let mut kernels = Vec::new();
+    let marker = "extern \"C\" __global__ void ";
+    let mut rest = SOURCE;
+    while let Some(at) = rest.find(marker) {
+        rest = &rest[at + marker.len()..];
+        let open = rest.find('(').expect("a kernel has a parameter list");
+        let close = rest.find(')').expect("a parameter list closes");
+        let params = rest[open + 1..close]
+            .split(',')
+            .map(|p| {
+                let ty = p
+                    .trim()
+                    .rsplit_once(char::is_whitespace)
+                    .map_or("", |(t, _)| t);
+                match ty.trim() {
+                    "float*" | "const float*" => Param::Floats,
+                    "double*" | "const double*" => Param::Doubles,
+                    "i64" => Param::Int,
+                    "float" => Param::Float,
+                    other => panic!("kernel parameter type `{other}` in `{}`", p.trim()),
+                }
+            })
+            .collect();
+        kernels.push((&rest[..open], params));
+        rest = &rest[close..];
+    }
+    kernels
+}
+
+/// The kernels that call CUDA's math library (`expf`, `logf`, `tanhf`): they round as CUDA's
+/// library does, not as the host's, and its implementations fuse multiply-adds.
+pub fn library_math() -> Vec<&'static str> {
+    let marker = "extern \"C\" __global__ void ";
+    SOURCE
+        .split(marker)
+        .skip(1)
+        .filter(|body| {
+            ["expf(", "logf(", "tanhf("]
+                .iter()
+                .any(|f| body.contains(f))
+        })
+        .map(|body| body.split('(').next().unwrap_or(""))
+        .collect()
+}
+
+/// [`SOURCE`] compiled for the real architecture `arch` (`sm_90` for Hopper) by NVRTC alone (no
+/// driver or GPU), with the MLP kernels' options ([`super::kernels::compile_source`]): no fused
+/// multiply-adds outside the math library, IEEE division and square root, denormals kept.
+pub fn compile(arch: &str) -> Result<Compiled> {
+    super::kernels::compile_source(
+        SOURCE,
+        "shardplan_gpt2.cu",
+        arch,
+        signatures().iter().map(|(name, _)| *name),
+        &library_math(),
+    )
+}
+
+/// Whether `arg` can be passed for a parameter of type `param`.
+pub fn accepts(param: Param, arg: &Arg) -> bool {
+    matches!(
+        (param, arg),
+        (Param::Floats, Arg::Floats(_) | Arg::LossSlot(_))
+            | (Param::Doubles, Arg::LossPartials)
+            | (Param::Int, Arg::Int(_))
+            | (Param::Float, Arg::Float(_))
+    )
+}
+
+/// Why `kernel`'s arguments do not fit `params`, if they do not.
+pub fn check_arguments(kernel: &Kernel, params: &[Param]) -> Result<()> {
+    let fits = kernel.args.len() == params.len()
+        && params.iter().zip(&kernel.args).all(|(p, a)| accepts(*p, a));
+    if fits {
+        Ok(())
+    } else {
+        Err(Error::Backend(format!(
+            "kernel {} takes {params:?}, launched with {:?}",
+            kernel.name, kernel.args
+        )))
+    }
+}
+
+/// The loaded kernels, by name, with their parameters.
+pub struct Gpt2Functions {
+    functions: HashMap<&'static str, (CudaFunction, Vec<Param>)>,
+}
+
+impl Gpt2Functions {
+    /// Compiles [`SOURCE`] for the context's GPU and loads its machine code into `ctx`.
+    pub fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
+        let compiled = compile(&architecture(ctx)?)?;
+        let module = ctx
+            .load_module(Ptx::from_binary(compiled.cubin))
+            .map_err(|e| Error::Backend(format!("cannot load the GPT-2 kernels: {e}")))?;
+        let functions = signatures()
+            .into_iter()
+            .map(|(name, params)| {
+                module
+                    .load_function(name)
+                    .map(|f| (name, (f, params)))
+                    .map_err(|e| Error::Backend(format!("kernel {name} is missing: {e}")))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Gpt2Functions { functions })
+    }
+
+    /// The function `kernel` names, once its arguments are checked against its signature.
+    pub fn checked(&self, kernel: &Kernel) -> Result<&CudaFunction> {
+        let (function, params) = self
+            .functions
+            .get(kernel.name)
+            .ok_or_else(|| Error::Backend(format!("no GPT-2 kernel named {}", kernel.name)))?;
+        check_arguments(kernel, params)?;
+        Ok(function)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The signature reader finds every kernel of the source with its parameters.
+    #[test]
+    fn signatures_read_every_kernel() {
+        let kernels = signatures();
+        assert_eq!(
+            kernels.len(),
+            SOURCE.matches("__global__").count(),
+            "{kernels:?}"
+        );
+        let (name, params) = &kernels[0];
+        assert_eq!(*name, "fill_values");
+        assert_eq!(params, &[Param::Floats, Param::Float, Param::Int]);
+        let nll = kernels.iter().find(|(n, _)| *n == "nll_partials").unwrap();
+        assert_eq!(nll.1.last(), Some(&Param::Doubles));
+    }
+
+    /// Exactly the kernels that call exp, log or tanh may hold the library's fused multiply-adds.
+    #[test]
+    fn library_math_names_the_transcendental_kernels() {
+        assert_eq!(
+            library_math(),
+            [
+                "gelu_forward",
+                "gelu_backward",
+                "causal_softmax",
+                "softmax_rows",
+                "nll_partials"
+            ]
+        );
+    }
+}
