@@ -133,7 +133,7 @@ def main():
         median = statistics.median(times[1:])
         lines.append(f"| {label} | {median / 1e3:.2f} | {median / eager:.2f}× |")
     text = "\n".join(lines)
-    write_section(args.out, "torch-cpu", text)
+    write_section(args.out, f"torch-cpu-{args.model}", text)
     print(text)
 
 

@@ -89,7 +89,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
                 "GPT-2",
                 gpt2_kernels::signatures().len(),
                 gpt2_kernels::compile(&arch),
-                " outside the math library's exp, log and tanh",
+                " outside calls of the math library",
             ),
         ];
         for (model, count, compiled, except) in sources {

@@ -2,6 +2,7 @@
 //! [`super::kernels`] on arena regions, each borrowed to read or to write for the call (the
 //! arena refuses a borrow that overlaps another operation's).
 
+use super::attention::{attention_backward, attention_forward};
 use super::kernels::{self as k, AdamW};
 use super::{Gpt2Kernels, Shape};
 use crate::Result;
@@ -86,7 +87,7 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
         let (x, out) = (&*x, &mut *out);
         k::layernorm_forward(x, ln1w, ln1b, ln1, m1, r1, rows, c);
         k::matmul_forward(ln1, wqkv, Some(bqkv), qkv, rows, c, 3 * c);
-        k::attention_forward(qkv, probs, atty, shape.attention());
+        attention_forward(qkv, probs, atty, shape.attention());
         k::matmul_forward(atty, wproj, Some(bproj), res1, rows, c, c);
         res1.iter_mut().zip(x).for_each(|(r, v)| *r += v);
         k::layernorm_forward(res1, ln2w, ln2b, ln2, m2, r2, rows, c);
@@ -154,7 +155,7 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
             c,
             c,
         );
-        k::attention_backward(d_h, qkv, probs, d_probs, d_qkv, shape.attention());
+        attention_backward(d_h, qkv, probs, d_probs, d_qkv, shape.attention());
         k::matmul_backward(
             d_qkv,
             ln1,

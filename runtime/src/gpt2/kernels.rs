@@ -126,11 +126,40 @@ pub fn layernorm_backward_add(
 
 const GELU_SCALE: f32 = 0.797_884_6; // √(2/π)
 
+/// e^x in f32 without a library call, so that loops over it vectorize and the CUDA kernels
+/// compute the same bits (`exp_poly` in `cuda::gpt2_kernels::SOURCE`: the same operations on the
+/// same constants): x clamped to [−87, 88], n = ⌊x·log₂e + ½⌋ (from a truncation, which
+/// vectorizes where `floor` is a library call), r = x − n·ln 2 with ln 2 in two parts
+/// (Cody–Waite), e^r by Cephes' `expf` polynomial, times 2ⁿ made from its exponent bits.
+pub fn exp_poly(x: f32) -> f32 {
+    let x = x.clamp(-87.0, 88.0);
+    let m = x * std::f32::consts::LOG2_E + 0.5;
+    let truncated = m as i32;
+    let k = truncated - i32::from(m < truncated as f32);
+    let n = k as f32;
+    let r = x - n * 0.693_359_4;
+    let r = r - n * -2.121_944_4e-4;
+    let mut p = 1.987_569_1e-4;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 0.166_666_66;
+    p = p * r + 0.5;
+    let e = p * (r * r) + r + 1.0;
+    e * f32::from_bits(((k + 127) << 23) as u32)
+}
+
+/// tanh u = 1 − 2/(e^{2u} + 1) through [`exp_poly`]: within 2.4e-7 of tanh u (absolute, tested),
+/// which is what GELU's 1 + tanh needs.
+pub fn tanh_poly(u: f32) -> f32 {
+    1.0 - 2.0 / (exp_poly(2.0 * u) + 1.0)
+}
+
 /// GELU, tanh approximation (transformers' `gelu_new`).
 pub fn gelu_forward(x: &[f32], out: &mut [f32]) {
     for (o, &v) in out.iter_mut().zip(x) {
         let cube = 0.044_715 * v * v * v;
-        *o = 0.5 * v * (1.0 + (GELU_SCALE * (v + cube)).tanh());
+        *o = 0.5 * v * (1.0 + tanh_poly(GELU_SCALE * (v + cube)));
     }
 }
 
@@ -138,131 +167,11 @@ pub fn gelu_forward(x: &[f32], out: &mut [f32]) {
 pub fn gelu_backward_inplace(x: &[f32], d: &mut [f32]) {
     for (g, &v) in d.iter_mut().zip(x) {
         let cube = 0.044_715 * v * v * v;
-        let t = (GELU_SCALE * (v + cube)).tanh();
+        let t = tanh_poly(GELU_SCALE * (v + cube));
         let sech2 = 1.0 - t * t;
         let local =
             0.5 * (1.0 + t) + 0.5 * v * sech2 * GELU_SCALE * (1.0 + 3.0 * 0.044_715 * v * v);
         *g *= local;
-    }
-}
-
-/// Shapes of causal self-attention.
-#[derive(Debug, Clone, Copy)]
-pub struct AttentionShape {
-    pub batch: usize,
-    pub seq: usize,
-    pub hidden: usize,
-    pub heads: usize,
-}
-
-impl AttentionShape {
-    fn head_dim(&self) -> usize {
-        self.hidden / self.heads
-    }
-    /// Elements of the probability tensor `[batch, heads, seq, seq]`.
-    pub fn probs_len(&self) -> usize {
-        self.batch * self.heads * self.seq * self.seq
-    }
-}
-
-/// Causal multi-head attention from the fused `qkv` (`rows × 3h`: q | k | v, heads contiguous
-/// within each): `probs = softmax(q·kᵀ/√d + causal mask)` (saved, zero above the diagonal) and
-/// `y = probs·v` (`rows × h`, heads concatenated).
-pub fn attention_forward(qkv: &[f32], probs: &mut [f32], y: &mut [f32], shape: AttentionShape) {
-    let AttentionShape {
-        batch,
-        seq,
-        hidden: c,
-        heads,
-    } = shape;
-    let hd = shape.head_dim();
-    let scale = 1.0 / (hd as f32).sqrt();
-    for b in 0..batch {
-        for h in 0..heads {
-            for t in 0..seq {
-                let q = &qkv[(b * seq + t) * 3 * c + h * hd..][..hd];
-                let p = &mut probs[((b * heads + h) * seq + t) * seq..][..seq];
-                let mut max = f32::NEG_INFINITY;
-                for (t2, pv) in p.iter_mut().enumerate().take(t + 1) {
-                    let k = &qkv[(b * seq + t2) * 3 * c + c + h * hd..][..hd];
-                    let dot: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum();
-                    *pv = dot * scale;
-                    max = max.max(*pv);
-                }
-                let mut sum = 0.0;
-                for pv in p.iter_mut().take(t + 1) {
-                    *pv = (*pv - max).exp();
-                    sum += *pv;
-                }
-                for pv in p.iter_mut().take(t + 1) {
-                    *pv /= sum;
-                }
-                p[t + 1..].iter_mut().for_each(|v| *v = 0.0);
-                let out = &mut y[(b * seq + t) * c + h * hd..][..hd];
-                out.iter_mut().for_each(|v| *v = 0.0);
-                for (t2, &pv) in p.iter().enumerate().take(t + 1) {
-                    let v = &qkv[(b * seq + t2) * 3 * c + 2 * c + h * hd..][..hd];
-                    out.iter_mut().zip(v).for_each(|(o, vv)| *o += pv * vv);
-                }
-            }
-        }
-    }
-}
-
-/// Backward of [`attention_forward`]: `dqkv` (written) from `dy`; `dprobs` is scratch of
-/// [`AttentionShape::probs_len`] elements.
-pub fn attention_backward(
-    dy: &[f32],
-    qkv: &[f32],
-    probs: &[f32],
-    dprobs: &mut [f32],
-    dqkv: &mut [f32],
-    shape: AttentionShape,
-) {
-    let AttentionShape {
-        batch,
-        seq,
-        hidden: c,
-        heads,
-    } = shape;
-    let hd = shape.head_dim();
-    let scale = 1.0 / (hd as f32).sqrt();
-    dqkv[..batch * seq * 3 * c]
-        .iter_mut()
-        .for_each(|v| *v = 0.0);
-    for b in 0..batch {
-        for h in 0..heads {
-            for t in 0..seq {
-                let p = &probs[((b * heads + h) * seq + t) * seq..][..seq];
-                let dp = &mut dprobs[((b * heads + h) * seq + t) * seq..][..seq];
-                let g = &dy[(b * seq + t) * c + h * hd..][..hd];
-                // dprobs = dy·vᵀ; dv += probsᵀ·dy.
-                for t2 in 0..=t {
-                    let v_at = (b * seq + t2) * 3 * c + 2 * c + h * hd;
-                    dp[t2] = g
-                        .iter()
-                        .zip(&qkv[v_at..v_at + hd])
-                        .map(|(a, b)| a * b)
-                        .sum();
-                    for k in 0..hd {
-                        dqkv[v_at + k] += p[t2] * g[k];
-                    }
-                }
-                // Softmax backward: dscore = p·(dp − Σ p·dp).
-                let inner: f32 = (0..=t).map(|t2| p[t2] * dp[t2]).sum();
-                for t2 in 0..=t {
-                    dp[t2] = p[t2] * (dp[t2] - inner) * scale;
-                }
-                let q_at = (b * seq + t) * 3 * c + h * hd;
-                for (t2, &ds) in dp.iter().enumerate().take(t + 1) {
-                    let k_at = (b * seq + t2) * 3 * c + c + h * hd;
-                    for k in 0..hd {
-                        dqkv[q_at + k] += ds * qkv[k_at + k];
-                        dqkv[k_at + k] += ds * qkv[q_at + k];
-                    }
-                }
-            }
-        }
     }
 }
 
@@ -446,5 +355,37 @@ pub fn adamw(
         v[k] = v[k] * hp.beta2 + s.one_minus_beta2 * g * g;
         let denom = v[k].sqrt() / s.bias_correction2_sqrt + hp.eps;
         params[k] -= s.step_size * m[k] / denom;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// e^x within 3 ulp (relative 3·2⁻²³) over the clamped range, and 2⁻¹²⁶…2¹²⁷ scales exact at
+    /// the ends; tanh within 2.4e-7 absolute, odd to the bit and ±1 far out.
+    #[test]
+    fn polynomial_exp_and_tanh_are_accurate() {
+        let mut worst = 0.0f64;
+        for k in 0..=175_000 {
+            let x = (-87.0 + k as f32 * 0.001).min(88.0);
+            let exact = f64::from(x).exp();
+            worst = worst.max((f64::from(exp_poly(x)) - exact).abs() / exact);
+        }
+        assert!(
+            worst <= 3.0 * f64::from(f32::EPSILON) / 2.0,
+            "exp: {worst:e}"
+        );
+        assert_eq!(exp_poly(0.0), 1.0);
+        assert_eq!(exp_poly(1000.0), exp_poly(88.0));
+        assert!(exp_poly(88.0).is_finite() && exp_poly(-1000.0) > 0.0);
+        let mut worst = 0.0f64;
+        for k in 0..=200_000 {
+            let u = -10.0 + k as f32 * 1e-4;
+            worst = worst.max((f64::from(tanh_poly(u)) - f64::from(u).tanh()).abs());
+        }
+        assert!(worst <= 2.4e-7, "tanh: {worst:e}");
+        assert_eq!(tanh_poly(50.0), 1.0);
+        assert_eq!(tanh_poly(-50.0), -1.0);
     }
 }

@@ -15,6 +15,7 @@
 //! - head: saved = targets (rows); internals = ln_f | mean | rstd | probabilities (rows·V);
 //!   forward workspace = internals; backward workspace = d(ln_f); input gradient rows·h.
 
+pub mod attention;
 mod cpu;
 pub mod data;
 pub mod kernels;
@@ -26,8 +27,9 @@ use crate::backend::{Backend, Region};
 use crate::layout::Layout;
 use crate::workload::{Pass, Train, UnitBuffers, Workload, carve};
 use crate::{Error, Result};
+use attention::AttentionShape;
 use data::Tokens;
-use kernels::{AdamW, AttentionShape};
+use kernels::AdamW;
 use shardplan_scheduler::model::{ModelSpec, Norm, PositionEmbedding, TrainingSpec};
 use shardplan_scheduler::timeline::Level;
 use std::ops::Range;
@@ -52,7 +54,7 @@ impl Shape {
         self.batch * self.seq
     }
 
-    fn attention(&self) -> AttentionShape {
+    pub fn attention(&self) -> AttentionShape {
         AttentionShape {
             batch: self.batch,
             seq: self.seq,

@@ -5,13 +5,15 @@
 
 use std::process::Command;
 
-/// Declares what a kernel source reads (`blockIdx`, `threadIdx`, `blockDim`, `__global__`) and
+/// Declares what a kernel source reads (`blockIdx`, `threadIdx`, `blockDim`, `__global__`,
+/// `__device__`) and
 /// `grid`, which the wrappers call.
 const SHIM: &str = r#"
 #include <math.h>
 struct Dim { unsigned x, y, z; };
 static Dim blockIdx, threadIdx, blockDim;
 #define __global__
+#define __device__
 template <class F> static void grid(unsigned blocks, unsigned threads, F kernel) {
     blockDim = {threads, 1, 1};
     for (unsigned b = 0; b < blocks; ++b)

@@ -1,5 +1,5 @@
-//! A block's launches: its attention (products batched over the heads, read in place from the
-//! fused QKV rows) and the layers around it.
+//! A block's launches: its attention ([`crate::gpt2::attention`]'s products and the softmax
+//! kernels) and the layers around it.
 
 use super::{Arg, Shape};
 use super::{
@@ -7,114 +7,42 @@ use super::{
     linear_backward, linear_forward, product,
 };
 use crate::backend::Region;
-use crate::gemm::{Gemm, Strided};
+use crate::gpt2::attention::{Buffer, Product as AttentionProduct};
 use crate::workload::carve;
 
-/// head (T × T), the head outputs in place in rows of h.
-struct Attention {
-    seq: usize,
-    hidden: usize,
-    heads: usize,
-    head_dim: usize,
+/// An attention product of [`crate::gpt2::attention`] on the regions of its buffers.
+fn attention_product(p: AttentionProduct, region: impl Fn(Buffer) -> Region) -> Launch {
+    let [a, b, c] = p.operands.map(|(buffer, at)| region(buffer).offset + at);
+    product(p.product, a, b, c, 0.0)
 }
 
-impl Attention {
-    fn of(shape: &Shape) -> Self {
-        Attention {
-            seq: shape.seq,
-            hidden: shape.hidden,
-            heads: shape.heads,
-            head_dim: shape.hidden / shape.heads,
-        }
-    }
-
-    /// op(A)·op(B) batched over the heads: a head's probabilities are dense [T × T], every other
-    /// operand is rows of the given stride, a head's part `d` elements after the previous one's.
-    fn product(&self, gemm: Gemm, operands: [Operand; 3]) -> Strided {
-        let (t, d) = (self.seq, self.head_dim);
-        let row_stride = operands.map(|o| match o {
-            Operand::Probabilities => t,
-            Operand::Rows(stride) => stride,
-        });
-        let batch_stride = operands.map(|o| match o {
-            Operand::Probabilities => t * t,
-            Operand::Rows(_) => d,
-        });
-        gemm.batched(self.heads).strided(row_stride, batch_stride)
-    }
-
-    /// Rows of QKV (3h) and of an attention output or its gradient (h).
-    fn rows(&self) -> (Operand, Operand) {
-        (Operand::Rows(3 * self.hidden), Operand::Rows(self.hidden))
-    }
-
-    /// [T × T] = [T × d]·[T × d]ᵀ.
-    fn scores(&self, a: Operand, b: Operand) -> Strided {
-        let (t, d) = (self.seq, self.head_dim);
-        self.product(
-            Gemm::new(t, t, d).b_transposed(),
-            [a, b, Operand::Probabilities],
-        )
-    }
-
-    /// [T × d] = op([T × T])·[T × d]: the probabilities (transposed when `transposed`) times `b`.
-    fn weighted(&self, transposed: bool, b: Operand, c: Operand) -> Strided {
-        let (t, d) = (self.seq, self.head_dim);
-        let gemm = Gemm::new(t, d, t);
-        let gemm = if transposed {
-            gemm.a_transposed()
-        } else {
-            gemm
-        };
-        self.product(gemm, [Operand::Probabilities, b, c])
-    }
-}
-
-/// An operand of an attention product.
-#[derive(Debug, Clone, Copy)]
-enum Operand {
-    /// A head's probabilities (or their gradient): [T × T], dense.
-    Probabilities,
-    /// Rows of this stride.
-    Rows(usize),
-}
-
-/// [`crate::gpt2::kernels::attention_forward`]: per sample, scores = Q·Kᵀ (into `probs`), the causal
-/// softmax over all rows, then y = P·V.
+/// [`crate::gpt2::attention::attention_forward`]'s products and softmax.
 fn attention_forward(qkv: Region, probs: Region, y: Region, shape: &Shape) -> Vec<Launch> {
-    let a = Attention::of(shape);
-    let (q_rows, y_rows) = a.rows();
-    let (t, c, h) = (a.seq, a.hidden, a.heads);
-    let sample = |b: usize| (qkv.offset + b * t * 3 * c, probs.offset + b * h * t * t);
-    let mut launches: Vec<Launch> = (0..shape.batch)
-        .map(|b| {
-            let (qkv_at, probs_at) = sample(b);
-            product(a.scores(q_rows, q_rows), qkv_at, qkv_at + c, probs_at, 0.0)
-        })
+    let a = shape.attention();
+    let region = |buffer| match buffer {
+        Buffer::Qkv => qkv,
+        Buffer::Probs => probs,
+        _ => y,
+    };
+    let mut launches: Vec<Launch> = (0..a.batch)
+        .map(|b| attention_product(a.forward_scores(b), region))
         .collect();
-    let scale = 1.0 / (a.head_dim as f32).sqrt();
-    let rows = shape.batch * h * t;
+    let rows = a.batch * a.heads * a.seq;
     launches.push(kernel(
         "causal_softmax",
         rows,
-        vec![Arg::Floats(probs), Arg::Float(scale), int(rows), int(t)],
+        vec![
+            Arg::Floats(probs),
+            Arg::Float(a.scale()),
+            int(rows),
+            int(a.seq),
+        ],
     ));
-    launches.extend((0..shape.batch).map(|b| {
-        let (qkv_at, probs_at) = sample(b);
-        let y_at = y.offset + b * t * c;
-        product(
-            a.weighted(false, q_rows, y_rows),
-            probs_at,
-            qkv_at + 2 * c,
-            y_at,
-            0.0,
-        )
-    }));
+    launches.extend((0..a.batch).map(|b| attention_product(a.forward_values(b), region)));
     launches
 }
 
-/// [`crate::gpt2::kernels::attention_backward`]: per sample dP = dY·Vᵀ and dV = Pᵀ·dY, the softmax
-/// backward over all rows, then dQ = dS·K and dK = dSᵀ·Q (each of dQ, dK, dV written once).
+/// [`crate::gpt2::attention::attention_backward`]'s products and softmax backward.
 fn attention_backward(
     dy: Region,
     qkv: Region,
@@ -123,66 +51,35 @@ fn attention_backward(
     dqkv: Region,
     shape: &Shape,
 ) -> Vec<Launch> {
-    let a = Attention::of(shape);
-    let (q_rows, y_rows) = a.rows();
-    let (t, c, h) = (a.seq, a.hidden, a.heads);
-    let at = |b: usize| {
-        (
-            qkv.offset + b * t * 3 * c,
-            dqkv.offset + b * t * 3 * c,
-            probs.offset + b * h * t * t,
-            dprobs.offset + b * h * t * t,
-            dy.offset + b * t * c,
-        )
+    let a = shape.attention();
+    let region = |buffer| match buffer {
+        Buffer::Qkv => qkv,
+        Buffer::Probs => probs,
+        Buffer::Rows => dy,
+        Buffer::DProbs => dprobs,
+        Buffer::DQkv => dqkv,
     };
-    let mut launches = Vec::new();
-    for b in 0..shape.batch {
-        let (qkv_at, dqkv_at, p_at, dp_at, dy_at) = at(b);
-        launches.push(product(
-            a.scores(y_rows, q_rows),
-            dy_at,
-            qkv_at + 2 * c,
-            dp_at,
-            0.0,
-        ));
-        launches.push(product(
-            a.weighted(true, y_rows, q_rows),
-            p_at,
-            dy_at,
-            dqkv_at + 2 * c,
-            0.0,
-        ));
-    }
-    let scale = 1.0 / (a.head_dim as f32).sqrt();
-    let rows = shape.batch * h * t;
+    let mut launches: Vec<Launch> = (0..a.batch)
+        .flat_map(|b| a.backward_values(b))
+        .map(|p| attention_product(p, region))
+        .collect();
+    let rows = a.batch * a.heads * a.seq;
     launches.push(kernel(
         "causal_softmax_backward",
         rows,
         vec![
             Arg::Floats(probs),
             Arg::Floats(dprobs),
-            Arg::Float(scale),
+            Arg::Float(a.scale()),
             int(rows),
-            int(t),
+            int(a.seq),
         ],
     ));
-    for b in 0..shape.batch {
-        let (qkv_at, dqkv_at, _, dp_at, _) = at(b);
-        launches.push(product(
-            a.weighted(false, q_rows, q_rows),
-            dp_at,
-            qkv_at + c,
-            dqkv_at,
-            0.0,
-        ));
-        launches.push(product(
-            a.weighted(true, q_rows, q_rows),
-            dp_at,
-            qkv_at,
-            dqkv_at + c,
-            0.0,
-        ));
-    }
+    launches.extend(
+        (0..a.batch)
+            .flat_map(|b| a.backward_queries_keys(b))
+            .map(|p| attention_product(p, region)),
+    );
     launches
 }
 

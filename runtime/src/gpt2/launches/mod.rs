@@ -206,8 +206,6 @@ fn linear_backward(
     ]
 }
 
-/// The per-sample attention products of one sample's heads, batched over the heads: Q, K and V
-/// read in place from the fused QKV rows (row stride 3h, head stride d), probabilities dense per
 /// [`super::Gpt2Kernels::embedding_forward`].
 pub fn embedding_forward(
     shape: &Shape,
