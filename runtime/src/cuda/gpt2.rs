@@ -42,13 +42,14 @@ impl Gpt2Device {
 
 impl CudaBackend {
     /// Enqueues `launches` in order on `stream` (products only on the compute stream, where
-    /// cuBLAS runs).
+    /// cuBLAS runs); every region of every launch is checked against the arena before the
+    /// first is enqueued.
     fn run_launches(&self, launches: &[Launch], stream: Stream) -> Result<()> {
         let device = &self.gpt2;
+        for region in launches.iter().flat_map(Launch::regions) {
+            self.ptr(region)?;
+        }
         for launch in launches {
-            for region in launch.regions() {
-                self.ptr(region)?;
-            }
             match launch {
                 Launch::Kernel(kernel) => self.launch_gpt2_kernel(device, kernel, stream)?,
                 Launch::Product {
