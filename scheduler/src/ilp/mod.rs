@@ -13,7 +13,7 @@ mod solve;
 mod variables;
 
 pub use limits::WindowLimits;
-pub use solve::solve;
+pub use solve::{lp_relaxation_bound, solve};
 
 use crate::baselines::Preference;
 use crate::plan::{Plan, Predicted, Producer};
@@ -119,6 +119,10 @@ impl SolveStatus {
 pub struct PhaseReport {
     /// The plans this run searched.
     pub window_depth: WindowLimits,
+    /// The run solved the LP relaxation (integrality dropped): no plan, only a bound over every
+    /// plan within its windows (DESIGN §4.5).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub lp_relaxation: bool,
     pub status: SolveStatus,
     pub objective: f64,
     pub best_bound: f64,

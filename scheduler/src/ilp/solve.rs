@@ -51,12 +51,14 @@ struct Built {
     memory_scale: f64,
 }
 
-fn build(profile: &Profile, options: &SolveOptions) -> Built {
+/// The model under `options`; with `relaxed`, its LP relaxation (integrality dropped).
+fn build(profile: &Profile, options: &SolveOptions, relaxed: bool) -> Built {
     let timeline = Timeline::new(profile.unit_count());
     let mut columns = Columns {
         problem: ProblemVariables::new(),
         count: 0,
         integer: 0,
+        relaxed,
     };
     let cap = options.memory_cap_bytes.map(|c| c as f64);
     let units = declare_units(&mut columns, profile, options, cap);
@@ -134,20 +136,18 @@ struct Run {
     infeasible: bool,
 }
 
-fn run_highs(
-    profile: &Profile,
+/// A HiGHS model of the problem with this crate's settings: quiet (HiGHS' log under
+/// `SHARDPLAN_HIGHS_LOG`), the time limit, the gap target, the heuristics' effort, the
+/// feasibility tolerances and the threads.
+fn highs_model(
+    problem: ProblemVariables,
+    objective: Expression,
+    constraints: Vec<Constraint>,
     options: &SolveOptions,
-    warm: &[(Schedule, f64)],
     time_limit: f64,
-) -> Result<Run> {
-    let started = Instant::now();
-    let built = build(profile, options);
-    let rows = built.constraints.len();
-    let mut problem = built
-        .problem
-        .minimise(built.objective)
-        .using(good_lp::highs);
-    for c in built.constraints {
+) -> Result<highs::Model> {
+    let mut problem = problem.minimise(objective).using(good_lp::highs);
+    for c in constraints {
         problem.add_constraint(c);
     }
     let mut model = problem.into_inner();
@@ -179,6 +179,77 @@ fn run_highs(
     model
         .try_set_option("threads", options.threads.max(1) as i32)
         .map_err(|e| Error::Solver(format!("HiGHS option threads: {e:?}")))?;
+    Ok(model)
+}
+
+/// The LP relaxation of the model under `options`, solved by interior point from no start: its
+/// optimum bounds every plan within the windows from below (DESIGN §4.5). None when HiGHS does
+/// not reach that optimum within `time_limit` (or finds the relaxation infeasible).
+fn lp_bound(
+    profile: &Profile,
+    options: &SolveOptions,
+    time_limit: f64,
+) -> Result<Option<PhaseReport>> {
+    let started = Instant::now();
+    let built = build(profile, options, true);
+    let (variables, integer_variables) = (built.columns, built.integers);
+    let (constraints, scale) = (built.constraints.len(), built.memory_scale);
+    let mut model = highs_model(
+        built.problem,
+        built.objective,
+        built.constraints,
+        options,
+        time_limit,
+    )?;
+    model
+        .try_set_option("solver", "ipm")
+        .map_err(|e| Error::Solver(format!("HiGHS option solver: {e:?}")))?;
+    let solved = model
+        .try_solve()
+        .map_err(|e| Error::Solver(format!("HiGHS failed: {e:?}")))?;
+    if solved.status() != HighsModelStatus::Optimal {
+        return Ok(None);
+    }
+    let best_bound = match options.objective {
+        Objective::Time => solved.objective_value(),
+        Objective::Memory { .. } => solved.objective_value() * scale,
+    };
+    Ok(Some(PhaseReport {
+        window_depth: options.limits,
+        lp_relaxation: true,
+        status: SolveStatus::Optimal,
+        objective: f64::NAN,
+        best_bound,
+        gap: f64::NAN,
+        seconds: started.elapsed().as_secs_f64(),
+        variables,
+        integer_variables,
+        constraints,
+    }))
+}
+
+/// The optimum of the LP relaxation under `options` (within `options.time_limit_s`): no plan
+/// within the windows has a smaller objective. None when HiGHS does not reach it in the time.
+pub fn lp_relaxation_bound(profile: &Profile, options: &SolveOptions) -> Result<Option<f64>> {
+    Ok(lp_bound(profile, options, options.time_limit_s)?.map(|phase| phase.best_bound))
+}
+
+fn run_highs(
+    profile: &Profile,
+    options: &SolveOptions,
+    warm: &[(Schedule, f64)],
+    time_limit: f64,
+) -> Result<Run> {
+    let started = Instant::now();
+    let built = build(profile, options, false);
+    let rows = built.constraints.len();
+    let mut model = highs_model(
+        built.problem,
+        built.objective,
+        built.constraints,
+        options,
+        time_limit,
+    )?;
     if let Some((schedule, mut values)) = warm
         .iter()
         .find_map(|(s, _)| schedule_values(&built.units, s, built.columns).map(|v| (s, v)))
@@ -244,6 +315,7 @@ fn run_highs(
     };
     let phase = PhaseReport {
         window_depth: options.limits,
+        lp_relaxation: false,
         status,
         objective,
         best_bound: bound,
@@ -326,17 +398,31 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
         }
         phases.push(run.phase);
     }
-    let remaining = options.time_limit_s - started.elapsed().as_secs_f64();
-    let run = run_highs(profile, options, &pool, remaining)?;
-    phases.push(run.phase);
-    if let Some(schedule) = run.schedule {
-        offer(&mut pool, schedule);
+    let remaining = || options.time_limit_s - started.elapsed().as_secs_f64();
+    if staged && let Some(bound) = lp_bound(profile, options, remaining())? {
+        phases.push(bound);
+    }
+    // The full-window MIP of a large model rarely finishes its root LP in its time; where the LP
+    // relaxation already proves the best plan met within the gap over every plan, it is skipped.
+    let proven = staged
+        && pool.first().is_some_and(|(schedule, value)| {
+            let c = claim(&phases, schedule, *value, options.relative_gap);
+            c.window_depth.is_full() && c.gap <= options.relative_gap
+        });
+    let mut infeasible = false;
+    if !proven {
+        let run = run_highs(profile, options, &pool, remaining())?;
+        infeasible = run.infeasible;
+        phases.push(run.phase);
+        if let Some(schedule) = run.schedule {
+            offer(&mut pool, schedule);
+        }
     }
     if user_limited {
         // A warm start outside the windows asked for is not an answer to the limited search.
         pool.retain(|(schedule, _)| options.limits.admit(schedule));
     }
-    if run.infeasible && pool.is_empty() {
+    if infeasible && pool.is_empty() {
         if let Objective::Memory {
             max_iteration_time_us: Some(ceiling),
         } = options.objective
@@ -359,7 +445,7 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     };
     let claim = claim(&phases, &schedule, objective, options.relative_gap);
     let simulation = simulate(profile, &schedule, Semantics::Strict);
-    let last = phases.last().expect("the full phase ran");
+    let last = phases.last().expect("a full-window phase ran");
     let report = SolveReport {
         status: claim.status,
         objective,

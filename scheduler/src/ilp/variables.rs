@@ -28,6 +28,8 @@ pub(super) struct Columns {
     pub problem: ProblemVariables,
     pub count: usize,
     pub integer: usize,
+    /// The LP relaxation: binary and integer columns keep their bounds but not their integrality.
+    pub relaxed: bool,
 }
 
 impl Columns {
@@ -43,11 +45,17 @@ impl Columns {
     }
 
     pub fn binary(&mut self) -> Col {
-        self.add(variable().binary(), true)
+        let def = if self.relaxed {
+            variable().min(0).max(1)
+        } else {
+            variable().binary()
+        };
+        self.add(def, true)
     }
 
     pub fn integer(&mut self, max: u32) -> Col {
-        self.add(variable().integer().min(0).max(max), true)
+        let def = variable().min(0).max(max);
+        self.add(if self.relaxed { def } else { def.integer() }, true)
     }
 
     pub fn continuous(&mut self) -> Col {
