@@ -172,10 +172,6 @@ pub struct Strided {
 }
 
 impl Strided {
-    pub fn gemm(&self) -> &Gemm {
-        &self.gemm
-    }
-
     /// Elements of A, B and C from each operand's first element to its last, over the batch
     /// (0 for an empty operand).
     pub fn extents(&self) -> [usize; 3] {

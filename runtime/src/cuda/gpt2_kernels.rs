@@ -316,52 +316,56 @@ pub enum Param {
     Float,
 }
 
+/// Every kernel of [`SOURCE`] in source order: its name, its parameter list and its text up to
+/// the next kernel.
+fn kernel_texts() -> impl Iterator<Item = (&'static str, &'static str, &'static str)> {
+    SOURCE
+        .split("extern \"C\" __global__ void ")
+        .skip(1)
+        .map(|text| {
+            let open = text.find('(').expect("a kernel has a parameter list");
+            let close = text.find(')').expect("a parameter list closes");
+            (&text[..open], &text[open + 1..close], text)
+        })
+}
+
 /// Every kernel of [`SOURCE`] with its parameters, in source order. Panics on a parameter type
 /// outside [`Param`] (a source this module's tests reject).
 pub fn signatures() -> Vec<(&'static str, Vec<Param>)> {
-    let mut kernels = Vec::new();
-    let marker = "extern \"C\" __global__ void ";
-    let mut rest = SOURCE;
-    while let Some(at) = rest.find(marker) {
-        rest = &rest[at + marker.len()..];
-        let open = rest.find('(').expect("a kernel has a parameter list");
-        let close = rest.find(')').expect("a parameter list closes");
-        let params = rest[open + 1..close]
-            .split(',')
-            .map(|p| {
-                let ty = p
-                    .trim()
-                    .rsplit_once(char::is_whitespace)
-                    .map_or("", |(t, _)| t);
-                match ty.trim() {
-                    "float*" | "const float*" => Param::Floats,
-                    "double*" | "const double*" => Param::Doubles,
-                    "i64" => Param::Int,
-                    "float" => Param::Float,
-                    other => panic!("kernel parameter type `{other}` in `{}`", p.trim()),
-                }
-            })
-            .collect();
-        kernels.push((&rest[..open], params));
-        rest = &rest[close..];
-    }
-    kernels
+    kernel_texts()
+        .map(|(name, list, _)| {
+            let params = list
+                .split(',')
+                .map(|p| {
+                    let ty = p
+                        .trim()
+                        .rsplit_once(char::is_whitespace)
+                        .map_or("", |(t, _)| t);
+                    match ty.trim() {
+                        "float*" | "const float*" => Param::Floats,
+                        "double*" | "const double*" => Param::Doubles,
+                        "i64" => Param::Int,
+                        "float" => Param::Float,
+                        other => panic!("kernel parameter type `{other}` in `{}`", p.trim()),
+                    }
+                })
+                .collect();
+            (name, params)
+        })
+        .collect()
 }
 
 /// The kernels that call CUDA's math library (`expf`, `logf`, `tanhf`): they round as CUDA's
 /// library does, not as the host's, and its implementations fuse multiply-adds. (GELU's tanh
 /// is `tanh_poly`, plain arithmetic, so it rounds as the CPU's.)
 pub fn library_math() -> Vec<&'static str> {
-    let marker = "extern \"C\" __global__ void ";
-    SOURCE
-        .split(marker)
-        .skip(1)
-        .filter(|body| {
+    kernel_texts()
+        .filter(|(_, _, text)| {
             ["expf(", "logf(", "tanhf("]
                 .iter()
-                .any(|f| body.contains(f))
+                .any(|f| text.contains(f))
         })
-        .map(|body| body.split('(').next().unwrap_or(""))
+        .map(|(name, _, _)| name)
         .collect()
 }
 

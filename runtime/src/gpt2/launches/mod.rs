@@ -137,7 +137,6 @@ fn layernorm_forward(x: Region, params: [Region; 2], saved: [Region; 3], shape: 
 }
 
 /// `dx += …`, `dweight += …`, `dbias += …` ([`super::kernels::layernorm_backward_add`]).
-#[allow(clippy::too_many_arguments)]
 fn layernorm_backward_add(
     dout: Region,
     x: Region,
