@@ -7,13 +7,17 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BIN = ROOT / "target" / "release" / "shardplan"
+# A prebuilt binary (SHARDPLAN_BIN: the device machine's, from scripts/gpu-bundle) or the release build.
+PREBUILT = os.environ.get("SHARDPLAN_BIN")
+BIN = Path(PREBUILT).resolve() if PREBUILT else ROOT / "target" / "release" / "shardplan"
 
 
 def prepare():
-    """System dependencies, the release binary, and mpirun allowed to run as root here."""
-    subprocess.run([ROOT / "scripts" / "ensure-system-deps"], check=True)
-    subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
+    """System dependencies and the release binary (unless SHARDPLAN_BIN names one), and mpirun
+    allowed to run as root here."""
+    if not PREBUILT:
+        subprocess.run([ROOT / "scripts" / "ensure-system-deps"], check=True)
+        subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
     if os.geteuid() == 0:
         os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

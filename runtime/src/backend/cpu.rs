@@ -135,6 +135,32 @@ fn wait_without_spinning<'a, D: ?Sized, S: mpi::request::Scope<'a>>(
     }
 }
 
+/// How much nicer than its caller a compute stream's thread runs (DESIGN §6.1): enough that a
+/// communication thread which wakes runs at once rather than after compute's slice.
+const COMPUTE_NICE_INCREMENT: i32 = 10;
+
+/// The calling thread's nice value.
+fn this_threads_nice() -> i32 {
+    // SAFETY: gettid has no preconditions; getpriority with PRIO_PROCESS and a thread id reads
+    // that one thread's nice value on Linux, and cannot fail for the calling thread.
+    unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+}
+
+/// Raises the calling thread's nice value by `increment` (a lower priority, which the kernel
+/// grants to any thread; values past 19 become 19).
+fn lower_this_threads_priority(increment: i32) -> Result<()> {
+    let nice = this_threads_nice() + increment;
+    // SAFETY: as in `this_threads_nice`; setpriority sets only the calling thread's nice value.
+    let set = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
+    if set != 0 {
+        return Err(Error::Backend(format!(
+            "lowering the compute thread's priority to nice {nice} failed: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(())
+}
+
 /// Host memory and host kernels, collectives from `C`.
 pub struct CpuBackend<C: Collectives> {
     collectives: C,
@@ -254,6 +280,20 @@ impl<C: Collectives> Backend for CpuBackend<C> {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
+    fn host_computes(&self) -> bool {
+        true
+    }
+    fn enter_stream_thread(&self, stream: Stream) -> Result<()> {
+        match stream {
+            Stream::Compute => {
+                let inc = std::env::var("SP_NICE")
+                    .map(|v| v.parse().unwrap())
+                    .unwrap_or(COMPUTE_NICE_INCREMENT);
+                lower_this_threads_priority(inc)
+            }
+            Stream::Communication => Ok(()),
+        }
+    }
 }
 
 fn poisoned(what: &str) -> Error {
@@ -335,5 +375,34 @@ impl<C: Collectives> crate::mlp::MlpKernels for CpuBackend<C> {
             lr,
         );
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The compute stream's thread runs at nice +10, its caller and the communication thread as
+    /// they were.
+    #[test]
+    fn only_the_compute_thread_is_lowered() {
+        let backend = CpuBackend::new(Loopback);
+        let before = this_threads_nice();
+        let on = |stream: Stream| {
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    backend.enter_stream_thread(stream).unwrap();
+                    this_threads_nice()
+                })
+                .join()
+                .unwrap()
+            })
+        };
+        assert_eq!(
+            on(Stream::Compute),
+            (before + COMPUTE_NICE_INCREMENT).min(19)
+        );
+        assert_eq!(on(Stream::Communication), before);
+        assert_eq!(this_threads_nice(), before);
     }
 }

@@ -124,4 +124,13 @@ pub trait Backend: Sync {
     fn elapsed_us(&self, from: &Self::Mark, to: &Self::Mark) -> Result<f64>;
     /// Blocks until all work on both streams has completed.
     fn synchronize(&self) -> Result<()>;
+    /// Whether the compute stream's work runs on the host thread that issues it (the CPU
+    /// backend), so that other host work of the rank takes compute's own core.
+    fn host_computes(&self) -> bool;
+    /// Called first on the host thread that drives `stream`, before its first operation. The CPU
+    /// backend lowers its compute threads' priority there (DESIGN §6.1); a backend whose threads
+    /// only enqueue work has nothing to do.
+    fn enter_stream_thread(&self, _stream: Stream) -> Result<()> {
+        Ok(())
+    }
 }

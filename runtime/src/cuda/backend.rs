@@ -470,6 +470,9 @@ impl Backend for CudaBackend {
             .synchronize()
             .map_err(driver_error("synchronising"))
     }
+    fn host_computes(&self) -> bool {
+        false
+    }
 }
 
 impl crate::mlp::MlpKernels for CudaBackend {

@@ -112,21 +112,27 @@ pub fn run<B: Backend, W: Train<B>>(
     let origin = backend.mark(Stream::Compute)?;
     let (computed, communicated) = std::thread::scope(|scope| {
         let comm = scope.spawn(|| {
-            let result = walk.communicate();
+            let result = backend
+                .enter_stream_thread(Stream::Communication)
+                .and_then(|()| walk.communicate());
             if result.is_err() {
                 walk.abandon_compute_waits();
             }
             result
         });
-        let computed = walk.compute();
-        if computed.is_err() {
-            walk.slot_started.abandon();
-        }
-        let communicated = comm
-            .join()
-            .map_err(|_| Error::Backend("the communication thread panicked".into()))
-            .and_then(|r| r);
-        (computed, communicated)
+        let compute = scope.spawn(|| {
+            let result = backend
+                .enter_stream_thread(Stream::Compute)
+                .and_then(|()| walk.compute());
+            if result.is_err() {
+                walk.slot_started.abandon();
+            }
+            result
+        });
+        let joined = |thread: &str| Error::Backend(format!("the {thread} thread panicked"));
+        let computed = compute.join().map_err(|_| joined("compute"));
+        let communicated = comm.join().map_err(|_| joined("communication"));
+        (computed.and_then(|r| r), communicated.and_then(|r| r))
     });
     let (computed, comm_spans) = match (computed, communicated) {
         (Ok(c), Ok(spans)) => (c, spans),

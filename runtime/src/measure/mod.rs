@@ -9,12 +9,13 @@
 //! followed by every unit's optimizer step on the communication stream, where a run takes it.
 
 mod session;
+mod slots;
 mod timing;
 
 pub use session::{MeasureOptions, Measured, measure_on_cpu, measure_on_cuda, measure_workload};
 pub use timing::{
-    Slowdowns, block_reductions, compute_round, measurement_allocation, time_collectives,
-    time_interference, time_units,
+    Slowdowns, block_reductions, measurement_allocation, time_collectives, time_interference,
+    time_units,
 };
 
 use crate::Result;

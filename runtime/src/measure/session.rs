@@ -2,19 +2,19 @@
 //! collectives, κ), or a zoo transformer's units replayed on a GPU. The CLI calls these and saves
 //! the profile; rank 0 alone saves it.
 
+use super::slots::{Slots, time_slot_interference};
 use super::{
-    UnitTimes, block_reductions, compute_layout, compute_round, measurement_allocation,
-    time_collectives, time_interference, time_units, workload_profile,
+    block_reductions, compute_layout, measurement_allocation, time_collectives, time_interference,
+    time_units, workload_profile,
 };
 use crate::backend::{Backend, Collectives, CpuBackend};
 use crate::cuda::CudaBackend;
 use crate::executor::initialise;
 use crate::gpt2::{Gpt2, Gpt2Kernels};
-use crate::layout::Layout;
 use crate::mlp::Mlp;
 use crate::model_file::ModelFile;
 use crate::transformer::{UnitKind, backward_gemms, forward_gemms};
-use crate::workload::Train;
+use crate::workload::{Pass, Train};
 use crate::{Error, Result};
 use serde_json::json;
 use shardplan_scheduler::analytic::{AnalyticOptions, analytic_profile, comm_curves};
@@ -181,41 +181,35 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
         source,
     )?;
     let kappa_bytes = profile.block_size_bytes.min(message_bytes);
-    let round = || compute_round(&backend, workload, &layout);
-    let reductions = block_reductions(&backend, start, kappa_bytes, 400)?;
-    let interference = time_interference(&backend, &round, &reductions)?;
+    let l = workload.unit_count();
+    let pass = |s: usize| {
+        if s < l {
+            workload.forward(&backend, &layout, s, 0, Pass::Forward)
+        } else {
+            workload.backward(&backend, &layout, 2 * l - 1 - s, 0)
+        }
+    };
+    let block = block_reductions(&backend, start, kappa_bytes, 1)?;
+    let update = |s: usize| workload.optimize(&backend, &copy, s % l, 1);
+    let slots = Slots {
+        slots: 2 * l,
+        compute: &pass,
+        block: &block,
+        update: &update,
+    };
+    let interference = time_slot_interference(&backend, &slots)?;
     profile.overlap_slowdown = interference.compute;
     profile.comm_slowdown = interference.comm;
-    let updates = optimizer_passes(&backend, workload, &copy, &times);
-    profile.update_slowdown = Some(time_interference(&backend, &round, &updates)?.compute);
+    profile.update_slowdown = Some(interference.update);
     let details = json!({
         "unit_times_us": times,
-        "overlap_slowdown": profile.overlap_slowdown,
-        "comm_slowdown": profile.comm_slowdown,
-        "update_slowdown": profile.update_slowdown,
+        "interference": interference,
     });
     Ok(Measured {
         profile,
         rank: backend.rank(),
         details,
     })
-}
-
-/// Every unit's optimizer step on `layout`, repeated for about 0.2 s (by the units' measured
-/// optimizer times): the optimizer's side of κ_u.
-fn optimizer_passes<'a, B: Backend, W: Train<B>>(
-    backend: &'a B,
-    workload: &'a W,
-    layout: &'a Layout,
-    times: &UnitTimes,
-) -> impl Fn() -> Result<()> + Sync + 'a {
-    let pass_us: f64 = times.iter().map(|t| t.optimizer_us).sum();
-    let passes = (200_000.0 / pass_us.max(1.0)).ceil().clamp(1.0, 10_000.0) as usize;
-    move || {
-        (0..passes).try_for_each(|_| {
-            (0..workload.unit_count()).try_for_each(|i| workload.optimize(backend, layout, i, 1))
-        })
-    }
 }
 
 /// A zoo transformer on a GPU: its units' products replayed, bytes from the model formulas.

@@ -55,15 +55,6 @@ fn compute_round_marks<B: Backend, W: Train<B>>(
     Ok(marks)
 }
 
-/// One compute round (every unit's forward and backward), for κ.
-pub fn compute_round<B: Backend, W: Train<B>>(
-    backend: &B,
-    workload: &W,
-    layout: &Layout,
-) -> Result<()> {
-    compute_round_marks(backend, workload, layout).map(|_| ())
-}
-
 /// Forward, backward and optimizer µs of each unit: 3 warm-up rounds, then the median over
 /// `repeats` rounds of the slowest rank's time (a slot whose collectives join the ranks ends with
 /// the slowest; on gpt2-tiny at N = 2 its median is 0.4–3.5% above one rank's own). The first
@@ -120,7 +111,7 @@ pub fn time_units<B: Backend, W: Train<B>>(
 
 /// Every rank's `values` (the same length on every rank), on every rank: each rank adds its own
 /// into its share of a zeroed buffer summed over the ranks. Every rank must call it.
-fn every_rank<B: Backend>(backend: &B, values: &[f64]) -> Result<Vec<Vec<f64>>> {
+pub(super) fn every_rank<B: Backend>(backend: &B, values: &[f64]) -> Result<Vec<Vec<f64>>> {
     let (n, rank) = (values.len(), backend.rank());
     let mut all = vec![0f32; n * backend.world_size()];
     for (slot, v) in all[rank * n..(rank + 1) * n].iter_mut().zip(values) {
@@ -256,7 +247,7 @@ pub fn block_reductions<B: Backend>(
 /// interference). Every rank must call it.
 pub fn time_interference<B: Backend>(
     backend: &B,
-    compute_round: &dyn Fn() -> Result<()>,
+    compute_round: &(dyn Fn() -> Result<()> + Sync),
     comm_work: &(dyn Fn() -> Result<()> + Sync),
 ) -> Result<Slowdowns> {
     compute_round()?;
@@ -336,21 +327,28 @@ fn timed<B: Backend>(backend: &B, stream: Stream, work: &dyn Fn() -> Result<()>)
 /// `compute_rounds` rounds on the compute stream: the µs of each side.
 fn overlap<B: Backend>(
     backend: &B,
-    compute_round: &dyn Fn() -> Result<()>,
+    compute_round: &(dyn Fn() -> Result<()> + Sync),
     comm_work: &(dyn Fn() -> Result<()> + Sync),
     compute_rounds: usize,
 ) -> Result<(f64, f64)> {
     let go = backend.mark(Stream::Compute)?;
     backend.wait_mark(Stream::Communication, &go)?;
+    let on = |stream: Stream, work: &dyn Fn() -> Result<()>| {
+        backend
+            .enter_stream_thread(stream)
+            .and_then(|()| timed(backend, stream, work))
+    };
     std::thread::scope(|scope| {
-        let comm = scope.spawn(|| timed(backend, Stream::Communication, comm_work));
-        let with = timed(backend, Stream::Compute, &|| {
-            (0..compute_rounds).try_for_each(|_| compute_round())
+        let comm = scope.spawn(|| on(Stream::Communication, comm_work));
+        let compute = scope.spawn(|| {
+            on(Stream::Compute, &|| {
+                (0..compute_rounds).try_for_each(|_| compute_round())
+            })
         });
-        let comm_with = comm
-            .join()
-            .map_err(|_| Error::Backend("the communication thread panicked".into()))??;
-        Ok((with?, comm_with))
+        let joined = |thread: &str| Error::Backend(format!("the {thread} thread panicked"));
+        let with = compute.join().map_err(|_| joined("compute"))??;
+        let comm_with = comm.join().map_err(|_| joined("communication"))??;
+        Ok((with, comm_with))
     })
 }
 

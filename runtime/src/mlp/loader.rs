@@ -1,7 +1,11 @@
-//! The MLP's data loader: a rank's share of each step's batch, made one step ahead on a
-//! background thread (as a framework's data-loader workers do), so the timed first forward only
-//! uploads it. A batch is made by [`MlpSpec::batch`] over row chunks in parallel; each row depends
-//! on its sample alone, so the batch is the same whatever the chunks.
+//! The MLP's data loader: a rank's share of each step's batch. Where a device computes, the batch
+//! is made one step ahead on a background thread (as a framework's data-loader workers do), its
+//! rows over the host's cores, so the timed first forward only uploads it. Where the host computes
+//! (the CPU backend, a rank bound to one core), a background thread would take the compute
+//! stream's own core, unseen by the model (about 220 µs a step on mlp-small, DESIGN §6.6), so the
+//! batch is made on the calling thread when it is taken, inside the first forward's time in the
+//! profile as in a run. A batch is made by [`MlpSpec::batch`] over row chunks; each row depends on
+//! its sample alone, so the batch is the same whatever the chunks.
 
 use super::MlpSpec;
 use std::sync::{Arc, Mutex};
@@ -25,12 +29,23 @@ struct Source {
 impl Source {
     /// Step `step`'s batch, its rows split over the machine's threads.
     fn make(&self, step: usize) -> Batch {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        self.make_on(step, threads)
+    }
+
+    /// Step `step`'s batch, its rows split over `threads` threads (one: the calling thread).
+    fn make_on(&self, step: usize, threads: usize) -> Batch {
         let (d0, dl) = (self.spec.input, self.spec.output());
         let mut batch = Batch {
             x: vec![0.0; self.rows * d0],
             y: vec![0.0; self.rows * dl],
         };
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if threads <= 1 {
+            let (x, y) = (&mut batch.x, &mut batch.y);
+            self.spec
+                .batch(step, self.first, self.rows, &self.teacher, x, y);
+            return batch;
+        }
         let chunk = self.rows.div_ceil(threads).max(1);
         std::thread::scope(|scope| {
             for (k, (x, y)) in batch
@@ -70,6 +85,11 @@ impl Loader {
             }),
             ahead: Mutex::new(None),
         }
+    }
+
+    /// Step `step`'s batch made now on the calling thread (the host computes: nothing ahead).
+    pub fn make_now(&self, step: usize) -> Batch {
+        self.source.make_on(step, 1)
     }
 
     /// Step `step`'s batch (made now unless it was made ahead); starts making step + 1's.

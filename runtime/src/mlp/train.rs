@@ -15,9 +15,10 @@ pub struct Mlp {
     spec: MlpSpec,
     world: usize,
     loader: Loader,
-    /// The current step and its batch: taken at the first unit's forward (again only for another
-    /// step: the profiler runs step 0 over and over), the targets uploaded at the last's.
-    batch: Mutex<Option<(usize, Batch)>>,
+    /// The current step's batch, taken at the first unit's forward of every step (the
+    /// profiler's rounds of step 0 each take it again, as a run's steps do), the targets uploaded
+    /// at the last unit's.
+    batch: Mutex<Option<Batch>>,
 }
 
 impl Mlp {
@@ -153,10 +154,14 @@ impl<B: MlpKernels> Train<B> for Mlp {
         let last = unit + 1 == self.spec.units();
         if pass == Pass::Forward && (unit == 0 || last) {
             let mut batch = self.batch.lock().expect("batch lock is never poisoned");
-            if unit == 0 && batch.as_ref().is_none_or(|(current, _)| *current != step) {
-                *batch = Some((step, self.loader.take(step)));
+            if unit == 0 {
+                *batch = Some(if backend.host_computes() {
+                    self.loader.make_now(step)
+                } else {
+                    self.loader.take(step)
+                });
             }
-            let (_, taken) = batch.as_ref().ok_or_else(|| {
+            let taken = batch.as_ref().ok_or_else(|| {
                 crate::Error::Backend("the last unit ran before the first".into())
             })?;
             if unit == 0 {

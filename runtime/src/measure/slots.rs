@@ -1,0 +1,391 @@
+//! κ_c, κ_q and κ_u measured on slots as the executor runs them (DESIGN §6.6).
+//!
+//! A slot of a run is short (a unit's forward or backward, often under a millisecond on the CPU)
+//! and starts with a hand-over between the two streams' threads: the compute thread signals the
+//! slot and computes, the communication thread wakes and runs the slot's blocks, and the next
+//! slot waits for both. Whether the two threads then overlap, time-slice or run one after the
+//! other depends on that scale (an operating system lets a running thread finish its slice before
+//! a woken one; a GPU's copy engine starts at once). So the factors are fitted to slots run the
+//! same way: each unit's forward and backward, with block-sized AllReduces (or an optimizer step)
+//! beside it, timed per slot alone and together, and κ chosen so that the model's slot duration
+//! ([`Interference::slot_duration`]) matches the measured ones.
+
+use super::median;
+use crate::backend::{Backend, Stream};
+use crate::event::Event;
+use crate::{Error, Result};
+use shardplan_scheduler::cost::Interference;
+use std::time::Duration;
+
+/// The work of slot `s` on one stream.
+pub type SlotWork<'a> = &'a (dyn Fn(usize) -> Result<()> + Sync);
+
+/// Alone/together measurements taken in this many rounds; each value is the median over them
+/// (this machine's speed drifts over seconds, DESIGN §6.6).
+const ROUNDS: usize = 5;
+
+/// Bounds of the blocks beside one slot.
+const MOST_BLOCKS: usize = 64;
+
+/// How long a stream waits for the other before the measurement fails.
+const PATIENCE: Duration = Duration::from_secs(600);
+
+/// One slot's times: its compute alone, its communication-stream work alone, and the slot with
+/// both.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SlotSample {
+    pub compute_us: f64,
+    pub comm_us: f64,
+    pub together_us: f64,
+}
+
+/// What the fit found.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SlotInterference {
+    pub compute: f64,
+    pub comm: f64,
+    pub update: f64,
+    /// Mean |model − measured| / measured over the collective slots and the update slots.
+    pub collective_error: f64,
+    pub update_error: f64,
+}
+
+/// The workload as slots: `slots` slots whose compute is `compute(s)` (each unit's forward, then
+/// each backward); `block` one block-sized AllReduce; `update(s)` an optimizer step that touches
+/// no byte of the compute.
+pub struct Slots<'a> {
+    pub slots: usize,
+    pub compute: SlotWork<'a>,
+    pub block: &'a (dyn Fn() -> Result<()> + Sync),
+    pub update: SlotWork<'a>,
+}
+
+/// κ_c and κ_q from slots with a few blocks beside compute (compute-bound) and with many
+/// (communication-bound), κ_u from slots with an optimizer step beside them; every value is the
+/// slowest rank's (a slot whose collectives join the ranks ends with the slowest). Every rank
+/// must call it and gets the same factors.
+pub fn time_slot_interference<B: Backend>(backend: &B, work: &Slots) -> Result<SlotInterference> {
+    let idle = |_: usize| Ok(());
+    let slots = work.slots;
+    run_slots(backend, slots, Some(work.compute), &idle)?;
+    let compute = slowest(
+        backend,
+        &run_slots(backend, slots, Some(work.compute), &idle)?,
+    )?;
+    let one_block = |_: usize| (work.block)();
+    let block_us = median(slowest(
+        backend,
+        &run_slots(backend, slots, None, &one_block)?,
+    )?);
+    let blocks_for = |ratio: f64| -> Vec<usize> {
+        compute
+            .iter()
+            .map(|c| ((ratio * c / block_us.max(1e-3)).round() as usize).clamp(1, MOST_BLOCKS))
+            .collect()
+    };
+    let (light, heavy) = (blocks_for(0.5), blocks_for(2.0));
+    let blocks = |counts: &[usize], s: usize| (0..counts[s]).try_for_each(|_| (work.block)());
+    let light_blocks = |s: usize| blocks(&light, s);
+    let heavy_blocks = |s: usize| blocks(&heavy, s);
+    let comm_works: [SlotWork; 3] = [&light_blocks, &heavy_blocks, work.update];
+    let mut taken: Vec<[Vec<f64>; 3]> = Vec::with_capacity(ROUNDS);
+    let mut computed = Vec::with_capacity(ROUNDS);
+    for _ in 0..ROUNDS {
+        computed.push(slowest(
+            backend,
+            &run_slots(backend, slots, Some(work.compute), &idle)?,
+        )?);
+        let mut round: [Vec<f64>; 3] = Default::default();
+        let mut together: [Vec<f64>; 3] = Default::default();
+        for (k, comm) in comm_works.iter().enumerate() {
+            round[k] = slowest(backend, &run_slots(backend, slots, None, *comm)?)?;
+            together[k] = slowest(
+                backend,
+                &run_slots(backend, slots, Some(work.compute), *comm)?,
+            )?;
+        }
+        taken.push(round);
+        taken.push(together);
+    }
+    let per_slot = |rows: &[Vec<f64>], s: usize| median(rows.iter().map(|r| r[s]).collect());
+    let compute: Vec<f64> = (0..slots).map(|s| per_slot(&computed, s)).collect();
+    let samples = |k: usize| -> Vec<SlotSample> {
+        let alone: Vec<Vec<f64>> = taken.iter().step_by(2).map(|r| r[k].clone()).collect();
+        let with: Vec<Vec<f64>> = taken
+            .iter()
+            .skip(1)
+            .step_by(2)
+            .map(|r| r[k].clone())
+            .collect();
+        (0..slots)
+            .map(|s| SlotSample {
+                compute_us: compute[s],
+                comm_us: per_slot(&alone, s),
+                together_us: per_slot(&with, s),
+            })
+            .collect()
+    };
+    let collectives: Vec<SlotSample> = samples(0).into_iter().chain(samples(1)).collect();
+    let updates = samples(2);
+    let (kappa_c, kappa_q) = fit_collectives(&collectives);
+    let kappa_u = fit_update(&updates, kappa_q);
+    let fitted = Interference {
+        compute: kappa_c,
+        comm: kappa_q,
+        update: kappa_u,
+    };
+    Ok(SlotInterference {
+        compute: kappa_c,
+        comm: kappa_q,
+        update: kappa_u,
+        collective_error: mean_error(&collectives, |s| collective_model(fitted, s)),
+        update_error: mean_error(&updates, |s| update_model(fitted, s)),
+    })
+}
+
+/// The candidate factors: 0, 0.01, …, 1.
+fn grid() -> impl Iterator<Item = f64> + Clone {
+    (0..=100).map(|k| f64::from(k) / 100.0)
+}
+
+/// The model's duration of a slot whose communication-stream work is collectives.
+fn collective_model(kappa: Interference, s: &SlotSample) -> f64 {
+    kappa.slot_duration(s.compute_us, s.comm_us, kappa.compute * s.comm_us)
+}
+
+/// The model's duration of a slot whose communication-stream work is an optimizer step.
+fn update_model(kappa: Interference, s: &SlotSample) -> f64 {
+    kappa.slot_duration(s.compute_us, s.comm_us, kappa.update * s.comm_us)
+}
+
+/// Σ (model − measured)² over the samples, in µs²: a step is the sum of its slots, so an error
+/// counts by its µs (relative errors let the noise of the shortest slots, tens of µs, decide).
+fn squared_error(samples: &[SlotSample], model: impl Fn(&SlotSample) -> f64) -> f64 {
+    samples
+        .iter()
+        .map(|s| (model(s) - s.together_us).powi(2))
+        .sum()
+}
+
+fn mean_error(samples: &[SlotSample], model: impl Fn(&SlotSample) -> f64) -> f64 {
+    let total: f64 = samples
+        .iter()
+        .map(|s| ((model(s) - s.together_us) / s.together_us.max(1e-9)).abs())
+        .sum();
+    total / samples.len().max(1) as f64
+}
+
+/// (κ_c, κ_q) on the grid with the least squared error of
+/// d = max(c + κ_c·Q, Q + κ_q·c); among equal errors the smallest factors (a factor the samples
+/// do not constrain stays as low as they allow).
+pub fn fit_collectives(samples: &[SlotSample]) -> (f64, f64) {
+    let mut best = (f64::INFINITY, 0.0, 0.0);
+    for compute in grid() {
+        for comm in grid() {
+            let kappa = Interference {
+                compute,
+                comm,
+                update: 0.0,
+            };
+            let error = squared_error(samples, |s| collective_model(kappa, s));
+            if error < best.0 {
+                best = (error, compute, comm);
+            }
+        }
+    }
+    (best.1, best.2)
+}
+
+/// κ_u on the grid with the least squared error of d = max(c + κ_u·U, U + κ_q·c).
+pub fn fit_update(samples: &[SlotSample], comm: f64) -> f64 {
+    let mut best = (f64::INFINITY, 0.0);
+    for update in grid() {
+        let kappa = Interference {
+            compute: 0.0,
+            comm,
+            update,
+        };
+        let error = squared_error(samples, |s| update_model(kappa, s));
+        if error < best.0 {
+            best = (error, update);
+        }
+    }
+    best.1
+}
+
+/// Each slot's value, the largest over the ranks (every rank gets the same).
+fn slowest<B: Backend>(backend: &B, values: &[f64]) -> Result<Vec<f64>> {
+    let ranks = super::timing::every_rank(backend, values)?;
+    Ok((0..values.len())
+        .map(|s| ranks.iter().map(|r| r[s]).fold(0.0, f64::max))
+        .collect())
+}
+
+/// The duration of each of `slots` slots run as the executor runs strict slots (DESIGN §6.3):
+/// the compute thread waits until the communication of the slot before is done, signals the
+/// slot and runs `compute(s)` (none: nothing); the communication thread waits for the signal,
+/// runs `comm(s)` and signals it done. A slot lasts from its signal to the next slot's (the last
+/// one until both streams are done). Each thread enters its stream as in a run.
+fn run_slots<B: Backend>(
+    backend: &B,
+    slots: usize,
+    compute: Option<SlotWork>,
+    comm: SlotWork,
+) -> Result<Vec<f64>> {
+    let started: Event<B::Mark> = Event::new();
+    let done: Event<B::Mark> = Event::new();
+    let wait = |stream: Stream, event: &Event<B::Mark>, target: usize, what: &str| match event
+        .wait(target as u64, PATIENCE, &|| {
+            format!("{what} of slot {target}")
+        })? {
+        Some(mark) => backend.wait_mark(stream, &mark),
+        None => Ok(()),
+    };
+    let communicate = || -> Result<()> {
+        let stream = Stream::Communication;
+        backend.enter_stream_thread(stream)?;
+        for s in 0..slots {
+            wait(stream, &started, s + 1, "the start")?;
+            comm(s)?;
+            done.signal(backend.mark(stream)?);
+        }
+        Ok(())
+    };
+    let run_compute = || -> Result<Vec<B::Mark>> {
+        let stream = Stream::Compute;
+        backend.enter_stream_thread(stream)?;
+        let mut marks = Vec::with_capacity(slots + 1);
+        for s in 0..slots {
+            wait(stream, &done, s, "the communication")?;
+            let mark = backend.mark(stream)?;
+            started.signal(mark.clone());
+            marks.push(mark);
+            if let Some(compute) = compute {
+                compute(s)?;
+            }
+        }
+        wait(stream, &done, slots, "the communication")?;
+        marks.push(backend.mark(stream)?);
+        Ok(marks)
+    };
+    let (marks, communicated) = std::thread::scope(|scope| {
+        let comm_thread = scope.spawn(|| {
+            let result = communicate();
+            if result.is_err() {
+                done.abandon();
+            }
+            result
+        });
+        let compute_thread = scope.spawn(|| {
+            let result = run_compute();
+            if result.is_err() {
+                started.abandon();
+            }
+            result
+        });
+        let joined = |thread: &str| Error::Backend(format!("the {thread} thread panicked"));
+        let marks = compute_thread.join().map_err(|_| joined("compute"));
+        let communicated = comm_thread.join().map_err(|_| joined("communication"));
+        (marks.and_then(|r| r), communicated.and_then(|r| r))
+    });
+    let (marks, ()) = (marks?, communicated?);
+    backend.synchronize()?;
+    marks
+        .windows(2)
+        .map(|w| backend.elapsed_us(&w[0], &w[1]))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn samples_of(kappa: Interference, shapes: &[(f64, f64)]) -> Vec<SlotSample> {
+        shapes
+            .iter()
+            .map(|&(c, q)| SlotSample {
+                compute_us: c,
+                comm_us: q,
+                together_us: kappa.slot_duration(c, q, kappa.compute * q),
+            })
+            .collect()
+    }
+
+    /// Compute-bound and communication-bound slots (c, Q).
+    const SHAPES: [(f64, f64); 4] = [
+        (300.0, 150.0),
+        (900.0, 450.0),
+        (200.0, 600.0),
+        (500.0, 1500.0),
+    ];
+
+    /// Slots on both sides of c = Q pin both factors: the fit recovers them to the grid.
+    #[test]
+    fn the_fit_recovers_the_factors_that_made_the_slots() {
+        let shapes = SHAPES;
+        for (c, q) in [(0.37, 0.12), (0.9, 0.8), (0.0, 0.0), (0.6, 0.66)] {
+            let kappa = Interference {
+                compute: c,
+                comm: q,
+                update: 0.0,
+            };
+            let (fc, fq) = fit_collectives(&samples_of(kappa, &shapes));
+            assert!(
+                (fc - c).abs() < 0.006 && (fq - q).abs() < 0.006,
+                "{c},{q} -> {fc},{fq}"
+            );
+        }
+    }
+
+    /// Streams that run one after the other (d = c + Q) are κ_q = 1 with any κ_c: the fit
+    /// reproduces every slot and keeps κ_c at 0.
+    #[test]
+    fn serial_streams_fit_exactly() {
+        let serial = Interference {
+            compute: 1.0,
+            comm: 1.0,
+            update: 0.0,
+        };
+        let samples = samples_of(serial, &SHAPES);
+        let (fc, fq) = fit_collectives(&samples);
+        assert_eq!((fc, fq), (0.0, 1.0));
+        let fitted = Interference {
+            compute: fc,
+            comm: fq,
+            update: 0.0,
+        };
+        assert_eq!(mean_error(&samples, |s| collective_model(fitted, s)), 0.0);
+    }
+
+    /// A compute-bound sample says nothing of κ_q: the fit keeps it at 0, not anywhere on the
+    /// flat stretch of the error.
+    #[test]
+    fn an_unconstrained_factor_stays_at_zero() {
+        let kappa = Interference {
+            compute: 0.5,
+            comm: 0.5,
+            update: 0.0,
+        };
+        let (fc, fq) = fit_collectives(&samples_of(kappa, &[(1000.0, 100.0), (800.0, 200.0)]));
+        assert_eq!((fc, fq), (0.5, 0.0));
+    }
+
+    /// κ_u from update slots, κ_q given.
+    #[test]
+    fn the_update_fit_recovers_its_factor() {
+        let kappa = Interference {
+            compute: 0.0,
+            comm: 0.2,
+            update: 0.83,
+        };
+        let samples: Vec<SlotSample> = [(400.0, 250.0), (900.0, 260.0), (100.0, 250.0)]
+            .iter()
+            .map(|&(c, u)| SlotSample {
+                compute_us: c,
+                comm_us: u,
+                together_us: kappa.slot_duration(c, u, kappa.update * u),
+            })
+            .collect();
+        assert!((fit_update(&samples, 0.2) - 0.83).abs() < 0.006);
+    }
+}
