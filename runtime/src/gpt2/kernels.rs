@@ -126,17 +126,24 @@ pub fn layernorm_backward_add(
 
 const GELU_SCALE: f32 = 0.797_884_6; // √(2/π)
 
+/// 1.5·2²³: adding it to an f32 of magnitude below 2²² rounds that value to an integer (to
+/// nearest, ties to even), and the sum's bits, less this constant's, are that integer.
+const ROUNDING: f32 = 12_582_912.0;
+
 /// e^x in f32 without a library call, so that loops over it vectorize and the CUDA kernels
 /// compute the same bits (`exp_poly` in `cuda::gpt2_kernels::SOURCE`: the same operations on the
-/// same constants): x clamped to [−87, 88], n = ⌊x·log₂e + ½⌋ (from a truncation, which
-/// vectorizes where `floor` is a library call), r = x − n·ln 2 with ln 2 in two parts
-/// (Cody–Waite), e^r by Cephes' `expf` polynomial, times 2ⁿ made from its exponent bits.
+/// same constants): x clamped to [−87, 88] (NaN stays NaN), n = ⌊x·log₂e + ½⌋, r = x − n·ln 2
+/// with ln 2 in two parts (Cody–Waite), e^r by Cephes' `expf` polynomial, times 2ⁿ made from its
+/// exponent bits. The floor is rounding by [`ROUNDING`] and a step down where that rounded up:
+/// only float adds, compares and bit casts, which vectorize on every x86-64 (a conversion to an
+/// integer saturates in Rust, per lane; `floor` is a library call without SSE4.1). It is the
+/// same integer as the CUDA source's truncation and correction, so the bits agree.
 pub fn exp_poly(x: f32) -> f32 {
     let x = x.clamp(-87.0, 88.0);
     let m = x * std::f32::consts::LOG2_E + 0.5;
-    let truncated = m as i32;
-    let k = truncated - i32::from(m < truncated as f32);
-    let n = k as f32;
+    let nearest = (m + ROUNDING) - ROUNDING;
+    let n = if nearest > m { nearest - 1.0 } else { nearest };
+    let k = ((n + ROUNDING).to_bits() as i32).wrapping_sub(ROUNDING.to_bits() as i32);
     let r = x - n * 0.693_359_4;
     let r = r - n * -2.121_944_4e-4;
     let mut p = 1.987_569_1e-4;
@@ -146,7 +153,7 @@ pub fn exp_poly(x: f32) -> f32 {
     p = p * r + 0.166_666_66;
     p = p * r + 0.5;
     let e = p * (r * r) + r + 1.0;
-    e * f32::from_bits(((k + 127) << 23) as u32)
+    e * f32::from_bits((k.wrapping_add(127) << 23) as u32)
 }
 
 /// tanh u = 1 − 2/(e^{2u} + 1) through [`exp_poly`]: within 2.4e-7 of tanh u (absolute, tested),
@@ -361,6 +368,40 @@ pub fn adamw(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The floor by rounding is `f32::floor` (the library's) at every input whose x·log₂e + ½
+    /// lies at or next to an integer, where a wrong step would show, and on a grid over the
+    /// clamped range and beyond; NaN stays NaN.
+    #[test]
+    fn the_floor_by_rounding_is_the_library_floor() {
+        let reference = |x: f32| {
+            let x = x.clamp(-87.0, 88.0);
+            let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
+            let r = x - n * 0.693_359_4;
+            let r = r - n * -2.121_944_4e-4;
+            let mut p = 1.987_569_1e-4;
+            p = p * r + 1.398_199_9e-3;
+            p = p * r + 8.333_452e-3;
+            p = p * r + 4.166_579_6e-2;
+            p = p * r + 0.166_666_66;
+            p = p * r + 0.5;
+            let e = p * (r * r) + r + 1.0;
+            e * 2f32.powi(n as i32)
+        };
+        let edges = (-127..=128).flat_map(|k: i32| {
+            let x = (k as f32 - 0.5) / std::f32::consts::LOG2_E;
+            let bits = x.to_bits();
+            [bits - 2, bits - 1, bits, bits + 1, bits + 2].map(f32::from_bits)
+        });
+        let grid = (0..=2_000_000).map(|k| -100.0 + k as f32 * 1e-4);
+        for x in edges
+            .chain(grid)
+            .chain([0.0, -0.0, 88.0, -87.0, 1e30, -1e30])
+        {
+            assert_eq!(exp_poly(x).to_bits(), reference(x).to_bits(), "x = {x:e}");
+        }
+        assert!(exp_poly(f32::NAN).is_nan());
+    }
 
     /// e^x within 3·2⁻²⁴ relative over the clamped range, exactly 1 at 0, finite and positive at
     /// both clamps; tanh within 2.4e-7 absolute over [−10, 10] and exactly ±1 far out.
