@@ -24,6 +24,11 @@ pub type SlotWork<'a> = &'a (dyn Fn(usize) -> Result<()> + Sync);
 /// (this machine's speed drifts over seconds, DESIGN §6.6).
 const ROUNDS: usize = 5;
 
+/// The collective slots' communication against their compute: compute-bound, balanced and
+/// communication-bound (a plan's slots are all three; the model's max form errs most where the
+/// two are equal).
+const BLOCKS_AGAINST_COMPUTE: [f64; 3] = [0.5, 1.0, 2.0];
+
 /// Bounds of the blocks beside one slot.
 const MOST_BLOCKS: usize = 64;
 
@@ -60,8 +65,8 @@ pub struct Slots<'a> {
     pub update: SlotWork<'a>,
 }
 
-/// κ_c and κ_q from slots with a few blocks beside compute (compute-bound) and with many
-/// (communication-bound), κ_u from slots with an optimizer step beside them; every value is the
+/// κ_c and κ_q from slots with block-sized AllReduces beside compute, about half, once and twice
+/// its time ([`BLOCKS_AGAINST_COMPUTE`]), κ_u from slots with an optimizer step beside them; every value is the
 /// slowest rank's (a slot whose collectives join the ranks ends with the slowest). Every rank
 /// must call it and gets the same factors.
 pub fn time_slot_interference<B: Backend>(backend: &B, work: &Slots) -> Result<SlotInterference> {
@@ -83,50 +88,51 @@ pub fn time_slot_interference<B: Backend>(backend: &B, work: &Slots) -> Result<S
             .map(|c| ((ratio * c / block_us.max(1e-3)).round() as usize).clamp(1, MOST_BLOCKS))
             .collect()
     };
-    let (light, heavy) = (blocks_for(0.5), blocks_for(2.0));
-    let blocks = |counts: &[usize], s: usize| (0..counts[s]).try_for_each(|_| (work.block)());
-    let light_blocks = |s: usize| blocks(&light, s);
-    let heavy_blocks = |s: usize| blocks(&heavy, s);
-    let comm_works: [SlotWork; 3] = [&light_blocks, &heavy_blocks, work.update];
-    let mut taken: Vec<[Vec<f64>; 3]> = Vec::with_capacity(ROUNDS);
+    let counts: Vec<Vec<usize>> = BLOCKS_AGAINST_COMPUTE
+        .iter()
+        .map(|&r| blocks_for(r))
+        .collect();
+    let block_slots: Vec<_> = counts
+        .iter()
+        .map(|counts| move |s: usize| (0..counts[s]).try_for_each(|_| (work.block)()))
+        .collect();
+    let comm_works: Vec<SlotWork> = block_slots
+        .iter()
+        .map(|w| w as SlotWork)
+        .chain([work.update])
+        .collect();
+    // Per round: compute alone, then each work alone and beside compute.
     let mut computed = Vec::with_capacity(ROUNDS);
+    let (mut alone, mut together) = (
+        vec![Vec::new(); comm_works.len()],
+        vec![Vec::new(); comm_works.len()],
+    );
     for _ in 0..ROUNDS {
         computed.push(slowest(
             backend,
             &run_slots(backend, slots, Some(work.compute), &idle)?,
         )?);
-        let mut round: [Vec<f64>; 3] = Default::default();
-        let mut together: [Vec<f64>; 3] = Default::default();
         for (k, comm) in comm_works.iter().enumerate() {
-            round[k] = slowest(backend, &run_slots(backend, slots, None, *comm)?)?;
-            together[k] = slowest(
+            alone[k].push(slowest(backend, &run_slots(backend, slots, None, *comm)?)?);
+            together[k].push(slowest(
                 backend,
                 &run_slots(backend, slots, Some(work.compute), *comm)?,
-            )?;
+            )?);
         }
-        taken.push(round);
-        taken.push(together);
     }
     let per_slot = |rows: &[Vec<f64>], s: usize| median(rows.iter().map(|r| r[s]).collect());
     let compute: Vec<f64> = (0..slots).map(|s| per_slot(&computed, s)).collect();
     let samples = |k: usize| -> Vec<SlotSample> {
-        let alone: Vec<Vec<f64>> = taken.iter().step_by(2).map(|r| r[k].clone()).collect();
-        let with: Vec<Vec<f64>> = taken
-            .iter()
-            .skip(1)
-            .step_by(2)
-            .map(|r| r[k].clone())
-            .collect();
         (0..slots)
             .map(|s| SlotSample {
                 compute_us: compute[s],
-                comm_us: per_slot(&alone, s),
-                together_us: per_slot(&with, s),
+                comm_us: per_slot(&alone[k], s),
+                together_us: per_slot(&together[k], s),
             })
             .collect()
     };
-    let collectives: Vec<SlotSample> = samples(0).into_iter().chain(samples(1)).collect();
-    let updates = samples(2);
+    let updates = samples(comm_works.len() - 1);
+    let collectives: Vec<SlotSample> = (0..comm_works.len() - 1).flat_map(samples).collect();
     let (kappa_c, kappa_q) = fit_collectives(&collectives);
     let kappa_u = fit_update(&updates, kappa_q);
     let fitted = Interference {
