@@ -198,6 +198,10 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
         update: &update,
     };
     let interference = time_slot_interference(&backend, &slots)?;
+    // o_i as the update slots timed it: slot s stepped unit s mod L, so each unit twice.
+    for (i, unit) in profile.units.iter_mut().enumerate() {
+        unit.optimizer_us = (interference.update_us[i] + interference.update_us[i + l]) / 2.0;
+    }
     profile.overlap_slowdown = interference.compute;
     profile.comm_slowdown = interference.comm;
     profile.update_slowdown = Some(interference.update);

@@ -53,6 +53,9 @@ pub struct SlotInterference {
     /// Mean |model − measured| / measured over the collective slots and the update slots.
     pub collective_error: f64,
     pub update_error: f64,
+    /// Each slot's optimizer step alone, as the update slots timed it (its state cold, as in a
+    /// run, where the step's bytes were last touched a step before).
+    pub update_us: Vec<f64>,
 }
 
 /// The workload as slots: `slots` slots whose compute is `compute(s)` (each unit's forward, then
@@ -146,6 +149,7 @@ pub fn time_slot_interference<B: Backend>(backend: &B, work: &Slots) -> Result<S
         update: kappa_u,
         collective_error: mean_error(&collectives, |s| collective_model(fitted, s)),
         update_error: mean_error(&updates, |s| update_model(fitted, s)),
+        update_us: updates.iter().map(|s| s.comm_us).collect(),
     })
 }
 
