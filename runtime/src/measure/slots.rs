@@ -29,7 +29,7 @@ const ROUNDS: usize = 5;
 /// two are equal).
 const BLOCKS_AGAINST_COMPUTE: [f64; 3] = [0.5, 1.0, 2.0];
 
-/// Bounds of the blocks beside one slot.
+/// The most blocks beside one slot.
 const MOST_BLOCKS: usize = 64;
 
 /// How long a stream waits for the other before the measurement fails.
@@ -69,14 +69,15 @@ pub struct Slots<'a> {
 }
 
 /// κ_c and κ_q from slots with block-sized AllReduces beside compute, about half, once and twice
-/// its time ([`BLOCKS_AGAINST_COMPUTE`]), κ_u from slots with an optimizer step beside them; every value is the
-/// slowest rank's (a slot whose collectives join the ranks ends with the slowest). Every rank
-/// must call it and gets the same factors.
+/// its time ([`BLOCKS_AGAINST_COMPUTE`]), κ_u from slots with an optimizer step beside them; every
+/// value is the slowest rank's (a slot whose collectives join the ranks ends with the slowest).
+/// Every rank must call it and gets the same factors.
 pub fn time_slot_interference<B: Backend>(backend: &B, work: &Slots) -> Result<SlotInterference> {
     let idle = |_: usize| Ok(());
     let slots = work.slots;
     run_slots(backend, slots, Some(work.compute), &idle)?;
-    let compute = slowest(
+    // The first timing sizes the blocks beside each slot (the same counts on every rank).
+    let first_compute = slowest(
         backend,
         &run_slots(backend, slots, Some(work.compute), &idle)?,
     )?;
@@ -86,7 +87,7 @@ pub fn time_slot_interference<B: Backend>(backend: &B, work: &Slots) -> Result<S
         &run_slots(backend, slots, None, &one_block)?,
     )?);
     let blocks_for = |ratio: f64| -> Vec<usize> {
-        compute
+        first_compute
             .iter()
             .map(|c| ((ratio * c / block_us.max(1e-3)).round() as usize).clamp(1, MOST_BLOCKS))
             .collect()
