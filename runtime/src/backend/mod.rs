@@ -16,7 +16,7 @@ pub(crate) use host_arena::each;
 /// MPI stays initialised while this lives.
 pub use mpi::environment::Universe as MpiUniverse;
 
-use crate::Result;
+use crate::{Error, Result};
 
 /// A range of f32 elements in the arena.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,4 +133,51 @@ pub trait Backend: Sync {
     fn enter_stream_thread(&self, _stream: Stream) -> Result<()> {
         Ok(())
     }
+}
+
+/// One stream's host work for [`on_both_streams`]: what it runs, and what to do when it fails
+/// (abandon the events the other stream waits on, so that stream stops at its next wait).
+pub struct StreamWork<F, A> {
+    pub work: F,
+    pub on_failure: A,
+}
+
+/// Runs the compute stream's and the communication stream's host work on a thread each, every
+/// thread entered as its stream ([`Backend::enter_stream_thread`]) before its work, and returns
+/// each side's result (a panicking thread as an error).
+pub fn on_both_streams<B, C, Q, FC, AC, FQ, AQ>(
+    backend: &B,
+    compute: StreamWork<FC, AC>,
+    communication: StreamWork<FQ, AQ>,
+) -> (Result<C>, Result<Q>)
+where
+    B: Backend,
+    C: Send,
+    Q: Send,
+    FC: FnOnce() -> Result<C> + Send,
+    AC: FnOnce() + Send,
+    FQ: FnOnce() -> Result<Q> + Send,
+    AQ: FnOnce() + Send,
+{
+    fn entered<B: Backend, T, F: FnOnce() -> Result<T>, A: FnOnce()>(
+        backend: &B,
+        stream: Stream,
+        side: StreamWork<F, A>,
+    ) -> Result<T> {
+        let result = backend
+            .enter_stream_thread(stream)
+            .and_then(|()| (side.work)());
+        if result.is_err() {
+            (side.on_failure)();
+        }
+        result
+    }
+    std::thread::scope(|scope| {
+        let comm = scope.spawn(|| entered(backend, Stream::Communication, communication));
+        let computed = scope.spawn(|| entered(backend, Stream::Compute, compute));
+        let panicked = |thread: &str| Error::Backend(format!("the {thread} thread panicked"));
+        let computed = computed.join().map_err(|_| panicked("compute"));
+        let communicated = comm.join().map_err(|_| panicked("communication"));
+        (computed.and_then(|r| r), communicated.and_then(|r| r))
+    })
 }

@@ -24,7 +24,7 @@
 
 mod program;
 
-use crate::backend::{Backend, Region, Stream};
+use crate::backend::{Backend, Region, Stream, StreamWork, on_both_streams};
 use crate::event::Event;
 use crate::layout::Layout;
 use crate::workload::{Pass, Train, Workload};
@@ -110,30 +110,17 @@ pub fn run<B: Backend, W: Train<B>>(
     let walk = Walk::new(backend, workload, schedule, layout, options);
     backend.synchronize()?;
     let origin = backend.mark(Stream::Compute)?;
-    let (computed, communicated) = std::thread::scope(|scope| {
-        let comm = scope.spawn(|| {
-            let result = backend
-                .enter_stream_thread(Stream::Communication)
-                .and_then(|()| walk.communicate());
-            if result.is_err() {
-                walk.abandon_compute_waits();
-            }
-            result
-        });
-        let compute = scope.spawn(|| {
-            let result = backend
-                .enter_stream_thread(Stream::Compute)
-                .and_then(|()| walk.compute());
-            if result.is_err() {
-                walk.slot_started.abandon();
-            }
-            result
-        });
-        let joined = |thread: &str| Error::Backend(format!("the {thread} thread panicked"));
-        let computed = compute.join().map_err(|_| joined("compute"));
-        let communicated = comm.join().map_err(|_| joined("communication"));
-        (computed.and_then(|r| r), communicated.and_then(|r| r))
-    });
+    let (computed, communicated) = on_both_streams(
+        backend,
+        StreamWork {
+            work: || walk.compute(),
+            on_failure: || walk.slot_started.abandon(),
+        },
+        StreamWork {
+            work: || walk.communicate(),
+            on_failure: || walk.abandon_compute_waits(),
+        },
+    );
     let (computed, comm_spans) = match (computed, communicated) {
         (Ok(c), Ok(spans)) => (c, spans),
         (Err(e), Ok(_)) | (Ok(_), Err(e)) => return Err(e),

@@ -11,9 +11,9 @@
 //! ([`Interference::slot_duration`]) matches the measured ones.
 
 use super::median;
-use crate::backend::{Backend, Stream};
+use crate::Result;
+use crate::backend::{Backend, Stream, StreamWork, on_both_streams};
 use crate::event::Event;
-use crate::{Error, Result};
 use shardplan_scheduler::cost::Interference;
 use std::time::Duration;
 
@@ -254,7 +254,6 @@ fn run_slots<B: Backend>(
     };
     let communicate = || -> Result<()> {
         let stream = Stream::Communication;
-        backend.enter_stream_thread(stream)?;
         for s in 0..slots {
             wait(stream, &started, s + 1, "the start")?;
             comm(s)?;
@@ -264,7 +263,6 @@ fn run_slots<B: Backend>(
     };
     let run_compute = || -> Result<Vec<B::Mark>> {
         let stream = Stream::Compute;
-        backend.enter_stream_thread(stream)?;
         let mut marks = Vec::with_capacity(slots + 1);
         for s in 0..slots {
             wait(stream, &done, s, "the communication")?;
@@ -279,26 +277,17 @@ fn run_slots<B: Backend>(
         marks.push(backend.mark(stream)?);
         Ok(marks)
     };
-    let (marks, communicated) = std::thread::scope(|scope| {
-        let comm_thread = scope.spawn(|| {
-            let result = communicate();
-            if result.is_err() {
-                done.abandon();
-            }
-            result
-        });
-        let compute_thread = scope.spawn(|| {
-            let result = run_compute();
-            if result.is_err() {
-                started.abandon();
-            }
-            result
-        });
-        let joined = |thread: &str| Error::Backend(format!("the {thread} thread panicked"));
-        let marks = compute_thread.join().map_err(|_| joined("compute"));
-        let communicated = comm_thread.join().map_err(|_| joined("communication"));
-        (marks.and_then(|r| r), communicated.and_then(|r| r))
-    });
+    let (marks, communicated) = on_both_streams(
+        backend,
+        StreamWork {
+            work: run_compute,
+            on_failure: || started.abandon(),
+        },
+        StreamWork {
+            work: communicate,
+            on_failure: || done.abandon(),
+        },
+    );
     let (marks, ()) = (marks?, communicated?);
     backend.synchronize()?;
     marks

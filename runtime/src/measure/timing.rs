@@ -3,10 +3,10 @@
 //! 0 of the arena [`measurement_allocation`] sized.
 
 use super::{UnitTime, UnitTimes, median, sizes};
-use crate::backend::{Allocation, Backend, Region, Stream};
+use crate::Result;
+use crate::backend::{Allocation, Backend, Region, Stream, StreamWork, on_both_streams};
 use crate::layout::Layout;
 use crate::workload::{Pass, Train};
-use crate::{Error, Result};
 
 /// Elements of the largest message of the curves, rounded to a multiple of the world size.
 fn message_elements(bytes: u64, world: usize) -> usize {
@@ -333,23 +333,23 @@ fn overlap<B: Backend>(
 ) -> Result<(f64, f64)> {
     let go = backend.mark(Stream::Compute)?;
     backend.wait_mark(Stream::Communication, &go)?;
-    let on = |stream: Stream, work: &dyn Fn() -> Result<()>| {
-        backend
-            .enter_stream_thread(stream)
-            .and_then(|()| timed(backend, stream, work))
-    };
-    std::thread::scope(|scope| {
-        let comm = scope.spawn(|| on(Stream::Communication, comm_work));
-        let compute = scope.spawn(|| {
-            on(Stream::Compute, &|| {
-                (0..compute_rounds).try_for_each(|_| compute_round())
-            })
-        });
-        let joined = |thread: &str| Error::Backend(format!("the {thread} thread panicked"));
-        let with = compute.join().map_err(|_| joined("compute"))??;
-        let comm_with = comm.join().map_err(|_| joined("communication"))??;
-        Ok((with, comm_with))
-    })
+    let nothing = || {};
+    let (with, comm_with) = on_both_streams(
+        backend,
+        StreamWork {
+            work: || {
+                timed(backend, Stream::Compute, &|| {
+                    (0..compute_rounds).try_for_each(|_| compute_round())
+                })
+            },
+            on_failure: nothing,
+        },
+        StreamWork {
+            work: || timed(backend, Stream::Communication, comm_work),
+            on_failure: nothing,
+        },
+    );
+    Ok((with?, comm_with?))
 }
 
 #[cfg(test)]
