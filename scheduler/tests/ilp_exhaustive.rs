@@ -10,7 +10,9 @@ mod common;
 use common::{Rng, random_profile};
 use shardplan_scheduler::Error;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
-use shardplan_scheduler::ilp::{Objective, SolveOptions, WindowLimits, lp_relaxation_bound, solve};
+use shardplan_scheduler::ilp::{
+    Objective, SolveOptions, WindowLimits, lp_relaxation_bound, priced_lp_bound, solve,
+};
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::{Launch, Schedule, UnitSchedule};
 use shardplan_scheduler::sim::{Semantics, simulate};
@@ -298,12 +300,15 @@ fn ilp_optimum_equals_exhaustive_search() {
     );
 }
 
-/// The LP relaxation's optimum (the bound a large solve claims over every plan) is never above
-/// the exhaustive optimum, at every cap of the random instances and without one, and is not a
-/// trivial bound: it is within 50% of the optimum everywhere and equal to it on some instances.
+/// The LP relaxation's optimum is never above the exhaustive optimum, at every cap of the random
+/// instances and without one, and is not a trivial bound: it is within 50% of the optimum
+/// everywhere and equal to it on some instances. The bound a large solve claims over every plan,
+/// priced from the LP of depth-1 windows, is never above the full-window LP's optimum (so never
+/// above any plan), and equals it where the launches depth 1 leaves out price out.
 #[test]
 fn the_lp_relaxation_bounds_every_plan_from_below() {
     let (mut checked, mut exact) = (0, 0);
+    let (mut priced_exact, mut priced_below) = (0, 0);
     for seed in 0..24u64 {
         let mut rng = Rng(seed * 104_729 + 3);
         let units = 1 + (seed % 3) as usize;
@@ -336,12 +341,27 @@ fn the_lp_relaxation_bounds_every_plan_from_below() {
             );
             checked += 1;
             exact += usize::from(bound >= best * (1.0 - 1e-9));
+            let priced =
+                priced_lp_bound(&profile, &options, WindowLimits::depth(NonZeroUsize::MIN))
+                    .unwrap()
+                    .unwrap_or_else(|| panic!("seed {seed} cap {cap:?}: no priced bound"));
+            assert!(
+                priced <= bound + 1e-9 * bound.abs().max(1.0),
+                "seed {seed} cap {cap:?}: priced bound {priced} above the full LP's {bound}"
+            );
+            if priced >= bound * (1.0 - 1e-9) {
+                priced_exact += 1;
+            } else {
+                priced_below += 1;
+            }
         }
     }
-    eprintln!("{checked} bounds checked, {exact} equal to the optimum");
+    eprintln!(
+        "{checked} bounds checked, {exact} equal to the optimum; priced from depth 1: {priced_exact} equal to the full LP, {priced_below} below"
+    );
     assert!(
-        checked >= 60 && exact >= 1,
-        "{checked} checked, {exact} exact"
+        checked >= 60 && exact >= 1 && priced_exact >= 10 && priced_below >= 1,
+        "{checked} checked, {exact} exact, priced {priced_exact} exact and {priced_below} below"
     );
 }
 

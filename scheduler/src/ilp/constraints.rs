@@ -36,21 +36,17 @@ pub(super) fn cumulative_counts(units: &[UnitVars]) -> Vec<Constraint> {
 }
 
 /// Coverage: Σ_k x_{i,op,k} = nb_i · y_{i,level(op)}, i.e. C_{i,op,last} = nb_i·y. RS and FG
-/// run at both sharded levels (y_sdp + y_fsdp), AR only at none, BG only at fsdp.
+/// run at both sharded levels (y_sdp + y_fsdp), AR only at none, BG only at fsdp. One row per op,
+/// in the order of `units.iter().flat_map(UnitVars::ops)`.
 pub(super) fn coverage(units: &[UnitVars]) -> Vec<Constraint> {
-    let mut rows = Vec::new();
-    for u in units {
-        let nb = f64::from(u.blocks);
-        rows.push(constraint!(u.rs.total().var == nb * u.sharded()));
-        rows.push(constraint!(u.fg.total().var == nb * u.sharded()));
-        if let Some(ar) = &u.ar {
-            rows.push(constraint!(ar.total().var == nb * u.level(Level::None)));
-        }
-        if let Some(bg) = &u.bg {
-            rows.push(constraint!(bg.total().var == nb * u.level(Level::Fsdp)));
-        }
-    }
-    rows
+    units
+        .iter()
+        .flat_map(|u| {
+            let nb = f64::from(u.blocks);
+            u.ops()
+                .map(move |op| constraint!(op.total().var == nb * u.covered_level(op.op)))
+        })
+        .collect()
 }
 
 /// The RS→AG order as a boundary per unit, Z_{i,k} = [boundary ≤ k], monotone in k:

@@ -46,6 +46,13 @@ impl WindowLimits {
         }
     }
 
+    /// How many positions the limits allow, summed over both sides (a side without a limit
+    /// counts as unbounded): the order in which claims prefer the widest proof.
+    pub fn breadth(self) -> usize {
+        let side = |d: Option<NonZeroUsize>| d.map_or(usize::MAX, NonZeroUsize::get);
+        side(self.gather).saturating_add(side(self.reduce))
+    }
+
     /// Whether every launch of `schedule` lies within these limits.
     pub fn admit(self, schedule: &Schedule) -> bool {
         let timeline = schedule.timeline();

@@ -2,18 +2,22 @@
 //! every block, jointly, under a memory cap, solved by HiGHS with a proven gap.
 //!
 //! `variables` declares y, r, x, C, Z and d; `constraints` holds one function per constraint
-//! family; `mapping` moves between schedules and column values; `solve` drives HiGHS, warm-starts
-//! from the best feasible baseline, runs the optional two-phase strategy and checks every answer
-//! against the strict simulator.
+//! family; `model` builds one phase's model for HiGHS; `bound` proves bounds over every plan
+//! (the full-window LP relaxation, or the same priced from a small window's LP); `mapping` moves
+//! between schedules and column values; `solve` drives HiGHS, warm-starts from the best feasible
+//! baseline, runs the staged phases and checks every answer against the strict simulator.
 
+mod bound;
 mod constraints;
 mod limits;
 mod mapping;
+mod model;
 mod solve;
 mod variables;
 
+pub use bound::{lp_relaxation_bound, priced_lp_bound};
 pub use limits::WindowLimits;
-pub use solve::{lp_relaxation_bound, solve};
+pub use solve::solve;
 
 use crate::baselines::Preference;
 use crate::plan::{Plan, Predicted, Producer};

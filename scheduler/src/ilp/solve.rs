@@ -1,133 +1,38 @@
-//! Driving HiGHS: build, warm-start, solve, read status, bound and gap, check the answer against
-//! the strict simulator, and explain infeasible caps.
+//! Driving HiGHS: the staged phases, warm starts, status, bound and gap, the claim a plan
+//! carries, the check of every answer against the strict simulator, and infeasible caps.
 
-use super::constraints::{
-    communication_per_slot, compute_per_slot, coverage, cumulative_counts, memory_cap, memory_peak,
-    memory_per_slot, one_level_per_unit, reductions_before_gathers, slot_durations, time_ceiling,
-};
+use super::bound::FullWindowBound;
 use super::mapping::{schedule_from_values, schedule_values, slot_terms, tight_time};
-use super::variables::{Columns, UnitVars, declare_units};
+use super::model::{build, highs_model};
 use super::{Objective, PhaseReport, SolveOptions, SolveReport, SolveStatus, Solved, WindowLimits};
 use crate::baselines::{self, BaselineKind};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
 use crate::sim::{Semantics, memory_by_slot, simulate};
 use crate::size::{format_bytes, whole_bytes};
-use crate::timeline::Timeline;
 use crate::{Error, Result};
-use good_lp::{Constraint, Expression, ProblemVariables, SolverModel};
 use highs::HighsModelStatus;
 use std::num::NonZeroUsize;
 use std::time::Instant;
 
-/// HiGHS primal and integer feasibility tolerance.
-const FEASIBILITY_TOLERANCE: f64 = 1e-9;
-/// Window depths of the phases before the full windows, with their share of the time limit:
-/// D = 1 fixes every launch next to its consumer (only levels and recompute are chosen), D = 4
-/// places them; each phase's plan is feasible for the next (the windows nest) and warm-starts it.
-const PHASES: [(NonZeroUsize, f64); 2] = [
-    (NonZeroUsize::MIN, 0.1),
-    (NonZeroUsize::new(4).unwrap(), 0.6),
-];
-/// HiGHS' share of effort for primal heuristics (default 0.05). The bound is tight early on these
-/// models and finding the incumbent dominates: on Llama-2 70B at a 150 GiB cap (D = 4), 0.5
-/// reached a 0.1% gap in 7 s where 0.05 took 17 s.
-const HEURISTIC_EFFORT: f64 = 0.5;
+/// The staged solve's phases before the full windows (DESIGN §4.5), with their share of the time
+/// limit: D = 1 fixes every launch next to its consumer (only levels and recompute are chosen);
+/// D = 4 places them. Each phase's plan is feasible for the next (the windows nest) and
+/// warm-starts it.
+const LEVELS_SHARE: f64 = 0.1;
+const PLACEMENT_DEPTH: NonZeroUsize = NonZeroUsize::new(4).unwrap();
+const PLACEMENT_SHARE: f64 = 0.6;
+/// Depth 4's gap target, relative to the solve's, when the bound over every plan is tight.
+const TIGHT_BOUND_GAP_FACTOR: f64 = 0.25;
 /// Integer columns (full windows) above which the two-phase strategy pays.
 const TWO_PHASE_MIN_INTEGERS: usize = 3000;
+/// Integer columns (full windows) above which a staged solve ends after depth 4 and the bound:
+/// the full-window MIP then does not finish its root LP within the time (Llama-2 70B, 33,782
+/// columns: its bound stays at the trivial one through 9 s, its plan is depth 4's), while at
+/// 12,598 (GPT-2 XL) it proves caps that depth 4 and the LP bound do not.
+const FULL_WINDOW_MIP_MAX_INTEGERS: usize = 20_000;
 /// Relative agreement required between the ILP's objective and the strict simulation.
 const CONSISTENCY: f64 = 1e-6;
-
-/// The model of one phase, ready for HiGHS.
-struct Built {
-    columns: usize,
-    integers: usize,
-    units: Vec<UnitVars>,
-    durations: Vec<super::variables::Col>,
-    peak: Option<super::variables::Col>,
-    problem: ProblemVariables,
-    objective: Expression,
-    constraints: Vec<Constraint>,
-    memory_scale: f64,
-}
-
-/// The model under `options`; with `relaxed`, its LP relaxation (integrality dropped).
-fn build(profile: &Profile, options: &SolveOptions, relaxed: bool) -> Built {
-    let timeline = Timeline::new(profile.unit_count());
-    let mut columns = Columns {
-        problem: ProblemVariables::new(),
-        count: 0,
-        integer: 0,
-        relaxed,
-    };
-    let cap = options.memory_cap_bytes.map(|c| c as f64);
-    let units = declare_units(&mut columns, profile, options, cap);
-    let durations: Vec<_> = (0..timeline.slot_count())
-        .map(|_| columns.continuous())
-        .collect();
-    let memory_scale = cap.unwrap_or_else(|| memory_magnitude(profile));
-    let mut constraints = one_level_per_unit(&units);
-    constraints.extend(cumulative_counts(&units));
-    constraints.extend(coverage(&units));
-    constraints.extend(reductions_before_gathers(&units));
-    let (comm, load) = communication_per_slot(&units, timeline.slot_count());
-    let compute = compute_per_slot(profile, &units, timeline);
-    constraints.extend(slot_durations(
-        &durations,
-        &compute,
-        (&comm, &load),
-        profile.interference(),
-    ));
-    let iteration_time: Expression = durations.iter().map(|d| d.var).sum();
-    let memory = memory_per_slot(profile, &units, timeline, memory_scale);
-    let (objective, peak) = match options.objective {
-        Objective::Time => {
-            if cap.is_some() {
-                constraints.extend(memory_cap(memory));
-            }
-            (iteration_time, None)
-        }
-        Objective::Memory {
-            max_iteration_time_us,
-        } => {
-            let peak = columns.continuous();
-            if cap.is_some() {
-                constraints.extend(memory_cap(memory.clone()));
-            }
-            constraints.extend(memory_peak(memory, peak));
-            if let Some(ceiling) = max_iteration_time_us {
-                constraints.push(time_ceiling(&durations, ceiling));
-            }
-            (Expression::from(peak.var), Some(peak))
-        }
-    };
-    Built {
-        columns: columns.count,
-        integers: columns.integer,
-        units,
-        durations,
-        peak,
-        problem: columns.problem,
-        objective,
-        constraints,
-        memory_scale,
-    }
-}
-
-/// A rough size of a plan's peak (all state sharded plus the largest activation), the unit of
-/// the memory rows when no cap sets it, so that the memory objective is of order one.
-fn memory_magnitude(profile: &Profile) -> f64 {
-    let sharded: f64 = (0..profile.unit_count())
-        .map(|i| crate::cost::persistent_bytes(profile, i, crate::timeline::Level::Sdp))
-        .sum();
-    let activation = profile
-        .units
-        .iter()
-        .map(|u| u.activation_bytes)
-        .max()
-        .unwrap_or(0) as f64;
-    (sharded + activation).max(1.0)
-}
 
 /// What one HiGHS run returned.
 struct Run {
@@ -136,109 +41,18 @@ struct Run {
     infeasible: bool,
 }
 
-/// A HiGHS model of the problem with this crate's settings: quiet (HiGHS' log under
-/// `SHARDPLAN_HIGHS_LOG`), the time limit, the gap target, the heuristics' effort, the
-/// feasibility tolerances and the threads.
-fn highs_model(
-    problem: ProblemVariables,
-    objective: Expression,
-    constraints: Vec<Constraint>,
-    options: &SolveOptions,
+/// When HiGHS stops: its time limit, and optionally an objective target (HiGHS'
+/// `objective_target`: it stops at the first plan below it, e.g. one that a bound already proves).
+struct Stop {
     time_limit: f64,
-) -> Result<highs::Model> {
-    let mut problem = problem.minimise(objective).using(good_lp::highs);
-    for c in constraints {
-        problem.add_constraint(c);
-    }
-    let mut model = problem.into_inner();
-    if std::env::var_os("SHARDPLAN_HIGHS_LOG").is_some() {
-        model.set_option("output_flag", true);
-        model.set_option("log_to_console", true);
-    } else {
-        model.make_quiet();
-    }
-    let set = |model: &mut highs::Model, name: &str, value: f64| {
-        model
-            .try_set_option(name, value)
-            .map_err(|e| Error::Solver(format!("HiGHS option {name}: {e:?}")))
-    };
-    set(&mut model, "time_limit", time_limit.max(0.01))?;
-    set(&mut model, "mip_rel_gap", options.relative_gap)?;
-    set(&mut model, "mip_abs_gap", 0.0)?;
-    set(&mut model, "mip_heuristic_effort", HEURISTIC_EFFORT)?;
-    set(
-        &mut model,
-        "primal_feasibility_tolerance",
-        FEASIBILITY_TOLERANCE,
-    )?;
-    set(
-        &mut model,
-        "mip_feasibility_tolerance",
-        FEASIBILITY_TOLERANCE,
-    )?;
-    model
-        .try_set_option("threads", options.threads.max(1) as i32)
-        .map_err(|e| Error::Solver(format!("HiGHS option threads: {e:?}")))?;
-    Ok(model)
-}
-
-/// The LP relaxation of the model under `options`, solved by interior point from no start: its
-/// optimum bounds every plan within the windows from below (DESIGN §4.5). None when HiGHS does
-/// not reach that optimum within `time_limit` (or finds the relaxation infeasible).
-fn lp_bound(
-    profile: &Profile,
-    options: &SolveOptions,
-    time_limit: f64,
-) -> Result<Option<PhaseReport>> {
-    let started = Instant::now();
-    let built = build(profile, options, true);
-    let (variables, integer_variables) = (built.columns, built.integers);
-    let (constraints, scale) = (built.constraints.len(), built.memory_scale);
-    let mut model = highs_model(
-        built.problem,
-        built.objective,
-        built.constraints,
-        options,
-        time_limit,
-    )?;
-    model
-        .try_set_option("solver", "ipm")
-        .map_err(|e| Error::Solver(format!("HiGHS option solver: {e:?}")))?;
-    let solved = model
-        .try_solve()
-        .map_err(|e| Error::Solver(format!("HiGHS failed: {e:?}")))?;
-    if solved.status() != HighsModelStatus::Optimal {
-        return Ok(None);
-    }
-    let best_bound = match options.objective {
-        Objective::Time => solved.objective_value(),
-        Objective::Memory { .. } => solved.objective_value() * scale,
-    };
-    Ok(Some(PhaseReport {
-        window_depth: options.limits,
-        lp_relaxation: true,
-        status: SolveStatus::Optimal,
-        objective: f64::NAN,
-        best_bound,
-        gap: f64::NAN,
-        seconds: started.elapsed().as_secs_f64(),
-        variables,
-        integer_variables,
-        constraints,
-    }))
-}
-
-/// The optimum of the LP relaxation under `options` (within `options.time_limit_s`): no plan
-/// within the windows has a smaller objective. None when HiGHS does not reach it in the time.
-pub fn lp_relaxation_bound(profile: &Profile, options: &SolveOptions) -> Result<Option<f64>> {
-    Ok(lp_bound(profile, options, options.time_limit_s)?.map(|phase| phase.best_bound))
+    objective_target: Option<f64>,
 }
 
 fn run_highs(
     profile: &Profile,
     options: &SolveOptions,
     warm: &[(Schedule, f64)],
-    time_limit: f64,
+    stop: Stop,
 ) -> Result<Run> {
     let started = Instant::now();
     let built = build(profile, options, false);
@@ -248,8 +62,13 @@ fn run_highs(
         built.objective,
         built.constraints,
         options,
-        time_limit,
+        stop.time_limit,
     )?;
+    if let Some(target) = stop.objective_target {
+        model
+            .try_set_option("objective_target", target)
+            .map_err(|e| Error::Solver(format!("HiGHS option objective_target: {e:?}")))?;
+    }
     if let Some((schedule, mut values)) = warm
         .iter()
         .find_map(|(s, _)| schedule_values(&built.units, s, built.columns).map(|v| (s, v)))
@@ -386,32 +205,81 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     let staged = options.two_phase
         && !user_limited
         && full_window_integers(profile) > TWO_PHASE_MIN_INTEGERS;
-    let stages = if staged { PHASES.to_vec() } else { Vec::new() };
-    for (depth, share) in stages {
-        let limited = SolveOptions {
+    let too_large = full_window_integers(profile) > FULL_WINDOW_MIP_MAX_INTEGERS;
+    let remaining = || options.time_limit_s - started.elapsed().as_secs_f64();
+    let proven = |phases: &[PhaseReport], pool: &[(Schedule, f64)]| {
+        pool.first().is_some_and(|(schedule, value)| {
+            let c = claim(phases, schedule, *value, options.relative_gap);
+            c.window_depth.is_full() && c.gap <= options.relative_gap
+        })
+    };
+    if staged {
+        let limited = |depth| SolveOptions {
             limits: WindowLimits::depth(depth),
             ..options.clone()
         };
-        let run = run_highs(profile, &limited, &pool, options.time_limit_s * share)?;
+        let stop = Stop {
+            time_limit: options.time_limit_s * LEVELS_SHARE,
+            objective_target: None,
+        };
+        let run = run_highs(profile, &limited(NonZeroUsize::MIN), &pool, stop)?;
         if let Some(schedule) = run.schedule {
             offer(&mut pool, schedule);
         }
         phases.push(run.phase);
+        // A bound over every plan before placing launches, so that depth 4 stops at the first plan
+        // it proves within the target (DESIGN §4.5).
+        let mut bound = FullWindowBound::start(profile, options, remaining())?;
+        let with_bound = |phases: &[PhaseReport], bound: &FullWindowBound| {
+            phases
+                .iter()
+                .cloned()
+                .chain(bound.phase())
+                .collect::<Vec<_>>()
+        };
+        if !proven(&with_bound(&phases, &bound), &pool) {
+            let stop = Stop {
+                time_limit: if too_large {
+                    remaining()
+                } else {
+                    remaining().min(options.time_limit_s * PLACEMENT_SHARE)
+                },
+                objective_target: bound
+                    .phase()
+                    .map(|b| b.best_bound / (1.0 - options.relative_gap)),
+            };
+            // Where the bound is tight, depth 4 searches past its own target toward a plan the
+            // bound proves (it stops at the first); elsewhere its own target is the claim.
+            let placement = SolveOptions {
+                relative_gap: if bound.is_tight(options.relative_gap) {
+                    options.relative_gap * TIGHT_BOUND_GAP_FACTOR
+                } else {
+                    options.relative_gap
+                },
+                ..limited(PLACEMENT_DEPTH)
+            };
+            let run = run_highs(profile, &placement, &pool, stop)?;
+            if let Some(schedule) = run.schedule {
+                offer(&mut pool, schedule);
+            }
+            phases.push(run.phase);
+        }
+        if let Some((_, incumbent)) = pool.first() {
+            bound.widen(profile, options, *incumbent, remaining())?;
+        }
+        phases.extend(bound.phase());
     }
-    let remaining = || options.time_limit_s - started.elapsed().as_secs_f64();
-    if staged && let Some(bound) = lp_bound(profile, options, remaining())? {
-        phases.push(bound);
-    }
-    // The full-window MIP of a large model rarely finishes its root LP in its time; where the LP
-    // relaxation already proves the best plan met within the gap over every plan, it is skipped.
-    let proven = staged
-        && pool.first().is_some_and(|(schedule, value)| {
-            let c = claim(&phases, schedule, *value, options.relative_gap);
-            c.window_depth.is_full() && c.gap <= options.relative_gap
-        });
+    // The full-window MIP runs unless the bound already proves the best plan within the gap over
+    // every plan, or the model is too large for it to finish its root LP (it still runs when no
+    // plan was found, to tell an infeasible cap).
+    let skip_full = staged && !pool.is_empty() && (too_large || proven(&phases, &pool));
     let mut infeasible = false;
-    if !proven {
-        let run = run_highs(profile, options, &pool, remaining())?;
+    if !skip_full {
+        let stop = Stop {
+            time_limit: remaining(),
+            objective_target: None,
+        };
+        let run = run_highs(profile, options, &pool, stop)?;
         infeasible = run.infeasible;
         phases.push(run.phase);
         if let Some(schedule) = run.schedule {
@@ -445,16 +313,16 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     };
     let claim = claim(&phases, &schedule, objective, options.relative_gap);
     let simulation = simulate(profile, &schedule, Semantics::Strict);
-    let last = phases.last().expect("a full-window phase ran");
+    let size = model_size(profile, options, &phases);
     let report = SolveReport {
         status: claim.status,
         objective,
         best_bound: claim.best_bound,
         gap: claim.gap,
         solve_seconds: started.elapsed().as_secs_f64(),
-        variables: last.variables,
-        integer_variables: last.integer_variables,
-        constraints: last.constraints,
+        variables: size.variables,
+        integer_variables: size.integer_variables,
+        constraints: size.constraints,
         warm_start: warm.map(|(name, _, time)| (name, time)),
         window_depth: claim.window_depth,
         phases,
@@ -464,6 +332,25 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
         simulation,
         report,
     })
+}
+
+/// The size of the model of the plans asked for (the full windows unless the user limited them):
+/// the MIP phase that solved it, or, where a staged solve skipped that phase, the model built
+/// and counted.
+fn model_size(profile: &Profile, options: &SolveOptions, phases: &[PhaseReport]) -> PhaseReport {
+    if let Some(phase) = phases
+        .iter()
+        .find(|p| !p.lp_relaxation && p.window_depth == options.limits)
+    {
+        return phase.clone();
+    }
+    let built = build(profile, options, false);
+    PhaseReport {
+        variables: built.columns,
+        integer_variables: built.integers,
+        constraints: built.constraints.len(),
+        ..phases.last().expect("a phase ran").clone()
+    }
 }
 
 /// The value of the objective for a schedule: strict iteration time, or peak bytes.
@@ -502,15 +389,25 @@ impl SolveReport {
 /// status is optimal when the gap is ≤ 1e-9.
 fn claim(phases: &[PhaseReport], schedule: &Schedule, value: f64, target: f64) -> PhaseReport {
     let gap_of = |p: &PhaseReport| ((value - p.best_bound) / value.abs().max(1e-12)).max(0.0);
-    let widest_first = || {
-        phases
-            .iter()
-            .rev()
-            .filter(|p| p.window_depth.admit(schedule))
-    };
-    let best = widest_first()
+    let mut admitted: Vec<&PhaseReport> = phases
+        .iter()
+        .filter(|p| p.window_depth.admit(schedule))
+        .collect();
+    admitted.sort_by(|a, b| {
+        b.window_depth
+            .breadth()
+            .cmp(&a.window_depth.breadth())
+            .then(gap_of(a).total_cmp(&gap_of(b)))
+    });
+    let best = admitted
+        .iter()
         .find(|p| gap_of(p) <= target.max(1e-9))
-        .or_else(|| widest_first().min_by(|a, b| gap_of(a).total_cmp(&gap_of(b))))
+        .or_else(|| {
+            admitted
+                .iter()
+                .min_by(|a, b| gap_of(a).total_cmp(&gap_of(b)))
+        })
+        .copied()
         .unwrap_or_else(|| phases.last().expect("at least one phase ran"));
     let gap = gap_of(best);
     let status = if gap <= 1e-9 {
@@ -584,7 +481,11 @@ fn explain_infeasible(profile: &Profile, options: &SolveOptions) -> Error {
         two_phase: false,
         ..options.clone()
     };
-    match run_highs(profile, &relaxed, &[], options.time_limit_s)
+    let stop = Stop {
+        time_limit: options.time_limit_s,
+        objective_target: None,
+    };
+    match run_highs(profile, &relaxed, &[], stop)
         .ok()
         .and_then(|r| r.schedule)
     {

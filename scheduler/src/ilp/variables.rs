@@ -65,6 +65,8 @@ impl Columns {
 
 /// One op's launch variables over its allowed window positions.
 pub(super) struct OpVars {
+    /// The op these variables launch (FG stands for AG and AGF alike).
+    pub op: Op,
     pub window: Window,
     /// Allowed positions, increasing.
     pub positions: Vec<usize>,
@@ -130,12 +132,32 @@ impl UnitVars {
         self.level(Level::Sdp) + self.level(Level::Fsdp)
     }
 
+    /// The level variable an op's blocks cover (§4.2 coverage): y_none for AR, y_sdp + y_fsdp
+    /// for RS and FG, y_fsdp for BG.
+    pub fn covered_level(&self, op: Op) -> Expression {
+        Level::ALL
+            .into_iter()
+            .filter(|&level| covers(op, level))
+            .map(|level| self.level(level))
+            .sum()
+    }
+
     /// All launch variables of the unit's ops.
     pub fn ops(&self) -> impl Iterator<Item = &OpVars> {
         self.ar
             .iter()
             .chain([&self.rs, &self.fg])
             .chain(self.bg.iter())
+    }
+}
+
+/// Whether the ILP's `op` runs at `level`: AR at none, RS and FG (AG or AGF) at sdp and fsdp,
+/// BG (AGB) at fsdp.
+pub(super) fn covers(op: Op, level: Level) -> bool {
+    match op {
+        Op::AllReduce => level == Level::None,
+        Op::GatherBackward => level == Level::Fsdp,
+        Op::ReduceScatter | Op::Gather | Op::GatherForward => level != Level::None,
     }
 }
 
@@ -154,6 +176,7 @@ fn op_vars(
     let launches = positions.iter().map(|_| columns.integer(nb)).collect();
     let cumulative = positions.iter().map(|_| columns.continuous()).collect();
     OpVars {
+        op,
         window,
         positions,
         launches,
