@@ -124,7 +124,8 @@ fn run_highs(
     };
     let status = match status {
         HighsModelStatus::Optimal if gap <= 1e-9 || !gap.is_finite() => SolveStatus::Optimal,
-        HighsModelStatus::Optimal => SolveStatus::GapLimit,
+        // Stopped at the first plan the bound over every plan proves within the target.
+        HighsModelStatus::Optimal | HighsModelStatus::ObjectiveTarget => SolveStatus::GapLimit,
         _ => SolveStatus::TimeLimit,
     };
     let gap = if objective.is_finite() && bound.is_finite() {
