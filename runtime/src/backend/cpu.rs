@@ -285,12 +285,7 @@ impl<C: Collectives> Backend for CpuBackend<C> {
     }
     fn enter_stream_thread(&self, stream: Stream) -> Result<()> {
         match stream {
-            Stream::Compute => {
-                let inc = std::env::var("SP_NICE")
-                    .map(|v| v.parse().unwrap())
-                    .unwrap_or(COMPUTE_NICE_INCREMENT);
-                lower_this_threads_priority(inc)
-            }
+            Stream::Compute => lower_this_threads_priority(COMPUTE_NICE_INCREMENT),
             Stream::Communication => Ok(()),
         }
     }
