@@ -14,8 +14,8 @@ mod timing;
 
 pub use session::{MeasureOptions, Measured, measure_on_cpu, measure_on_cuda, measure_workload};
 pub use timing::{
-    Slowdowns, block_reductions, measurement_allocation, time_collectives, time_interference,
-    time_units,
+    Slowdowns, block_reductions, compute_slot, measurement_allocation, time_collectives,
+    time_interference, time_units,
 };
 
 use crate::Result;

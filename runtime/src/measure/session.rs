@@ -4,8 +4,8 @@
 
 use super::slots::{Slots, time_slot_interference};
 use super::{
-    block_reductions, compute_layout, measurement_allocation, time_collectives, time_interference,
-    time_units, workload_profile,
+    block_reductions, compute_layout, compute_slot, measurement_allocation, time_collectives,
+    time_interference, time_units, workload_profile,
 };
 use crate::backend::{Backend, Collectives, CpuBackend};
 use crate::cuda::CudaBackend;
@@ -14,7 +14,7 @@ use crate::gpt2::{Gpt2, Gpt2Kernels};
 use crate::mlp::Mlp;
 use crate::model_file::ModelFile;
 use crate::transformer::{UnitKind, backward_gemms, forward_gemms};
-use crate::workload::{Pass, Train};
+use crate::workload::Train;
 use crate::{Error, Result};
 use serde_json::json;
 use shardplan_scheduler::analytic::{AnalyticOptions, analytic_profile, comm_curves};
@@ -182,13 +182,7 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
     )?;
     let kappa_bytes = profile.block_size_bytes.min(message_bytes);
     let l = workload.unit_count();
-    let pass = |s: usize| {
-        if s < l {
-            workload.forward(&backend, &layout, s, 0, Pass::Forward)
-        } else {
-            workload.backward(&backend, &layout, 2 * l - 1 - s, 0)
-        }
-    };
+    let pass = |s: usize| compute_slot(&backend, workload, &layout, s);
     let block = block_reductions(&backend, start, kappa_bytes, 1)?;
     let update = |s: usize| workload.optimize(&backend, &copy, s % l, 1);
     let slots = Slots {

@@ -31,6 +31,22 @@ pub fn measurement_allocation(
     (allocation, start)
 }
 
+/// The compute of slot `s` of a step without communication (data step 0): unit s's forward for
+/// s < L, then the backwards in reverse, unit 2L − 1 − s's.
+pub fn compute_slot<B: Backend, W: Train<B>>(
+    backend: &B,
+    workload: &W,
+    layout: &Layout,
+    s: usize,
+) -> Result<()> {
+    let l = workload.unit_count();
+    if s < l {
+        workload.forward(backend, layout, s, 0, Pass::Forward)
+    } else {
+        workload.backward(backend, layout, 2 * l - 1 - s, 0)
+    }
+}
+
 /// One compute round in slot order on the compute stream: every unit's forward, then every
 /// backward (data step 0), as a step runs them without communication. Returns the marks around
 /// each unit's forward and backward.
@@ -40,19 +56,13 @@ fn compute_round_marks<B: Backend, W: Train<B>>(
     layout: &Layout,
 ) -> Result<Vec<[B::Mark; 2]>> {
     let stream = Stream::Compute;
-    let l = workload.unit_count();
-    let mut marks = Vec::with_capacity(2 * l);
-    for i in 0..l {
-        let start = backend.mark(stream)?;
-        workload.forward(backend, layout, i, 0, Pass::Forward)?;
-        marks.push([start, backend.mark(stream)?]);
-    }
-    for i in (0..l).rev() {
-        let start = backend.mark(stream)?;
-        workload.backward(backend, layout, i, 0)?;
-        marks.push([start, backend.mark(stream)?]);
-    }
-    Ok(marks)
+    (0..2 * workload.unit_count())
+        .map(|s| {
+            let start = backend.mark(stream)?;
+            compute_slot(backend, workload, layout, s)?;
+            Ok([start, backend.mark(stream)?])
+        })
+        .collect()
 }
 
 /// Forward, backward and optimizer µs of each unit: 3 warm-up rounds, then the median over

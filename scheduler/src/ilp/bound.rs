@@ -2,7 +2,7 @@
 //! relaxation solved outright, and the same bound obtained from a small window's LP by pricing
 //! every launch position the small window leaves out.
 
-use super::model::{Built, build, highs_model};
+use super::model::{Built, build, highs_model, memory_scale};
 use super::variables::{Columns, OpVars, covers, declare_units};
 use super::{Objective, PhaseReport, SolveOptions, SolveStatus, WindowLimits};
 use crate::profile::Profile;
@@ -74,10 +74,9 @@ pub fn priced_lp_bound(
     options: &SolveOptions,
     restricted: WindowLimits,
 ) -> Result<Option<f64>> {
-    Ok(
-        priced_bound(profile, options, restricted, options.time_limit_s)?
-            .map(|p| p.bound.best_bound),
-    )
+    let full = FullColumns::new(profile, options);
+    let priced = priced_bound(profile, options, &full, restricted, options.time_limit_s)?;
+    Ok(priced.map(|p| p.bound.best_bound))
 }
 
 /// The bound over every plan that a staged solve claims (DESIGN §4.5), refined as the solve goes.
@@ -86,6 +85,8 @@ pub fn priced_lp_bound(
 /// the restricted LP's optimum (which no bound from a wider window can exceed) could still prove
 /// it. Memory objective: the full-window LP relaxation, solved outright.
 pub(super) struct FullWindowBound {
+    /// The full windows' launch structure, priced at every depth (time objective only).
+    full: Option<FullColumns>,
     depth: NonZeroUsize,
     best: Option<PhaseReport>,
     /// The smallest restricted optimum met: every later priced bound is at most this.
@@ -96,14 +97,22 @@ pub(super) struct FullWindowBound {
 impl FullWindowBound {
     /// Prices the windows of depth 4 (time objective); nothing yet for the memory objective.
     pub fn start(profile: &Profile, options: &SolveOptions, time_limit: f64) -> Result<Self> {
+        let started = Instant::now();
+        let time = options.objective == Objective::Time;
         let mut bound = FullWindowBound {
+            full: time.then(|| FullColumns::new(profile, options)),
             depth: PRICING_FIRST_DEPTH,
             best: None,
             ceiling: f64::INFINITY,
             seconds: 0.0,
         };
-        if options.objective == Objective::Time {
-            bound.price(profile, options, time_limit)?;
+        if time {
+            bound.price(
+                profile,
+                options,
+                time_limit - started.elapsed().as_secs_f64(),
+            )?;
+            bound.seconds = started.elapsed().as_secs_f64();
         }
         Ok(bound)
     }
@@ -165,8 +174,11 @@ impl FullWindowBound {
         options: &SolveOptions,
         time_limit: f64,
     ) -> Result<bool> {
+        let Some(full) = &self.full else {
+            return Ok(false);
+        };
         let limits = WindowLimits::depth(self.depth);
-        let Some(priced) = priced_bound(profile, options, limits, time_limit)? else {
+        let Some(priced) = priced_bound(profile, options, full, limits, time_limit)? else {
             return Ok(false);
         };
         self.seconds += priced.bound.seconds;
@@ -217,6 +229,7 @@ const PRICING_AGREEMENT: f64 = 1e-6;
 fn priced_bound(
     profile: &Profile,
     options: &SolveOptions,
+    full: &FullColumns,
     restricted: WindowLimits,
     time_limit: f64,
 ) -> Result<Option<Priced>> {
@@ -236,7 +249,6 @@ fn priced_bound(
         problem,
         objective,
         constraints,
-        memory_scale,
         rows,
         ..
     } = build(profile, &limited, true);
@@ -254,7 +266,6 @@ fn priced_bound(
         solution.dual_columns(),
         solution.dual_rows(),
     );
-    let full = FullColumns::new(profile, options, memory_scale);
     let memory_weights = full.memory_weights(|s| rows.memory_cap.map_or(0.0, |m| duals[m + s]));
     let mut lagrangian = solved.objective_value();
     let mut priced = vec![false; columns];
@@ -276,17 +287,25 @@ fn priced_bound(
                 },
             );
             op_index += 1;
+            // HiGHS' reduced cost of x_k with C eliminated: its own plus those of C_k, C_k+1, ….
+            let mut running_tail = 0.0;
+            let mut tails: Vec<f64> = restricted_op
+                .cumulative
+                .iter()
+                .rev()
+                .map(|c| {
+                    running_tail += reduced[c.index];
+                    running_tail
+                })
+                .collect();
+            tails.reverse();
             for (k, &position) in restricted_op.positions.iter().enumerate() {
                 let q = full_op
                     .positions
                     .binary_search(&position)
                     .expect("the full window holds every restricted position");
                 let launch = restricted_op.launches[k].index;
-                let theirs = reduced[launch]
-                    + restricted_op.cumulative[k..]
-                        .iter()
-                        .map(|c| reduced[c.index])
-                        .sum::<f64>();
+                let theirs = reduced[launch] + tails[k];
                 let (rc, magnitude) = prices[q];
                 if (rc - theirs).abs() > PRICING_AGREEMENT * magnitude.max(1.0) {
                     tracing::warn!(rc, theirs, "pricing disagrees with HiGHS; no bound");
@@ -325,12 +344,15 @@ fn priced_bound(
     }
     // The other columns: r and Z in [0, 1], d ≥ 0 (a negative reduced cost on an unbounded
     // column would make the bound −∞: the duals are then not usable).
-    let unbounded: Vec<usize> = durations.iter().map(|d| d.index).collect();
+    let mut unbounded = vec![false; columns];
+    for d in &durations {
+        unbounded[d.index] = true;
+    }
     for (index, &rc) in reduced.iter().enumerate() {
         if priced[index] {
             continue;
         }
-        if unbounded.contains(&index) {
+        if unbounded[index] {
             if rc < -PRICING_AGREEMENT {
                 return Ok(None);
             }
@@ -395,7 +417,7 @@ struct FullColumns {
 }
 
 impl FullColumns {
-    fn new(profile: &Profile, options: &SolveOptions, memory_scale: f64) -> FullColumns {
+    fn new(profile: &Profile, options: &SolveOptions) -> FullColumns {
         let mut columns = Columns {
             problem: ProblemVariables::new(),
             count: 0,
@@ -424,7 +446,8 @@ impl FullColumns {
             })
             .collect();
         let timeline = Timeline::new(profile.unit_count());
-        let rows = super::constraints::memory_per_slot(profile, &units, timeline, memory_scale);
+        let scale = memory_scale(profile, options);
+        let rows = super::constraints::memory_per_slot(profile, &units, timeline, scale);
         for (slot, row) in rows.iter().enumerate() {
             for (var, coefficient) in row.linear_coefficients() {
                 if let Some(&(j, q)) = running.get(&var) {

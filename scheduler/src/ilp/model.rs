@@ -56,7 +56,7 @@ pub(super) fn build(profile: &Profile, options: &SolveOptions, relaxed: bool) ->
     let durations: Vec<_> = (0..timeline.slot_count())
         .map(|_| columns.continuous())
         .collect();
-    let memory_scale = cap.unwrap_or_else(|| memory_magnitude(profile));
+    let memory_scale = memory_scale(profile, options);
     let mut constraints = one_level_per_unit(&units);
     constraints.extend(cumulative_counts(&units));
     let coverage_start = constraints.len();
@@ -112,6 +112,13 @@ pub(super) fn build(profile: &Profile, options: &SolveOptions, relaxed: bool) ->
             memory_cap: memory_cap_start,
         },
     }
+}
+
+/// The unit of the memory rows: the cap, or without one [`memory_magnitude`].
+pub(super) fn memory_scale(profile: &Profile, options: &SolveOptions) -> f64 {
+    options
+        .memory_cap_bytes
+        .map_or_else(|| memory_magnitude(profile), |c| c as f64)
 }
 
 /// A rough size of a plan's peak (all state sharded plus the largest activation), the unit of
