@@ -9,6 +9,7 @@ use shardplan_runtime::Error;
 use shardplan_runtime::backend::{Collectives, CpuBackend};
 use shardplan_runtime::fit::{Fitted, Packing, solve_to_fit};
 use shardplan_runtime::layout::layout;
+use shardplan_runtime::mlp::{Mlp, MlpSpec};
 use shardplan_runtime::session::Prepared;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::ilp::{SolveOptions, solve};
@@ -62,12 +63,11 @@ fn caps(profile: &Profile, count: u64) -> Vec<u64> {
         .collect()
 }
 
-/// Every baseline (checkpointing off and on) that the runtime packs within `cap` at `world`
-/// ranks: its label and strict iteration time.
+/// Every baseline (checkpointing off and on) that the runtime packs within `cap` at the
+/// profile's ranks: its label and strict iteration time.
 fn packed_baselines(
     g: &shardplan_runtime::gpt2::Gpt2,
     profile: &Profile,
-    world: usize,
     cap: u64,
 ) -> Vec<(String, f64)> {
     BaselineKind::ALL
@@ -75,7 +75,7 @@ fn packed_baselines(
         .flat_map(|kind| [false, true].map(|ckpt| (kind, ckpt)))
         .filter_map(|(kind, ckpt)| {
             let plan = baseline(profile, kind, ckpt, Some(cap)).ok()?;
-            let arena = layout(g, profile, &plan.schedule, world).unwrap().arena;
+            let arena = layout(g, profile, &plan.schedule).unwrap().arena;
             (arena.size_bytes <= cap).then(|| (kind.label(ckpt), plan.simulation.iteration_time_us))
         })
         .collect()
@@ -97,8 +97,8 @@ fn a_plan_solved_with_the_model_packs_within_its_cap() {
         let (mut resolved, mut refused_caps, mut run_refusals, mut baselines) = (0, 0, 0, 0);
         for cap in caps(&profile, 25) {
             let plain = solve(&profile, &options(cap)).unwrap();
-            let plain_arena = layout(&g, &profile, &plain.schedule, world).unwrap().arena;
-            let packed = packed_baselines(&g, &profile, world, cap);
+            let plain_arena = layout(&g, &profile, &plain.schedule).unwrap().arena;
+            let packed = packed_baselines(&g, &profile, cap);
             let fitted = match solve_to_fit(&g, &profile, &options(cap)) {
                 Ok(fitted) => fitted,
                 Err(Error::OverCap(message)) => {
@@ -119,7 +119,7 @@ fn a_plan_solved_with_the_model_packs_within_its_cap() {
                 refused,
                 baseline: returned_baseline,
             } = packing;
-            let own = layout(&g, &profile, &solved.schedule, world).unwrap().arena;
+            let own = layout(&g, &profile, &solved.schedule).unwrap().arena;
             assert_eq!(
                 (own.size_bytes, own.live_peak_bytes),
                 (*arena_bytes, *live_peak_bytes)
@@ -201,7 +201,7 @@ fn solve_with_a_model_reports_its_arena_and_refuses_another_model() {
     profile.save(&profile_path).unwrap();
     let plan = dir.path().join("plan.toml");
     let bin = env!("CARGO_BIN_EXE_shardplan");
-    let solve = |cap: u64, model: &std::path::Path| {
+    let solve_command = |cap: u64, model: &std::path::Path| {
         std::process::Command::new(bin)
             .args(["solve", "--profile"])
             .arg(&profile_path)
@@ -219,9 +219,21 @@ fn solve_with_a_model_reports_its_arena_and_refuses_another_model() {
             .output()
             .unwrap()
     };
+    // Caps across the range, and two whose plain solve packs above them (found in process).
+    let g = gpt2(world);
+    let all = caps(&profile, 25);
+    let packs_above = |&cap: &u64| {
+        let plain = solve(&profile, &options(cap)).unwrap();
+        layout(&g, &profile, &plain.schedule)
+            .unwrap()
+            .arena
+            .size_bytes
+            > cap
+    };
+    let over: Vec<u64> = all.iter().copied().filter(packs_above).take(2).collect();
     let mut solved_again = 0;
-    for cap in caps(&profile, 25).into_iter().skip(3).step_by(4) {
-        let done = solve(cap, &model_path());
+    for cap in all.into_iter().skip(3).step_by(8).chain(over) {
+        let done = solve_command(cap, &model_path());
         assert!(
             done.status.success(),
             "{}",
@@ -242,7 +254,7 @@ fn solve_with_a_model_reports_its_arena_and_refuses_another_model() {
     assert!(solved_again > 0, "some cap packs the first plan above it");
     std::fs::remove_file(&plan).unwrap();
     let mlp = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/mlp-small.toml");
-    let done = solve(caps(&profile, 2)[1], &mlp);
+    let done = solve_command(caps(&profile, 2)[1], &mlp);
     assert_eq!(done.status.code(), Some(2));
     let json: serde_json::Value = serde_json::from_slice(&done.stdout).unwrap();
     assert_eq!(json["kind"], "mismatch", "{json}");
@@ -251,4 +263,32 @@ fn solve_with_a_model_reports_its_arena_and_refuses_another_model() {
         "{json}"
     );
     assert!(!plan.exists());
+}
+
+/// A cap equal to DDP's predicted peak fits DDP: mlp-gpu's units (16.8 M parameters, 5 blocks of
+/// 16 MiB: Ψ/nb is not a whole number of shards) pack into exactly the peak. On the H100 the
+/// blocks' padding and the arena's alignment put DDP's arena 1,280 bytes above it, and `solve
+/// --model` refused the cap, DDP included (scripts/fidelity, docs/gpu-results.md).
+#[test]
+fn a_cap_equal_to_ddps_peak_packs_ddp() {
+    let spec =
+        MlpSpec::load(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/mlp-gpu.toml"))
+            .unwrap();
+    for world in [1usize, 8] {
+        let mlp = Mlp::new(spec.clone(), 0, world);
+        let profile = runtime_profile(&mlp, world as u32, 16 << 20);
+        assert_eq!(profile.blocks(1), 5);
+        let ddp = baseline(&profile, BaselineKind::Ddp, false, None).unwrap();
+        let peak = ddp.simulation.peak_memory_bytes;
+        assert_eq!(
+            layout(&mlp, &profile, &ddp.schedule)
+                .unwrap()
+                .arena
+                .size_bytes as f64,
+            peak
+        );
+        let fitted = solve_to_fit(&mlp, &profile, &options(peak as u64))
+            .unwrap_or_else(|e| panic!("N={world}: {e}"));
+        assert!(fitted.packing.arena_bytes <= peak as u64, "N={world}");
+    }
 }

@@ -193,7 +193,7 @@ fn arena_is_the_predicted_peak_for_every_plan() {
             });
         let random = (0..12).map(|k| (format!("random{k}"), random_schedule(&mut rng, &profile)));
         for (name, schedule) in baselines.chain(random) {
-            let l = layout(&g, &profile, &schedule, world).unwrap();
+            let l = layout(&g, &profile, &schedule).unwrap();
             let predicted = simulate(&profile, &schedule, Semantics::Strict).peak_memory_bytes;
             let live = l.arena.live_peak_bytes as f64;
             let alignment = 64.0 * l.regions.len() as f64;
@@ -345,7 +345,7 @@ fn relaxed_runs_with_slow_communication_never_reuse_memory_in_flight() {
         let mut rng = Rng(world as u64 * 7919 + 1);
         for k in 0..plans {
             let schedule = random_schedule(&mut rng, &profile);
-            let l = layout(&g, &profile, &schedule, world).unwrap();
+            let l = layout(&g, &profile, &schedule).unwrap();
             shared_regions += l
                 .regions
                 .iter()
@@ -395,7 +395,7 @@ fn a_plan_whose_arena_exceeds_its_cap_is_refused() {
     let (schedule, l) = (0..200)
         .map(|_| {
             let schedule = random_schedule(&mut rng, &profile);
-            let l = layout(&g, &profile, &schedule, 1).unwrap();
+            let l = layout(&g, &profile, &schedule).unwrap();
             (schedule, l)
         })
         .find(|(_, l)| l.arena.size_bytes > l.arena.live_peak_bytes)

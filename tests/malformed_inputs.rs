@@ -228,6 +228,17 @@ fn cases(inputs: &Inputs) -> Vec<Case> {
             Some("world_size"),
         ),
         case(
+            "shard quantum of zero",
+            baseline(&inputs.profile_with(
+                "world_size = 8",
+                "world_size = 8\nshard_quantum_params = 0",
+                1,
+            )),
+            2,
+            "an integer in 1..=1048576, got 0",
+            Some("shard_quantum_params"),
+        ),
+        case(
             "unknown field",
             baseline(&inputs.profile_with("params = ", "parameters = ", 1)),
             2,

@@ -151,37 +151,30 @@ fn four_mpi_ranks_match_the_reference() {
     check_world(4, 6);
 }
 
-/// The arena is packed from the plan's lifetimes; for whole-op launches (the baselines) it must
-/// come within 5% of the simulator's peak, which counts the same buffers.
+/// The buffers the runtime lays out for whole-op launches (every baseline, with and without
+/// checkpointing) peak at exactly the simulator's peak, which counts the same buffers: the blocks'
+/// padding ([`Profile::laid_out_params`]) included, and no alignment left over. Units of 1–2 k
+/// parameters in 2–4 blocks of 1 KiB, none a multiple of the shard quantum. The packed arena
+/// comes within 2% of it (28 of the 30 are exact; N = 1 fsdp1 packs 128 bytes above, N = 4
+/// fsdp1+ckpt 512, 1.06%: placing buffers by lifetime is not always perfect, DESIGN §6.5).
 #[test]
-fn arena_is_within_five_percent_of_the_predicted_peak_for_baselines() {
+fn laid_out_buffers_peak_at_the_predicted_peak_for_baselines() {
     let dir = tempfile::tempdir().unwrap();
     let (spec, _) = spec(dir.path());
-    for world in [2usize, 4] {
+    for world in [1usize, 2, 4] {
         let profile = profile(&spec, world as u32);
-        for kind in [
-            BaselineKind::Ddp,
-            BaselineKind::Zero2,
-            BaselineKind::Fsdp1,
-            BaselineKind::Fsdp2,
-            BaselineKind::Zero3,
-        ] {
-            let b = baseline(&profile, kind, false, None).unwrap();
-            let l = layout(
-                &Mlp::new(spec.clone(), 0, world),
-                &profile,
-                &b.schedule,
-                world,
-            )
-            .unwrap();
-            let ratio = l.arena.size_bytes as f64 / b.simulation.peak_memory_bytes;
-            assert!(
-                (0.95..=1.05).contains(&ratio),
-                "N={world} {}: arena {} vs predicted {} (ratio {ratio:.3})",
-                kind.name(),
-                l.arena.size_bytes,
-                b.simulation.peak_memory_bytes
-            );
+        for kind in BaselineKind::ALL {
+            for checkpoint in [false, true] {
+                let b = baseline(&profile, kind, checkpoint, None).unwrap();
+                let l = layout(&Mlp::new(spec.clone(), 0, world), &profile, &b.schedule).unwrap();
+                let (label, predicted) = (kind.label(checkpoint), b.simulation.peak_memory_bytes);
+                assert_eq!(
+                    l.arena.live_peak_bytes as f64, predicted,
+                    "N={world} {label}"
+                );
+                let ratio = l.arena.size_bytes as f64 / predicted;
+                assert!((1.0..1.02).contains(&ratio), "N={world} {label}: {ratio}");
+            }
         }
     }
 }
@@ -341,7 +334,7 @@ proptest::proptest! {
         let (spec, _) = spec(dir.path());
         let profile = profile(&spec, world as u32);
         let schedule = random_schedule(&mut Rng(seed), &profile);
-        let l = layout(&Mlp::new(spec.clone(), 0, world), &profile, &schedule, world).unwrap();
+        let l = layout(&Mlp::new(spec.clone(), 0, world), &profile, &schedule).unwrap();
         for i in 0..l.regions.len() {
             for j in 0..i {
                 for (a, alive_a) in l.parts(i) {

@@ -58,10 +58,8 @@ pub fn solve_to_fit(
     profile: &Profile,
     options: &SolveOptions,
 ) -> Result<Fitted> {
-    let world = profile.world_size as usize;
-    let arena_of = |schedule: &Schedule| -> Result<Arena> {
-        Ok(layout(workload, profile, schedule, world)?.arena)
-    };
+    let arena_of =
+        |schedule: &Schedule| -> Result<Arena> { Ok(layout(workload, profile, schedule)?.arena) };
     let first = solve(profile, options)?;
     let arena = arena_of(&first.schedule)?;
     let cap = match options.memory_cap_bytes {

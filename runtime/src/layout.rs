@@ -268,14 +268,11 @@ pub fn check_profile(workload: &dyn Workload, profile: &Profile) -> Result<()> {
     Ok(())
 }
 
-/// Lays out a validated schedule for `workload` on `world` ranks.
-pub fn layout(
-    workload: &dyn Workload,
-    profile: &Profile,
-    schedule: &Schedule,
-    world: usize,
-) -> Result<Layout> {
+/// Lays out a validated schedule for `workload` on the profile's ranks, each unit's parameters
+/// in the profile's padded blocks ([`Profile::block_params`]), as the model counts them.
+pub fn layout(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) -> Result<Layout> {
     check_profile(workload, profile)?;
+    let world = profile.world_size as usize;
     let timeline = schedule.timeline();
     let slots = timeline.slot_count();
     let mut b = Builder {
@@ -289,7 +286,7 @@ pub fn layout(
     let mut pending = Vec::new();
     for (i, u) in schedule.units().iter().enumerate() {
         let nb = profile.blocks(i) as usize;
-        let block_elements = workload.params(i).div_ceil(nb).div_ceil(world) * world;
+        let block_elements = profile.block_params(i) as usize;
         let padded = nb * block_elements;
         let persistent = if u.level == Level::None {
             padded

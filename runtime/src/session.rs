@@ -60,7 +60,7 @@ impl<B: Backend> Prepared<B> {
                 plan.world_size, plan.world_size
             )));
         }
-        let layout = layout(workload, profile, &schedule, world)?;
+        let layout = layout(workload, profile, &schedule)?;
         check_cap(&layout, plan, origin)?;
         backend.allocate(Allocation {
             arena_elements: (layout.arena.size_bytes / 4) as usize,

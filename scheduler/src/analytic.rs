@@ -175,6 +175,7 @@ pub fn analytic_profile(
         update_slowdown: None,
         iteration_extra_us: opts.iteration_extra_us,
         bytes_per_param: opts.bytes_per_param,
+        shard_quantum_params: 1,
         units,
         comm,
     };

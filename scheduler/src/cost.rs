@@ -54,14 +54,15 @@ impl BlockTime {
     }
 }
 
-/// Bytes of one block of `op` for unit `unit`: Ψ_i·g/nb_i for reductions, Ψ_i·p/nb_i for gathers.
+/// Bytes of one block of `op` for unit `unit`: Ψ'_i·g/nb_i for reductions, Ψ'_i·p/nb_i for
+/// gathers (Ψ'_i/nb_i = [`Profile::block_params`], the block with its padding).
 pub fn block_bytes(profile: &Profile, unit: usize, op: Op) -> f64 {
     let per_param = if op.is_reduction() {
         profile.bytes_per_param.grad
     } else {
         profile.bytes_per_param.param
     };
-    (profile.units[unit].params * per_param) as f64 / f64::from(profile.blocks(unit))
+    (profile.block_params(unit) * per_param) as f64
 }
 
 /// t_op(bytes(b)) and upd_op of one block for unit `unit`. A reduction's blocks carry equal
@@ -107,10 +108,10 @@ pub fn compute_us(
     }
 }
 
-/// persistent_i: Ψ_i(p+g+o), divided by N when sharded.
+/// persistent_i: Ψ'_i(p+g+o), divided by N when sharded (Ψ'_i = [`Profile::laid_out_params`]).
 pub fn persistent_bytes(profile: &Profile, unit: usize, level: Level) -> f64 {
     let b = profile.bytes_per_param;
-    let full = (profile.units[unit].params * (b.param + b.grad + b.optimizer)) as f64;
+    let full = (profile.laid_out_params(unit) * (b.param + b.grad + b.optimizer)) as f64;
     match level {
         Level::None => full,
         Level::Sdp | Level::Fsdp => full / f64::from(profile.world_size),

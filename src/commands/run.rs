@@ -232,7 +232,9 @@ fn report(args: &RunArgs, plan: &Plan, done: &PlanRun, reference: Option<&Refere
             "device_memory": memory.map(|m| json!({
                 "total_bytes": m.total, "before_arena_bytes": m.before_arena,
                 "after_arena_bytes": m.after_arena, "after_run_bytes": m.now,
-                "used_by_run_bytes": m.now - m.before_arena,
+                "pool_before_arena": {"reserved_bytes": m.pool_before_arena.reserved, "used_bytes": m.pool_before_arena.used},
+                "pool_after_run": {"reserved_bytes": m.pool_now.reserved, "used_bytes": m.pool_now.used},
+                "used_by_run_bytes": m.used_by_run(),
             })),
         }));
         return;
@@ -275,7 +277,7 @@ fn report(args: &RunArgs, plan: &Plan, done: &PlanRun, reference: Option<&Refere
     if let Some(m) = memory {
         outln!(
             "  device      {} used by the run (arena and workspaces; set-up before it {}, of {})",
-            format_bytes((m.now - m.before_arena) as f64),
+            format_bytes(m.used_by_run() as f64),
             format_bytes(m.before_arena as f64),
             format_bytes(m.total as f64)
         );

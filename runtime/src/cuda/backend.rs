@@ -9,6 +9,7 @@
 use super::driver_error;
 use super::gpt2::Gpt2Device;
 use super::kernels::{Kernels, per_element};
+use super::memory;
 use super::nccl::{DeviceFloats, Nccl, NcclSetup};
 use crate::backend::{Allocation, Backend, DeviceMemory, Region, Stream};
 use crate::gemm::{Gemm, Strided};
@@ -88,7 +89,17 @@ impl CudaBackend {
         ctx.bind_to_thread()
             .map_err(driver_error("binding the context"))?;
         let nccl = Nccl::new(setup)?;
-        let (free, total) = ctx.mem_get_info().map_err(driver_error("reading memory"))?;
+        ctx.synchronize()
+            .map_err(driver_error("finishing the set-up"))?;
+        let (_, total) = ctx.mem_get_info().map_err(driver_error("reading memory"))?;
+        let memory = DeviceMemory {
+            total: total as u64,
+            before_arena: memory::used_bytes(&ctx)?,
+            pool_before_arena: memory::pool(&ctx)?,
+            after_arena: 0,
+            now: 0,
+            pool_now: Default::default(),
+        };
         Ok(CudaBackend {
             ctx,
             compute,
@@ -104,12 +115,7 @@ impl CudaBackend {
             loss_partials: None,
             loss_slots: 0,
             staging: Mutex::new((0, Vec::new())),
-            memory: DeviceMemory {
-                total: total as u64,
-                before_arena: (total - free) as u64,
-                after_arena: 0,
-                now: 0,
-            },
+            memory,
         })
     }
 
@@ -119,15 +125,6 @@ impl CudaBackend {
 
     pub fn device_name(&self) -> String {
         self.ctx.name().unwrap_or_else(|_| "unknown GPU".into())
-    }
-
-    /// Device memory in use now.
-    fn used_bytes(&self) -> Result<u64> {
-        let (free, total) = self
-            .ctx
-            .mem_get_info()
-            .map_err(driver_error("reading memory"))?;
-        Ok((total - free) as u64)
     }
 
     fn stream(&self, stream: Stream) -> &Arc<CudaStream> {
@@ -330,13 +327,14 @@ impl Backend for CudaBackend {
         self.compute
             .synchronize()
             .map_err(driver_error("allocating"))?;
-        self.memory.after_arena = self.used_bytes()?;
+        self.memory.after_arena = memory::used_bytes(&self.ctx)?;
         Ok(())
     }
     fn device_memory(&self) -> Result<Option<DeviceMemory>> {
         self.synchronize()?;
         Ok(Some(DeviceMemory {
-            now: self.used_bytes()?,
+            now: memory::used_bytes(&self.ctx)?,
+            pool_now: memory::pool(&self.ctx)?,
             ..self.memory
         }))
     }

@@ -2,7 +2,8 @@
 //! cuBLAS, NVRTC and NCCL at run time). `libraries` finds them before any CUDA call, `kernels`
 //! holds the MLP's NVRTC source and `gpt2_kernels` GPT-2's, `gpt2` runs GPT-2's launches, `nccl` the communicator, `backend` the [`crate::backend::Backend`],
 //! `replay` a transformer unit's products, `inventory` the versions and GPUs `doctor` reports,
-//! `nvrtc` run-time compilation to PTX and machine code.
+//! `nvrtc` run-time compilation to PTX and machine code, `memory` the device memory the driver and
+//! the pool report.
 
 pub mod backend;
 mod gpt2;
@@ -10,6 +11,7 @@ pub mod gpt2_kernels;
 pub mod inventory;
 pub mod kernels;
 pub mod libraries;
+mod memory;
 pub mod nccl;
 pub mod nvrtc;
 pub mod replay;

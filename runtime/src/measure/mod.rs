@@ -14,7 +14,7 @@ mod timing;
 
 pub use session::{MeasureOptions, Measured, measure_on_cpu, measure_on_cuda, measure_workload};
 pub use timing::{
-    Slowdowns, block_reductions, compute_slot, measurement_allocation, time_collectives,
+    DataSteps, Slowdowns, block_reductions, compute_slot, measurement_allocation, time_collectives,
     time_interference, time_units,
 };
 
@@ -39,6 +39,9 @@ pub struct UnitTime {
 
 /// Measured times of each unit.
 pub type UnitTimes = Vec<UnitTime>;
+
+/// Parameters per shard quantum of the runtime's buffers: the arena's 64-byte alignment in fp32.
+const SHARD_QUANTUM_PARAMS: u64 = crate::arena::ALIGN / 4;
 
 /// The profile of `workload` on `world` ranks from unit times and collective curves.
 pub fn workload_profile(
@@ -91,6 +94,7 @@ pub fn workload_profile(
             grad: 4,
             optimizer: 8,
         },
+        shard_quantum_params: SHARD_QUANTUM_PARAMS,
         units,
         comm,
     };
@@ -130,7 +134,7 @@ pub fn compute_layout(workload: &dyn Workload, world: u32) -> Result<Layout> {
         BTreeMap::new(),
     )?;
     let ddp = baseline(&provisional, BaselineKind::Ddp, false, None)?;
-    layout(workload, &provisional, &ddp.schedule, world as usize)
+    layout(workload, &provisional, &ddp.schedule)
 }
 
 pub fn median(mut samples: Vec<f64>) -> f64 {

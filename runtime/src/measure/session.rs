@@ -4,8 +4,8 @@
 
 use super::slots::{Slots, time_slot_interference};
 use super::{
-    block_reductions, compute_layout, compute_slot, measurement_allocation, time_collectives,
-    time_interference, time_units, workload_profile,
+    DataSteps, block_reductions, compute_layout, compute_slot, measurement_allocation,
+    time_collectives, time_interference, time_units, workload_profile,
 };
 use crate::backend::{Backend, Collectives, CpuBackend};
 use crate::cuda::CudaBackend;
@@ -164,7 +164,8 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
     backend.allocate(allocation)?;
     initialise(&backend, workload, &layout)?;
     initialise(&backend, workload, &copy)?;
-    let times = time_units(&backend, workload, &layout, options.repeats)?;
+    let steps = DataSteps::default();
+    let times = time_units(&backend, workload, &layout, options.repeats, &steps)?;
     let (comm, comm_source) = curves(&backend, start, options)?;
     let source = BTreeMap::from([
         ("generator".to_string(), "measured".to_string()),
@@ -182,7 +183,7 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
     )?;
     let kappa_bytes = profile.block_size_bytes.min(message_bytes);
     let l = workload.unit_count();
-    let pass = |s: usize| compute_slot(&backend, workload, &layout, s);
+    let pass = |s: usize| compute_slot(&backend, workload, &layout, s, &steps);
     let block = block_reductions(&backend, start, kappa_bytes, 1)?;
     let update = |s: usize| workload.optimize(&backend, &copy, s % l, 1);
     let slots = Slots {

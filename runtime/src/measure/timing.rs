@@ -7,6 +7,7 @@ use crate::Result;
 use crate::backend::{Allocation, Backend, Region, Stream, StreamWork, on_both_streams};
 use crate::layout::Layout;
 use crate::workload::{Pass, Train};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Elements of the largest message of the curves, rounded to a multiple of the world size.
 fn message_elements(bytes: u64, world: usize) -> usize {
@@ -15,7 +16,7 @@ fn message_elements(bytes: u64, world: usize) -> usize {
 
 /// The arena the measurements need: the compute layout's arena (`compute_elements`, 0 when only
 /// collectives are timed) followed by two messages of `max_bytes` (full and shard, or the κ
-/// AllReduce); and where the messages start.
+/// AllReduce), and a loss slot for each of the [`DataSteps`]; and where the messages start.
 pub fn measurement_allocation(
     compute_elements: usize,
     world: usize,
@@ -26,24 +27,50 @@ pub fn measurement_allocation(
     let allocation = Allocation {
         arena_elements: start + 2 * message + 16,
         largest_block: message,
-        loss_slots: 1,
+        loss_slots: DataSteps::COUNT,
     };
     (allocation, start)
 }
 
-/// The compute of slot `s` of a step without communication (data step 0): unit s's forward for
-/// s < L, then the backwards in reverse, unit 2L − 1 − s's.
+/// The data steps the measurement's compute rounds take, numbered as a run numbers its steps: a
+/// round's first slot starts the next step, so a loader that makes step k + 1's batch while step
+/// k computes (the MLP's on a GPU) has it ready, as in a run. Rounds that all took step 0 found
+/// step 1's batch made instead and made step 0's again inside the first forward's time: on the
+/// H100, mlp-small's forwards measured about twice a run's. The steps wrap at
+/// [`DataSteps::COUNT`], the loss slots [`measurement_allocation`] makes.
+#[derive(Debug, Default)]
+pub struct DataSteps(AtomicUsize);
+
+impl DataSteps {
+    /// The data steps taken before they wrap (the loader then makes one batch on the spot).
+    pub const COUNT: usize = 1024;
+
+    /// The data step of slot `s`: a new one where `s` starts a round, else the round's.
+    fn of_slot(&self, s: usize) -> usize {
+        let rounds = if s == 0 {
+            self.0.fetch_add(1, Ordering::Relaxed) + 1
+        } else {
+            self.0.load(Ordering::Relaxed)
+        };
+        rounds % Self::COUNT
+    }
+}
+
+/// The compute of slot `s` of a step without communication: unit s's forward for s < L, then the
+/// backwards in reverse, unit 2L − 1 − s's; slot 0 takes the next of `steps`.
 pub fn compute_slot<B: Backend, W: Train<B>>(
     backend: &B,
     workload: &W,
     layout: &Layout,
     s: usize,
+    steps: &DataSteps,
 ) -> Result<()> {
     let l = workload.unit_count();
+    let step = steps.of_slot(s);
     if s < l {
-        workload.forward(backend, layout, s, 0, Pass::Forward)
+        workload.forward(backend, layout, s, step, Pass::Forward)
     } else {
-        workload.backward(backend, layout, 2 * l - 1 - s, 0)
+        workload.backward(backend, layout, 2 * l - 1 - s, step)
     }
 }
 
@@ -54,12 +81,13 @@ fn compute_round_marks<B: Backend, W: Train<B>>(
     backend: &B,
     workload: &W,
     layout: &Layout,
+    steps: &DataSteps,
 ) -> Result<Vec<[B::Mark; 2]>> {
     let stream = Stream::Compute;
     (0..2 * workload.unit_count())
         .map(|s| {
             let start = backend.mark(stream)?;
-            compute_slot(backend, workload, layout, s)?;
+            compute_slot(backend, workload, layout, s, steps)?;
             Ok([start, backend.mark(stream)?])
         })
         .collect()
@@ -77,11 +105,12 @@ pub fn time_units<B: Backend, W: Train<B>>(
     workload: &W,
     layout: &Layout,
     repeats: usize,
+    steps: &DataSteps,
 ) -> Result<UnitTimes> {
     let l = workload.unit_count();
     let mut rounds = Vec::with_capacity(repeats);
     for k in 0..repeats + 3 {
-        let mut marks = compute_round_marks(backend, workload, layout)?;
+        let mut marks = compute_round_marks(backend, workload, layout, steps)?;
         let computed = backend.mark(Stream::Compute)?;
         backend.wait_mark(Stream::Communication, &computed)?;
         for i in 0..l {

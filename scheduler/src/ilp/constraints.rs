@@ -171,8 +171,9 @@ pub(super) fn memory_per_slot(
         for (i, u) in units.iter().enumerate() {
             let p = &profile.units[i];
             let (forward, backward) = (timeline.forward(i), timeline.backward(i));
-            let params_p = (p.params * b.param) as f64 / scale;
-            let params_g = (p.params * b.grad) as f64 / scale;
+            let laid_out = profile.laid_out_params(i);
+            let params_p = (laid_out * b.param) as f64 / scale;
+            let params_g = (laid_out * b.grad) as f64 / scale;
             if let Some(lent_until) = borrower_backward[i] {
                 if s > forward && s <= lent_until {
                     m.add_mul(params_p, u.level(Level::Fsdp));

@@ -72,6 +72,14 @@ fn is_zero(value: &f64) -> bool {
     *value == 0.0
 }
 
+fn one() -> u64 {
+    1
+}
+
+fn is_one(value: &u64) -> bool {
+    *value == 1
+}
+
 /// A number as written in an error: plain, or in scientific notation when huge.
 fn shown(value: f64) -> String {
     if value.abs() < 1e15 {
@@ -143,6 +151,12 @@ pub struct Profile {
     /// Compute time of slot E (other per-iteration work).
     pub iteration_extra_us: f64,
     pub bytes_per_param: BytesPerParam,
+    /// A shard of a block holds a multiple of this many parameters: what the runtime's arena
+    /// alignment asks of the buffers it lays out (16 fp32 = 64 bytes, in every measured
+    /// profile). 1, the default and left out of the file, where no runtime lays the profile out
+    /// (analytic profiles): blocks are then padded to a whole number of parameters per rank only.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub shard_quantum_params: u64,
     pub units: Vec<UnitProfile>,
     pub comm: CommCurves,
 }
@@ -208,6 +222,24 @@ impl Profile {
         bytes.div_ceil(self.block_size_bytes).max(1) as u32
     }
 
+    /// Parameters of one block of unit `i` as laid out: ceil(Ψ_i / nb_i) rounded up to a multiple
+    /// of q·N (q = `shard_quantum_params`), so that each rank's shard of a block is whole and
+    /// every buffer made of blocks or shards keeps the runtime's alignment.
+    pub fn block_params(&self, i: usize) -> u64 {
+        let quantum = self.shard_quantum_params * u64::from(self.world_size);
+        self.units[i]
+            .params
+            .div_ceil(u64::from(self.blocks(i)))
+            .div_ceil(quantum)
+            * quantum
+    }
+
+    /// Ψ'_i = nb_i · block_params(i): the parameters of unit `i` with its blocks' padding, what a
+    /// rank holds of the unit in full (the model counts these, as the runtime allocates them).
+    pub fn laid_out_params(&self, i: usize) -> u64 {
+        u64::from(self.blocks(i)) * self.block_params(i)
+    }
+
     /// Checks every field's domain; errors name the field (`units[3].forward_us`).
     pub fn validate(&self, origin: &str) -> Result<()> {
         let bad = |field: String, expected: String| Err(Error::invalid(origin, field, expected));
@@ -219,6 +251,15 @@ impl Profile {
         }
         if self.world_size == 0 {
             return bad("world_size".into(), "a positive integer, got 0".into());
+        }
+        if !(1..=1 << 20).contains(&self.shard_quantum_params) {
+            return bad(
+                "shard_quantum_params".into(),
+                format!(
+                    "an integer in 1..=1048576, got {}",
+                    self.shard_quantum_params
+                ),
+            );
         }
         if self.block_size_bytes == 0 {
             return bad(

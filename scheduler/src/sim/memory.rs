@@ -65,17 +65,18 @@ pub fn memory_by_slot(profile: &Profile, schedule: &Schedule) -> Vec<MemoryBreak
         memory[backward].workspace += p.backward_workspace_bytes as f64;
 
         if let Some(borrower) = profile.borrower(unit) {
+            let laid_out = profile.laid_out_params(unit);
             let borrower_backward = timeline.backward(borrower);
             if u.level == Level::Fsdp {
                 // The forward gather stays until the borrower's backward: (F_i, B_j].
                 for m in &mut memory[forward + 1..=borrower_backward] {
-                    m.gathered += (p.params * profile.bytes_per_param.param) as f64;
+                    m.gathered += (laid_out * profile.bytes_per_param.param) as f64;
                 }
             }
             if u.level != Level::None {
                 // The full gradient is written from the borrower's backward: [B_j, B_i).
                 for m in &mut memory[borrower_backward..backward] {
-                    m.gradient += (p.params * profile.bytes_per_param.grad) as f64;
+                    m.gradient += (laid_out * profile.bytes_per_param.grad) as f64;
                 }
             }
         }

@@ -75,6 +75,7 @@ pub fn profile(
             grad: bytes_per_param.1,
             optimizer: bytes_per_param.2,
         },
+        shard_quantum_params: 1,
         units: units
             .iter()
             .enumerate()
