@@ -206,3 +206,60 @@ where
         (computed.and_then(|r| r), communicated.and_then(|r| r))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{DeviceMemory, PoolMemory};
+
+    const MIB: u64 = 1 << 20;
+
+    /// The H100's set-up as read there: 1,269,628,928 bytes in use, the pool holding a 32 MiB
+    /// chunk of which its own small buffers use 64 KiB.
+    fn after_setup() -> DeviceMemory {
+        DeviceMemory {
+            total: 80 << 30,
+            before_arena: 1_269_628_928,
+            pool_before_arena: PoolMemory {
+                reserved: 32 * MIB,
+                used: 64 << 10,
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_arena_in_the_pools_spare_room_counts_though_the_driver_saw_nothing() {
+        // gpt2-tiny's 21.7 MiB arena in the chunk, cuBLAS' 2 MiB workspace outside the pool.
+        let arena = 22_797_568;
+        let mut m = after_setup();
+        m.now = m.before_arena + 2 * MIB;
+        m.pool_now = PoolMemory {
+            reserved: 32 * MIB,
+            used: (64 << 10) + arena,
+        };
+        assert_eq!(m.used_by_run(), arena + 2 * MIB);
+    }
+
+    #[test]
+    fn an_arena_that_grows_the_pool_counts_once() {
+        // A 38.45 MiB arena: 6.45 MiB from the chunk, a new 32 MiB chunk; 2 MiB outside the pool.
+        let arena = 40_318_976;
+        let mut m = after_setup();
+        m.now = m.before_arena + 32 * MIB + 2 * MIB;
+        m.pool_now = PoolMemory {
+            reserved: 64 * MIB,
+            used: (64 << 10) + arena,
+        };
+        assert_eq!(m.used_by_run(), arena + 2 * MIB);
+    }
+
+    #[test]
+    fn without_a_pool_it_is_the_drivers_growth() {
+        let m = DeviceMemory {
+            before_arena: 100,
+            now: 1100,
+            ..Default::default()
+        };
+        assert_eq!(m.used_by_run(), 1000);
+    }
+}
