@@ -287,7 +287,7 @@ pub fn layout(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) -
     for (i, u) in schedule.units().iter().enumerate() {
         let nb = profile.blocks(i) as usize;
         let block_elements = profile.block_params(i) as usize;
-        let padded = nb * block_elements;
+        let padded = profile.laid_out_params(i) as usize;
         let persistent = if u.level == Level::None {
             padded
         } else {

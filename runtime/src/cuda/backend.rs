@@ -91,10 +91,10 @@ impl CudaBackend {
         let nccl = Nccl::new(setup)?;
         ctx.synchronize()
             .map_err(driver_error("finishing the set-up"))?;
-        let (_, total) = ctx.mem_get_info().map_err(driver_error("reading memory"))?;
+        let (before_arena, total) = memory::used_and_total_bytes(&ctx)?;
         let memory = DeviceMemory {
-            total: total as u64,
-            before_arena: memory::used_bytes(&ctx)?,
+            total,
+            before_arena,
             pool_before_arena: memory::pool(&ctx)?,
             after_arena: 0,
             now: 0,

@@ -15,10 +15,16 @@ use crate::backend::PoolMemory;
 use cudarc::driver::sys::CUmemPool_attribute;
 use cudarc::driver::{CudaContext, result as driver};
 
-/// Device memory in use now (every process's and library's, as the driver counts it).
-pub fn used_bytes(ctx: &CudaContext) -> Result<u64> {
+/// Device memory in use now (every process's and library's, as the driver counts it) and the
+/// device's total.
+pub fn used_and_total_bytes(ctx: &CudaContext) -> Result<(u64, u64)> {
     let (free, total) = ctx.mem_get_info().map_err(driver_error("reading memory"))?;
-    Ok((total - free) as u64)
+    Ok(((total - free) as u64, total as u64))
+}
+
+/// Device memory in use now, as [`used_and_total_bytes`] counts it.
+pub fn used_bytes(ctx: &CudaContext) -> Result<u64> {
+    Ok(used_and_total_bytes(ctx)?.0)
 }
 
 /// What the device's memory pool has mapped and what its allocations hold; nothing where the

@@ -78,7 +78,7 @@ pub(super) struct OpVars {
     pub block_time_us: f64,
     /// κ_c·t_op + κ_u·upd_op of one block: the compute it costs its slot.
     pub block_load_us: f64,
-    /// Bytes of one block (Ψ·p/nb or Ψ·g/nb).
+    /// Bytes of one block (Ψ'·p/nb or Ψ'·g/nb, Ψ' the laid-out parameters).
     pub block_bytes: f64,
 }
 
