@@ -8,6 +8,7 @@
 //! functions), the CUDA backend through cuBLAS (`gpt2::launches`), the same [`Product`]s.
 
 use crate::gemm::{Gemm, Strided};
+use multiversion::multiversion;
 
 /// Shapes of causal self-attention.
 #[derive(Debug, Clone, Copy)]
@@ -171,6 +172,7 @@ impl AttentionShape {
 
 /// In place on every score row (sample, head, t): softmax of `scale`·score over the positions
 /// up to t, zero after it (the CUDA kernel `causal_softmax` does the same, row by row).
+#[multiversion(targets = "simd")]
 pub fn causal_softmax(scores: &mut [f32], scale: f32, seq: usize) {
     for (i, p) in scores.chunks_exact_mut(seq).enumerate() {
         let t = i % seq;
@@ -190,6 +192,7 @@ pub fn causal_softmax(scores: &mut [f32], scale: f32, seq: usize) {
 }
 
 /// Backward of [`causal_softmax`] in place on d(probs): dS = p·(dp − Σ p·dp)·scale, zero after t.
+#[multiversion(targets = "simd")]
 pub fn causal_softmax_backward(probs: &[f32], dprobs: &mut [f32], scale: f32, seq: usize) {
     for (i, (p, dp)) in probs
         .chunks_exact(seq)

@@ -7,6 +7,7 @@
 //! them first) and *write* input gradients unless the name says `add`.
 
 use crate::gemm::Gemm;
+use multiversion::multiversion;
 use std::ops::Range;
 
 /// LayerNorm's ε (GPT-2's `layer_norm_epsilon`).
@@ -36,6 +37,7 @@ pub fn matmul_forward(
 
 /// Backward of [`matmul_forward`]: `dx = dout·Wᵀ` (written), `dW += xᵀ·dout`, `db += Σ_rows dout`.
 #[allow(clippy::too_many_arguments)]
+#[multiversion(targets = "simd")]
 pub fn matmul_backward(
     dout: &[f32],
     x: &[f32],
@@ -62,6 +64,7 @@ pub fn matmul_backward(
 
 /// LayerNorm over the last dimension; saves each row's mean and 1/σ for the backward.
 #[allow(clippy::too_many_arguments)]
+#[multiversion(targets = "simd")]
 pub fn layernorm_forward(
     x: &[f32],
     weight: &[f32],
@@ -89,6 +92,7 @@ pub fn layernorm_forward(
 /// Backward of [`layernorm_forward`]: `dx += …` (added: the residual stream's gradient is
 /// already there), `dweight += Σ dout·x̂`, `dbias += Σ dout`.
 #[allow(clippy::too_many_arguments)]
+#[multiversion(targets = "simd")]
 pub fn layernorm_backward_add(
     dout: &[f32],
     x: &[f32],
@@ -138,6 +142,7 @@ const ROUNDING: f32 = 12_582_912.0;
 /// only float adds, compares and bit casts, which vectorize on every x86-64 (a conversion to an
 /// integer saturates in Rust, per lane; `floor` is a library call without SSE4.1). It is the
 /// same integer as the CUDA source's truncation and correction, so the bits agree.
+#[inline]
 pub fn exp_poly(x: f32) -> f32 {
     let x = x.clamp(-87.0, 88.0);
     let m = x * std::f32::consts::LOG2_E + 0.5;
@@ -149,6 +154,7 @@ pub fn exp_poly(x: f32) -> f32 {
 }
 
 /// e^r for |r| ≤ ½·ln 2 (r = x − n·ln 2): Cephes' `expf` polynomial.
+#[inline]
 fn e_reduced(r: f32) -> f32 {
     let mut p = 1.987_569_1e-4;
     p = p * r + 1.398_199_9e-3;
@@ -161,11 +167,13 @@ fn e_reduced(r: f32) -> f32 {
 
 /// tanh u = 1 − 2/(e^{2u} + 1) through [`exp_poly`]: within 2.4e-7 of tanh u (absolute, tested),
 /// which is what GELU's 1 + tanh needs.
+#[inline]
 pub fn tanh_poly(u: f32) -> f32 {
     1.0 - 2.0 / (exp_poly(2.0 * u) + 1.0)
 }
 
 /// GELU, tanh approximation (transformers' `gelu_new`).
+#[multiversion(targets = "simd")]
 pub fn gelu_forward(x: &[f32], out: &mut [f32]) {
     for (o, &v) in out.iter_mut().zip(x) {
         let cube = 0.044_715 * v * v * v;
@@ -174,6 +182,7 @@ pub fn gelu_forward(x: &[f32], out: &mut [f32]) {
 }
 
 /// Backward of [`gelu_forward`] given its input: `dx = dout · gelu'(x)` (in place on `d`).
+#[multiversion(targets = "simd")]
 pub fn gelu_backward_inplace(x: &[f32], d: &mut [f32]) {
     for (g, &v) in d.iter_mut().zip(x) {
         let cube = 0.044_715 * v * v * v;
@@ -186,6 +195,7 @@ pub fn gelu_backward_inplace(x: &[f32], d: &mut [f32]) {
 }
 
 /// `out[r] = wte[token[r]] + wpe[r mod seq]`.
+#[multiversion(targets = "simd")]
 pub fn embedding_forward(
     tokens: &[f32],
     wte: &[f32],
@@ -208,6 +218,7 @@ pub fn embedding_forward(
 }
 
 /// Backward of [`embedding_forward`]: `dwte[token] += dout`, `dwpe[pos] += dout`.
+#[multiversion(targets = "simd")]
 pub fn embedding_backward(
     tokens: &[f32],
     dout: &[f32],
@@ -248,6 +259,7 @@ pub fn cross_entropy_forward(logits: &mut [f32], targets: &[f32], vocab: usize, 
 }
 
 /// Backward of [`cross_entropy_forward`] in place: `probs ← (probs − onehot(target))·scale`.
+#[multiversion(targets = "simd")]
 pub fn cross_entropy_backward_inplace(
     probs: &mut [f32],
     targets: &[f32],
@@ -348,6 +360,7 @@ pub fn decay_runs(decayed: &[Range<usize>], len: usize) -> Vec<(Range<usize>, bo
 
 /// One AdamW step (`step` ≥ 1) as `torch.optim.AdamW` (single-tensor path) computes it:
 /// `p ← p·(1 − lr·wd)` when `decay`, then the Adam update with bias corrections.
+#[multiversion(targets = "simd")]
 pub fn adamw(
     params: &mut [f32],
     grads: &[f32],
