@@ -175,8 +175,9 @@ fn random_plans_at_one_two_and_four_ranks_train_like_ddp_on_one() {
 
 /// The arena's live peak (the most bytes alive in a slot, what an optimal packing reaches) is the
 /// predicted peak up to 64-byte alignment per region, tied head included, for every baseline and
-/// random plans (blocks launched over several slots); the packed arena is within 5% of the live
-/// peak (first-fit fragments; the figures are in docs/runtime-results.md).
+/// random plans (blocks launched over several slots); the packed arena is within 2% of the live
+/// peak, and at it for most plans (65 of these 72; 53 and up to 3.6% above before the skyline
+/// search of `arena::skyline`; the figures are in docs/runtime-results.md).
 #[test]
 fn arena_is_the_predicted_peak_for_every_plan() {
     let (mut exact, mut plans, mut worst) = (0, 0, 1.0f64);
@@ -203,7 +204,7 @@ fn arena_is_the_predicted_peak_for_every_plan() {
             );
             let packed = l.arena.size_bytes as f64 / live;
             assert!(
-                packed <= 1.05,
+                packed <= 1.02,
                 "N={world} {name}: arena {packed} × live peak"
             );
             exact += usize::from(packed == 1.0);
@@ -212,6 +213,10 @@ fn arena_is_the_predicted_peak_for_every_plan() {
         }
     }
     eprintln!("{exact} of {plans} plans packed at their live peak; the worst at {worst:.4}×");
+    assert!(
+        exact >= 60,
+        "{exact} of {plans} plans packed at their live peak"
+    );
 }
 
 #[test]

@@ -10,6 +10,10 @@
 //! over slots is a lower bound on any packing; `size_bytes` is compared with it (and with the
 //! simulator's peak) in the run report.
 
+mod skyline;
+
+use skyline::skyline_order;
+
 /// Consecutive bytes of a buffer alive in the same slots (indices into the cyclic timeline).
 #[derive(Debug, Clone)]
 pub struct Part {
@@ -89,8 +93,9 @@ fn together(a: &[bool], b: &[bool]) -> bool {
 }
 
 /// Packs `requests` (all with the same number of slots): first-fit and best-fit in each of a few
-/// orders, keeping the smallest arena; then a local search over the order until the arena is the
-/// live peak or its moves are spent.
+/// orders, keeping the smallest arena; where that is above the live peak, a search for a skyline
+/// packing at the live peak; then a local search over the order until the arena is the live peak
+/// or its moves are spent.
 pub fn pack(requests: &[Request]) -> Arena {
     let slots = requests
         .iter()
@@ -127,7 +132,7 @@ pub fn pack(requests: &[Request]) -> Arena {
         Box::new(|k| (u64::from(at_peak(k)), size(k), 0)),
         Box::new(|k| (u64::MAX - start(k), slots_alive(k), size(k))),
     ];
-    let (mut order, fit, (mut offsets, mut size_bytes)) = orders
+    let (mut order, mut fit, (mut offsets, mut size_bytes)) = orders
         .iter()
         .flat_map(|key| {
             let mut order: Vec<usize> = (0..requests.len()).collect();
@@ -139,6 +144,19 @@ pub fn pack(requests: &[Request]) -> Arena {
         })
         .min_by_key(|(_, _, (_, size))| *size)
         .unwrap_or((Vec::new(), Fit::First, Default::default()));
+    // A skyline packing near the live peak, where the greedy orders missed it (`skyline`).
+    // Targets from the live peak up to a quarter and half of the way to the greedy arena; the
+    // first one the search meets is kept.
+    if size_bytes > live_peak_bytes {
+        let excess = size_bytes - live_peak_bytes;
+        if let Some((skyline, (o, size))) = [0, 1, 2].into_iter().find_map(|quarters| {
+            skyline_order(requests, slots, live_peak_bytes + excess * quarters / 4)
+                .map(|order| (order.clone(), place(requests, &order, Fit::First)))
+        }) && size < size_bytes
+        {
+            (order, fit, offsets, size_bytes) = (skyline, Fit::First, o, size);
+        }
+    }
     // Local search: move one request earlier in the order; keep moves that do not grow the
     // arena. A fixed-seed generator keeps the layout reproducible.
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
@@ -330,6 +348,151 @@ mod tests {
             })
             .collect();
         assert_eq!(pack(&whole).size_bytes, 768);
+    }
+
+    /// The smallest first-fit arena over every order of `rs`: the optimum of static packing
+    /// (first fit in the order of an optimal packing's offsets never places above them).
+    fn optimum_by_enumeration(rs: &[Request]) -> u64 {
+        fn orders(prefix: &mut Vec<usize>, n: usize, out: &mut dyn FnMut(&[usize])) {
+            if prefix.len() == n {
+                return out(prefix);
+            }
+            for k in 0..n {
+                if !prefix.contains(&k) {
+                    prefix.push(k);
+                    orders(prefix, n, out);
+                    prefix.pop();
+                }
+            }
+        }
+        let mut best = u64::MAX;
+        orders(&mut Vec::new(), rs.len(), &mut |order| {
+            best = best.min(place(rs, order, Fit::First).1);
+        });
+        best
+    }
+
+    /// Small random instances (cyclic lifetimes over 6 slots, 1–3 parts a buffer) against every
+    /// order: wherever some packing reaches the live peak, `pack` reaches it, and it is never
+    /// above the optimum by more than the search could not close (counted and bounded).
+    #[test]
+    fn pack_meets_the_live_peak_wherever_an_enumeration_does() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |bound: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % bound
+        };
+        let (mut reachable, mut above_optimum) = (0, 0);
+        for _ in 0..300 {
+            let count = 3 + next(4) as usize;
+            let rs: Vec<Request> = (0..count)
+                .map(|k| {
+                    let first = next(6) as usize;
+                    let length = 1 + next(5) as usize;
+                    let parts = (0..1 + next(3) as usize)
+                        .map(|p| Part {
+                            bytes: 64 * (1 + next(8)),
+                            alive: (0..6)
+                                .map(|s| (s + 6 - first) % 6 < length - p.min(length - 1))
+                                .collect(),
+                        })
+                        .collect();
+                    Request {
+                        name: k.to_string(),
+                        parts,
+                    }
+                })
+                .collect();
+            let packed = pack(&rs);
+            assert_disjoint(&rs, &packed);
+            let optimum = optimum_by_enumeration(&rs);
+            assert!(packed.size_bytes >= optimum);
+            if optimum == packed.live_peak_bytes {
+                reachable += 1;
+                assert_eq!(packed.size_bytes, optimum, "{rs:?}");
+            }
+            above_optimum += usize::from(packed.size_bytes > optimum);
+        }
+        assert!(
+            reachable > 100,
+            "the instances exercise the live peak ({reachable})"
+        );
+        assert!(
+            above_optimum < 10,
+            "{above_optimum} of 300 packed above the optimum"
+        );
+    }
+
+    /// Random buffers tiling `bytes` over the cyclic arc of `len` slots from `start` (of
+    /// `total`): cut into bands of bytes, each band cut into arcs at its own points (arcs wrap
+    /// around the step), each arc a buffer or tiled again. Every slot of the arc holds exactly
+    /// `bytes`, so a packing at the live peak exists: the tiling itself.
+    fn tiling(
+        next: &mut impl FnMut(u64) -> u64,
+        bytes: u64,
+        (start, len): (usize, usize),
+        total: usize,
+        depth: usize,
+        out: &mut Vec<Request>,
+    ) {
+        if depth == 0 || bytes < 1024 || (depth < 3 && next(3) == 0) {
+            let alive = (0..total)
+                .map(|s| (s + total - start) % total < len)
+                .collect();
+            out.push(Request::whole(out.len().to_string(), bytes, alive));
+            return;
+        }
+        let mut left = bytes;
+        while left > 0 {
+            let band = if left <= bytes / 4 {
+                left
+            } else {
+                64 * (bytes / 256 + next(left / 128)).min(left / 64)
+            };
+            left -= band;
+            let shift = next(len as u64) as usize;
+            let mut cuts: Vec<usize> = (0..1 + next(3))
+                .map(|_| next(len as u64) as usize)
+                .collect();
+            cuts.push(0);
+            cuts.sort_unstable();
+            cuts.dedup();
+            for (k, &cut) in cuts.iter().enumerate() {
+                let end = cuts.get(k + 1).copied().unwrap_or(len);
+                let arc_start = if len == total {
+                    (start + cut + shift) % total
+                } else {
+                    (start + cut) % total
+                };
+                tiling(next, band, (arc_start, end - cut), total, depth - 1, out);
+            }
+        }
+    }
+
+    /// Tilings (a packing at the live peak exists) with arcs wrapping around the step: the
+    /// skyline search meets the live peak on twice as many as the greedy orders and their local
+    /// search do alone (on these 40: 15 against 7; the worst packs 6.7% above either way).
+    #[test]
+    fn tilings_pack_at_their_height() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |bound: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % bound
+        };
+        let mut met = 0;
+        for _ in 0..40 {
+            let mut rs = Vec::new();
+            tiling(&mut next, 64 * 256, (0, 12), 12, 3, &mut rs);
+            let packed = pack(&rs);
+            assert_disjoint(&rs, &packed);
+            assert_eq!(packed.live_peak_bytes, 64 * 256);
+            met += usize::from(packed.size_bytes == packed.live_peak_bytes);
+        }
+        assert!(met >= 14, "{met} of 40 tilings packed at their height");
     }
 
     proptest::proptest! {
