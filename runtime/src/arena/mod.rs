@@ -350,6 +350,16 @@ mod tests {
         assert_eq!(pack(&whole).size_bytes, 768);
     }
 
+    /// A fixed-seed generator of integers below its argument.
+    fn xorshift(mut state: u64) -> impl FnMut(u64) -> u64 {
+        move |bound| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % bound
+        }
+    }
+
     /// The smallest first-fit arena over every order of `rs`: the optimum of static packing
     /// (first fit in the order of an optimal packing's offsets never places above them).
     fn optimum_by_enumeration(rs: &[Request]) -> u64 {
@@ -373,17 +383,11 @@ mod tests {
     }
 
     /// Small random instances (cyclic lifetimes over 6 slots, 1–3 parts a buffer) against every
-    /// order: wherever some packing reaches the live peak, `pack` reaches it, and it is never
-    /// above the optimum by more than the search could not close (counted and bounded).
+    /// order: wherever some packing reaches the live peak, `pack` reaches it (251 of 300), and it
+    /// packs above the optimum on fewer than 10 (4, all where the optimum is above the peak).
     #[test]
     fn pack_meets_the_live_peak_wherever_an_enumeration_does() {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = |bound: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % bound
-        };
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d);
         let (mut reachable, mut above_optimum) = (0, 0);
         for _ in 0..300 {
             let count = 3 + next(4) as usize;
@@ -476,13 +480,7 @@ mod tests {
     /// search do alone (on these 40: 15 against 7; the worst packs 6.7% above either way).
     #[test]
     fn tilings_pack_at_their_height() {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = |bound: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % bound
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         let mut met = 0;
         for _ in 0..40 {
             let mut rs = Vec::new();
