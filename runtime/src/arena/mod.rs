@@ -150,8 +150,10 @@ pub fn pack(requests: &[Request]) -> Arena {
     if size_bytes > live_peak_bytes {
         let excess = size_bytes - live_peak_bytes;
         if let Some((skyline, (o, size))) = [0, 1, 2].into_iter().find_map(|quarters| {
-            skyline_order(requests, slots, live_peak_bytes + excess * quarters / 4)
-                .map(|order| (order.clone(), place(requests, &order, Fit::First)))
+            skyline_order(requests, slots, live_peak_bytes + excess * quarters / 4).map(|order| {
+                let packed = place(requests, &order, Fit::First);
+                (order, packed)
+            })
         }) && size < size_bytes
         {
             (order, fit, offsets, size_bytes) = (skyline, Fit::First, o, size);
@@ -159,21 +161,15 @@ pub fn pack(requests: &[Request]) -> Arena {
     }
     // Local search: move one request earlier in the order; keep moves that do not grow the
     // arena. A fixed-seed generator keeps the layout reproducible.
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = |bound: usize| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state % bound as u64) as usize
-    };
+    let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
     let parts: usize = requests.iter().map(|r| r.parts.len()).sum();
     let moves = SEARCH_MOVES.min(SEARCH_WORK / (parts * parts * slots).max(1));
     for _ in 0..moves {
         if size_bytes == live_peak_bytes || order.len() < 2 {
             break;
         }
-        let from = 1 + next(order.len() - 1);
-        let to = next(from);
+        let from = 1 + next(order.len() as u64 - 1) as usize;
+        let to = next(from as u64) as usize;
         let mut candidate = order.clone();
         let k = candidate.remove(from);
         candidate.insert(to, k);
@@ -186,6 +182,17 @@ pub fn pack(requests: &[Request]) -> Arena {
         offsets,
         size_bytes,
         live_peak_bytes,
+    }
+}
+
+/// A fixed-seed generator of integers below its argument (xorshift64), so that layouts are
+/// reproducible.
+fn xorshift(mut state: u64) -> impl FnMut(u64) -> u64 {
+    move |bound| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % bound
     }
 }
 
@@ -348,16 +355,6 @@ mod tests {
             })
             .collect();
         assert_eq!(pack(&whole).size_bytes, 768);
-    }
-
-    /// A fixed-seed generator of integers below its argument.
-    fn xorshift(mut state: u64) -> impl FnMut(u64) -> u64 {
-        move |bound| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % bound
-        }
     }
 
     /// The smallest first-fit arena over every order of `rs`: the optimum of static packing
