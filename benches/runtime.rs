@@ -1,9 +1,12 @@
 //! Executor overhead: 5 steps of mlp-small (one rank, loopback collectives) run by the executor
 //! under the ddp plan (strict), against a hand-written loop doing the same kernels, AllReduces and
-//! Adam steps in the same order with no executor.
+//! Adam steps in the same order with no executor. And the hand-off between two host threads
+//! that the executor makes at every slot: 1,000 round trips through two events that sleep at
+//! once (the CPU backend's) and through two that poll first (a GPU backend's).
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use shardplan_runtime::backend::{CpuBackend, Loopback};
+use shardplan_runtime::backend::{CpuBackend, ENQUEUE_SPIN, Loopback};
+use shardplan_runtime::event::Event;
 use shardplan_runtime::executor::RunOptions;
 use shardplan_runtime::measure::{UnitTime, workload_profile};
 use shardplan_runtime::mlp::{Mlp, MlpSpec, adam, linear_backward, linear_forward, mse_grad};
@@ -13,6 +16,7 @@ use shardplan_scheduler::curve::CommCurve;
 use shardplan_scheduler::profile::CommCurves;
 use shardplan_scheduler::sim::Semantics;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 const STEPS: usize = 5;
@@ -98,6 +102,7 @@ fn overhead(c: &mut Criterion) {
         UnitTime {
             forward_us: 100.0,
             backward_us: 200.0,
+            recompute_us: 100.0,
             optimizer_us: 10.0,
         };
         spec.units()
@@ -139,10 +144,44 @@ fn overhead(c: &mut Criterion) {
     group.finish();
 }
 
+/// `rounds` round trips between this thread and another through two events polling for `spin`.
+fn round_trips(spin: Duration, rounds: u64) {
+    let (ping, pong) = (
+        Arc::new(Event::<()>::spinning(spin)),
+        Arc::new(Event::<()>::spinning(spin)),
+    );
+    let patience = Duration::from_secs(30);
+    let echo = {
+        let (ping, pong) = (ping.clone(), pong.clone());
+        std::thread::spawn(move || {
+            for k in 1..=rounds {
+                ping.wait(k, patience, &|| "ping".into()).unwrap();
+                pong.signal(());
+            }
+        })
+    };
+    for k in 1..=rounds {
+        ping.signal(());
+        pong.wait(k, patience, &|| "pong".into()).unwrap();
+    }
+    echo.join().unwrap();
+}
+
+fn hand_off(c: &mut Criterion) {
+    let mut group = c.benchmark_group("1,000 round trips between two threads");
+    group.bench_function("sleeping waits", |b| {
+        b.iter(|| round_trips(Duration::ZERO, 1000))
+    });
+    group.bench_function("polling waits", |b| {
+        b.iter(|| round_trips(ENQUEUE_SPIN, 1000))
+    });
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     // Criterion's HTML plots need a system font; the numbers are what we report.
     config = Criterion::default().without_plots();
-    targets = overhead
+    targets = overhead, hand_off
 }
 criterion_main!(benches);

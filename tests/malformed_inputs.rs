@@ -192,6 +192,17 @@ fn cases(inputs: &Inputs) -> Vec<Case> {
             Some("units[0].backward_us"),
         ),
         case(
+            "negative recompute time",
+            baseline(&inputs.profile_with(
+                "forward_us = ",
+                "recompute_us = -0.5\nforward_us = ",
+                2,
+            )),
+            2,
+            "expected a time of 0 to 1e15 µs for unit `embedding`, got -0.5",
+            Some("units[0].recompute_us"),
+        ),
+        case(
             "bytes at the largest TOML integer",
             baseline(&inputs.profile_with(
                 "activation_bytes = ",

@@ -231,6 +231,7 @@ fn mismatched_runs_are_refused_before_any_step() {
             UnitTime {
                 forward_us: 1.0,
                 backward_us: 2.0,
+                recompute_us: 1.0,
                 optimizer_us: 0.5,
             };
             spec.units()

@@ -139,6 +139,7 @@ pub fn analytic_profile(
                 params: u.params,
                 forward_us,
                 backward_us: 2.0 * forward_us,
+                recompute_us: None,
                 optimizer_us: 0.0,
                 activation_bytes: u.activation_bytes,
                 checkpoint_activation_bytes: u.checkpoint_activation_bytes,

@@ -91,7 +91,7 @@ pub fn block_time_us(profile: &Profile, unit: usize, op: Op) -> f64 {
     block_time(profile, unit, op).total_us()
 }
 
-/// c_s: f_i at F_i, b_i (+ f_i with recompute) at B_i, the extra time at E.
+/// c_s: f_i at F_i, b_i (+ f'_i with recompute) at B_i, the extra time at E.
 pub fn compute_us(
     profile: &Profile,
     timeline: Timeline,
@@ -103,7 +103,12 @@ pub fn compute_us(
         Some(unit) if slot == timeline.forward(unit) => profile.units[unit].forward_us,
         Some(unit) => {
             let u = &profile.units[unit];
-            u.backward_us + if recompute(unit) { u.forward_us } else { 0.0 }
+            u.backward_us
+                + if recompute(unit) {
+                    u.recompute_time_us()
+                } else {
+                    0.0
+                }
         }
     }
 }

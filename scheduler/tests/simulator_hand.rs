@@ -189,6 +189,27 @@ fn mixed_levels_with_recompute_and_a_cyclic_gather() {
     close(b2.workspace, 55.0, "B2 workspace");
 }
 
+/// The same plan with recomputations cheaper than their forwards (f'_1 = 1, f'_2 = 8 µs, DESIGN
+/// §3.6): only u2 recomputes, so B2's compute is 40 + 8 = 48 and its duration max(48 + 0.1·54,
+/// 54) = 54 (was 65.4), T = 430.4 − 11.4 = 419; u1's f'_1 changes nothing. Without f'_i the
+/// recomputation costs f_i, as before.
+#[test]
+fn a_recomputation_costs_its_own_time() {
+    let mut p = mixed_profile();
+    p.units[0].recompute_us = Some(1.0);
+    p.units[1].recompute_us = Some(8.0);
+    let s = schedule(&p, MIXED_PLAN).unwrap();
+    let strict = simulate(&p, &s, Semantics::Strict);
+    check(&strict, 419.0, &[10.0, 20.0, 50.0, 60.0, 54.0, 75.0, 150.0]);
+    p.units[1].recompute_us = None;
+    let s = schedule(&p, MIXED_PLAN).unwrap();
+    close(
+        simulate(&p, &s, Semantics::Strict).iteration_time_us,
+        430.4,
+        "f'_2 absent: f_2",
+    );
+}
+
 /// The same plan with communication slowed by compute as well (κ_q = 0.5, DESIGN §3.3), strict:
 /// d = max(c + 0.1·Q, Q + 0.5·c) per slot, from the (c, Q) pairs worked out above:
 /// F1 (10, 0) max(10, 5) = 10; F2 (20, 0) 20; F3 (30, 50) max(35, 65) = 65; B3 (60, 0) 60;

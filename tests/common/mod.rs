@@ -20,8 +20,8 @@ pub fn gpt2_tiny(world: usize) -> shardplan_runtime::gpt2::Gpt2 {
 }
 
 /// The runtime's own profile of `workload` on `world` ranks with blocks of `block_size_bytes`,
-/// arbitrary unit times (unit u: forward 10 + u, backward 20 + u, optimizer 3 + u µs) and affine
-/// curves: times only shape random plans.
+/// arbitrary unit times (unit u: forward 10 + u, backward 20 + u, recompute 8 + u, optimizer
+/// 3 + u µs) and affine curves: times only shape random plans.
 pub fn runtime_profile(
     workload: &dyn shardplan_runtime::workload::Workload,
     world: u32,
@@ -32,6 +32,7 @@ pub fn runtime_profile(
         .map(|u| UnitTime {
             forward_us: 10.0 + u as f64,
             backward_us: 20.0 + u as f64,
+            recompute_us: 8.0 + u as f64,
             optimizer_us: 3.0 + u as f64,
         })
         .collect();

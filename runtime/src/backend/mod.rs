@@ -17,6 +17,12 @@ pub(crate) use host_arena::each;
 pub use mpi::environment::Universe as MpiUniverse;
 
 use crate::{Error, Result};
+use std::time::Duration;
+
+/// How long a host thread that only enqueues polls for the other stream's signal before it
+/// sleeps: longer than the waits of a run whose pace the host sets (tens of microseconds a slot),
+/// short enough that a host far ahead of its device soon sleeps.
+pub const ENQUEUE_SPIN: Duration = Duration::from_millis(1);
 
 /// A range of f32 elements in the arena.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,6 +158,17 @@ pub trait Backend: Sync {
     /// Whether the compute stream's work runs on the host thread that issues it (the CPU
     /// backend), so that other host work of the rank takes compute's own core.
     fn host_computes(&self) -> bool;
+    /// How long a stream's host thread polls for the other's signal before it sleeps
+    /// ([`Event::spinning`](crate::event::Event::spinning)): nothing where the host computes (a
+    /// polling thread would take a core from the work), [`ENQUEUE_SPIN`] where the host threads
+    /// only enqueue.
+    fn host_wait_spin(&self) -> Duration {
+        if self.host_computes() {
+            Duration::ZERO
+        } else {
+            ENQUEUE_SPIN
+        }
+    }
     /// Called first on the host thread that drives `stream`, before its first operation. The CPU
     /// backend lowers its compute threads' priority there (DESIGN §6.1); a backend whose threads
     /// only enqueue work has nothing to do.

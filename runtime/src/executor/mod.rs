@@ -165,14 +165,15 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
         options: &'a RunOptions,
     ) -> Self {
         let program = program(schedule, layout);
+        let event = || Event::spinning(backend.host_wait_spin());
         Walk {
             total: (options.steps + 2) * program.slots,
             fence_targets: program.fence_targets(options.steps, layout.units.len()),
             done: (0..layout.units.len() * Kind::COUNT)
-                .map(|_| Event::new())
+                .map(|_| event())
                 .collect(),
-            slot_started: Event::new(),
-            comm_done: Event::new(),
+            slot_started: event(),
+            comm_done: event(),
             program,
             backend,
             workload,

@@ -33,6 +33,8 @@ use std::collections::BTreeMap;
 pub struct UnitTime {
     pub forward_us: f64,
     pub backward_us: f64,
+    /// The forward again before a checkpointed backward (it takes no batch).
+    pub recompute_us: f64,
     /// The optimizer step over all the unit's parameters.
     pub optimizer_us: f64,
 }
@@ -67,6 +69,7 @@ pub fn workload_profile(
                 params: workload.params(i) as u64,
                 forward_us: times[i].forward_us,
                 backward_us: times[i].backward_us,
+                recompute_us: Some(times[i].recompute_us),
                 optimizer_us: times[i].optimizer_us,
                 activation_bytes: bytes(b.saved + b.internals),
                 checkpoint_activation_bytes: bytes(b.saved),
@@ -121,6 +124,7 @@ pub fn compute_layout(workload: &dyn Workload, world: u32) -> Result<Layout> {
         UnitTime {
             forward_us: 1.0,
             backward_us: 1.0,
+            recompute_us: 1.0,
             optimizer_us: 0.0,
         };
         workload.unit_count()

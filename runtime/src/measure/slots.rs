@@ -243,8 +243,8 @@ fn run_slots<B: Backend>(
     compute: Option<SlotWork>,
     comm: SlotWork,
 ) -> Result<Vec<f64>> {
-    let started: Event<B::Mark> = Event::new();
-    let done: Event<B::Mark> = Event::new();
+    let started: Event<B::Mark> = Event::spinning(backend.host_wait_spin());
+    let done: Event<B::Mark> = Event::spinning(backend.host_wait_spin());
     let wait = |stream: Stream, event: &Event<B::Mark>, target: usize, what: &str| match event
         .wait(target as u64, PATIENCE, &|| {
             format!("{what} of slot {target}")

@@ -47,12 +47,15 @@ impl DataSteps {
 
     /// The data step of slot `s`: a new one where `s` starts a round, else the round's.
     fn of_slot(&self, s: usize) -> usize {
-        let rounds = if s == 0 {
-            self.0.fetch_add(1, Ordering::Relaxed) + 1
-        } else {
-            self.0.load(Ordering::Relaxed)
-        };
-        rounds % Self::COUNT
+        if s == 0 {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+        self.current()
+    }
+
+    /// The data step of the round under way.
+    fn current(&self) -> usize {
+        self.0.load(Ordering::Relaxed) % Self::COUNT
     }
 }
 
@@ -75,31 +78,46 @@ pub fn compute_slot<B: Backend, W: Train<B>>(
 }
 
 /// One compute round in slot order on the compute stream: every unit's forward, then every
-/// backward (data step 0), as a step runs them without communication. Returns the marks around
-/// each unit's forward and backward.
+/// backward, as a step runs them without communication; with `recompute`, each backward preceded
+/// by its unit's recomputation, as a checkpointed unit's backward slot runs them. Returns the
+/// marks around each unit's forward and backward, then around each recomputation (slot order:
+/// the last unit's first).
 fn compute_round_marks<B: Backend, W: Train<B>>(
     backend: &B,
     workload: &W,
     layout: &Layout,
     steps: &DataSteps,
+    recompute: bool,
 ) -> Result<Vec<[B::Mark; 2]>> {
-    let stream = Stream::Compute;
-    (0..2 * workload.unit_count())
-        .map(|s| {
+    let (stream, l) = (Stream::Compute, workload.unit_count());
+    let mut marks = Vec::with_capacity(3 * l);
+    let mut recomputed = Vec::with_capacity(l);
+    for s in 0..2 * l {
+        if recompute && s >= l {
             let start = backend.mark(stream)?;
-            compute_slot(backend, workload, layout, s, steps)?;
-            Ok([start, backend.mark(stream)?])
-        })
-        .collect()
+            let unit = 2 * l - 1 - s;
+            workload.forward(backend, layout, unit, steps.current(), Pass::Recompute)?;
+            recomputed.push([start, backend.mark(stream)?]);
+        }
+        let start = backend.mark(stream)?;
+        compute_slot(backend, workload, layout, s, steps)?;
+        marks.push([start, backend.mark(stream)?]);
+    }
+    marks.extend(recomputed);
+    Ok(marks)
 }
 
-/// Forward, backward and optimizer µs of each unit: 3 warm-up rounds, then the median over
-/// `repeats` rounds of the slowest rank's time (a slot whose collectives join the ranks ends with
-/// the slowest; on gpt2-tiny at N = 2 its median is 0.4–3.5% above one rank's own). The first
-/// unit's forward includes taking and uploading the batch, as in a run. After each round every
-/// unit takes an optimizer step on the communication stream (with the gradients the round left),
-/// as the executor does after a unit's last reduction; the streams wait for each other in
-/// between, so no step is timed beside other work.
+/// Forward, backward, recompute and optimizer µs of each unit: rounds alternate between a plain
+/// one (forwards and backwards) and one whose backwards are each preceded by the unit's
+/// recomputation, 3 warm-up rounds of each, then the median over `repeats` rounds of each of the
+/// slowest rank's time (a slot whose collectives join the ranks ends with the slowest; on
+/// gpt2-tiny at N = 2 its median is 0.4–3.5% above one rank's own). Forward and backward times
+/// come from the plain rounds (a recomputation just before a backward warms the caches it reads),
+/// recompute times from the others. The first unit's forward includes taking and uploading the
+/// batch, as in a run; a recomputation takes nothing. After each round every unit takes an
+/// optimizer step on the communication stream (with the gradients the round left), as the
+/// executor does after a unit's last reduction; the streams wait for each other in between, so no
+/// step is timed beside other work.
 pub fn time_units<B: Backend, W: Train<B>>(
     backend: &B,
     workload: &W,
@@ -107,10 +125,12 @@ pub fn time_units<B: Backend, W: Train<B>>(
     repeats: usize,
     steps: &DataSteps,
 ) -> Result<UnitTimes> {
+    const WARM_UP: usize = 3;
     let l = workload.unit_count();
-    let mut rounds = Vec::with_capacity(repeats);
-    for k in 0..repeats + 3 {
-        let mut marks = compute_round_marks(backend, workload, layout, steps)?;
+    let (mut plain, mut recomputing) = (Vec::with_capacity(repeats), Vec::new());
+    for k in 0..2 * (repeats + WARM_UP) {
+        let recompute = k % 2 == 1;
+        let mut marks = compute_round_marks(backend, workload, layout, steps, recompute)?;
         let computed = backend.mark(Stream::Compute)?;
         backend.wait_mark(Stream::Communication, &computed)?;
         for i in 0..l {
@@ -120,31 +140,44 @@ pub fn time_units<B: Backend, W: Train<B>>(
         }
         let updated = backend.mark(Stream::Communication)?;
         backend.wait_mark(Stream::Compute, &updated)?;
-        if k >= 3 {
-            rounds.push(marks);
+        if k >= 2 * WARM_UP {
+            if recompute {
+                recomputing.push(marks.drain(2 * l..3 * l).collect::<Vec<_>>());
+            } else {
+                plain.push(marks);
+            }
         }
     }
     backend.synchronize()?;
+    let plain = slowest_spans(backend, &plain)?;
+    let recomputing = slowest_spans(backend, &recomputing)?;
+    Ok((0..l)
+        .map(|i| UnitTime {
+            forward_us: plain[i],
+            backward_us: plain[2 * l - 1 - i],
+            recompute_us: recomputing[l - 1 - i],
+            optimizer_us: plain[2 * l + i],
+        })
+        .collect())
+}
+
+/// Per span of the rounds (each round the same spans), the median over the rounds of the slowest
+/// rank's time.
+fn slowest_spans<B: Backend>(backend: &B, rounds: &[Vec<[B::Mark; 2]>]) -> Result<Vec<f64>> {
+    let spans = rounds.first().map_or(0, Vec::len);
     let mine = rounds
         .iter()
         .flat_map(|m| m.iter().map(|[start, end]| backend.elapsed_us(start, end)))
         .collect::<Result<Vec<f64>>>()?;
     let ranks = every_rank(backend, &mine)?;
-    let spans = 3 * l;
-    // Span k of round r: the slowest rank's time.
     let slowest = |r: usize, k: usize| {
         ranks
             .iter()
             .map(|times| times[r * spans + k])
             .fold(0.0, f64::max)
     };
-    let time = |k: usize| median((0..rounds.len()).map(|r| slowest(r, k)).collect());
-    Ok((0..l)
-        .map(|i| UnitTime {
-            forward_us: time(i),
-            backward_us: time(2 * l - 1 - i),
-            optimizer_us: time(2 * l + i),
-        })
+    Ok((0..spans)
+        .map(|k| median((0..rounds.len()).map(|r| slowest(r, k)).collect()))
         .collect())
 }
 

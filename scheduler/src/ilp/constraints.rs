@@ -94,7 +94,7 @@ pub(super) fn communication_per_slot(
     (q, load)
 }
 
-/// c_s: f_i at F_i, b_i + f_i·r_i at B_i, the extra time at E.
+/// c_s: f_i at F_i, b_i + f'_i·r_i at B_i, the extra time at E.
 pub(super) fn compute_per_slot(
     profile: &Profile,
     units: &[UnitVars],
@@ -108,7 +108,7 @@ pub(super) fn compute_per_slot(
                 let p = &profile.units[i];
                 let mut c = Expression::from(p.backward_us);
                 if let Some(r) = units[i].recompute {
-                    c.add_mul(p.forward_us, r.var);
+                    c.add_mul(p.recompute_time_us(), r.var);
                 }
                 c
             }

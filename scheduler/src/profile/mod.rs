@@ -48,6 +48,11 @@ pub struct UnitProfile {
     pub forward_us: f64,
     /// b_i.
     pub backward_us: f64,
+    /// f'_i: the forward again before a checkpointed backward, which does not redo what only the
+    /// step's own forward does (take the step's batch, upload inputs and targets). Absent means
+    /// f_i (and absence is not written, so such profiles keep their digest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recompute_us: Option<f64>,
     /// o_i: the optimizer step over all Ψ_i parameters (a sharded unit's rank steps Ψ_i/N of
     /// them). The runtime runs it on the communication stream after the unit's last reduction
     /// block. Absent means 0 (and 0 is not written, so such profiles keep their digest).
@@ -90,6 +95,11 @@ fn shown(value: f64) -> String {
 }
 
 impl UnitProfile {
+    /// f'_i: the recomputation's µs, f_i where the profile does not give it.
+    pub fn recompute_time_us(&self) -> f64 {
+        self.recompute_us.unwrap_or(self.forward_us)
+    }
+
     /// The byte fields with their names.
     fn byte_fields(&self) -> [(&'static str, u64); 4] {
         [
@@ -369,6 +379,7 @@ impl Profile {
             for (field, value) in [
                 ("forward_us", u.forward_us),
                 ("backward_us", u.backward_us),
+                ("recompute_us", u.recompute_time_us()),
                 ("optimizer_us", u.optimizer_us),
             ] {
                 if !(0.0..=MAX_TIME_US).contains(&value) {

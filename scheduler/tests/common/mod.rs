@@ -84,6 +84,7 @@ pub fn profile(
                 params,
                 forward_us: f,
                 backward_us: b,
+                recompute_us: None,
                 optimizer_us: 0.0,
                 activation_bytes: act,
                 checkpoint_activation_bytes: ckpt,
@@ -181,9 +182,13 @@ pub fn random_profile(rng: &mut Rng, units: usize, kappa: f64, max_params: u64) 
         reduce_scatter,
         all_reduce,
     );
-    // Optimizer steps, carried by the reductions' blocks.
+    // Optimizer steps, carried by the reductions' blocks; recomputations that do half to all of
+    // the forward's work, or (absent) all of it.
     for unit in &mut profile.units {
         unit.optimizer_us = rng.range(0, 40) as f64;
+        if rng.coin() {
+            unit.recompute_us = Some(unit.forward_us * rng.range(50, 100) as f64 / 100.0);
+        }
     }
     profile
 }
