@@ -192,6 +192,17 @@ fn cases(inputs: &Inputs) -> Vec<Case> {
             Some("units[0].backward_us"),
         ),
         case(
+            "negative factor of one collective",
+            baseline(&inputs.profile_with(
+                "overlap_slowdown = ",
+                "overlap_slowdown_all_gather = -0.25\noverlap_slowdown = ",
+                1,
+            )),
+            2,
+            "a finite number >= 0, got -0.25",
+            Some("overlap_slowdown_all_gather"),
+        ),
+        case(
             "negative recompute time",
             baseline(&inputs.profile_with(
                 "forward_us = ",

@@ -172,6 +172,8 @@ pub fn analytic_profile(
         world_size: n,
         block_size_bytes,
         overlap_slowdown: opts.overlap_slowdown,
+        overlap_slowdown_reduce_scatter: None,
+        overlap_slowdown_all_gather: None,
         comm_slowdown: opts.comm_slowdown,
         update_slowdown: None,
         iteration_extra_us: opts.iteration_extra_us,

@@ -5,13 +5,17 @@ use crate::profile::Profile;
 use crate::timeline::{Level, Op, Timeline};
 
 /// Interference in a slot (DESIGN §3.4): compute c beside communication-stream work takes
-/// c + L, where L = κ_c·(collectives' time) + κ_u·(optimizer steps' time); that work beside
-/// compute takes Q + κ_q·c (κ_q ≤ 1, so a slot without communication is never stretched by it).
-/// κ_q = 0 and κ_u = κ_c is the one-sided model.
+/// c + L, where L = Σ κ_c,op·(each kind of collective's time) + κ_u·(optimizer steps' time); that
+/// work beside compute takes Q + κ_q·c (κ_q ≤ 1, so a slot without communication is never
+/// stretched by it). κ_q = 0 and κ_u = κ_c,op = κ_c is the one-sided model.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Interference {
-    /// κ_c: compute µs lost per µs of concurrent collectives.
+    /// κ_c: compute µs lost per µs of concurrent AllReduces.
     pub compute: f64,
+    /// κ_c,RS: compute µs lost per µs of concurrent ReduceScatters.
+    pub reduce_scatter: f64,
+    /// κ_c,AG: compute µs lost per µs of concurrent AllGathers.
+    pub all_gather: f64,
     /// κ_q: communication-stream µs lost per µs of concurrent compute.
     pub comm: f64,
     /// κ_u: compute µs lost per µs of a concurrent optimizer step (on the communication stream).
@@ -19,6 +23,17 @@ pub struct Interference {
 }
 
 impl Interference {
+    /// κ_c for every collective alike, κ_q and κ_u.
+    pub fn uniform(compute: f64, comm: f64, update: f64) -> Interference {
+        Interference {
+            compute,
+            reduce_scatter: compute,
+            all_gather: compute,
+            comm,
+            update,
+        }
+    }
+
     /// d = max(c + L, Q + κ_q·c): a strict slot's duration from its compute c, its
     /// communication-stream time Q and the compute load L of that work.
     pub fn slot_duration(self, compute_us: f64, comm_us: f64, load_us: f64) -> f64 {
@@ -34,9 +49,18 @@ impl Interference {
         }
     }
 
-    /// L of one block: κ_c·t_op + κ_u·upd, the compute it costs the slot it runs in.
-    pub fn load_us(self, block: BlockTime) -> f64 {
-        self.compute * block.collective_us + self.update * block.update_us
+    /// κ_c,op: the compute a µs of `op`'s collective costs beside it.
+    pub fn collective(self, op: Op) -> f64 {
+        match op {
+            Op::AllReduce => self.compute,
+            Op::ReduceScatter => self.reduce_scatter,
+            Op::Gather | Op::GatherForward | Op::GatherBackward => self.all_gather,
+        }
+    }
+
+    /// L of one block of `op`: κ_c,op·t_op + κ_u·upd, the compute it costs the slot it runs in.
+    pub fn load_us(self, op: Op, block: BlockTime) -> f64 {
+        self.collective(op) * block.collective_us + self.update * block.update_us
     }
 }
 

@@ -210,6 +210,26 @@ fn a_recomputation_costs_its_own_time() {
     );
 }
 
+/// The same plan with each kind of collective costing compute its own κ_c (DESIGN §3.4):
+/// κ_c,RS = 1, κ_c,AG = 0.5, AllReduces still 0.1. L per slot: F3 0.5·50 = 25, B2 0.1·4 +
+/// 0.5·50 = 25.4, B1 1·25 + 0.5·50 = 50, E 1·50 + 0.5·100 = 100; d = max(c + L, Q): F3 55 (was
+/// 50), B2 85.4 (was 65.4), B1 max(70, 75) = 75, E max(105, 150) = 150 → T = 455.4. Absent, the
+/// factors are κ_c and T is 430.4 as above.
+#[test]
+fn each_collective_costs_compute_its_own_factor() {
+    let mut p = mixed_profile();
+    p.overlap_slowdown_reduce_scatter = Some(1.0);
+    p.overlap_slowdown_all_gather = Some(0.5);
+    let s = schedule(&p, MIXED_PLAN).unwrap();
+    let strict = simulate(&p, &s, Semantics::Strict);
+    check(&strict, 455.4, &[10.0, 20.0, 55.0, 60.0, 85.4, 75.0, 150.0]);
+    close(
+        strict.overlap_slowdown_us,
+        25.0 + 25.4 + 50.0 + 100.0,
+        "Σ L",
+    );
+}
+
 /// The same plan with communication slowed by compute as well (κ_q = 0.5, DESIGN §3.3), strict:
 /// d = max(c + 0.1·Q, Q + 0.5·c) per slot, from the (c, Q) pairs worked out above:
 /// F1 (10, 0) max(10, 5) = 10; F2 (20, 0) 20; F3 (30, 50) max(35, 65) = 65; B3 (60, 0) 60;

@@ -58,11 +58,13 @@ fn save(profile: &Profile, args: &MeasureArgs, details: serde_json::Value) -> an
     } else {
         let interference = profile.interference();
         outln!(
-            "wrote {}: {} units, block size {}, compute slowed {:.3} µs per µs of collectives and {:.3} per µs of optimizer steps beside it, communication {:.3} µs per µs of compute",
+            "wrote {}: {} units, block size {}, compute slowed {:.3} / {:.3} / {:.3} µs per µs of AllReduce / ReduceScatter / AllGather and {:.3} per µs of optimizer steps beside it, communication {:.3} µs per µs of compute",
             args.out.display(),
             profile.unit_count(),
             format_bytes(profile.block_size_bytes as f64),
             interference.compute,
+            interference.reduce_scatter,
+            interference.all_gather,
             interference.update,
             interference.comm
         );

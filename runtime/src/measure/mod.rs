@@ -14,8 +14,8 @@ mod timing;
 
 pub use session::{MeasureOptions, Measured, measure_on_cpu, measure_on_cuda, measure_workload};
 pub use timing::{
-    DataSteps, Slowdowns, block_reductions, compute_slot, measurement_allocation, time_collectives,
-    time_interference, time_units,
+    DataSteps, Slowdowns, block_collectives, compute_slot, measurement_allocation,
+    time_collectives, time_interference, time_units,
 };
 
 use crate::Result;
@@ -89,6 +89,8 @@ pub fn workload_profile(
         world_size: world,
         block_size_bytes: block,
         overlap_slowdown: 0.0,
+        overlap_slowdown_reduce_scatter: None,
+        overlap_slowdown_all_gather: None,
         comm_slowdown: 0.0,
         update_slowdown: None,
         iteration_extra_us: 0.0,

@@ -4,7 +4,7 @@
 
 use super::slots::{Slots, time_slot_interference};
 use super::{
-    DataSteps, block_reductions, compute_layout, compute_slot, measurement_allocation,
+    DataSteps, block_collectives, compute_layout, compute_slot, measurement_allocation,
     time_collectives, time_interference, time_units, workload_profile,
 };
 use crate::backend::{Backend, Collectives, CpuBackend};
@@ -20,6 +20,7 @@ use serde_json::json;
 use shardplan_scheduler::analytic::{AnalyticOptions, analytic_profile, comm_curves};
 use shardplan_scheduler::hardware::Catalog;
 use shardplan_scheduler::model::ModelSpec;
+use shardplan_scheduler::nccl_tests::Collective;
 use shardplan_scheduler::profile::{CommCurves, Profile};
 use shardplan_scheduler::size::format_bytes;
 use std::collections::BTreeMap;
@@ -184,12 +185,19 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
     let kappa_bytes = profile.block_size_bytes.min(message_bytes);
     let l = workload.unit_count();
     let pass = |s: usize| compute_slot(&backend, workload, &layout, s, &steps);
-    let block = block_reductions(&backend, start, kappa_bytes, 1)?;
+    let block = |kind| block_collectives(&backend, start, kappa_bytes, 1, kind);
+    let (all_reduce, reduce_scatter, all_gather) = (
+        block(Collective::AllReduce)?,
+        block(Collective::ReduceScatter)?,
+        block(Collective::AllGather)?,
+    );
     let update = |s: usize| workload.optimize(&backend, &copy, s % l, 1);
     let slots = Slots {
         slots: 2 * l,
         compute: &pass,
-        block: &block,
+        all_reduce: &all_reduce,
+        reduce_scatter: &reduce_scatter,
+        all_gather: &all_gather,
         update: &update,
     };
     let interference = time_slot_interference(&backend, &slots)?;
@@ -198,6 +206,8 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
         unit.optimizer_us = (interference.update_us[i] + interference.update_us[i + l]) / 2.0;
     }
     profile.overlap_slowdown = interference.compute;
+    profile.overlap_slowdown_reduce_scatter = Some(interference.reduce_scatter);
+    profile.overlap_slowdown_all_gather = Some(interference.all_gather);
     profile.comm_slowdown = interference.comm;
     profile.update_slowdown = Some(interference.update);
     let details = json!({
@@ -268,7 +278,7 @@ fn measure_transformer(
         .ok_or_else(|| Error::Backend("the transformer replay has no block unit".into()))?;
     let round = || backend.replay(&block, &buffers);
     let kappa_bytes = profile.block_size_bytes.min(options.max_message);
-    let reductions = block_reductions(&backend, start, kappa_bytes, 400)?;
+    let reductions = block_collectives(&backend, start, kappa_bytes, 400, Collective::AllReduce)?;
     let interference = time_interference(&backend, &round, &reductions)?;
     profile.overlap_slowdown = interference.compute;
     profile.comm_slowdown = interference.comm;

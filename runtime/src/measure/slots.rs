@@ -8,7 +8,9 @@
 //! a woken one; a GPU's copy engine starts at once). So the factors are fitted to slots run the
 //! same way: each unit's forward and backward, with block-sized AllReduces (or an optimizer step)
 //! beside it, timed per slot alone and together, and κ chosen so that the model's slot duration
-//! ([`Interference::slot_duration`]) matches the measured ones.
+//! ([`Interference::slot_duration`]) matches the measured ones. Each kind of collective costs
+//! compute differently (on the CPU a ReduceScatter's slots ran c + Q where an AllReduce's ran
+//! c + 0.7·Q), so each has its own κ_c.
 
 use super::median;
 use crate::Result;
@@ -24,10 +26,14 @@ pub type SlotWork<'a> = &'a (dyn Fn(usize) -> Result<()> + Sync);
 /// (this machine's speed drifts over seconds, DESIGN §6.6).
 const ROUNDS: usize = 5;
 
-/// The collective slots' communication against their compute: compute-bound, balanced and
+/// The AllReduce slots' communication against their compute: compute-bound, balanced and
 /// communication-bound (a plan's slots are all three; the model's max form errs most where the
-/// two are equal).
-const BLOCKS_AGAINST_COMPUTE: [f64; 3] = [0.5, 1.0, 2.0];
+/// two are equal). They fit κ_c and κ_q.
+const ALL_REDUCES_AGAINST_COMPUTE: [f64; 3] = [0.5, 1.0, 2.0];
+
+/// The ReduceScatter and AllGather slots' communication against their compute: each fits its own
+/// κ_c with κ_q given, which the compute-bound and balanced slots pin.
+const OTHERS_AGAINST_COMPUTE: [f64; 2] = [0.5, 1.0];
 
 /// The most blocks beside one slot.
 const MOST_BLOCKS: usize = 64;
@@ -44,10 +50,12 @@ pub struct SlotSample {
     pub together_us: f64,
 }
 
-/// What the fit found.
+/// What the fit found: κ_c (AllReduces), κ_c,RS, κ_c,AG, κ_q and κ_u.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct SlotInterference {
     pub compute: f64,
+    pub reduce_scatter: f64,
+    pub all_gather: f64,
     pub comm: f64,
     pub update: f64,
     /// Mean |model − measured| / measured over the collective slots and the update slots.
@@ -58,20 +66,35 @@ pub struct SlotInterference {
     pub update_us: Vec<f64>,
 }
 
+/// One block-sized collective.
+pub type BlockWork<'a> = &'a (dyn Fn() -> Result<()> + Sync);
+
 /// The workload as slots: `slots` slots whose compute is `compute(s)` (each unit's forward, then
-/// each backward); `block` one block-sized AllReduce; `update(s)` an optimizer step that touches
-/// no byte of the compute.
+/// each backward); one block-sized AllReduce, ReduceScatter and AllGather; `update(s)` an
+/// optimizer step that touches no byte of the compute.
 pub struct Slots<'a> {
     pub slots: usize,
     pub compute: SlotWork<'a>,
-    pub block: &'a (dyn Fn() -> Result<()> + Sync),
+    pub all_reduce: BlockWork<'a>,
+    pub reduce_scatter: BlockWork<'a>,
+    pub all_gather: BlockWork<'a>,
     pub update: SlotWork<'a>,
 }
 
+/// The communication-stream work beside the slots, by what its samples fit.
+#[derive(Clone, Copy, PartialEq)]
+enum Fits {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+    Update,
+}
+
 /// κ_c and κ_q from slots with block-sized AllReduces beside compute, about half, once and twice
-/// its time ([`BLOCKS_AGAINST_COMPUTE`]), κ_u from slots with an optimizer step beside them; every
-/// value is the slowest rank's (a slot whose collectives join the ranks ends with the slowest).
-/// Every rank must call it and gets the same factors.
+/// its time ([`ALL_REDUCES_AGAINST_COMPUTE`]); κ_c,RS and κ_c,AG from slots with ReduceScatters
+/// and AllGathers ([`OTHERS_AGAINST_COMPUTE`]), and κ_u from slots with an optimizer step beside
+/// them, each with κ_q given; every value is the slowest rank's (a slot whose collectives join
+/// the ranks ends with the slowest). Every rank must call it and gets the same factors.
 pub fn time_slot_interference<B: Backend>(backend: &B, work: &Slots) -> Result<SlotInterference> {
     let idle = |_: usize| Ok(());
     let slots = work.slots;
@@ -81,29 +104,44 @@ pub fn time_slot_interference<B: Backend>(backend: &B, work: &Slots) -> Result<S
         backend,
         &run_slots(backend, slots, Some(work.compute), &idle)?,
     )?;
-    let one_block = |_: usize| (work.block)();
-    let block_us = median(slowest(
-        backend,
-        &run_slots(backend, slots, None, &one_block)?,
-    )?);
-    let blocks_for = |ratio: f64| -> Vec<usize> {
-        first_compute
-            .iter()
-            .map(|c| ((ratio * c / block_us.max(1e-3)).round() as usize).clamp(1, MOST_BLOCKS))
-            .collect()
-    };
-    let counts: Vec<Vec<usize>> = BLOCKS_AGAINST_COMPUTE
+    let kinds = [
+        (
+            Fits::AllReduce,
+            work.all_reduce,
+            &ALL_REDUCES_AGAINST_COMPUTE[..],
+        ),
+        (
+            Fits::ReduceScatter,
+            work.reduce_scatter,
+            &OTHERS_AGAINST_COMPUTE[..],
+        ),
+        (
+            Fits::AllGather,
+            work.all_gather,
+            &OTHERS_AGAINST_COMPUTE[..],
+        ),
+    ];
+    let mut block_slots = Vec::new();
+    for (fits, block, ratios) in kinds {
+        let one_block = |_: usize| block();
+        let block_us = median(slowest(
+            backend,
+            &run_slots(backend, slots, None, &one_block)?,
+        )?);
+        for &ratio in ratios {
+            let counts: Vec<usize> = first_compute
+                .iter()
+                .map(|c| ((ratio * c / block_us.max(1e-3)).round() as usize).clamp(1, MOST_BLOCKS))
+                .collect();
+            block_slots.push((fits, move |s: usize| {
+                (0..counts[s]).try_for_each(|_| block())
+            }));
+        }
+    }
+    let comm_works: Vec<(Fits, SlotWork)> = block_slots
         .iter()
-        .map(|&r| blocks_for(r))
-        .collect();
-    let block_slots: Vec<_> = counts
-        .iter()
-        .map(|counts| move |s: usize| (0..counts[s]).try_for_each(|_| (work.block)()))
-        .collect();
-    let comm_works: Vec<SlotWork> = block_slots
-        .iter()
-        .map(|w| w as SlotWork)
-        .chain([work.update])
+        .map(|(fits, w)| (*fits, w as SlotWork))
+        .chain([(Fits::Update, work.update)])
         .collect();
     // Per round: compute alone, then each work alone and beside compute.
     let mut computed = Vec::with_capacity(ROUNDS);
@@ -116,7 +154,7 @@ pub fn time_slot_interference<B: Backend>(backend: &B, work: &Slots) -> Result<S
             backend,
             &run_slots(backend, slots, Some(work.compute), &idle)?,
         )?);
-        for (k, comm) in comm_works.iter().enumerate() {
+        for (k, (_, comm)) in comm_works.iter().enumerate() {
             alone[k].push(slowest(backend, &run_slots(backend, slots, None, *comm)?)?);
             together[k].push(slowest(
                 backend,
@@ -126,30 +164,51 @@ pub fn time_slot_interference<B: Backend>(backend: &B, work: &Slots) -> Result<S
     }
     let per_slot = |rows: &[Vec<f64>], s: usize| median(rows.iter().map(|r| r[s]).collect());
     let compute: Vec<f64> = (0..slots).map(|s| per_slot(&computed, s)).collect();
-    let samples = |k: usize| -> Vec<SlotSample> {
-        (0..slots)
-            .map(|s| SlotSample {
-                compute_us: compute[s],
-                comm_us: per_slot(&alone[k], s),
-                together_us: per_slot(&together[k], s),
+    let samples = |fits: Fits| -> Vec<SlotSample> {
+        let (compute, alone, together) = (&compute, &alone, &together);
+        (0..comm_works.len())
+            .filter(|&k| comm_works[k].0 == fits)
+            .flat_map(|k| {
+                (0..slots).map(move |s| SlotSample {
+                    compute_us: compute[s],
+                    comm_us: per_slot(&alone[k], s),
+                    together_us: per_slot(&together[k], s),
+                })
             })
             .collect()
     };
-    let updates = samples(comm_works.len() - 1);
-    let collectives: Vec<SlotSample> = (0..comm_works.len() - 1).flat_map(samples).collect();
-    let (kappa_c, kappa_q) = fit_collectives(&collectives);
-    let kappa_u = fit_update(&updates, kappa_q);
-    let fitted = Interference {
-        compute: kappa_c,
-        comm: kappa_q,
-        update: kappa_u,
-    };
+    let (all_reduces, reduce_scatters, all_gathers, updates) = (
+        samples(Fits::AllReduce),
+        samples(Fits::ReduceScatter),
+        samples(Fits::AllGather),
+        samples(Fits::Update),
+    );
+    let (kappa_c, kappa_q) = fit_collectives(&all_reduces);
+    let fitted = [
+        (kappa_c, &all_reduces),
+        (fit_load(&reduce_scatters, kappa_q), &reduce_scatters),
+        (fit_load(&all_gathers, kappa_q), &all_gathers),
+    ];
+    let kappa_u = fit_load(&updates, kappa_q);
+    let collective_error = fitted
+        .iter()
+        .map(|(kappa, samples)| {
+            mean_error(samples, |s| load_model(*kappa, kappa_q, s)) * samples.len() as f64
+        })
+        .sum::<f64>()
+        / fitted
+            .iter()
+            .map(|(_, samples)| samples.len())
+            .sum::<usize>()
+            .max(1) as f64;
     Ok(SlotInterference {
         compute: kappa_c,
+        reduce_scatter: fitted[1].0,
+        all_gather: fitted[2].0,
         comm: kappa_q,
         update: kappa_u,
-        collective_error: mean_error(&collectives, |s| collective_model(fitted, s)),
-        update_error: mean_error(&updates, |s| update_model(fitted, s)),
+        collective_error,
+        update_error: mean_error(&updates, |s| load_model(kappa_u, kappa_q, s)),
         update_us: updates.iter().map(|s| s.comm_us).collect(),
     })
 }
@@ -159,14 +218,14 @@ fn grid() -> impl Iterator<Item = f64> + Clone {
     (0..=100).map(|k| f64::from(k) / 100.0)
 }
 
-/// The model's duration of a slot whose communication-stream work is collectives.
-fn collective_model(kappa: Interference, s: &SlotSample) -> f64 {
-    kappa.slot_duration(s.compute_us, s.comm_us, kappa.compute * s.comm_us)
-}
-
-/// The model's duration of a slot whose communication-stream work is an optimizer step.
-fn update_model(kappa: Interference, s: &SlotSample) -> f64 {
-    kappa.slot_duration(s.compute_us, s.comm_us, kappa.update * s.comm_us)
+/// The model's duration of a slot whose communication-stream work (Q) costs compute κ·Q:
+/// max(c + κ·Q, Q + κ_q·c).
+fn load_model(kappa: f64, comm: f64, s: &SlotSample) -> f64 {
+    Interference::uniform(kappa, comm, kappa).slot_duration(
+        s.compute_us,
+        s.comm_us,
+        kappa * s.comm_us,
+    )
 }
 
 /// Σ (model − measured)² over the samples, in µs²: a step is the sum of its slots, so an error
@@ -193,12 +252,7 @@ pub fn fit_collectives(samples: &[SlotSample]) -> (f64, f64) {
     let mut best = (f64::INFINITY, 0.0, 0.0);
     for compute in grid() {
         for comm in grid() {
-            let kappa = Interference {
-                compute,
-                comm,
-                update: 0.0,
-            };
-            let error = squared_error(samples, |s| collective_model(kappa, s));
+            let error = squared_error(samples, |s| load_model(compute, comm, s));
             if error < best.0 {
                 best = (error, compute, comm);
             }
@@ -207,18 +261,14 @@ pub fn fit_collectives(samples: &[SlotSample]) -> (f64, f64) {
     (best.1, best.2)
 }
 
-/// κ_u on the grid with the least squared error of d = max(c + κ_u·U, U + κ_q·c).
-pub fn fit_update(samples: &[SlotSample], comm: f64) -> f64 {
+/// κ on the grid with the least squared error of d = max(c + κ·Q, Q + κ_q·c), κ_q given: κ_u of
+/// optimizer steps, κ_c,RS and κ_c,AG of the other collectives; the smallest among equal errors.
+pub fn fit_load(samples: &[SlotSample], comm: f64) -> f64 {
     let mut best = (f64::INFINITY, 0.0);
-    for update in grid() {
-        let kappa = Interference {
-            compute: 0.0,
-            comm,
-            update,
-        };
-        let error = squared_error(samples, |s| update_model(kappa, s));
+    for kappa in grid() {
+        let error = squared_error(samples, |s| load_model(kappa, comm, s));
         if error < best.0 {
-            best = (error, update);
+            best = (error, kappa);
         }
     }
     best.1
@@ -300,13 +350,21 @@ fn run_slots<B: Backend>(
 mod tests {
     use super::*;
 
-    fn samples_of(kappa: Interference, shapes: &[(f64, f64)]) -> Vec<SlotSample> {
+    fn samples_of(kappa: f64, comm: f64, shapes: &[(f64, f64)]) -> Vec<SlotSample> {
         shapes
             .iter()
             .map(|&(c, q)| SlotSample {
                 compute_us: c,
                 comm_us: q,
-                together_us: kappa.slot_duration(c, q, kappa.compute * q),
+                together_us: load_model(
+                    kappa,
+                    comm,
+                    &SlotSample {
+                        compute_us: c,
+                        comm_us: q,
+                        together_us: 0.0,
+                    },
+                ),
             })
             .collect()
     }
@@ -322,14 +380,8 @@ mod tests {
     /// Slots on both sides of c = Q pin both factors: the fit recovers them to the grid.
     #[test]
     fn the_fit_recovers_the_factors_that_made_the_slots() {
-        let shapes = SHAPES;
         for (c, q) in [(0.37, 0.12), (0.9, 0.8), (0.0, 0.0), (0.6, 0.66)] {
-            let kappa = Interference {
-                compute: c,
-                comm: q,
-                update: 0.0,
-            };
-            let (fc, fq) = fit_collectives(&samples_of(kappa, &shapes));
+            let (fc, fq) = fit_collectives(&samples_of(c, q, &SHAPES));
             assert!(
                 (fc - c).abs() < 0.006 && (fq - q).abs() < 0.006,
                 "{c},{q} -> {fc},{fq}"
@@ -341,51 +393,29 @@ mod tests {
     /// reproduces every slot and keeps κ_c at 0.
     #[test]
     fn serial_streams_fit_exactly() {
-        let serial = Interference {
-            compute: 1.0,
-            comm: 1.0,
-            update: 0.0,
-        };
-        let samples = samples_of(serial, &SHAPES);
+        let samples = samples_of(1.0, 1.0, &SHAPES);
         let (fc, fq) = fit_collectives(&samples);
         assert_eq!((fc, fq), (0.0, 1.0));
-        let fitted = Interference {
-            compute: fc,
-            comm: fq,
-            update: 0.0,
-        };
-        assert_eq!(mean_error(&samples, |s| collective_model(fitted, s)), 0.0);
+        assert_eq!(mean_error(&samples, |s| load_model(fc, fq, s)), 0.0);
     }
 
     /// A compute-bound sample says nothing of κ_q: the fit keeps it at 0, not anywhere on the
     /// flat stretch of the error.
     #[test]
     fn an_unconstrained_factor_stays_at_zero() {
-        let kappa = Interference {
-            compute: 0.5,
-            comm: 0.5,
-            update: 0.0,
-        };
-        let (fc, fq) = fit_collectives(&samples_of(kappa, &[(1000.0, 100.0), (800.0, 200.0)]));
-        assert_eq!((fc, fq), (0.5, 0.0));
+        let samples = samples_of(0.5, 0.5, &[(1000.0, 100.0), (800.0, 200.0)]);
+        assert_eq!(fit_collectives(&samples), (0.5, 0.0));
     }
 
-    /// κ_u from update slots, κ_q given.
+    /// κ_u (or κ_c,RS, κ_c,AG) from its own slots, κ_q given: a collective that runs beside
+    /// compute one after the other (κ = 1, the CPU's ReduceScatters) is told from one that
+    /// overlaps it, with the same κ_q.
     #[test]
-    fn the_update_fit_recovers_its_factor() {
-        let kappa = Interference {
-            compute: 0.0,
-            comm: 0.2,
-            update: 0.83,
-        };
-        let samples: Vec<SlotSample> = [(400.0, 250.0), (900.0, 260.0), (100.0, 250.0)]
-            .iter()
-            .map(|&(c, u)| SlotSample {
-                compute_us: c,
-                comm_us: u,
-                together_us: kappa.slot_duration(c, u, kappa.update * u),
-            })
-            .collect();
-        assert!((fit_update(&samples, 0.2) - 0.83).abs() < 0.006);
+    fn a_load_fit_recovers_its_factor() {
+        let shapes = [(400.0, 250.0), (900.0, 260.0), (100.0, 250.0)];
+        for kappa in [0.83, 1.0, 0.0] {
+            let fitted = fit_load(&samples_of(kappa, 0.2, &shapes), 0.2);
+            assert!((fitted - kappa).abs() < 0.006, "{kappa} -> {fitted}");
+        }
     }
 }

@@ -7,6 +7,7 @@ use crate::Result;
 use crate::backend::{Allocation, Backend, Region, Stream, StreamWork, on_both_streams};
 use crate::layout::Layout;
 use crate::workload::{Pass, Train};
+use shardplan_scheduler::nccl_tests::Collective;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Elements of the largest message of the curves, rounded to a multiple of the world size.
@@ -282,24 +283,34 @@ const INTERFERENCE_PAIRS: usize = 5;
 /// Compute rounds timed alone in each pair.
 const ALONE_ROUNDS: usize = 3;
 
-/// AllReduces of rank 0's `bytes` (every rank runs the same size: ranks that derived another
-/// block size from their own timings would otherwise run AllReduces of different sizes against
-/// each other, MPI_ERR_TRUNCATE or a corrupted heap), `rounds` of them, from element `start` of
-/// the arena: the communication side of κ_c and κ_q. Every rank must call it.
-pub fn block_reductions<B: Backend>(
+/// Collectives of `kind` on rank 0's `bytes` (every rank runs the same size: ranks that derived
+/// another block size from their own timings would otherwise run collectives of different sizes
+/// against each other, MPI_ERR_TRUNCATE or a corrupted heap), `rounds` of them, on the two
+/// message buffers from element `start` of the arena (the full message, then a shard of it): the
+/// communication side of κ_c and κ_q. Every rank must call it.
+pub fn block_collectives<B: Backend>(
     backend: &B,
     start: usize,
     bytes: u64,
     rounds: usize,
+    kind: Collective,
 ) -> Result<impl Fn() -> Result<()> + Sync + '_> {
     let bytes = from_first_rank(backend, bytes)?;
-    let message = Region {
+    let full = Region {
         offset: start,
         len: message_elements(bytes, backend.world_size()),
     };
+    let shard = Region {
+        offset: start + full.len,
+        len: full.len / backend.world_size(),
+    };
     Ok(move || -> Result<()> {
         for _ in 0..rounds {
-            backend.all_reduce(message)?;
+            match kind {
+                Collective::AllReduce => backend.all_reduce(full)?,
+                Collective::ReduceScatter => backend.reduce_scatter(full, shard)?,
+                Collective::AllGather => backend.all_gather(shard, full)?,
+            }
         }
         Ok(())
     })

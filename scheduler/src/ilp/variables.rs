@@ -182,7 +182,7 @@ fn op_vars(
         launches,
         cumulative,
         block_time_us: time.total_us(),
-        block_load_us: profile.interference().load_us(time),
+        block_load_us: profile.interference().load_us(op, time),
         block_bytes: block_bytes(profile, unit, op),
     }
 }

@@ -148,8 +148,15 @@ pub struct Profile {
     pub world_size: u32,
     /// B: the unit of communication.
     pub block_size_bytes: u64,
-    /// κ (κ_c): compute slowdown per µs of concurrent communication.
+    /// κ (κ_c): compute slowdown per µs of concurrent communication (of AllReduces, and of the
+    /// other collectives where the profile gives no factor of their own).
     pub overlap_slowdown: f64,
+    /// κ_c of ReduceScatters (DESIGN §3.4). Absent (and not written), it is κ_c.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap_slowdown_reduce_scatter: Option<f64>,
+    /// κ_c of AllGathers (DESIGN §3.4). Absent (and not written), it is κ_c.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap_slowdown_all_gather: Option<f64>,
     /// κ_q: communication slowdown per µs of concurrent compute, in [0, 1] (0, the default and
     /// left out of the file, is the one-sided model; DESIGN §3.4).
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -208,6 +215,12 @@ impl Profile {
     pub fn interference(&self) -> crate::cost::Interference {
         crate::cost::Interference {
             compute: self.overlap_slowdown,
+            reduce_scatter: self
+                .overlap_slowdown_reduce_scatter
+                .unwrap_or(self.overlap_slowdown),
+            all_gather: self
+                .overlap_slowdown_all_gather
+                .unwrap_or(self.overlap_slowdown),
             comm: self.comm_slowdown,
             update: self.update_slowdown.unwrap_or(self.overlap_slowdown),
         }
@@ -283,13 +296,22 @@ impl Profile {
                 format!("a finite number >= 0, got {}", self.overlap_slowdown),
             );
         }
-        if let Some(update) = self.update_slowdown
-            && !(update >= 0.0 && update.is_finite())
-        {
-            return bad(
-                "update_slowdown".into(),
-                format!("a finite number >= 0, got {update}"),
-            );
+        for (field, factor) in [
+            (
+                "overlap_slowdown_reduce_scatter",
+                self.overlap_slowdown_reduce_scatter,
+            ),
+            (
+                "overlap_slowdown_all_gather",
+                self.overlap_slowdown_all_gather,
+            ),
+            ("update_slowdown", self.update_slowdown),
+        ] {
+            if let Some(factor) = factor
+                && !(factor >= 0.0 && factor.is_finite())
+            {
+                return bad(field.into(), format!("a finite number >= 0, got {factor}"));
+            }
         }
         if !(0.0..=1.0).contains(&self.comm_slowdown) {
             return bad(

@@ -124,7 +124,7 @@ impl SlotInputs {
             .iter()
             .map(|q| {
                 q.iter()
-                    .map(|&(unit, op, _)| interference.load_us(block_time(profile, unit, op)))
+                    .map(|&(unit, op, _)| interference.load_us(op, block_time(profile, unit, op)))
                     .sum()
             })
             .collect();

@@ -67,6 +67,8 @@ pub fn profile(
         world_size,
         block_size_bytes,
         overlap_slowdown,
+        overlap_slowdown_reduce_scatter: None,
+        overlap_slowdown_all_gather: None,
         comm_slowdown: 0.0,
         update_slowdown: None,
         iteration_extra_us,
@@ -189,6 +191,11 @@ pub fn random_profile(rng: &mut Rng, units: usize, kappa: f64, max_params: u64) 
         if rng.coin() {
             unit.recompute_us = Some(unit.forward_us * rng.range(50, 100) as f64 / 100.0);
         }
+    }
+    // Each kind of collective's own κ_c, around κ_c (or, absent, κ_c itself).
+    if kappa > 0.0 && rng.coin() {
+        profile.overlap_slowdown_reduce_scatter = Some(kappa * rng.range(50, 200) as f64 / 100.0);
+        profile.overlap_slowdown_all_gather = Some(kappa * rng.range(50, 200) as f64 / 100.0);
     }
     profile
 }
