@@ -190,17 +190,12 @@ pub fn time_slot_interference<B: Backend>(backend: &B, work: &Slots) -> Result<S
         (fit_load(&all_gathers, kappa_q), &all_gathers),
     ];
     let kappa_u = fit_load(&updates, kappa_q);
-    let collective_error = fitted
-        .iter()
-        .map(|(kappa, samples)| {
-            mean_error(samples, |s| load_model(*kappa, kappa_q, s)) * samples.len() as f64
-        })
-        .sum::<f64>()
-        / fitted
+    let collective_error = mean_error(
+        fitted
             .iter()
-            .map(|(_, samples)| samples.len())
-            .sum::<usize>()
-            .max(1) as f64;
+            .flat_map(|(kappa, samples)| samples.iter().map(move |s| (*kappa, s))),
+        kappa_q,
+    );
     Ok(SlotInterference {
         compute: kappa_c,
         reduce_scatter: fitted[1].0,
@@ -208,7 +203,7 @@ pub fn time_slot_interference<B: Backend>(backend: &B, work: &Slots) -> Result<S
         comm: kappa_q,
         update: kappa_u,
         collective_error,
-        update_error: mean_error(&updates, |s| load_model(kappa_u, kappa_q, s)),
+        update_error: mean_error(updates.iter().map(|s| (kappa_u, s)), kappa_q),
         update_us: updates.iter().map(|s| s.comm_us).collect(),
     })
 }
@@ -237,12 +232,16 @@ fn squared_error(samples: &[SlotSample], model: impl Fn(&SlotSample) -> f64) -> 
         .sum()
 }
 
-fn mean_error(samples: &[SlotSample], model: impl Fn(&SlotSample) -> f64) -> f64 {
-    let total: f64 = samples
-        .iter()
-        .map(|s| ((model(s) - s.together_us) / s.together_us.max(1e-9)).abs())
-        .sum();
-    total / samples.len().max(1) as f64
+/// Mean |model − measured| / measured over the slots, each with the κ its model charges
+/// ([`load_model`], κ_q given).
+fn mean_error<'a>(samples: impl IntoIterator<Item = (f64, &'a SlotSample)>, comm: f64) -> f64 {
+    let (total, count) = samples
+        .into_iter()
+        .fold((0.0, 0usize), |(total, count), (kappa, s)| {
+            let error = (load_model(kappa, comm, s) - s.together_us) / s.together_us.max(1e-9);
+            (total + error.abs(), count + 1)
+        });
+    total / count.max(1) as f64
 }
 
 /// (κ_c, κ_q) on the grid with the least squared error of
@@ -396,7 +395,7 @@ mod tests {
         let samples = samples_of(1.0, 1.0, &SHAPES);
         let (fc, fq) = fit_collectives(&samples);
         assert_eq!((fc, fq), (0.0, 1.0));
-        assert_eq!(mean_error(&samples, |s| load_model(fc, fq, s)), 0.0);
+        assert_eq!(mean_error(samples.iter().map(|s| (fc, s)), fq), 0.0);
     }
 
     /// A compute-bound sample says nothing of κ_q: the fit keeps it at 0, not anywhere on the
