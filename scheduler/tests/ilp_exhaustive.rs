@@ -11,7 +11,8 @@ use common::{Rng, random_profile};
 use shardplan_scheduler::Error;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::ilp::{
-    Objective, SolveOptions, WindowLimits, lp_relaxation_bound, priced_lp_bound, solve,
+    Objective, SolveOptions, WindowLimits, far_band_bound, lp_relaxation_bound, priced_lp_bound,
+    solve,
 };
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::{Launch, Schedule, UnitSchedule};
@@ -362,6 +363,65 @@ fn the_lp_relaxation_bounds_every_plan_from_below() {
     assert!(
         checked >= 60 && exact >= 1 && priced_exact >= 10 && priced_below >= 1,
         "{checked} checked, {exact} exact, priced {priced_exact} exact and {priced_below} below"
+    );
+}
+
+/// The far-band relaxation of depth-1 windows (DESIGN §4.5, "far bands"), solved as a MIP, is
+/// never above the exhaustive optimum over every plan, at caps equal to plans' peaks (to the byte,
+/// rounded up), between them and without one; it is never above depth 1's own optimum (whose plans
+/// it holds), and it is exact where launching away from the consumer does not pay.
+#[test]
+fn the_far_band_relaxation_bounds_every_plan_from_below() {
+    let depth_1 = WindowLimits::depth(NonZeroUsize::MIN);
+    let (mut checked, mut exact, mut below_depth_1) = (0, 0, 0);
+    for seed in 0..24u64 {
+        let mut rng = Rng(seed * 7_919 + 11);
+        let units = 1 + (seed % 3) as usize;
+        let mut profile = random_profile(&mut rng, units, 0.1 * (seed % 2) as f64, 1000);
+        profile.comm_slowdown = if seed % 3 == 2 { 0.3 } else { 0.0 };
+        let recompute = seed % 4 < 2;
+        let every = enumerate(&profile, recompute, WindowLimits::FULL);
+        let limited = enumerate(&profile, recompute, depth_1);
+        let mut caps: Vec<Option<f64>> = caps(&every).into_iter().map(Some).collect();
+        let stride = every.len().div_ceil(4).max(1);
+        caps.extend(every.iter().step_by(stride).map(|r| Some(r.1.ceil())));
+        caps.push(None);
+        for cap in caps {
+            let best = fastest_within(&every, cap.unwrap_or(f64::INFINITY));
+            let options = SolveOptions {
+                memory_cap_bytes: cap.map(|c| c as u64),
+                allow_recompute: recompute,
+                relative_gap: 0.0,
+                ..SolveOptions::default()
+            };
+            let bound = far_band_bound(&profile, &options, depth_1).unwrap();
+            let Some(bound) = bound else {
+                assert!(
+                    best.is_infinite(),
+                    "seed {seed} cap {cap:?}: no bound, optimum {best}"
+                );
+                continue;
+            };
+            if best.is_infinite() {
+                continue;
+            }
+            assert!(
+                bound <= best * (1.0 + 1e-9),
+                "seed {seed} cap {cap:?}: far-band bound {bound} above the optimum {best}"
+            );
+            let depth_1_best = fastest_within(&limited, cap.unwrap_or(f64::INFINITY));
+            assert!(bound <= depth_1_best * (1.0 + 1e-9));
+            checked += 1;
+            exact += usize::from(bound >= best * (1.0 - 1e-9));
+            below_depth_1 += usize::from(best < depth_1_best * (1.0 - 1e-9));
+        }
+    }
+    eprintln!(
+        "{checked} far-band bounds checked, {exact} equal to the optimum over every plan; {below_depth_1} caps where a plan outside depth 1 is faster"
+    );
+    assert!(
+        checked >= 60 && exact >= 10 && below_depth_1 >= 5,
+        "{checked} checked, {exact} exact, {below_depth_1} beyond depth 1"
     );
 }
 

@@ -6,7 +6,7 @@
 mod common;
 
 use shardplan_scheduler::ilp::{
-    SolveOptions, WindowLimits, lp_relaxation_bound, priced_lp_bound, solve,
+    Relaxation, SolveOptions, WindowLimits, lp_relaxation_bound, priced_lp_bound, solve,
 };
 use shardplan_scheduler::profile::Profile;
 
@@ -28,14 +28,14 @@ fn a_staged_solve_bounds_every_plan_with_the_lp_relaxation() {
             format!(
                 "{}{}",
                 p.window_depth,
-                if p.lp_relaxation { " (LP)" } else { "" }
+                p.relaxation.map_or(String::new(), |r| format!(" ({r:?})"))
             )
         })
         .collect();
     let lp = report
         .phases
         .iter()
-        .find(|p| p.lp_relaxation)
+        .find(|p| p.relaxation == Some(Relaxation::Lp))
         .unwrap_or_else(|| panic!("no LP phase in {depths:?}"));
     assert!(lp.window_depth.is_full(), "{depths:?}");
     // The relaxation is a lower bound on every plan found, in any window.
@@ -96,4 +96,46 @@ fn pricing_depth_4_gives_the_full_window_lp_where_deeper_launches_do_not_pay() {
             );
         }
     }
+}
+
+/// Llama-2 70B is too large for the full-window MIP; the far-band search (DESIGN §4.5) bounds
+/// every plan and finds one that launches outside depth 4: at 156.1 GiB it is proven within the
+/// target over every plan and is more than 3% faster than the best plan within depth 4.
+#[test]
+fn the_far_band_search_proves_a_large_models_plan_over_every_plan() {
+    let path = common::repo_root().join("profiles/llama2-70b-h100-n64.toml");
+    let profile = Profile::load(&path).unwrap();
+    let options = SolveOptions {
+        memory_cap_bytes: Some((156.1 * (1u64 << 30) as f64) as u64),
+        relative_gap: 1e-3,
+        time_limit_s: 120.0,
+        ..SolveOptions::default()
+    };
+    let solved = solve(&profile, &options).unwrap();
+    let report = &solved.report;
+    let far = report
+        .phases
+        .iter()
+        .filter(|p| p.relaxation == Some(Relaxation::FarBands))
+        .map(|p| p.best_bound)
+        .fold(f64::NEG_INFINITY, f64::max);
+    assert!(far.is_finite(), "{report:?}");
+    assert!(far <= report.objective, "{far} vs {report:?}");
+    assert!(report.window_depth.is_full(), "{report:?}");
+    assert!(report.gap <= options.relative_gap, "{report:?}");
+    assert!(
+        (report.objective - solved.simulation.iteration_time_us).abs() <= 1e-6 * report.objective
+    );
+    assert!(solved.simulation.peak_memory_bytes <= options.memory_cap_bytes.unwrap() as f64);
+    let depth_4 = SolveOptions {
+        limits: WindowLimits::depth(std::num::NonZeroUsize::new(4).unwrap()),
+        ..options.clone()
+    };
+    let within_depth_4 = solve(&profile, &depth_4).unwrap();
+    assert!(
+        report.objective < within_depth_4.report.objective * 0.97,
+        "{} vs depth 4's {}",
+        report.objective,
+        within_depth_4.report.objective
+    );
 }

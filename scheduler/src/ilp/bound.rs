@@ -2,9 +2,9 @@
 //! relaxation solved outright, and the same bound obtained from a small window's LP by pricing
 //! every launch position the small window leaves out.
 
-use super::model::{Built, build, highs_model, memory_scale};
-use super::variables::{Columns, OpVars, covers, declare_units};
-use super::{Objective, PhaseReport, SolveOptions, SolveStatus, WindowLimits};
+use super::model::{Built, Form, build, highs_model, memory_scale};
+use super::variables::{Columns, ExtraPositions, OpVars, Shape, covers, declare_units};
+use super::{Objective, PhaseReport, Relaxation, SolveOptions, SolveStatus, WindowLimits};
 use crate::profile::Profile;
 use crate::timeline::{Level, Timeline};
 use crate::{Error, Result};
@@ -23,7 +23,7 @@ pub(super) fn lp_bound(
     time_limit: f64,
 ) -> Result<Option<PhaseReport>> {
     let started = Instant::now();
-    let built = build(profile, options, true);
+    let built = build(profile, options, (Form::Lp, &ExtraPositions::new()));
     let (variables, integer_variables) = (built.columns, built.integers);
     let (constraints, scale) = (built.constraints.len(), built.memory_scale);
     let mut model = highs_model(
@@ -48,7 +48,7 @@ pub(super) fn lp_bound(
     };
     Ok(Some(PhaseReport {
         window_depth: options.limits,
-        lp_relaxation: true,
+        relaxation: Some(Relaxation::Lp),
         status: SolveStatus::Optimal,
         objective: f64::NAN,
         best_bound,
@@ -251,7 +251,7 @@ fn priced_bound(
         constraints,
         rows,
         ..
-    } = build(profile, &limited, true);
+    } = build(profile, &limited, (Form::Lp, &ExtraPositions::new()));
     let constraint_count = constraints.len();
     let model = highs_model(problem, objective, constraints, options, time_limit)?;
     let solved = model
@@ -364,7 +364,7 @@ fn priced_bound(
     Ok(Some(Priced {
         bound: PhaseReport {
             window_depth: WindowLimits::FULL,
-            lp_relaxation: true,
+            relaxation: Some(Relaxation::Lp),
             status: SolveStatus::Optimal,
             objective: f64::NAN,
             best_bound: lagrangian,
@@ -429,7 +429,16 @@ impl FullColumns {
             ..options.clone()
         };
         let cap = options.memory_cap_bytes.map(|c| c as f64);
-        let units = declare_units(&mut columns, profile, &full, cap);
+        let units = declare_units(
+            &mut columns,
+            profile,
+            Shape {
+                options: &full,
+                extra: &ExtraPositions::new(),
+                far_bands: false,
+            },
+            cap,
+        );
         let ops: Vec<&OpVars> = units.iter().flat_map(|u| u.ops()).collect();
         let mut memory: Vec<Vec<Vec<(usize, f64)>>> = ops
             .iter()

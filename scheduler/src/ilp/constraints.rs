@@ -78,7 +78,7 @@ pub(super) fn reductions_before_gathers(units: &[UnitVars]) -> Vec<Constraint> {
 
 /// Q_s = Σ_{i,op,k: slot(k) = s} t_{i,op} · x_{i,op,k}: communication launched at each slot,
 /// and L_s = Σ_{i,op,k: slot(k) = s} ℓ_{i,op} · x_{i,op,k} with ℓ = κ_c·t_op + κ_u·upd_op: the
-/// compute it costs the slot.
+/// compute it costs the slot. Band columns (`super::far`) have no slot of their own.
 pub(super) fn communication_per_slot(
     units: &[UnitVars],
     slots: usize,
@@ -86,7 +86,8 @@ pub(super) fn communication_per_slot(
     let mut q = vec![Expression::default(); slots];
     let mut load = vec![Expression::default(); slots];
     for op in units.iter().flat_map(UnitVars::ops) {
-        for (&k, x) in op.positions.iter().zip(&op.launches) {
+        let at_positions = op.positions.iter().zip(&op.launches).zip(&op.bands);
+        for ((&k, x), _) in at_positions.filter(|(_, band)| band.is_none()) {
             q[op.window.slot_at(k)].add_mul(op.block_time_us, x.var);
             load[op.window.slot_at(k)].add_mul(op.block_load_us, x.var);
         }

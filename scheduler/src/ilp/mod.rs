@@ -3,20 +3,26 @@
 //!
 //! `variables` declares y, r, x, C, Z and d; `constraints` holds one function per constraint
 //! family; `model` builds one phase's model for HiGHS; `bound` proves bounds over every plan
-//! (the full-window LP relaxation, or the same priced from a small window's LP); `mapping` moves
-//! between schedules and column values; `solve` drives HiGHS, warm-starts from the best feasible
-//! baseline, runs the staged phases and checks every answer against the strict simulator.
+//! (the full-window LP relaxation, or the same priced from a small window's LP); `far` builds the
+//! far-band relaxation, a MIP whose bound holds over every plan, and `refine` the far-band search
+//! of large models; `mapping` moves between schedules and column values; `pool` keeps the plans
+//! met; `solve` drives HiGHS, warm-starts from the best feasible baseline, runs the staged phases
+//! and checks every answer against the strict simulator.
 
 mod bound;
 mod constraints;
+mod far;
 mod limits;
 mod mapping;
 mod model;
+mod pool;
+mod refine;
 mod solve;
 mod variables;
 
 pub use bound::{lp_relaxation_bound, priced_lp_bound};
 pub use limits::WindowLimits;
+pub use refine::far_band_bound;
 pub use solve::solve;
 
 use crate::baselines::Preference;
@@ -118,15 +124,25 @@ impl SolveStatus {
     }
 }
 
+/// The relaxation a bound-only run solved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Relaxation {
+    /// The LP relaxation (integrality dropped), solved outright or priced (DESIGN §4.5).
+    Lp,
+    /// The far-band relaxation, a MIP (DESIGN §4.5, "far bands").
+    FarBands,
+}
+
 /// One HiGHS run.
 #[derive(Debug, Clone, Serialize)]
 pub struct PhaseReport {
     /// The plans this run searched.
     pub window_depth: WindowLimits,
-    /// The run solved the LP relaxation (integrality dropped): no plan, only a bound over every
-    /// plan within its windows (DESIGN §4.5).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub lp_relaxation: bool,
+    /// The run solved a relaxation: no plan, only a bound over every plan within its windows
+    /// (DESIGN §4.5).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub relaxation: Option<Relaxation>,
     pub status: SolveStatus,
     pub objective: f64,
     pub best_bound: f64,

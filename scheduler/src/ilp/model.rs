@@ -5,7 +5,8 @@ use super::constraints::{
     communication_per_slot, compute_per_slot, coverage, cumulative_counts, memory_cap, memory_peak,
     memory_per_slot, one_level_per_unit, reductions_before_gathers, slot_durations, time_ceiling,
 };
-use super::variables::{Col, Columns, UnitVars, declare_units};
+use super::far::{Slack, pooled_bands, slack_running_sums};
+use super::variables::{Col, Columns, ExtraPositions, Shape, UnitVars, declare_units};
 use super::{Objective, SolveOptions};
 use crate::profile::Profile;
 use crate::timeline::Timeline;
@@ -42,27 +43,63 @@ pub(super) struct RowStarts {
     pub memory_cap: Option<usize>,
 }
 
-/// The model under `options`; with `relaxed`, its LP relaxation (integrality dropped).
-pub(super) fn build(profile: &Profile, options: &SolveOptions, relaxed: bool) -> Built {
+/// Which model of the plans within the windows is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Form {
+    /// The MIP: its integer solutions are the plans.
+    Mip,
+    /// The LP relaxation (integrality dropped).
+    Lp,
+    /// The far-band relaxation of the plans outside the window limits (`super::far`): a MIP
+    /// whose optimum bounds every plan.
+    FarBands,
+    /// The LP relaxation of the far-band relaxation: where it launches shows where far launches
+    /// may pay.
+    FarBandsLp,
+}
+
+/// The model under `options` in the given form, with launch columns also at `extra`.
+pub(super) fn build(
+    profile: &Profile,
+    options: &SolveOptions,
+    (form, extra): (Form, &ExtraPositions),
+) -> Built {
     let timeline = Timeline::new(profile.unit_count());
     let mut columns = Columns {
         problem: ProblemVariables::new(),
         count: 0,
         integer: 0,
-        relaxed,
+        relaxed: matches!(form, Form::Lp | Form::FarBandsLp),
     };
     let cap = options.memory_cap_bytes.map(|c| c as f64);
-    let units = declare_units(&mut columns, profile, options, cap);
+    let far_bands = matches!(form, Form::FarBands | Form::FarBandsLp);
+    let shape = Shape {
+        options,
+        extra,
+        far_bands,
+    };
+    let units = declare_units(&mut columns, profile, shape, cap);
     let durations: Vec<_> = (0..timeline.slot_count())
         .map(|_| columns.continuous())
         .collect();
+    let slack = far_bands.then(|| Slack::declare(&mut columns, timeline.slot_count()));
     let memory_scale = memory_scale(profile, options);
     let mut constraints = one_level_per_unit(&units);
     constraints.extend(cumulative_counts(&units));
     let coverage_start = constraints.len();
     constraints.extend(coverage(&units));
     constraints.extend(reductions_before_gathers(&units));
-    let (comm, load) = communication_per_slot(&units, timeline.slot_count());
+    let (mut comm, mut load) = communication_per_slot(&units, timeline.slot_count());
+    if let Some(slack) = &slack {
+        for ((q, l), (sigma, lambda)) in comm
+            .iter_mut()
+            .zip(&mut load)
+            .zip(slack.comm.iter().zip(&slack.compute))
+        {
+            *q += sigma.var;
+            *l += lambda.var;
+        }
+    }
     let compute = compute_per_slot(profile, &units, timeline);
     let durations_start = constraints.len();
     constraints.extend(slot_durations(
@@ -71,6 +108,10 @@ pub(super) fn build(profile: &Profile, options: &SolveOptions, relaxed: bool) ->
         (&comm, &load),
         profile.interference(),
     ));
+    if let Some(slack) = &slack {
+        constraints.extend(slack_running_sums(slack));
+        constraints.extend(pooled_bands(&units, slack, timeline.slot_count()));
+    }
     let iteration_time: Expression = durations.iter().map(|d| d.var).sum();
     let memory = memory_per_slot(profile, &units, timeline, memory_scale);
     let mut memory_cap_start = None;

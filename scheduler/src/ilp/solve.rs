@@ -3,8 +3,14 @@
 
 use super::bound::FullWindowBound;
 use super::mapping::{schedule_from_values, schedule_values, slot_terms, tight_time};
-use super::model::{build, highs_model};
-use super::{Objective, PhaseReport, SolveOptions, SolveReport, SolveStatus, Solved, WindowLimits};
+use super::model::{Form, build, highs_model};
+use super::pool::Pool;
+use super::refine::far_band_search;
+use super::variables::{ExtraPositions, UnitVars};
+use super::{
+    Objective, PhaseReport, Relaxation, SolveOptions, SolveReport, SolveStatus, Solved,
+    WindowLimits,
+};
 use crate::baselines::{self, BaselineKind};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
@@ -13,7 +19,7 @@ use crate::size::{format_bytes, whole_bytes};
 use crate::{Error, Result};
 use highs::HighsModelStatus;
 use std::num::NonZeroUsize;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The staged solve's phases before the full windows (DESIGN §4.5), with their share of the time
 /// limit: D = 1 fixes every launch next to its consumer (only levels and recompute are chosen);
@@ -35,27 +41,34 @@ const FULL_WINDOW_MIP_MAX_INTEGERS: usize = 20_000;
 const CONSISTENCY: f64 = 1e-6;
 
 /// What one HiGHS run returned.
-struct Run {
-    schedule: Option<Schedule>,
-    phase: PhaseReport,
-    infeasible: bool,
+pub(super) struct Run {
+    pub schedule: Option<Schedule>,
+    /// The positions of the band columns its solution launches in (far-band relaxation).
+    pub bands_used: ExtraPositions,
+    pub phase: PhaseReport,
+    pub infeasible: bool,
 }
 
 /// When HiGHS stops: its time limit, and optionally an objective target (HiGHS'
 /// `objective_target`: it stops at the first plan below it, e.g. one that a bound already proves).
-struct Stop {
-    time_limit: f64,
-    objective_target: Option<f64>,
+pub(super) struct Stop {
+    pub time_limit: f64,
+    pub objective_target: Option<f64>,
 }
 
-fn run_highs(
+/// Runs HiGHS on the MIP of `options` with launch columns also at `extra` (`Form::Mip`: its
+/// answer is a plan), or on its far-band relaxation (`Form::FarBands`, `Form::FarBandsLp`: its
+/// bound holds over every plan; the MIP's answer, launched at its bands' own positions, is a plan
+/// too, though not at the relaxation's time).
+pub(super) fn run_highs(
     profile: &Profile,
-    options: &SolveOptions,
+    (options, form, extra): (&SolveOptions, Form, &ExtraPositions),
     warm: &[(Schedule, f64)],
     stop: Stop,
 ) -> Result<Run> {
     let started = Instant::now();
-    let built = build(profile, options, false);
+    let built = build(profile, options, (form, extra));
+    let plans = form == Form::Mip;
     let rows = built.constraints.len();
     let mut model = highs_model(
         built.problem,
@@ -99,21 +112,38 @@ fn run_highs(
     );
     let values = solved.get_solution().columns().to_vec();
     let gap = solved.mip_gap();
-    let bound = solved
-        .double_info_value(c"mip_dual_bound")
-        .unwrap_or(f64::NEG_INFINITY);
-    let schedule = (has_solution && !infeasible)
+    let bound = if form == Form::FarBandsLp {
+        // An LP's value bounds only at its optimum.
+        if status == HighsModelStatus::Optimal {
+            solved.objective_value()
+        } else {
+            f64::NEG_INFINITY
+        }
+    } else {
+        solved
+            .double_info_value(c"mip_dual_bound")
+            .unwrap_or(f64::NEG_INFINITY)
+    };
+    let answered = has_solution && !infeasible && form != Form::FarBandsLp;
+    let schedule = answered
         .then(|| schedule_from_values(profile, &built.units, &values))
-        .transpose()?;
+        .transpose();
+    // A relaxation's answer is a plan only if it reads as one; the MIP's must.
+    let schedule = if plans {
+        schedule?
+    } else {
+        schedule.ok().flatten()
+    };
     let ilp_time = tight_time(
         &slot_terms(profile, &built.units, &values),
         profile.interference(),
     );
     let ilp_peak = built.peak.map(|p| values[p.index] * built.memory_scale);
-    if let Some(schedule) = &schedule {
+    if let Some(schedule) = schedule.as_ref().filter(|_| plans) {
         check_consistency(profile, schedule, ilp_time, ilp_peak)?;
     }
     let objective = match (&schedule, options.objective) {
+        (_, Objective::Time) if !plans && has_solution => solved.objective_value(),
         (Some(_), Objective::Time) => ilp_time,
         (Some(s), Objective::Memory { .. }) => objective_of(profile, options.objective, s),
         (None, _) => f64::NAN,
@@ -134,8 +164,12 @@ fn run_highs(
         gap
     };
     let phase = PhaseReport {
-        window_depth: options.limits,
-        lp_relaxation: false,
+        window_depth: if plans {
+            options.limits
+        } else {
+            WindowLimits::FULL
+        },
+        relaxation: (!plans).then_some(Relaxation::FarBands),
         status,
         objective,
         best_bound: bound,
@@ -148,9 +182,33 @@ fn run_highs(
     tracing::debug!(?phase, "HiGHS phase done");
     Ok(Run {
         schedule,
+        // The LP's fractional launches count wherever they are above rounding noise.
+        bands_used: bands_used(
+            &built.units,
+            &values,
+            if form == Form::FarBandsLp { 1e-6 } else { 0.5 },
+        ),
         phase,
         infeasible,
     })
+}
+
+/// Per (unit, op), the positions of the band columns in which `values` launches more than
+/// `least` blocks.
+fn bands_used(units: &[UnitVars], values: &[f64], least: f64) -> ExtraPositions {
+    let mut used = ExtraPositions::new();
+    for (i, u) in units.iter().enumerate() {
+        for op in u.ops() {
+            for (band, x) in op.bands.iter().zip(&op.launches) {
+                if let Some(positions) = band.as_ref().filter(|_| values[x.index] > least) {
+                    used.entry((i, op.op))
+                        .or_default()
+                        .extend(positions.clone());
+                }
+            }
+        }
+    }
+    used
 }
 
 /// The best baseline for the objective (checkpointing on or off) that fits the cap and the time
@@ -172,48 +230,26 @@ fn best_baseline(profile: &Profile, options: &SolveOptions) -> Option<(String, S
 /// (naming the smallest feasible cap and what dominates it) when nothing fits the cap.
 pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     let started = Instant::now();
-    let score = |schedule: &Schedule| objective_of(profile, options.objective, schedule);
     let warm = best_baseline(profile, options);
     // Every feasible plan met so far, best first: each phase warm-starts from the best one its
     // window limit can represent (a neighbour's plan outside D = 4 must not leave D = 4 cold).
-    // The cap is inclusive and judged on the simulator's exact peak: the memory rows hold at
-    // M_s ≤ cap, so a plan peaking at the cap to the byte is feasible, and a HiGHS answer that
-    // fits only within its feasibility tolerance is never taken.
-    let mut pool: Vec<(Schedule, f64)> = Vec::new();
-    let fits = |schedule: &Schedule| {
-        options.memory_cap_bytes.is_none_or(|cap| {
-            simulate(profile, schedule, Semantics::Strict).peak_memory_bytes <= cap as f64
-        })
-    };
-    let offer = |pool: &mut Vec<(Schedule, f64)>, schedule: Schedule| {
-        if !fits(&schedule) {
-            return;
-        }
-        let value = score(&schedule);
-        let at = pool.partition_point(|(_, v)| *v <= value);
-        pool.insert(at, (schedule, value));
-    };
+    let mut pool = Pool::new(profile, options);
     if let Some((_, schedule, _)) = &warm {
-        offer(&mut pool, schedule.clone());
+        pool.offer(schedule.clone());
     }
     if let Some(hint) = &options.hint
         && hint.fits(profile)
     {
-        offer(&mut pool, hint.clone());
+        pool.offer(hint.clone());
     }
     let mut phases = Vec::new();
+    let none = ExtraPositions::new();
     let user_limited = !options.limits.is_full();
     let staged = options.two_phase
         && !user_limited
         && full_window_integers(profile) > TWO_PHASE_MIN_INTEGERS;
     let too_large = full_window_integers(profile) > FULL_WINDOW_MIP_MAX_INTEGERS;
     let remaining = || options.time_limit_s - started.elapsed().as_secs_f64();
-    let proven = |phases: &[PhaseReport], pool: &[(Schedule, f64)]| {
-        pool.first().is_some_and(|(schedule, value)| {
-            let c = claim(phases, schedule, *value, options.relative_gap);
-            c.window_depth.is_full() && c.gap <= options.relative_gap
-        })
-    };
     if staged {
         let limited = |depth| SolveOptions {
             limits: WindowLimits::depth(depth),
@@ -223,9 +259,10 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
             time_limit: options.time_limit_s * LEVELS_SHARE,
             objective_target: None,
         };
-        let run = run_highs(profile, &limited(NonZeroUsize::MIN), &pool, stop)?;
+        let levels = limited(NonZeroUsize::MIN);
+        let run = run_highs(profile, (&levels, Form::Mip, &none), pool.plans(), stop)?;
         if let Some(schedule) = run.schedule {
-            offer(&mut pool, schedule);
+            pool.offer(schedule);
         }
         phases.push(run.phase);
         // A bound over every plan before placing launches, so that depth 4 stops at the first plan
@@ -238,13 +275,9 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
                 .chain(bound.phase())
                 .collect::<Vec<_>>()
         };
-        if !proven(&with_bound(&phases, &bound), &pool) {
+        if !pool.proven(&with_bound(&phases, &bound)) {
             let stop = Stop {
-                time_limit: if too_large {
-                    remaining()
-                } else {
-                    remaining().min(options.time_limit_s * PLACEMENT_SHARE)
-                },
+                time_limit: remaining().min(options.time_limit_s * PLACEMENT_SHARE),
                 objective_target: bound
                     .phase()
                     .map(|b| b.best_bound / (1.0 - options.relative_gap)),
@@ -259,37 +292,42 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
                 },
                 ..limited(PLACEMENT_DEPTH)
             };
-            let run = run_highs(profile, &placement, &pool, stop)?;
+            let run = run_highs(profile, (&placement, Form::Mip, &none), pool.plans(), stop)?;
             if let Some(schedule) = run.schedule {
-                offer(&mut pool, schedule);
+                pool.offer(schedule);
             }
             phases.push(run.phase);
         }
-        if let Some((_, incumbent)) = pool.first() {
-            bound.widen(profile, options, *incumbent, remaining())?;
+        if let Some(incumbent) = pool.best_value() {
+            bound.widen(profile, options, incumbent, remaining())?;
         }
         phases.extend(bound.phase());
+        // Too large for the full-window MIP: the far-band search takes the time left.
+        if too_large && !pool.is_empty() && !pool.proven(&phases) {
+            let deadline = started + Duration::from_secs_f64(options.time_limit_s);
+            far_band_search(profile, options, &mut pool, &mut phases, deadline)?;
+        }
     }
     // The full-window MIP runs unless the bound already proves the best plan within the gap over
     // every plan, or the model is too large for it to finish its root LP (it still runs when no
     // plan was found, to tell an infeasible cap).
-    let skip_full = staged && !pool.is_empty() && (too_large || proven(&phases, &pool));
+    let skip_full = staged && !pool.is_empty() && (too_large || pool.proven(&phases));
     let mut infeasible = false;
     if !skip_full {
         let stop = Stop {
             time_limit: remaining(),
             objective_target: None,
         };
-        let run = run_highs(profile, options, &pool, stop)?;
+        let run = run_highs(profile, (options, Form::Mip, &none), pool.plans(), stop)?;
         infeasible = run.infeasible;
         phases.push(run.phase);
         if let Some(schedule) = run.schedule {
-            offer(&mut pool, schedule);
+            pool.offer(schedule);
         }
     }
     if user_limited {
         // A warm start outside the windows asked for is not an answer to the limited search.
-        pool.retain(|(schedule, _)| options.limits.admit(schedule));
+        pool.retain_within(options.limits);
     }
     if infeasible && pool.is_empty() {
         if let Objective::Memory {
@@ -307,7 +345,7 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
         }
         return Err(explain_infeasible(profile, options));
     }
-    let Some((schedule, objective)) = pool.into_iter().next() else {
+    let Some((schedule, objective)) = pool.into_best() else {
         return Err(Error::Infeasible(
             "the time limit ended before any feasible plan was found".into(),
         ));
@@ -341,11 +379,11 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
 fn model_size(profile: &Profile, options: &SolveOptions, phases: &[PhaseReport]) -> PhaseReport {
     if let Some(phase) = phases
         .iter()
-        .find(|p| !p.lp_relaxation && p.window_depth == options.limits)
+        .find(|p| p.relaxation.is_none() && p.window_depth == options.limits)
     {
         return phase.clone();
     }
-    let built = build(profile, options, false);
+    let built = build(profile, options, (Form::Mip, &ExtraPositions::new()));
     PhaseReport {
         variables: built.columns,
         integer_variables: built.integers,
@@ -355,7 +393,7 @@ fn model_size(profile: &Profile, options: &SolveOptions, phases: &[PhaseReport])
 }
 
 /// The value of the objective for a schedule: strict iteration time, or peak bytes.
-fn objective_of(profile: &Profile, objective: Objective, schedule: &Schedule) -> f64 {
+pub(super) fn objective_of(profile: &Profile, objective: Objective, schedule: &Schedule) -> f64 {
     match objective {
         Objective::Time => simulate(profile, schedule, Semantics::Strict).iteration_time_us,
         Objective::Memory { .. } => memory_by_slot(profile, schedule)
@@ -388,7 +426,12 @@ impl SolveReport {
 /// (value − bound)/value. The widest window whose gap meets `target` wins ("within 0.1% of every
 /// plan" says more than "optimal among depth-1 plans"); when none meets it, the smallest gap. The
 /// status is optimal when the gap is ≤ 1e-9.
-fn claim(phases: &[PhaseReport], schedule: &Schedule, value: f64, target: f64) -> PhaseReport {
+pub(super) fn claim(
+    phases: &[PhaseReport],
+    schedule: &Schedule,
+    value: f64,
+    target: f64,
+) -> PhaseReport {
     let gap_of = |p: &PhaseReport| ((value - p.best_bound) / value.abs().max(1e-12)).max(0.0);
     let mut admitted: Vec<&PhaseReport> = phases
         .iter()
@@ -486,9 +529,14 @@ fn explain_infeasible(profile: &Profile, options: &SolveOptions) -> Error {
         time_limit: options.time_limit_s,
         objective_target: None,
     };
-    match run_highs(profile, &relaxed, &[], stop)
-        .ok()
-        .and_then(|r| r.schedule)
+    match run_highs(
+        profile,
+        (&relaxed, Form::Mip, &ExtraPositions::new()),
+        &[],
+        stop,
+    )
+    .ok()
+    .and_then(|r| r.schedule)
     {
         Some(schedule) => {
             let sim = simulate(profile, &schedule, Semantics::Strict);

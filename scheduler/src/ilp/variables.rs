@@ -14,6 +14,8 @@ use crate::cost::{block_bytes, block_time, persistent_bytes};
 use crate::profile::Profile;
 use crate::timeline::{Level, Op, Timeline, Window};
 use good_lp::{Expression, ProblemVariables, Variable, variable};
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
 
 /// A variable and its column index (good_lp keeps the index private; HiGHS needs it for the
 /// warm start and to read values back).
@@ -70,6 +72,10 @@ pub(super) struct OpVars {
     pub window: Window,
     /// Allowed positions, increasing.
     pub positions: Vec<usize>,
+    /// Per position: None where the column launches at it; in the far-band relaxation
+    /// (`super::far`), the window positions a band column stands for (its blocks count in memory
+    /// and order as at its position, their communication in the band's pooled rows).
+    pub bands: Vec<Option<Range<usize>>>,
     /// x_{i,op,k} for each allowed position.
     pub launches: Vec<Col>,
     /// C_{i,op,k} for each allowed position.
@@ -96,6 +102,19 @@ impl OpVars {
             .last()
             .expect("an op has at least one allowed position")
     }
+}
+
+/// Launch positions outside the window limits that get columns of their own, per (unit, ILP op).
+pub(super) type ExtraPositions = BTreeMap<(usize, Op), BTreeSet<usize>>;
+
+/// The launch columns a model declares: the positions the window limits of `options` allow and
+/// those of `extra` launch at their position; with `far_bands`, band columns of the far-band
+/// relaxation stand for every other position (`super::far`).
+#[derive(Clone, Copy)]
+pub(super) struct Shape<'a> {
+    pub options: &'a SolveOptions,
+    pub extra: &'a ExtraPositions,
+    pub far_bands: bool,
 }
 
 /// All variables of one unit.
@@ -167,10 +186,24 @@ fn op_vars(
     timeline: Timeline,
     unit: usize,
     op: Op,
-    options: &SolveOptions,
+    shape: Shape,
 ) -> OpVars {
     let window = timeline.window(unit, op.window_kind());
-    let positions: Vec<usize> = options.limits.positions(op, window).collect();
+    let limited = shape.options.limits.positions(op, window);
+    let extra = shape.extra.get(&(unit, op));
+    let exact: Vec<bool> = (0..window.len)
+        .map(|k| limited.contains(&k) || extra.is_some_and(|e| e.contains(&k)))
+        .collect();
+    let mut at: Vec<(usize, Option<Range<usize>>)> = (0..window.len)
+        .filter(|&k| exact[k])
+        .map(|k| (k, None))
+        .collect();
+    if shape.far_bands {
+        let bands = super::far::bands(op, window, &exact);
+        at.extend(bands.into_iter().map(|(k, band)| (k, Some(band))));
+        at.sort_by_key(|(k, _)| *k);
+    }
+    let (positions, bands): (Vec<usize>, Vec<_>) = at.into_iter().unzip();
     let nb = profile.blocks(unit);
     let time = block_time(profile, unit, op);
     let launches = positions.iter().map(|_| columns.integer(nb)).collect();
@@ -179,6 +212,7 @@ fn op_vars(
         op,
         window,
         positions,
+        bands,
         launches,
         cumulative,
         block_time_us: time.total_us(),
@@ -189,13 +223,14 @@ fn op_vars(
 
 /// Declares every unit's variables. A replicated unit is left out where its persistent state
 /// alone, beside every other unit sharded, exceeds `memory_bound` (a presolve that removes the
-/// AR columns of large models).
+/// AR columns of large models). Launch columns as `shape` says.
 pub(super) fn declare_units(
     columns: &mut Columns,
     profile: &Profile,
-    options: &SolveOptions,
+    shape: Shape,
     memory_bound: Option<f64>,
 ) -> Vec<UnitVars> {
+    let options = shape.options;
     let timeline = Timeline::new(profile.unit_count());
     let sharded_total: f64 = (0..profile.unit_count())
         .map(|i| persistent_bytes(profile, i, Level::Sdp))
@@ -213,20 +248,12 @@ pub(super) fn declare_units(
             let sdp = columns.binary();
             let fsdp = can_fsdp.then(|| columns.binary());
             let recompute = recomputable.then(|| columns.binary());
-            let ar = replicable
-                .then(|| op_vars(columns, profile, timeline, unit, Op::AllReduce, options));
-            let rs = op_vars(columns, profile, timeline, unit, Op::ReduceScatter, options);
-            let fg = op_vars(columns, profile, timeline, unit, Op::GatherForward, options);
-            let bg = can_fsdp.then(|| {
-                op_vars(
-                    columns,
-                    profile,
-                    timeline,
-                    unit,
-                    Op::GatherBackward,
-                    options,
-                )
-            });
+            let ar =
+                replicable.then(|| op_vars(columns, profile, timeline, unit, Op::AllReduce, shape));
+            let rs = op_vars(columns, profile, timeline, unit, Op::ReduceScatter, shape);
+            let fg = op_vars(columns, profile, timeline, unit, Op::GatherForward, shape);
+            let bg = can_fsdp
+                .then(|| op_vars(columns, profile, timeline, unit, Op::GatherBackward, shape));
             let first_gather = fg.positions[0];
             let last_reduction = *rs.positions.last().expect("RS has a position");
             let boundary = (first_gather..last_reduction)

@@ -1,0 +1,254 @@
+//! The far-band relaxation (DESIGN §4.5, "far bands"): a MIP the size of a window-limited one
+//! whose optimum bounds every plan from below, so that branching on levels and recompute — which
+//! the full-window LP relaxation cannot do and the full-window MIP does not reach in the time —
+//! proves a bound over the full plan space.
+//!
+//! The positions a window limit leaves out are grouped into bands, runs of positions whose slots
+//! are aligned dyadic runs of the timeline, wider away from the consumer. A band column x_β stands for every launch of its op at any of the band's positions:
+//! its blocks count in memory and in the RS→AG order as if launched at the band's position nearest
+//! to its consumer (a gather holds its buffer from that position on, a reduction frees its
+//! gradient from its band's first position), which is never more memory and never a stricter
+//! order than any launch it stands for. Their communication time goes to no one slot: per slot,
+//! the slack σ_s of d_s ≥ Q_s + κ_q·c_s (and λ_s of d_s ≥ c_s + L_s) may absorb it, over the
+//! band's slots, pooled with every band whose slots lie within the same run. Every plan maps
+//! into the relaxation at its own time (each launch outside the limit to its band, σ_s and λ_s
+//! the slots' real slack beyond the limited launches), so the relaxation's optimum, and HiGHS'
+//! dual bound on it, are at most the best plan's time.
+
+use super::variables::{Col, Columns, UnitVars};
+use crate::timeline::{Op, Window};
+use good_lp::{Constraint, Expression, constraint};
+use std::ops::Range;
+
+/// The band columns of `op` over the positions of `window` without a column of their own
+/// (`exact[k]` false): (the position it counts as, the positions it stands for). A band's
+/// positions are consecutive and without a column, its slots an aligned dyadic run of the timeline
+/// ([j·2^m, (j+1)·2^m)), so any two bands' slots are nested or disjoint, and it is no wider than
+/// its nearest position is far from the consumer: bands widen away from it.
+pub(super) fn bands(op: Op, window: Window, exact: &[bool]) -> Vec<(usize, Range<usize>)> {
+    let mut bands = Vec::new();
+    let free = |k: usize| !exact[k];
+    if op.is_reduction() {
+        // Positions increase away from the consumer, and so do slots.
+        let mut near = 0;
+        while near < window.len {
+            if !free(near) {
+                near += 1;
+                continue;
+            }
+            let slot = window.slot_at(near);
+            let mut width = 1;
+            while slot.is_multiple_of(2 * width)
+                && 2 * width <= near.max(1)
+                && near + 2 * width <= window.len
+                && slot + 2 * width <= window.slots
+                && (near + width..near + 2 * width).all(free)
+            {
+                width *= 2;
+            }
+            bands.push((near, near..near + width));
+            near += width;
+        }
+    } else {
+        // Positions decrease away from the consumer; a band ends at its nearest position.
+        let mut near = window.len;
+        while near > 0 {
+            if !free(near - 1) {
+                near -= 1;
+                continue;
+            }
+            let end = window.slot_at(near - 1) + 1;
+            let distance = (window.len - near).max(1);
+            let mut width = 1;
+            while end.is_multiple_of(2 * width)
+                && 2 * width <= distance
+                && 2 * width <= near
+                && 2 * width <= end
+                && (near - 2 * width..near - width).all(free)
+            {
+                width *= 2;
+            }
+            bands.push((near - 1, near - width..near));
+            near -= width;
+        }
+    }
+    bands
+}
+
+/// A run of consecutive slots of the cyclic timeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Run {
+    first: usize,
+    len: usize,
+}
+
+impl Run {
+    /// Whether every slot of `other` is in this run (timeline of `slots`).
+    fn contains(self, other: Run, slots: usize) -> bool {
+        let offset = (other.first + slots - self.first) % slots;
+        self.len >= slots || offset + other.len <= self.len
+    }
+}
+
+/// The slack columns: per slot σ_s and λ_s and their running sums over the slots.
+pub(super) struct Slack {
+    pub comm: Vec<Col>,
+    pub compute: Vec<Col>,
+    comm_sums: Vec<Col>,
+    compute_sums: Vec<Col>,
+}
+
+impl Slack {
+    pub fn declare(columns: &mut Columns, slots: usize) -> Slack {
+        let mut per_slot = || (0..slots).map(|_| columns.continuous()).collect::<Vec<_>>();
+        Slack {
+            comm: per_slot(),
+            compute: per_slot(),
+            comm_sums: per_slot(),
+            compute_sums: per_slot(),
+        }
+    }
+
+    /// Σ_{s ∈ run} of the slack whose running sums are `sums`.
+    fn over(sums: &[Col], run: Run) -> Expression {
+        let slots = sums.len();
+        let last = run.first + run.len - 1;
+        let before = |s: usize| -> Expression {
+            s.checked_sub(1)
+                .map_or_else(Expression::default, |p| sums[p].var.into())
+        };
+        if last < slots {
+            Expression::from(sums[last].var) - before(run.first)
+        } else {
+            Expression::from(sums[slots - 1].var) - before(run.first) + sums[last - slots].var
+        }
+    }
+}
+
+/// Running sums of the slack: Σσ_s = Σσ_{s−1} + σ_s and Σλ_s = Σλ_{s−1} + λ_s (Σ_{−1} = 0).
+pub(super) fn slack_running_sums(slack: &Slack) -> Vec<Constraint> {
+    let mut rows = Vec::new();
+    for (sums, per_slot) in [
+        (&slack.comm_sums, &slack.comm),
+        (&slack.compute_sums, &slack.compute),
+    ] {
+        for (s, (sum, own)) in sums.iter().zip(per_slot).enumerate() {
+            let previous: Expression = s
+                .checked_sub(1)
+                .map_or_else(Expression::default, |p| sums[p].var.into());
+            rows.push(constraint!(sum.var == previous + own.var));
+        }
+    }
+    rows
+}
+
+/// The bands' communication, pooled: for the slots S of each band (a run),
+///
+/// ```text
+/// Σ_{s∈S} σ_s ≥ Σ_{β: S_β ⊆ S} t_β·x_β        Σ_{s∈S} λ_s ≥ Σ_{β: S_β ⊆ S} ℓ_β·x_β
+/// ```
+///
+/// with t_β a block's communication time and ℓ_β the compute it costs (κ_c,op·t + κ_u·upd).
+pub(super) fn pooled_bands(units: &[UnitVars], slack: &Slack, slots: usize) -> Vec<Constraint> {
+    let bands: Vec<(Run, Col, f64, f64)> = units
+        .iter()
+        .flat_map(UnitVars::ops)
+        .flat_map(|op| {
+            op.bands
+                .iter()
+                .zip(&op.launches)
+                .filter_map(move |(band, x)| {
+                    let positions = band.as_ref()?;
+                    let run = Run {
+                        first: op.window.slot_at(positions.start),
+                        len: positions.len(),
+                    };
+                    Some((run, *x, op.block_time_us, op.block_load_us))
+                })
+        })
+        .collect();
+    let mut runs: Vec<Run> = bands.iter().map(|b| b.0).collect();
+    runs.sort_by_key(|r| (r.first, r.len));
+    runs.dedup();
+    let mut rows = Vec::new();
+    for run in runs {
+        let mut time = Expression::default();
+        let mut load = Expression::default();
+        for &(inner, x, t, l) in &bands {
+            if run.contains(inner, slots) {
+                time.add_mul(t, x.var);
+                load.add_mul(l, x.var);
+            }
+        }
+        rows.push(constraint!(Slack::over(&slack.comm_sums, run) >= time));
+        rows.push(constraint!(Slack::over(&slack.compute_sums, run) >= load));
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all(op: Op, window: Window, limited: Range<usize>) -> Vec<(usize, Range<usize>)> {
+        let exact: Vec<bool> = (0..window.len).map(|k| limited.contains(&k)).collect();
+        bands(op, window, &exact)
+    }
+
+    #[test]
+    fn bands_are_dyadic_runs_that_widen_away_from_the_limit_and_cover_what_it_leaves_out() {
+        let window = Window {
+            first: 3,
+            len: 20,
+            slots: 24,
+        };
+        // Reductions at positions 0..3 (slots 3..6); the rest in slots [6,8), [8,12), [12,16),
+        // [16,20), [20,22), [22,23): aligned, at most as wide as they are far.
+        assert_eq!(
+            all(Op::ReduceScatter, window, 0..3),
+            [
+                (3, 3..5),
+                (5, 5..9),
+                (9, 9..13),
+                (13, 13..17),
+                (17, 17..19),
+                (19, 19..20)
+            ]
+        );
+        // Gathers at positions 17..20 (slots 20..23); the rest in slots [18,20), [16,18),
+        // [12,16), [8,12), [4,8), [3,4).
+        assert_eq!(
+            all(Op::GatherForward, window, 17..20),
+            [
+                (16, 15..17),
+                (14, 13..15),
+                (12, 9..13),
+                (8, 5..9),
+                (4, 1..5),
+                (0, 0..1)
+            ]
+        );
+        assert!(all(Op::GatherForward, window, 0..20).is_empty());
+        let wrapping = Window {
+            first: 20,
+            len: 8,
+            slots: 24,
+        };
+        // Slots 20..24 then 0..4: no run crosses the cycle's end.
+        assert_eq!(
+            all(Op::AllReduce, wrapping, 0..1),
+            [(1, 1..2), (2, 2..4), (4, 4..8)]
+        );
+    }
+
+    #[test]
+    fn runs_contain_runs_across_the_cycles_end() {
+        let slots = 10;
+        let wrap = Run { first: 8, len: 4 };
+        assert!(wrap.contains(Run { first: 9, len: 2 }, slots));
+        assert!(wrap.contains(Run { first: 0, len: 2 }, slots));
+        assert!(!wrap.contains(Run { first: 0, len: 3 }, slots));
+        assert!(!wrap.contains(Run { first: 7, len: 2 }, slots));
+        assert!(Run { first: 3, len: 10 }.contains(Run { first: 1, len: 9 }, slots));
+    }
+}

@@ -1,0 +1,103 @@
+//! The plans a solve has met, best first: every candidate (HiGHS' answers, baselines, hints, the
+//! far-band search's plans) enters only if it fits the cap by the simulator's exact peak, so a
+//! plan peaking at the cap to the byte is feasible and one that fits only within HiGHS'
+//! feasibility tolerance is never taken (DESIGN §4.4).
+
+use super::solve::{claim, objective_of};
+use super::variables::ExtraPositions;
+use super::{PhaseReport, SolveOptions, WindowLimits};
+use crate::profile::Profile;
+use crate::schedule::Schedule;
+use crate::sim::{Semantics, simulate};
+use crate::timeline::Op;
+
+pub(super) struct Pool<'a> {
+    profile: &'a Profile,
+    options: &'a SolveOptions,
+    /// (plan, objective), best first.
+    plans: Vec<(Schedule, f64)>,
+}
+
+impl<'a> Pool<'a> {
+    pub fn new(profile: &'a Profile, options: &'a SolveOptions) -> Self {
+        Pool {
+            profile,
+            options,
+            plans: Vec::new(),
+        }
+    }
+
+    /// Adds `schedule` when it fits the cap.
+    pub fn offer(&mut self, schedule: Schedule) {
+        let fits = self.options.memory_cap_bytes.is_none_or(|cap| {
+            simulate(self.profile, &schedule, Semantics::Strict).peak_memory_bytes <= cap as f64
+        });
+        if fits {
+            let value = objective_of(self.profile, self.options.objective, &schedule);
+            let at = self.plans.partition_point(|(_, v)| *v <= value);
+            self.plans.insert(at, (schedule, value));
+        }
+    }
+
+    /// Every plan, best first.
+    pub fn plans(&self) -> &[(Schedule, f64)] {
+        &self.plans
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.plans.is_empty()
+    }
+
+    /// The best plan's objective.
+    pub fn best_value(&self) -> Option<f64> {
+        self.plans.first().map(|(_, v)| *v)
+    }
+
+    /// The plans whose every launch lies within `limits` or at a position of `extra`, best first
+    /// (the warm starts a model of those positions can represent).
+    pub fn within(&self, limits: WindowLimits, extra: &ExtraPositions) -> Vec<(Schedule, f64)> {
+        self.plans
+            .iter()
+            .filter(|(schedule, _)| launches_within(schedule, limits, extra))
+            .cloned()
+            .collect()
+    }
+
+    /// Keeps only the plans within `limits` (a limited solve answers within its limits only).
+    pub fn retain_within(&mut self, limits: WindowLimits) {
+        self.plans.retain(|(schedule, _)| limits.admit(schedule));
+    }
+
+    /// Whether `phases` prove the best plan within the solve's gap over every plan.
+    pub fn proven(&self, phases: &[PhaseReport]) -> bool {
+        self.plans.first().is_some_and(|(schedule, value)| {
+            let c = claim(phases, schedule, *value, self.options.relative_gap);
+            c.window_depth.is_full() && c.gap <= self.options.relative_gap
+        })
+    }
+
+    /// The best plan and its objective.
+    pub fn into_best(self) -> Option<(Schedule, f64)> {
+        self.plans.into_iter().next()
+    }
+}
+
+/// Whether every launch of `schedule` is at a position `limits` allows or one of `extra` (keyed
+/// by the ILP's op: the forward gather of both sharded levels is `GatherForward`).
+fn launches_within(schedule: &Schedule, limits: WindowLimits, extra: &ExtraPositions) -> bool {
+    let timeline = schedule.timeline();
+    (0..schedule.units().len()).all(|unit| {
+        schedule.ops(unit).all(|(op, launches)| {
+            let ilp_op = if op == Op::Gather {
+                Op::GatherForward
+            } else {
+                op
+            };
+            let allowed = limits.positions(op, timeline.window(unit, op.window_kind()));
+            let extra = extra.get(&(unit, ilp_op));
+            launches.iter().all(|l| {
+                allowed.contains(&l.position) || extra.is_some_and(|e| e.contains(&l.position))
+            })
+        })
+    })
+}

@@ -1,0 +1,144 @@
+//! The far-band search of large models (DESIGN §4.5, "far bands"): where depth 4 leaves the best
+//! plan unproven over every plan, the far-band relaxation both bounds every plan and shows which
+//! launches outside depth 4 pay, and a MIP over depth 4 and those positions finds the plan.
+//!
+//! 1. The LP of the far-band relaxation of depth 4: a bound over every plan (its optimum is at most
+//!    the relaxation's, which is at most every plan's time), and the bands its solution launches in.
+//! 2. The MIP of depth 4 and every position of those bands (a restriction: its answers are plans),
+//!    warm-started from the best plan it can represent, stopping at the first plan the bound
+//!    proves within the target.
+//! 3. Unless proven: the far-band relaxation's MIP over those positions (exact) and bands over the
+//!    rest, for the time left: its dual bound holds over every plan; its incumbent, launched at its
+//!    bands' own positions, is a plan too; the bands it launches in join the positions, and 2 runs
+//!    again.
+
+use super::model::Form;
+use super::pool::Pool;
+use super::solve::{Stop, run_highs};
+use super::variables::ExtraPositions;
+use super::{PhaseReport, SolveOptions, WindowLimits};
+use crate::Result;
+use crate::profile::Profile;
+use std::num::NonZeroUsize;
+use std::time::Instant;
+
+/// The depth whose far-band relaxation the search starts from (as the staged solve's placement).
+const DEPTH: NonZeroUsize = NonZeroUsize::new(4).unwrap();
+/// The restricted MIP's own gap target, relative to the solve's: it searches on toward a plan the
+/// bound over every plan proves, and stops at the first.
+const RESTRICTED_GAP_FACTOR: f64 = 0.25;
+/// Time below which no phase starts (s).
+const LEAST_PHASE: f64 = 0.05;
+
+/// Runs the search until `deadline`, the best plan proven within the solve's gap over every plan,
+/// or the relaxation's answer launching in no band (it is then a plan of the positions searched).
+pub(super) fn far_band_search(
+    profile: &Profile,
+    options: &SolveOptions,
+    pool: &mut Pool,
+    phases: &mut Vec<PhaseReport>,
+    deadline: Instant,
+) -> Result<()> {
+    let left = || {
+        deadline
+            .saturating_duration_since(Instant::now())
+            .as_secs_f64()
+    };
+    let limits = WindowLimits::depth(DEPTH);
+    let depth_options = SolveOptions {
+        limits,
+        ..options.clone()
+    };
+    let restricted_options = SolveOptions {
+        relative_gap: options.relative_gap * RESTRICTED_GAP_FACTOR,
+        ..depth_options.clone()
+    };
+    let stop = |objective_target| Stop {
+        time_limit: left(),
+        objective_target,
+    };
+    let mut extra = ExtraPositions::new();
+    let lp = run_highs(
+        profile,
+        (&depth_options, Form::FarBandsLp, &extra),
+        &[],
+        stop(None),
+    )?;
+    phases.push(lp.phase);
+    add(&mut extra, lp.bands_used);
+    while !pool.proven(phases) && left() > LEAST_PHASE {
+        let bound = phases
+            .iter()
+            .filter(|p| p.window_depth.is_full())
+            .map(|p| p.best_bound)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let target = bound
+            .is_finite()
+            .then(|| bound / (1.0 - options.relative_gap));
+        let warm = pool.within(limits, &extra);
+        let restricted = run_highs(
+            profile,
+            (&restricted_options, Form::Mip, &extra),
+            &warm,
+            stop(target),
+        )?;
+        phases.push(restricted.phase);
+        if let Some(schedule) = restricted.schedule {
+            pool.offer(schedule);
+        }
+        if pool.proven(phases) || left() <= LEAST_PHASE {
+            break;
+        }
+        let warm = pool.within(limits, &extra);
+        let relaxed = run_highs(
+            profile,
+            (&depth_options, Form::FarBands, &extra),
+            &warm,
+            stop(None),
+        )?;
+        phases.push(relaxed.phase);
+        if let Some(schedule) = relaxed.schedule {
+            pool.offer(schedule);
+        }
+        if relaxed.bands_used.is_empty() {
+            break;
+        }
+        add(&mut extra, relaxed.bands_used);
+    }
+    Ok(())
+}
+
+fn add(extra: &mut ExtraPositions, more: ExtraPositions) {
+    for (key, positions) in more {
+        extra.entry(key).or_default().extend(positions);
+    }
+}
+
+/// The far-band relaxation of the windows `restricted`, solved as a MIP within
+/// `options.time_limit_s`: HiGHS' dual bound on it, which no plan is below (time objective).
+/// None when HiGHS proves no bound (the relaxation infeasible: then no plan fits).
+pub fn far_band_bound(
+    profile: &Profile,
+    options: &SolveOptions,
+    restricted: WindowLimits,
+) -> Result<Option<f64>> {
+    let limited = SolveOptions {
+        limits: restricted,
+        ..options.clone()
+    };
+    let stop = Stop {
+        time_limit: options.time_limit_s,
+        objective_target: None,
+    };
+    let run = run_highs(
+        profile,
+        (&limited, Form::FarBands, &ExtraPositions::new()),
+        &[],
+        stop,
+    )?;
+    Ok(run
+        .phase
+        .best_bound
+        .is_finite()
+        .then_some(run.phase.best_bound))
+}
