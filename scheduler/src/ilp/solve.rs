@@ -302,8 +302,10 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
             bound.widen(profile, options, incumbent, remaining())?;
         }
         phases.extend(bound.phase());
-        // Too large for the full-window MIP: the far-band search takes the time left.
-        if too_large && !pool.is_empty() && !pool.proven(&phases) {
+        // Too large for the full-window MIP: the far-band search takes the time left (time
+        // objective; the memory objective keeps the full-window LP bound).
+        let time_objective = options.objective == Objective::Time;
+        if too_large && time_objective && !pool.is_empty() && !pool.proven(&phases) {
             let deadline = started + Duration::from_secs_f64(options.time_limit_s);
             far_band_search(profile, options, &mut pool, &mut phases, deadline)?;
         }
