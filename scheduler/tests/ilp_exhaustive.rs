@@ -301,6 +301,15 @@ fn ilp_optimum_equals_exhaustive_search() {
     );
 }
 
+/// A tiny instance for the bound tests, varied by `seed`: 1–3 units, κ_c 0 or 0.1, κ_q 0.3 on a
+/// third, recompute allowed on half; and whether recompute is allowed.
+fn bound_instance(seed: u64, mut rng: Rng) -> (Profile, bool) {
+    let units = 1 + (seed % 3) as usize;
+    let mut profile = random_profile(&mut rng, units, 0.1 * (seed % 2) as f64, 1000);
+    profile.comm_slowdown = if seed % 3 == 2 { 0.3 } else { 0.0 };
+    (profile, seed % 4 < 2)
+}
+
 /// The LP relaxation's optimum is never above the exhaustive optimum, at every cap of the random
 /// instances and without one, and is not a trivial bound: it is within 50% of the optimum
 /// everywhere and equal to it on some instances. The bound a large solve claims over every plan,
@@ -311,11 +320,7 @@ fn the_lp_relaxation_bounds_every_plan_from_below() {
     let (mut checked, mut exact) = (0, 0);
     let (mut priced_exact, mut priced_below) = (0, 0);
     for seed in 0..24u64 {
-        let mut rng = Rng(seed * 104_729 + 3);
-        let units = 1 + (seed % 3) as usize;
-        let mut profile = random_profile(&mut rng, units, 0.1 * (seed % 2) as f64, 1000);
-        profile.comm_slowdown = if seed % 3 == 2 { 0.3 } else { 0.0 };
-        let recompute = seed % 4 < 2;
+        let (profile, recompute) = bound_instance(seed, Rng(seed * 104_729 + 3));
         let results = enumerate(&profile, recompute, WindowLimits::FULL);
         let mut caps: Vec<Option<f64>> = caps(&results).into_iter().map(Some).collect();
         caps.push(None);
@@ -375,11 +380,7 @@ fn the_far_band_relaxation_bounds_every_plan_from_below() {
     let depth_1 = WindowLimits::depth(NonZeroUsize::MIN);
     let (mut checked, mut exact, mut below_depth_1) = (0, 0, 0);
     for seed in 0..24u64 {
-        let mut rng = Rng(seed * 7_919 + 11);
-        let units = 1 + (seed % 3) as usize;
-        let mut profile = random_profile(&mut rng, units, 0.1 * (seed % 2) as f64, 1000);
-        profile.comm_slowdown = if seed % 3 == 2 { 0.3 } else { 0.0 };
-        let recompute = seed % 4 < 2;
+        let (profile, recompute) = bound_instance(seed, Rng(seed * 7_919 + 11));
         let every = enumerate(&profile, recompute, WindowLimits::FULL);
         let limited = enumerate(&profile, recompute, depth_1);
         let mut caps: Vec<Option<f64>> = caps(&every).into_iter().map(Some).collect();

@@ -113,16 +113,19 @@ impl Slack {
     fn over(sums: &[Col], run: Run) -> Expression {
         let slots = sums.len();
         let last = run.first + run.len - 1;
-        let before = |s: usize| -> Expression {
-            s.checked_sub(1)
-                .map_or_else(Expression::default, |p| sums[p].var.into())
-        };
         if last < slots {
-            Expression::from(sums[last].var) - before(run.first)
+            Expression::from(sums[last].var) - sum_before(sums, run.first)
         } else {
-            Expression::from(sums[slots - 1].var) - before(run.first) + sums[last - slots].var
+            Expression::from(sums[slots - 1].var) - sum_before(sums, run.first)
+                + sums[last - slots].var
         }
     }
+}
+
+/// The running sum up to the slot before `s` (0 before the first).
+fn sum_before(sums: &[Col], s: usize) -> Expression {
+    s.checked_sub(1)
+        .map_or_else(Expression::default, |p| sums[p].var.into())
 }
 
 /// Running sums of the slack: Σσ_s = Σσ_{s−1} + σ_s and Σλ_s = Σλ_{s−1} + λ_s (Σ_{−1} = 0).
@@ -133,10 +136,7 @@ pub(super) fn slack_running_sums(slack: &Slack) -> Vec<Constraint> {
         (&slack.compute_sums, &slack.compute),
     ] {
         for (s, (sum, own)) in sums.iter().zip(per_slot).enumerate() {
-            let previous: Expression = s
-                .checked_sub(1)
-                .map_or_else(Expression::default, |p| sums[p].var.into());
-            rows.push(constraint!(sum.var == previous + own.var));
+            rows.push(constraint!(sum.var == sum_before(sums, s) + own.var));
         }
     }
     rows

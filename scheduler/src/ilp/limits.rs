@@ -55,11 +55,23 @@ impl WindowLimits {
 
     /// Whether every launch of `schedule` lies within these limits.
     pub fn admit(self, schedule: &Schedule) -> bool {
+        self.admit_or(schedule, |_, _, _| false)
+    }
+
+    /// Whether every launch of `schedule` lies within these limits or at a position `also`
+    /// allows (unit, op, window position).
+    pub(crate) fn admit_or(
+        self,
+        schedule: &Schedule,
+        also: impl Fn(usize, Op, usize) -> bool,
+    ) -> bool {
         let timeline = schedule.timeline();
         (0..schedule.units().len()).all(|unit| {
             schedule.ops(unit).all(|(op, launches)| {
                 let allowed = self.positions(op, timeline.window(unit, op.window_kind()));
-                launches.iter().all(|l| allowed.contains(&l.position))
+                launches
+                    .iter()
+                    .all(|l| allowed.contains(&l.position) || also(unit, op, l.position))
             })
         })
     }

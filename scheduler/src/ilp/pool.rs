@@ -85,19 +85,14 @@ impl<'a> Pool<'a> {
 /// Whether every launch of `schedule` is at a position `limits` allows or one of `extra` (keyed
 /// by the ILP's op: the forward gather of both sharded levels is `GatherForward`).
 fn launches_within(schedule: &Schedule, limits: WindowLimits, extra: &ExtraPositions) -> bool {
-    let timeline = schedule.timeline();
-    (0..schedule.units().len()).all(|unit| {
-        schedule.ops(unit).all(|(op, launches)| {
-            let ilp_op = if op == Op::Gather {
-                Op::GatherForward
-            } else {
-                op
-            };
-            let allowed = limits.positions(op, timeline.window(unit, op.window_kind()));
-            let extra = extra.get(&(unit, ilp_op));
-            launches.iter().all(|l| {
-                allowed.contains(&l.position) || extra.is_some_and(|e| e.contains(&l.position))
-            })
-        })
+    limits.admit_or(schedule, |unit, op, position| {
+        let ilp_op = if op == Op::Gather {
+            Op::GatherForward
+        } else {
+            op
+        };
+        extra
+            .get(&(unit, ilp_op))
+            .is_some_and(|e| e.contains(&position))
     })
 }
