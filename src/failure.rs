@@ -97,15 +97,23 @@ impl Failure {
 
     /// A command line clap refused (unknown flag, missing value, a value its parser refused).
     pub fn usage(error: &clap::Error) -> Failure {
+        // The message is everything before clap's usage line, on one line (a missing argument
+        // is named on the line after "the following required arguments were not provided:").
         let rendered = error.to_string();
         let message = rendered
             .lines()
-            .next()
-            .unwrap_or_default()
+            .take_while(|line| !line.starts_with("Usage:"))
+            .map(str::trim)
+            .filter(|line| !line.is_empty())
+            .collect::<Vec<_>>()
+            .join(" ")
             .trim_start_matches("error: ")
             .to_string();
         let field = match error.get(clap::error::ContextKind::InvalidArg) {
             Some(clap::error::ContextValue::String(arg)) => arg.split_whitespace().next(),
+            Some(clap::error::ContextValue::Strings(args)) => {
+                args.first().and_then(|arg| arg.split_whitespace().next())
+            }
             _ => None,
         };
         Failure {

@@ -394,6 +394,13 @@ fn cases(inputs: &Inputs) -> Vec<Case> {
             None,
         ),
         case(
+            "missing required argument",
+            format!("solve --profile {profile} --memory-cap 80GiB"),
+            2,
+            "--out <OUT>",
+            Some("--out"),
+        ),
+        case(
             "unknown flag",
             format!("{} --frobnicate", baseline(profile)),
             2,
