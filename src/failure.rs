@@ -109,13 +109,13 @@ impl Failure {
             .join(" ")
             .trim_start_matches("error: ")
             .to_string();
+        // The flag of the (first) argument clap names, without its value placeholder.
         let field = match error.get(clap::error::ContextKind::InvalidArg) {
-            Some(clap::error::ContextValue::String(arg)) => arg.split_whitespace().next(),
-            Some(clap::error::ContextValue::Strings(args)) => {
-                args.first().and_then(|arg| arg.split_whitespace().next())
-            }
+            Some(clap::error::ContextValue::String(arg)) => Some(arg),
+            Some(clap::error::ContextValue::Strings(args)) => args.first(),
             _ => None,
-        };
+        }
+        .and_then(|arg| arg.split_whitespace().next());
         Failure {
             code: 2,
             kind: "usage",
