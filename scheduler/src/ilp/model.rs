@@ -2,8 +2,9 @@
 //! (full, limited or relaxed windows), and HiGHS with this crate's settings.
 
 use super::constraints::{
-    communication_per_slot, compute_per_slot, coverage, cumulative_counts, memory_cap, memory_peak,
-    memory_per_slot, one_level_per_unit, reductions_before_gathers, slot_durations, time_ceiling,
+    communication_per_slot, compute_per_slot, coverage, cumulative_counts, longer_blocks,
+    memory_cap, memory_peak, memory_per_slot, one_level_per_unit, reductions_before_gathers,
+    slot_durations, time_ceiling, whole_blocks,
 };
 use super::far::{Slack, pooled_bands, slack_running_sums};
 use super::variables::{Col, Columns, ExtraPositions, Shape, UnitVars, declare_units};
@@ -108,6 +109,11 @@ pub(super) fn build(
         (&comm, &load),
         profile.interference(),
     ));
+    if matches!(form, Form::Mip | Form::FarBands) {
+        // Valid for integer launches only; the LP forms stay as the pricing reads them.
+        let longer = longer_blocks(profile, &units, timeline);
+        constraints.extend(whole_blocks(&longer, &durations, &compute));
+    }
     if let Some(slack) = &slack {
         constraints.extend(slack_running_sums(slack));
         constraints.extend(pooled_bands(&units, slack, timeline.slot_count()));
