@@ -3,7 +3,7 @@
 //! slowed by communication, communication slowed by compute).
 
 use super::variables::{Col, OpVars, UnitVars};
-use crate::cost::Interference;
+use crate::cost::{Interference, compute_us};
 use crate::profile::Profile;
 use crate::timeline::{Level, Timeline};
 use good_lp::{Constraint, Expression, constraint};
@@ -86,10 +86,9 @@ pub(super) fn communication_per_slot(
     let mut q = vec![Expression::default(); slots];
     let mut load = vec![Expression::default(); slots];
     for op in units.iter().flat_map(UnitVars::ops) {
-        let at_positions = op.positions.iter().zip(&op.launches).zip(&op.bands);
-        for ((&k, x), _) in at_positions.filter(|(_, band)| band.is_none()) {
-            q[op.window.slot_at(k)].add_mul(op.block_time_us, x.var);
-            load[op.window.slot_at(k)].add_mul(op.block_load_us, x.var);
+        for (s, x) in op.launches_at_slots() {
+            q[s].add_mul(op.block_time_us, x.var);
+            load[s].add_mul(op.block_load_us, x.var);
         }
     }
     (q, load)
@@ -112,22 +111,6 @@ pub(super) fn compute_per_slot(
                     c.add_mul(p.recompute_time_us(), r.var);
                 }
                 c
-            }
-        })
-        .collect()
-}
-
-/// c̄_s, the most compute slot s can hold: f_i at F_i, b_i + f'_i at B_i (with recompute allowed),
-/// the extra time at E.
-fn compute_at_most(profile: &Profile, units: &[UnitVars], timeline: Timeline) -> Vec<f64> {
-    (0..timeline.slot_count())
-        .map(|s| match timeline.compute_unit(s) {
-            None => profile.iteration_extra_us,
-            Some(i) if s == timeline.forward(i) => profile.units[i].forward_us,
-            Some(i) => {
-                let p = &profile.units[i];
-                let recompute = units[i].recompute.map_or(0.0, |_| p.recompute_time_us());
-                p.backward_us + recompute
             }
         })
         .collect()
@@ -298,16 +281,17 @@ pub(super) fn longer_blocks(
     units: &[UnitVars],
     timeline: Timeline,
 ) -> Vec<(usize, Vec<(f64, Col)>)> {
-    let most = compute_at_most(profile, units, timeline);
+    // c̄_s: the slot's compute with every recompute the model allows.
+    let most: Vec<f64> = (0..timeline.slot_count())
+        .map(|s| compute_us(profile, timeline, s, |i| units[i].recompute.is_some()))
+        .collect();
     let hidden = 1.0 - profile.interference().comm;
     let mut per_slot: Vec<Vec<(f64, Col)>> = vec![Vec::new(); timeline.slot_count()];
     for op in units.iter().flat_map(UnitVars::ops) {
-        let at_positions = op.positions.iter().zip(&op.launches).zip(&op.bands);
-        for ((&k, x), _) in at_positions.filter(|(_, band)| band.is_none()) {
-            let s = op.window.slot_at(k);
+        for (s, x) in op.launches_at_slots() {
             let beyond = op.block_time_us - hidden * most[s];
             if beyond > 0.0 {
-                per_slot[s].push((beyond, *x));
+                per_slot[s].push((beyond, x));
             }
         }
     }
@@ -334,9 +318,9 @@ mod tests {
     use std::path::Path;
 
     /// GPT-2 XL on 64 H100s (analytic): 0.14 ms forwards beside 1.7 ms blocks. Every baseline,
-    /// with and without checkpointing (recompute where the unit has it), meets every whole-block row at its own launches, compute
-    /// and simulated slot durations (the rows cut off no plan), and some rows hold with equality
-    /// (a slot of one block: they are as tight as a plan).
+    /// with and without checkpointing (recompute where the unit has it), meets every whole-block
+    /// row at its own launches, compute and simulated slot durations (the rows cut off no plan),
+    /// and some rows hold with equality (a slot of one block: they are as tight as a plan).
     #[test]
     fn whole_block_rows_hold_for_every_baseline_and_bind_where_a_slot_launches_one_block() {
         let spec =

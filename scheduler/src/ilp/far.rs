@@ -154,17 +154,13 @@ pub(super) fn pooled_bands(units: &[UnitVars], slack: &Slack, slots: usize) -> V
         .iter()
         .flat_map(UnitVars::ops)
         .flat_map(|op| {
-            op.bands
-                .iter()
-                .zip(&op.launches)
-                .filter_map(move |(band, x)| {
-                    let positions = band.as_ref()?;
-                    let run = Run {
-                        first: op.window.slot_at(positions.start),
-                        len: positions.len(),
-                    };
-                    Some((run, *x, op.block_time_us, op.block_load_us))
-                })
+            op.band_launches().map(move |(positions, x)| {
+                let run = Run {
+                    first: op.window.slot_at(positions.start),
+                    len: positions.len(),
+                };
+                (run, x, op.block_time_us, op.block_load_us)
+            })
         })
         .collect();
     let mut runs: Vec<Run> = bands.iter().map(|b| b.0).collect();

@@ -199,8 +199,8 @@ fn bands_used(units: &[UnitVars], values: &[f64], least: f64) -> ExtraPositions 
     let mut used = ExtraPositions::new();
     for (i, u) in units.iter().enumerate() {
         for op in u.ops() {
-            for (band, x) in op.bands.iter().zip(&op.launches) {
-                if let Some(positions) = band.as_ref().filter(|_| values[x.index] > least) {
+            for (positions, x) in op.band_launches() {
+                if values[x.index] > least {
                     used.entry((i, op.op))
                         .or_default()
                         .extend(positions.clone());

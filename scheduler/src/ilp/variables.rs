@@ -95,6 +95,24 @@ impl OpVars {
         (k > 0).then(|| self.cumulative[k - 1])
     }
 
+    /// The launch columns at a position of their own (not band columns), with their slot.
+    pub fn launches_at_slots(&self) -> impl Iterator<Item = (usize, Col)> + '_ {
+        self.positions
+            .iter()
+            .zip(&self.launches)
+            .zip(&self.bands)
+            .filter(|(_, band)| band.is_none())
+            .map(|((&k, x), _)| (self.window.slot_at(k), *x))
+    }
+
+    /// The band columns (`super::far`), with the window positions each stands for.
+    pub fn band_launches(&self) -> impl Iterator<Item = (&Range<usize>, Col)> + '_ {
+        self.bands
+            .iter()
+            .zip(&self.launches)
+            .filter_map(|(band, x)| Some((band.as_ref()?, *x)))
+    }
+
     /// The last running sum: all blocks of the op.
     pub fn total(&self) -> Col {
         *self
