@@ -6,18 +6,23 @@
 //! (the full-window LP relaxation, or the same priced from a small window's LP); `far` builds the
 //! far-band relaxation, a MIP whose bound holds over every plan, and `refine` the far-band search
 //! of large models; `mapping` moves between schedules and column values; `pool` keeps the plans
-//! met; `solve` drives HiGHS, warm-starts from the best feasible baseline, runs the staged phases
-//! and checks every answer against the strict simulator.
+//! met; `staged` runs the staged phases of large models, on two threads as two searches that
+//! share their plan and bound (`race`) through HiGHS' callbacks (`callback`); `solve` drives
+//! HiGHS, warm-starts from the best feasible baseline and checks every answer against the strict
+//! simulator.
 
 mod bound;
+mod callback;
 mod constraints;
 mod far;
 mod limits;
 mod mapping;
 mod model;
 mod pool;
+mod race;
 mod refine;
 mod solve;
+mod staged;
 mod variables;
 
 pub use bound::{lp_relaxation_bound, priced_lp_bound};

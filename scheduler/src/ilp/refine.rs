@@ -53,9 +53,11 @@ pub(super) fn far_band_search(
         relative_gap: options.relative_gap * RESTRICTED_GAP_FACTOR,
         ..depth_options.clone()
     };
+    let shared = pool.shared();
     let stop = |objective_target| Stop {
         time_limit: left(),
         objective_target,
+        shared: shared.as_deref(),
     };
     let mut extra = ExtraPositions::new();
     let lp = run_highs(
@@ -129,6 +131,7 @@ pub fn far_band_bound(
     let stop = Stop {
         time_limit: options.time_limit_s,
         objective_target: None,
+        shared: None,
     };
     let run = run_highs(
         profile,

@@ -1,11 +1,13 @@
-//! Driving HiGHS: the staged phases, warm starts, status, bound and gap, the claim a plan
-//! carries, the check of every answer against the strict simulator, and infeasible caps.
+//! Driving HiGHS: one run (warm start, shared progress, status, bound and gap), the solve around
+//! the staged phases, the claim a plan carries, the check of every answer against the strict
+//! simulator, and infeasible caps.
 
-use super::bound::FullWindowBound;
+use super::callback::{PlanValues, Watch, solve_watched};
 use super::mapping::{schedule_from_values, schedule_values, slot_terms, tight_time};
 use super::model::{Form, build, highs_model};
 use super::pool::Pool;
-use super::refine::far_band_search;
+use super::race::Shared;
+use super::staged::{FullWindow, full_window_mip, is_staged, staged_phases};
 use super::variables::{ExtraPositions, UnitVars};
 use super::{
     Objective, PhaseReport, Relaxation, SolveOptions, SolveReport, SolveStatus, Solved,
@@ -18,25 +20,8 @@ use crate::sim::{Semantics, memory_by_slot, simulate};
 use crate::size::{format_bytes, whole_bytes};
 use crate::{Error, Result};
 use highs::HighsModelStatus;
-use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
-/// The staged solve's phases before the full windows (DESIGN §4.5), with their share of the time
-/// limit: D = 1 fixes every launch next to its consumer (only levels and recompute are chosen);
-/// D = 4 places them. Each phase's plan is feasible for the next (the windows nest) and
-/// warm-starts it.
-const LEVELS_SHARE: f64 = 0.1;
-const PLACEMENT_DEPTH: NonZeroUsize = NonZeroUsize::new(4).unwrap();
-const PLACEMENT_SHARE: f64 = 0.6;
-/// Depth 4's gap target, relative to the solve's, when the bound over every plan is tight.
-const TIGHT_BOUND_GAP_FACTOR: f64 = 0.25;
-/// Integer columns (full windows) above which the two-phase strategy pays.
-const TWO_PHASE_MIN_INTEGERS: usize = 3000;
-/// Integer columns (full windows) above which a staged solve ends after depth 4 and the bound:
-/// the full-window MIP then does not finish its root LP within the time (Llama-2 70B, 33,782
-/// columns: its bound stays at the trivial one through 9 s, its plan is depth 4's), while at
-/// 12,598 (GPT-2 XL) it proves caps that depth 4 and the LP bound do not.
-const FULL_WINDOW_MIP_MAX_INTEGERS: usize = 20_000;
 /// Relative agreement required between the ILP's objective and the strict simulation.
 const CONSISTENCY: f64 = 1e-6;
 
@@ -49,11 +34,14 @@ pub(super) struct Run {
     pub infeasible: bool,
 }
 
-/// When HiGHS stops: its time limit, and optionally an objective target (HiGHS'
-/// `objective_target`: it stops at the first plan below it, e.g. one that a bound already proves).
-pub(super) struct Stop {
+/// When HiGHS stops: its time limit, optionally an objective target (HiGHS'
+/// `objective_target`: it stops at the first plan below it, e.g. one that a bound already proves),
+/// and the progress it shares with a search on another thread (it stops once the pair proves the
+/// target, and a MIP of plans takes the other's better plans).
+pub(super) struct Stop<'a> {
     pub time_limit: f64,
     pub objective_target: Option<f64>,
+    pub shared: Option<&'a Shared>,
 }
 
 /// Runs HiGHS on the MIP of `options` with launch columns also at `extra` (`Form::Mip`: its
@@ -82,27 +70,37 @@ pub(super) fn run_highs(
             .try_set_option("objective_target", target)
             .map_err(|e| Error::Solver(format!("HiGHS option objective_target: {e:?}")))?;
     }
-    if let Some((schedule, mut values)) = warm
-        .iter()
-        .find_map(|(s, _)| schedule_values(&built.units, s, built.columns).map(|v| (s, v)))
-    {
-        let terms = slot_terms(profile, &built.units, &values);
-        for (d, (c, q, l)) in built.durations.iter().zip(terms) {
+    let (units, durations, columns) = (&built.units, &built.durations, built.columns);
+    let (peak, memory_scale) = (built.peak, built.memory_scale);
+    // A plan's values in this model: its launches, levels and recompute, each slot's duration and
+    // the peak column (a hair above the peak, so that the start is not cut off by rounding).
+    let values_of = |schedule: &Schedule| {
+        let mut values = schedule_values(units, schedule, columns)?;
+        let terms = slot_terms(profile, units, &values);
+        for (d, (c, q, l)) in durations.iter().zip(terms) {
             values[d.index] = profile.interference().slot_duration(c, q, l);
         }
-        if let Some(peak) = built.peak {
+        if let Some(peak) = peak {
             let worst = memory_by_slot(profile, schedule)
                 .iter()
                 .map(|m| m.total())
                 .fold(0.0, f64::max);
-            values[peak.index] = worst / built.memory_scale * (1.0 + 1e-12);
+            values[peak.index] = worst / memory_scale * (1.0 + 1e-12);
         }
+        Some(values)
+    };
+    if let Some(values) = warm.iter().find_map(|(s, _)| values_of(s)) {
         model
             .try_set_solution(Some(&values), None, None, None)
             .map_err(|e| Error::Solver(format!("HiGHS warm start: {e:?}")))?;
     }
-    let solved = model
-        .try_solve()
+    let bounds_every_plan = form != Form::Mip || options.limits.is_full() && extra.is_empty();
+    let watch = stop.shared.map(|shared| Watch {
+        shared,
+        bounds_every_plan,
+        values_of: plans.then_some(&values_of as &PlanValues),
+    });
+    let solved = solve_watched(model, watch.as_ref())
         .map_err(|e| Error::Solver(format!("HiGHS failed: {e:?}")))?;
     let status = solved.status();
     let has_solution = solved.primal_solution_status() == highs::HighsSolutionStatus::Feasible;
@@ -154,8 +152,11 @@ pub(super) fn run_highs(
     };
     let status = match status {
         HighsModelStatus::Optimal if gap <= 1e-9 || !gap.is_finite() => SolveStatus::Optimal,
-        // Stopped at the first plan the bound over every plan proves within the target.
-        HighsModelStatus::Optimal | HighsModelStatus::ObjectiveTarget => SolveStatus::GapLimit,
+        // Stopped at the first plan the bound over every plan proves within the target, or
+        // because the search beside it proved the target (§4.5, "two searches").
+        HighsModelStatus::Optimal
+        | HighsModelStatus::ObjectiveTarget
+        | HighsModelStatus::ReachedInterrupt => SolveStatus::GapLimit,
         _ => SolveStatus::TimeLimit,
     };
     let gap = if objective.is_finite() && bound.is_finite() {
@@ -179,6 +180,12 @@ pub(super) fn run_highs(
         integer_variables: built.integers,
         constraints: rows,
     };
+    if let Some(shared) = stop.shared
+        && bounds_every_plan
+        && options.objective == Objective::Time
+    {
+        shared.offer_bound(phase.best_bound);
+    }
     tracing::debug!(?phase, "HiGHS phase done");
     Ok(Run {
         schedule,
@@ -243,90 +250,28 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
         pool.offer(hint.clone());
     }
     let mut phases = Vec::new();
-    let none = ExtraPositions::new();
     let user_limited = !options.limits.is_full();
-    let staged = options.two_phase
-        && !user_limited
-        && full_window_integers(profile) > TWO_PHASE_MIN_INTEGERS;
-    let too_large = full_window_integers(profile) > FULL_WINDOW_MIP_MAX_INTEGERS;
-    let remaining = || options.time_limit_s - started.elapsed().as_secs_f64();
-    if staged {
-        let limited = |depth| SolveOptions {
-            limits: WindowLimits::depth(depth),
-            ..options.clone()
-        };
-        let stop = Stop {
-            time_limit: options.time_limit_s * LEVELS_SHARE,
-            objective_target: None,
-        };
-        let levels = limited(NonZeroUsize::MIN);
-        let run = run_highs(profile, (&levels, Form::Mip, &none), pool.plans(), stop)?;
-        if let Some(schedule) = run.schedule {
-            pool.offer(schedule);
-        }
-        phases.push(run.phase);
-        // A bound over every plan before placing launches, so that depth 4 stops at the first plan
-        // it proves within the target (DESIGN §4.5).
-        let mut bound = FullWindowBound::start(profile, options, remaining())?;
-        let with_bound = |phases: &[PhaseReport], bound: &FullWindowBound| {
-            phases
-                .iter()
-                .cloned()
-                .chain(bound.phase())
-                .collect::<Vec<_>>()
-        };
-        if !pool.proven(&with_bound(&phases, &bound)) {
-            let stop = Stop {
-                time_limit: remaining().min(options.time_limit_s * PLACEMENT_SHARE),
-                objective_target: bound
-                    .phase()
-                    .map(|b| b.best_bound / (1.0 - options.relative_gap)),
-            };
-            // Where the bound is tight, depth 4 searches past its own target toward a plan the
-            // bound proves (it stops at the first); elsewhere its own target is the claim.
-            let placement = SolveOptions {
-                relative_gap: if bound.is_tight(options.relative_gap) {
-                    options.relative_gap * TIGHT_BOUND_GAP_FACTOR
-                } else {
-                    options.relative_gap
-                },
-                ..limited(PLACEMENT_DEPTH)
-            };
-            let run = run_highs(profile, (&placement, Form::Mip, &none), pool.plans(), stop)?;
+    let deadline = started + Duration::from_secs_f64(options.time_limit_s);
+    let full_window = if is_staged(profile, options) {
+        staged_phases(profile, options, &mut pool, &mut phases, deadline)?
+    } else {
+        FullWindow::Run
+    };
+    // The full-window MIP runs unless the staged phases ran it or proved it unneeded: the best
+    // plan proven within the gap over every plan, or the model too large for it to finish its
+    // root LP (it still runs when no plan was found, to tell an infeasible cap).
+    let infeasible = match full_window {
+        FullWindow::Ran { infeasible } => infeasible,
+        FullWindow::Skip => false,
+        FullWindow::Run => {
+            let run = full_window_mip(profile, options, &pool, deadline)?;
+            phases.push(run.phase);
             if let Some(schedule) = run.schedule {
                 pool.offer(schedule);
             }
-            phases.push(run.phase);
+            run.infeasible
         }
-        if let Some(incumbent) = pool.best_value() {
-            bound.widen(profile, options, incumbent, remaining())?;
-        }
-        phases.extend(bound.phase());
-        // Too large for the full-window MIP: the far-band search takes the time left (time
-        // objective; the memory objective keeps the full-window LP bound).
-        let time_objective = options.objective == Objective::Time;
-        if too_large && time_objective && !pool.is_empty() && !pool.proven(&phases) {
-            let deadline = started + Duration::from_secs_f64(options.time_limit_s);
-            far_band_search(profile, options, &mut pool, &mut phases, deadline)?;
-        }
-    }
-    // The full-window MIP runs unless the bound already proves the best plan within the gap over
-    // every plan, or the model is too large for it to finish its root LP (it still runs when no
-    // plan was found, to tell an infeasible cap).
-    let skip_full = staged && !pool.is_empty() && (too_large || pool.proven(&phases));
-    let mut infeasible = false;
-    if !skip_full {
-        let stop = Stop {
-            time_limit: remaining(),
-            objective_target: None,
-        };
-        let run = run_highs(profile, (options, Form::Mip, &none), pool.plans(), stop)?;
-        infeasible = run.infeasible;
-        phases.push(run.phase);
-        if let Some(schedule) = run.schedule {
-            pool.offer(schedule);
-        }
-    }
+    };
     if user_limited {
         // A warm start outside the windows asked for is not an answer to the limited search.
         pool.retain_within(options.limits);
@@ -471,12 +416,6 @@ pub(super) fn claim(
     }
 }
 
-/// Integer columns of the full-window model (x only; the deciding size).
-fn full_window_integers(profile: &Profile) -> usize {
-    let l = profile.unit_count();
-    (0..l).map(|i| 3 * (2 * i + 1) + 2 * (l - 1 - i)).sum()
-}
-
 /// Every plan HiGHS returns is checked against the strict simulator: the ILP's own evaluation of
 /// its integer solution (Σ_s max(c_s + L_s, Q_s + κ_q·c_s) from its coefficients, or its peak variable)
 /// must match the simulation; otherwise the plan is refused. Whether it fits the cap is judged
@@ -530,6 +469,7 @@ fn explain_infeasible(profile: &Profile, options: &SolveOptions) -> Error {
     let stop = Stop {
         time_limit: options.time_limit_s,
         objective_target: None,
+        shared: None,
     };
     match run_highs(
         profile,

@@ -1,0 +1,279 @@
+//! The staged solve of models above 3000 full-window integer columns (DESIGN §4.5): depth 1, the
+//! priced bound, depth 4, deeper pricing, then the full-window MIP or (above 20,000 columns) the
+//! far-band search — and, given two threads, the full-window MIP on one while depth 4 and the
+//! far-band search run on the other, sharing their best plan and bound ([`Shared`]).
+
+use super::bound::FullWindowBound;
+use super::model::Form;
+use super::pool::Pool;
+use super::race::Shared;
+use super::refine::far_band_search;
+use super::solve::{Run, Stop, run_highs};
+use super::variables::ExtraPositions;
+use super::{Objective, PhaseReport, SolveOptions, WindowLimits};
+use crate::profile::Profile;
+use crate::{Error, Result};
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The staged solve's phases before the full windows, with their share of the time limit: D = 1
+/// fixes every launch next to its consumer (only levels and recompute are chosen); D = 4 places
+/// them. Each phase's plan is feasible for the next (the windows nest) and warm-starts it.
+const LEVELS_SHARE: f64 = 0.1;
+const PLACEMENT_DEPTH: NonZeroUsize = NonZeroUsize::new(4).unwrap();
+const PLACEMENT_SHARE: f64 = 0.6;
+/// Depth 4's share where two searches follow it: the far-band search places launches within
+/// depth 4 too, and the full-window MIP needs the time (Llama 3 8B at 59.82 GiB: depth 4 spent
+/// its 6 s of 10 on a plan 1.9% slower than the pair's).
+const TWO_SEARCHES_PLACEMENT_SHARE: f64 = 0.25;
+/// Depth 4's gap target, relative to the solve's, when the bound over every plan is tight.
+const TIGHT_BOUND_GAP_FACTOR: f64 = 0.25;
+/// Integer columns (full windows) above which the staged strategy pays.
+const STAGED_MIN_INTEGERS: usize = 3000;
+/// Integer columns (full windows) above which a staged solve ends after depth 4 and the bound:
+/// the full-window MIP then does not finish its root LP within the time (Llama-2 70B, 33,782
+/// columns: its bound stays at the trivial one through 9 s, its plan is depth 4's), while at
+/// 12,598 (GPT-2 XL) it proves caps that depth 4 and the LP bound do not.
+const FULL_WINDOW_MIP_MAX_INTEGERS: usize = 20_000;
+
+/// Integer columns of the full-window model (x only; the deciding size).
+fn full_window_integers(profile: &Profile) -> usize {
+    let l = profile.unit_count();
+    (0..l).map(|i| 3 * (2 * i + 1) + 2 * (l - 1 - i)).sum()
+}
+
+/// Whether `options` asks for the staged solve: the full windows of a model large enough.
+pub(super) fn is_staged(profile: &Profile, options: &SolveOptions) -> bool {
+    options.two_phase
+        && options.limits.is_full()
+        && full_window_integers(profile) > STAGED_MIN_INTEGERS
+}
+
+/// What the staged phases leave to the full-window MIP.
+pub(super) enum FullWindow {
+    /// Not needed: the best plan is proven, or the model is too large for it.
+    Skip,
+    /// Still to run, for the time left.
+    Run,
+    /// Run already, beside the other search; whether it found the cap infeasible.
+    Ran { infeasible: bool },
+}
+
+/// Runs the staged phases until `deadline`, adding their plans to `pool` and their reports to
+/// `phases`.
+pub(super) fn staged_phases(
+    profile: &Profile,
+    options: &SolveOptions,
+    pool: &mut Pool,
+    phases: &mut Vec<PhaseReport>,
+    deadline: Instant,
+) -> Result<FullWindow> {
+    let left = || {
+        deadline
+            .saturating_duration_since(Instant::now())
+            .as_secs_f64()
+    };
+    let stop = Stop {
+        time_limit: options.time_limit_s * LEVELS_SHARE,
+        objective_target: None,
+        shared: None,
+    };
+    let levels = limited(options, NonZeroUsize::MIN);
+    let run = run_highs(
+        profile,
+        (&levels, Form::Mip, &ExtraPositions::new()),
+        pool.plans(),
+        stop,
+    )?;
+    if let Some(schedule) = run.schedule {
+        pool.offer(schedule);
+    }
+    phases.push(run.phase);
+    // A bound over every plan before placing launches, so that depth 4 stops at the first plan it
+    // proves within the target.
+    let bound = FullWindowBound::start(profile, options, left())?;
+    let too_large = full_window_integers(profile) > FULL_WINDOW_MIP_MAX_INTEGERS;
+    let time_objective = options.objective == Objective::Time;
+    if options.threads >= 2 && time_objective && !too_large {
+        return two_searches(profile, options, pool, phases, bound, deadline);
+    }
+    place(
+        profile,
+        options,
+        pool,
+        phases,
+        (&bound, PLACEMENT_SHARE),
+        deadline,
+    )?;
+    widen_and_search(profile, options, pool, phases, bound, deadline, too_large)?;
+    Ok(if !pool.is_empty() && (too_large || pool.proven(phases)) {
+        FullWindow::Skip
+    } else {
+        FullWindow::Run
+    })
+}
+
+/// Depth 4 for at most `share` of the time limit, unless the bound proves the best plan already.
+fn place(
+    profile: &Profile,
+    options: &SolveOptions,
+    pool: &mut Pool,
+    phases: &mut Vec<PhaseReport>,
+    (bound, share): (&FullWindowBound, f64),
+    deadline: Instant,
+) -> Result<()> {
+    let with_bound: Vec<_> = phases.iter().cloned().chain(bound.phase()).collect();
+    if pool.proven(&with_bound) {
+        return Ok(());
+    }
+    let shared = pool.shared();
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .as_secs_f64();
+    let stop = Stop {
+        time_limit: left.min(options.time_limit_s * share),
+        objective_target: bound
+            .phase()
+            .map(|b| b.best_bound / (1.0 - options.relative_gap)),
+        shared: shared.as_deref(),
+    };
+    // Where the bound is tight, depth 4 searches past its own target toward a plan the bound
+    // proves (it stops at the first); elsewhere its own target is the claim.
+    let placement = SolveOptions {
+        relative_gap: if bound.is_tight(options.relative_gap) {
+            options.relative_gap * TIGHT_BOUND_GAP_FACTOR
+        } else {
+            options.relative_gap
+        },
+        ..limited(options, PLACEMENT_DEPTH)
+    };
+    let none = ExtraPositions::new();
+    let run = run_highs(profile, (&placement, Form::Mip, &none), pool.plans(), stop)?;
+    if let Some(schedule) = run.schedule {
+        pool.offer(schedule);
+    }
+    phases.push(run.phase);
+    Ok(())
+}
+
+/// The bound priced from deeper windows, and, when `far_bands` (time objective), the far-band
+/// search for the time left.
+fn widen_and_search(
+    profile: &Profile,
+    options: &SolveOptions,
+    pool: &mut Pool,
+    phases: &mut Vec<PhaseReport>,
+    mut bound: FullWindowBound,
+    deadline: Instant,
+    far_bands: bool,
+) -> Result<()> {
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .as_secs_f64();
+    if let Some(incumbent) = pool.best_value() {
+        bound.widen(profile, options, incumbent, left)?;
+    }
+    if let Some(phase) = bound.phase() {
+        pool.offer_bound(&phase);
+        phases.push(phase);
+    }
+    // The far-band search takes the time left (time objective; the memory objective keeps the
+    // full-window LP bound).
+    let time_objective = options.objective == Objective::Time;
+    if far_bands && time_objective && !pool.is_empty() && !pool.proven(phases) {
+        far_band_search(profile, options, pool, phases, deadline)?;
+    }
+    Ok(())
+}
+
+/// Depth 4 (a quarter of the time at most), then the full-window MIP on this thread beside the
+/// deeper pricing and the far-band search on another, each HiGHS run on one thread, until the
+/// pair proves the best plan or `deadline`. The far-band search finds plans that launch far
+/// ahead, which the full MIP's heuristics miss in the time, and hands them to it; the full MIP
+/// proves the bound.
+fn two_searches(
+    profile: &Profile,
+    options: &SolveOptions,
+    pool: &mut Pool,
+    phases: &mut Vec<PhaseReport>,
+    bound: FullWindowBound,
+    deadline: Instant,
+) -> Result<FullWindow> {
+    let single = SolveOptions {
+        threads: 1,
+        ..options.clone()
+    };
+    let shared = Arc::new(Shared::new(options.relative_gap));
+    pool.share(Arc::clone(&shared));
+    place(
+        profile,
+        &single,
+        pool,
+        phases,
+        (&bound, TWO_SEARCHES_PLACEMENT_SHARE),
+        deadline,
+    )?;
+    let mut other_pool = pool.clone();
+    let mut other_phases = phases.clone();
+    let before = phases.len();
+    let (full, other) = std::thread::scope(|scope| {
+        let other = scope.spawn(|| {
+            widen_and_search(
+                profile,
+                &single,
+                &mut other_pool,
+                &mut other_phases,
+                bound,
+                deadline,
+                true,
+            )
+        });
+        // Its plan, shared at once, tells the other search whether it can stop.
+        let full = full_window_mip(profile, &single, pool, deadline).map(|mut run| {
+            if let Some(schedule) = run.schedule.take() {
+                pool.offer(schedule);
+            }
+            run
+        });
+        (full, other.join())
+    });
+    other.map_err(|_| Error::Solver("the far-band search's thread panicked".into()))??;
+    let full = full?;
+    pool.absorb(other_pool);
+    phases.extend(other_phases.drain(before..));
+    phases.push(full.phase);
+    Ok(FullWindow::Ran {
+        infeasible: full.infeasible,
+    })
+}
+
+/// The full-window MIP for the time left, warm-started from the best plan it can represent.
+pub(super) fn full_window_mip(
+    profile: &Profile,
+    options: &SolveOptions,
+    pool: &Pool,
+    deadline: Instant,
+) -> Result<Run> {
+    let shared = pool.shared();
+    let stop = Stop {
+        time_limit: deadline
+            .saturating_duration_since(Instant::now())
+            .as_secs_f64(),
+        objective_target: None,
+        shared: shared.as_deref(),
+    };
+    run_highs(
+        profile,
+        (options, Form::Mip, &ExtraPositions::new()),
+        pool.plans(),
+        stop,
+    )
+}
+
+fn limited(options: &SolveOptions, depth: NonZeroUsize) -> SolveOptions {
+    SolveOptions {
+        limits: WindowLimits::depth(depth),
+        ..options.clone()
+    }
+}
