@@ -186,26 +186,33 @@ pub fn analytic_profile(
     Ok(profile)
 }
 
+/// The zoo model `name` (`models/{name}.toml`), for tests.
+#[cfg(test)]
+pub(crate) fn zoo(name: &str) -> ModelSpec {
+    ModelSpec::load(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../models/{name}.toml")),
+    )
+    .unwrap()
+}
+
+/// The analytic profile of the zoo model `name` on `world_size` H100 SXMs, for tests.
+#[cfg(test)]
+pub(crate) fn zoo_profile(name: &str, world_size: u32) -> Profile {
+    analytic_profile(
+        &zoo(name),
+        &Catalog::bundled().unwrap(),
+        &AnalyticOptions::new("h100-sxm", world_size),
+    )
+    .unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
-
-    fn zoo(name: &str) -> ModelSpec {
-        ModelSpec::load(
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../models/{name}.toml")),
-        )
-        .unwrap()
-    }
 
     #[test]
     fn llama2_7b_block_forward_time_is_flops_over_peak_times_mfu() {
-        let profile = analytic_profile(
-            &zoo("llama2-7b"),
-            &Catalog::bundled().unwrap(),
-            &AnalyticOptions::new("h100-sxm", 64),
-        )
-        .unwrap();
+        let profile = zoo_profile("llama2-7b", 64);
         assert_eq!(profile.units.len(), 34);
         let block = &profile.units[1];
         // tokens 4096 · (2 · 202,375,168 matrix params + 4 · 4096 · 4096) FLOPs / (989e12 · 0.5) s.
@@ -218,12 +225,7 @@ mod tests {
 
     #[test]
     fn collective_time_follows_the_ring_formula() {
-        let profile = analytic_profile(
-            &zoo("llama2-7b"),
-            &Catalog::bundled().unwrap(),
-            &AnalyticOptions::new("h100-sxm", 8),
-        )
-        .unwrap();
+        let profile = zoo_profile("llama2-7b", 8);
         // NVLink4: 8 + 7·1 µs + (7/8) · 2^30 B / 370e3 B/µs.
         let expected = 15.0 + 0.875 * 1073741824.0 / 370e3;
         assert!((profile.comm.all_gather.time_us(1073741824.0) - expected).abs() < 1e-9);

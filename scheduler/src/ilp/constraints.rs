@@ -305,17 +305,14 @@ pub(super) fn longer_blocks(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analytic::{AnalyticOptions, analytic_profile};
+    use crate::analytic::zoo_profile;
     use crate::baselines::{BaselineKind, baseline};
-    use crate::hardware::Catalog;
     use crate::ilp::SolveOptions;
     use crate::ilp::mapping::{schedule_values, slot_terms};
     use crate::ilp::model::{Form, build};
     use crate::ilp::variables::ExtraPositions;
-    use crate::model::ModelSpec;
     use crate::schedule::Schedule;
     use crate::sim::{Semantics, simulate};
-    use std::path::Path;
 
     /// GPT-2 XL on 64 H100s (analytic): 0.14 ms forwards beside 1.7 ms blocks. Every baseline,
     /// with and without checkpointing (recompute where the unit has it), meets every whole-block
@@ -323,15 +320,7 @@ mod tests {
     /// and some rows hold with equality (a slot of one block: they are as tight as a plan).
     #[test]
     fn whole_block_rows_hold_for_every_baseline_and_bind_where_a_slot_launches_one_block() {
-        let spec =
-            ModelSpec::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/gpt2-xl.toml"))
-                .unwrap();
-        let profile = analytic_profile(
-            &spec,
-            &Catalog::bundled().unwrap(),
-            &AnalyticOptions::new("h100-sxm", 64),
-        )
-        .unwrap();
+        let profile = zoo_profile("gpt2-xl", 64);
         let options = SolveOptions {
             memory_cap_bytes: None,
             ..SolveOptions::default()

@@ -39,7 +39,6 @@ impl Shared {
         if bound.is_nan() {
             return;
         }
-        // Non-negative f64s order as their bits; below zero, compare as floats.
         let _ = self
             .bound
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |bits| {
@@ -93,24 +92,12 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analytic::{AnalyticOptions, analytic_profile};
+    use crate::analytic::zoo_profile;
     use crate::baselines::{BaselineKind, baseline};
-    use crate::hardware::Catalog;
-    use crate::model::ModelSpec;
-    use std::path::Path;
 
     /// A plan to share (GPT-2 small's DDP on 8 H100s).
     fn a_plan() -> Schedule {
-        let spec = ModelSpec::load(
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/gpt2-small.toml"),
-        )
-        .unwrap();
-        let profile = analytic_profile(
-            &spec,
-            &Catalog::bundled().unwrap(),
-            &AnalyticOptions::new("h100-sxm", 8),
-        )
-        .unwrap();
+        let profile = zoo_profile("gpt2-small", 8);
         baseline(&profile, BaselineKind::Ddp, false, None)
             .unwrap()
             .schedule

@@ -15,6 +15,7 @@
 use super::model::Form;
 use super::pool::Pool;
 use super::solve::{Stop, run_highs};
+use super::staged::seconds_until;
 use super::variables::ExtraPositions;
 use super::{PhaseReport, SolveOptions, WindowLimits};
 use crate::Result;
@@ -39,11 +40,7 @@ pub(super) fn far_band_search(
     phases: &mut Vec<PhaseReport>,
     deadline: Instant,
 ) -> Result<()> {
-    let left = || {
-        deadline
-            .saturating_duration_since(Instant::now())
-            .as_secs_f64()
-    };
+    let left = || seconds_until(deadline);
     let limits = WindowLimits::depth(DEPTH);
     let depth_options = SolveOptions {
         limits,

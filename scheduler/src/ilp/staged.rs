@@ -69,11 +69,6 @@ pub(super) fn staged_phases(
     phases: &mut Vec<PhaseReport>,
     deadline: Instant,
 ) -> Result<FullWindow> {
-    let left = || {
-        deadline
-            .saturating_duration_since(Instant::now())
-            .as_secs_f64()
-    };
     let stop = Stop {
         time_limit: options.time_limit_s * LEVELS_SHARE,
         objective_target: None,
@@ -92,7 +87,7 @@ pub(super) fn staged_phases(
     phases.push(run.phase);
     // A bound over every plan before placing launches, so that depth 4 stops at the first plan it
     // proves within the target.
-    let bound = FullWindowBound::start(profile, options, left())?;
+    let bound = FullWindowBound::start(profile, options, seconds_until(deadline))?;
     let too_large = full_window_integers(profile) > FULL_WINDOW_MIP_MAX_INTEGERS;
     let time_objective = options.objective == Objective::Time;
     if options.threads >= 2 && time_objective && !too_large {
@@ -128,11 +123,8 @@ fn place(
         return Ok(());
     }
     let shared = pool.shared();
-    let left = deadline
-        .saturating_duration_since(Instant::now())
-        .as_secs_f64();
     let stop = Stop {
-        time_limit: left.min(options.time_limit_s * share),
+        time_limit: seconds_until(deadline).min(options.time_limit_s * share),
         objective_target: bound
             .phase()
             .map(|b| b.best_bound / (1.0 - options.relative_gap)),
@@ -168,11 +160,8 @@ fn widen_and_search(
     deadline: Instant,
     far_bands: bool,
 ) -> Result<()> {
-    let left = deadline
-        .saturating_duration_since(Instant::now())
-        .as_secs_f64();
     if let Some(incumbent) = pool.best_value() {
-        bound.widen(profile, options, incumbent, left)?;
+        bound.widen(profile, options, incumbent, seconds_until(deadline))?;
     }
     if let Some(phase) = bound.phase() {
         pool.offer_bound(&phase);
@@ -257,9 +246,7 @@ pub(super) fn full_window_mip(
 ) -> Result<Run> {
     let shared = pool.shared();
     let stop = Stop {
-        time_limit: deadline
-            .saturating_duration_since(Instant::now())
-            .as_secs_f64(),
+        time_limit: seconds_until(deadline),
         objective_target: None,
         shared: shared.as_deref(),
     };
@@ -269,6 +256,13 @@ pub(super) fn full_window_mip(
         pool.plans(),
         stop,
     )
+}
+
+/// Seconds left until `deadline` (0 once it has passed).
+pub(super) fn seconds_until(deadline: Instant) -> f64 {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .as_secs_f64()
 }
 
 fn limited(options: &SolveOptions, depth: NonZeroUsize) -> SolveOptions {
