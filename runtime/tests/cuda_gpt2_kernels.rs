@@ -13,7 +13,9 @@ use shardplan_runtime::cuda::gpt2_kernels::{Param, SOURCE, check_arguments, sign
 use shardplan_runtime::cuda::kernels::per_element;
 use shardplan_runtime::gpt2::kernels::AdamW;
 use shardplan_runtime::gpt2::launches::{Arg, Launch, NLL_PARTIALS};
-use shardplan_runtime::gpt2::{Gpt2Kernels, Shape, launches};
+use shardplan_runtime::gpt2::{
+    AdamRegions, BlockBackward, Gpt2Kernels, Head, HeadGrads, Shape, launches,
+};
 use std::ffi::c_void;
 
 mod shim;
@@ -307,24 +309,31 @@ fn head_equals_the_cpu_backend_bitwise() {
         let mut pair = Pair::new(at, 2);
         pair.set(targets, &tokens(rows, v, 2));
         let scale = 1.0 / (2 * rows) as f32;
-        pair.cpu
-            .head_forward(&shape, params, wte, x, targets, saved, scale, 1)
-            .unwrap();
-        pair.host.run(&launches::head_forward(
-            &shape, params, wte, x, targets, saved, scale, 1,
-        ));
+        let head = Head {
+            params,
+            wte,
+            x,
+            targets,
+            internals: saved,
+        };
+        pair.cpu.head_forward(&shape, &head, scale, 1).unwrap();
+        pair.host
+            .run(&launches::head_forward(&shape, &head, scale, 1));
         pair.assert_bitwise("head forward");
         let loss = pair.cpu.losses(2).unwrap()[1];
         assert!(loss.is_finite() && loss > 0.0, "{loss}");
         assert_eq!(loss.to_bits(), pair.host.losses[1].to_bits(), "the loss");
+        let head_grads = HeadGrads {
+            grads,
+            wte_grad,
+            grad_in,
+            workspace,
+        };
         pair.cpu
-            .head_backward(
-                &shape, params, wte, x, targets, saved, grads, wte_grad, grad_in, workspace, scale,
-            )
+            .head_backward(&shape, &head, &head_grads, scale)
             .unwrap();
-        pair.host.run(&launches::head_backward(
-            &shape, params, wte, x, targets, saved, grads, wte_grad, grad_in, workspace, scale,
-        ));
+        pair.host
+            .run(&launches::head_backward(&shape, &head, &head_grads, scale));
         pair.assert_bitwise("head backward");
     }
 }
@@ -365,14 +374,17 @@ fn block_equals_the_cpu_backend_bitwise() {
         pair.host
             .run(&launches::block_forward(&shape, params, x, out, internals));
         pair.assert_bitwise("block forward");
-        pair.cpu
-            .block_backward(
-                &shape, params, x, internals, grad_out, grads, grad_in, workspace,
-            )
-            .unwrap();
-        pair.host.run(&launches::block_backward(
-            &shape, params, x, internals, grad_out, grads, grad_in, workspace,
-        ));
+        let backward = BlockBackward {
+            params,
+            x,
+            internals,
+            grad_out,
+            grads,
+            grad_in,
+            workspace,
+        };
+        pair.cpu.block_backward(&shape, &backward).unwrap();
+        pair.host.run(&launches::block_backward(&shape, &backward));
         pair.assert_bitwise("block backward");
     }
 }
@@ -395,10 +407,13 @@ fn adamw_equals_the_cpu_backend_bitwise() {
         weight_decay: 0.1,
     };
     let decayed = [0..3, 10..25, 31..32];
-    pair.cpu
-        .adamw(params, grads, m, v, 3, &hp, &decayed)
-        .unwrap();
-    pair.host
-        .run(&launches::adamw(params, grads, m, v, 3, &hp, &decayed));
+    let adam = AdamRegions {
+        params,
+        grads,
+        m,
+        v,
+    };
+    pair.cpu.adamw(&adam, 3, &hp, &decayed).unwrap();
+    pair.host.run(&launches::adamw(&adam, 3, &hp, &decayed));
     pair.assert_bitwise("AdamW");
 }

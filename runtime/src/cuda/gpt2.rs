@@ -9,7 +9,7 @@ use super::kernels::per_element;
 use crate::backend::{Region, Stream};
 use crate::gpt2::kernels::AdamW;
 use crate::gpt2::launches::{self as l, Arg, Kernel, Launch};
-use crate::gpt2::{Gpt2Kernels, Shape};
+use crate::gpt2::{AdamRegions, BlockBackward, Gpt2Kernels, Head, HeadGrads, Shape};
 use crate::{Error, Result};
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, PushKernelArg};
@@ -152,71 +152,27 @@ impl Gpt2Kernels for CudaBackend {
         )
     }
 
-    fn block_backward(
-        &self,
-        shape: &Shape,
-        params: Region,
-        x: Region,
-        internals: Region,
-        grad_out: Region,
-        grads: Region,
-        grad_in: Region,
-        workspace: Region,
-    ) -> Result<()> {
-        let launches = l::block_backward(
-            shape, params, x, internals, grad_out, grads, grad_in, workspace,
-        );
+    fn block_backward(&self, shape: &Shape, regions: &BlockBackward) -> Result<()> {
+        self.run_launches(&l::block_backward(shape, regions), Stream::Compute)
+    }
+
+    fn head_forward(&self, shape: &Shape, head: &Head, scale: f32, step: usize) -> Result<()> {
+        let launches = l::head_forward(shape, head, scale, step);
         self.run_launches(&launches, Stream::Compute)
     }
 
-    fn head_forward(
-        &self,
-        shape: &Shape,
-        params: Region,
-        wte: Region,
-        x: Region,
-        targets: Region,
-        internals: Region,
-        scale: f32,
-        step: usize,
-    ) -> Result<()> {
-        let launches = l::head_forward(shape, params, wte, x, targets, internals, scale, step);
-        self.run_launches(&launches, Stream::Compute)
-    }
-
-    fn head_backward(
-        &self,
-        shape: &Shape,
-        params: Region,
-        wte: Region,
-        x: Region,
-        targets: Region,
-        internals: Region,
-        grads: Region,
-        wte_grad: Region,
-        grad_in: Region,
-        workspace: Region,
-        scale: f32,
-    ) -> Result<()> {
-        let launches = l::head_backward(
-            shape, params, wte, x, targets, internals, grads, wte_grad, grad_in, workspace, scale,
-        );
+    fn head_backward(&self, shape: &Shape, head: &Head, out: &HeadGrads, scale: f32) -> Result<()> {
+        let launches = l::head_backward(shape, head, out, scale);
         self.run_launches(&launches, Stream::Compute)
     }
 
     fn adamw(
         &self,
-        params: Region,
-        grads: Region,
-        m: Region,
-        v: Region,
+        adam: &AdamRegions,
         step: u32,
         hp: &AdamW,
         decayed: &[Range<usize>],
     ) -> Result<()> {
-        self.run_launches(
-            &l::adamw(params, grads, m, v, step, hp, decayed),
-            Stream::Communication,
-        )
+        self.run_launches(&l::adamw(adam, step, hp, decayed), Stream::Communication)
     }
 }

@@ -4,7 +4,7 @@
 
 use super::attention::{attention_backward, attention_forward};
 use super::kernels::{self as k, AdamW};
-use super::{Gpt2Kernels, Shape};
+use super::{AdamRegions, BlockBackward, Gpt2Kernels, Head, HeadGrads, Shape};
 use crate::Result;
 use crate::backend::{Collectives, CpuBackend, Region, each};
 use crate::workload::carve;
@@ -98,23 +98,13 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
         Ok(())
     }
 
-    fn block_backward(
-        &self,
-        shape: &Shape,
-        params: Region,
-        x: Region,
-        internals: Region,
-        grad_out: Region,
-        grads: Region,
-        grad_in: Region,
-        workspace: Region,
-    ) -> Result<()> {
+    fn block_backward(&self, shape: &Shape, regions: &BlockBackward) -> Result<()> {
         let (rows, c, f) = (shape.rows(), shape.hidden, shape.ffn);
-        let weights = each(block_params(shape, params), |r| self.read(r))?;
+        let weights = each(block_params(shape, regions.params), |r| self.read(r))?;
         let [ln1w, _, wqkv, _, wproj, _, ln2w, _, wfc, _, wfp, _] =
             weights.each_ref().map(|w| &**w);
-        self.write(grads)?.fill(0.0);
-        let mut grad_parts = each(block_params(shape, grads), |r| self.write(r))?;
+        self.write(regions.grads)?.fill(0.0);
+        let mut grad_parts = each(block_params(shape, regions.grads), |r| self.write(r))?;
         let [
             dln1w,
             dln1b,
@@ -129,13 +119,17 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
             dwfp,
             dbfp,
         ] = grad_parts.each_mut().map(|g| &mut **g);
-        let saved = each(carve(internals, shape.block_internals()), |r| self.read(r))?;
+        let saved = each(carve(regions.internals, shape.block_internals()), |r| {
+            self.read(r)
+        })?;
         let [ln1, m1, r1, qkv, probs, atty, res1, ln2, m2, r2, fch, gelu] =
             saved.each_ref().map(|s| &**s);
-        let mut scratch = each(carve(workspace, shape.block_workspace()), |r| self.write(r))?;
+        let mut scratch = each(carve(regions.workspace, shape.block_workspace()), |r| {
+            self.write(r)
+        })?;
         let [d_ff, d_h, d_res1, d_qkv, d_probs] = scratch.each_mut().map(|s| &mut **s);
-        let (x, dres2) = (self.read(x)?, self.read(grad_out)?);
-        let mut dx = self.write(grad_in)?;
+        let (x, dres2) = (self.read(regions.x)?, self.read(regions.grad_out)?);
+        let mut dx = self.write(regions.grad_in)?;
         let (x, dres2, dx) = (&*x, &*dres2, &mut *dx);
         // MLP: out = res1 + gelu(ln2·Wfc + bfc)·Wfp + bfp.
         k::matmul_backward(dres2, gelu, wfp, Some(d_ff), dwfp, Some(dbfp), rows, f, c);
@@ -172,55 +166,36 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
         Ok(())
     }
 
-    fn head_forward(
-        &self,
-        shape: &Shape,
-        params: Region,
-        wte: Region,
-        x: Region,
-        targets: Region,
-        internals: Region,
-        scale: f32,
-        step: usize,
-    ) -> Result<()> {
+    fn head_forward(&self, shape: &Shape, head: &Head, scale: f32, step: usize) -> Result<()> {
         let (rows, c, v) = (shape.rows(), shape.hidden, shape.vocab);
-        let [w, b] = each(carve(params, [c, c]), |r| self.read(r))?;
-        let mut saved = each(carve(internals, shape.head_internals()), |r| self.write(r))?;
+        let [w, b] = each(carve(head.params, [c, c]), |r| self.read(r))?;
+        let mut saved = each(carve(head.internals, shape.head_internals()), |r| {
+            self.write(r)
+        })?;
         let [lnf, mean, rstd, probs] = saved.each_mut().map(|s| &mut **s);
-        k::layernorm_forward(&self.read(x)?, &w, &b, lnf, mean, rstd, rows, c);
-        k::tied_logits(lnf, &self.read(wte)?, probs, rows, c, v);
-        let loss = k::cross_entropy_forward(probs, &self.read(targets)?, v, scale);
+        k::layernorm_forward(&self.read(head.x)?, &w, &b, lnf, mean, rstd, rows, c);
+        k::tied_logits(lnf, &self.read(head.wte)?, probs, rows, c, v);
+        let loss = k::cross_entropy_forward(probs, &self.read(head.targets)?, v, scale);
         self.record_loss(step, loss)
     }
 
-    fn head_backward(
-        &self,
-        shape: &Shape,
-        params: Region,
-        wte: Region,
-        x: Region,
-        targets: Region,
-        internals: Region,
-        grads: Region,
-        wte_grad: Region,
-        grad_in: Region,
-        workspace: Region,
-        scale: f32,
-    ) -> Result<()> {
+    fn head_backward(&self, shape: &Shape, head: &Head, out: &HeadGrads, scale: f32) -> Result<()> {
         let (rows, c, v) = (shape.rows(), shape.hidden, shape.vocab);
-        let w = self.read(carve(params, [c])[0])?;
-        self.write(grads)?.fill(0.0);
-        let [mut dw, mut db] = each(carve(grads, [c, c]), |r| self.write(r))?;
+        let w = self.read(carve(head.params, [c])[0])?;
+        self.write(out.grads)?.fill(0.0);
+        let [mut dw, mut db] = each(carve(out.grads, [c, c]), |r| self.write(r))?;
         let [lnf, mean, rstd, mut probs] =
-            each(carve(internals, shape.head_internals()), |r| self.write(r))?;
-        k::cross_entropy_backward_inplace(&mut probs, &self.read(targets)?, v, scale);
-        let (mut dlnf, mut dwte) = (self.write(workspace)?, self.write(wte_grad)?);
+            each(carve(head.internals, shape.head_internals()), |r| {
+                self.write(r)
+            })?;
+        k::cross_entropy_backward_inplace(&mut probs, &self.read(head.targets)?, v, scale);
+        let (mut dlnf, mut dwte) = (self.write(out.workspace)?, self.write(out.wte_grad)?);
         dwte.fill(0.0);
-        let wte = self.read(wte)?;
+        let wte = self.read(head.wte)?;
         k::tied_logits_backward(&probs, &lnf, &wte, &mut dlnf, &mut dwte, rows, c, v);
-        let mut dx = self.write(grad_in)?;
+        let mut dx = self.write(out.grad_in)?;
         dx.fill(0.0);
-        let x = self.read(x)?;
+        let x = self.read(head.x)?;
         k::layernorm_backward_add(
             &dlnf, &x, &w, &mean, &rstd, &mut dx, &mut dw, &mut db, rows, c,
         );
@@ -229,21 +204,18 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
 
     fn adamw(
         &self,
-        params: Region,
-        grads: Region,
-        m: Region,
-        v: Region,
+        adam: &AdamRegions,
         step: u32,
         hp: &AdamW,
         decayed: &[Range<usize>],
     ) -> Result<()> {
         let (mut p, g, mut m, mut v) = (
-            self.write(params)?,
-            self.read(grads)?,
-            self.write(m)?,
-            self.write(v)?,
+            self.write(adam.params)?,
+            self.read(adam.grads)?,
+            self.write(adam.m)?,
+            self.write(adam.v)?,
         );
-        for (range, decay) in k::decay_runs(decayed, params.len) {
+        for (range, decay) in k::decay_runs(decayed, adam.params.len) {
             k::adamw(
                 &mut p[range.clone()],
                 &g[range.clone()],

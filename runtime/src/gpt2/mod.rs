@@ -137,59 +137,66 @@ pub trait Gpt2Kernels: Backend {
         internals: Region,
     ) -> Result<()>;
     /// One block's backward: the parameter gradient (written) and the input gradient.
-    #[allow(clippy::too_many_arguments)]
-    fn block_backward(
-        &self,
-        shape: &Shape,
-        params: Region,
-        x: Region,
-        internals: Region,
-        grad_out: Region,
-        grads: Region,
-        grad_in: Region,
-        workspace: Region,
-    ) -> Result<()>;
+    fn block_backward(&self, shape: &Shape, regions: &BlockBackward) -> Result<()>;
     /// ln_f, the tied logits and the cross-entropy (scaled by `scale`) into loss slot `step`.
-    #[allow(clippy::too_many_arguments)]
-    fn head_forward(
-        &self,
-        shape: &Shape,
-        params: Region,
-        wte: Region,
-        x: Region,
-        targets: Region,
-        internals: Region,
-        scale: f32,
-        step: usize,
-    ) -> Result<()>;
+    fn head_forward(&self, shape: &Shape, head: &Head, scale: f32, step: usize) -> Result<()>;
     /// The head's backward: ln_f's gradient, wte's gradient (written), the input gradient.
-    #[allow(clippy::too_many_arguments)]
-    fn head_backward(
-        &self,
-        shape: &Shape,
-        params: Region,
-        wte: Region,
-        x: Region,
-        targets: Region,
-        internals: Region,
-        grads: Region,
-        wte_grad: Region,
-        grad_in: Region,
-        workspace: Region,
-        scale: f32,
-    ) -> Result<()>;
-    /// One AdamW step on `params`; elements in `decayed` (indices into the region) decay.
-    #[allow(clippy::too_many_arguments)]
+    fn head_backward(&self, shape: &Shape, head: &Head, out: &HeadGrads, scale: f32) -> Result<()>;
+    /// One AdamW step on `adam.params`; elements in `decayed` (indices into the region) decay.
     fn adamw(
         &self,
-        params: Region,
-        grads: Region,
-        m: Region,
-        v: Region,
+        adam: &AdamRegions,
         step: u32,
         hp: &AdamW,
         decayed: &[Range<usize>],
     ) -> Result<()>;
+}
+
+/// The regions of one block's backward.
+#[derive(Debug, Clone, Copy)]
+pub struct BlockBackward {
+    pub params: Region,
+    /// The block's input, as its forward read it.
+    pub x: Region,
+    /// What its forward saved.
+    pub internals: Region,
+    /// The gradient of its output.
+    pub grad_out: Region,
+    /// Its parameters' gradient (written).
+    pub grads: Region,
+    /// Its input's gradient (written).
+    pub grad_in: Region,
+    pub workspace: Region,
+}
+
+/// The regions the head reads in both passes: ln_f's parameters, the tied token embedding (wte),
+/// its input, the step's targets and what its forward saved.
+#[derive(Debug, Clone, Copy)]
+pub struct Head {
+    pub params: Region,
+    pub wte: Region,
+    pub x: Region,
+    pub targets: Region,
+    pub internals: Region,
+}
+
+/// What the head's backward writes (ln_f's gradient, wte's gradient, its input's gradient) and
+/// its workspace.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadGrads {
+    pub grads: Region,
+    pub wte_grad: Region,
+    pub grad_in: Region,
+    pub workspace: Region,
+}
+
+/// The regions of one AdamW step: the parameters, their gradient and the two moments.
+#[derive(Debug, Clone, Copy)]
+pub struct AdamRegions {
+    pub params: Region,
+    pub grads: Region,
+    pub m: Region,
+    pub v: Region,
 }
 
 /// GPT-2 trained by rank `rank` of `world`.
@@ -448,8 +455,14 @@ impl<B: Gpt2Kernels> Train<B> for Gpt2 {
                 // The lender's forward parameters stay until the head's backward (layout).
                 let wte = self.wte(layout.units[0].forward_params());
                 let x = self.output(layout, h - 1);
-                let scale = self.loss_scale();
-                backend.head_forward(s, params, wte, x, u.saved, internals, scale, step)
+                let head = Head {
+                    params,
+                    wte,
+                    x,
+                    targets: u.saved,
+                    internals,
+                };
+                backend.head_forward(s, &head, self.loss_scale(), step)
             }
             b => {
                 let x = self.output(layout, b - 1);
@@ -474,29 +487,32 @@ impl<B: Gpt2Kernels> Train<B> for Gpt2 {
                 let lender = &layout.units[0];
                 let wte = self.wte(lender.forward_params());
                 let wte_grad = self.wte(lender.backward_grads());
-                backend.head_backward(
-                    s,
-                    u.backward_params(),
+                let head = Head {
+                    params: u.backward_params(),
                     wte,
-                    self.output(layout, h - 1),
-                    u.saved,
-                    u.backward_internals(),
-                    u.backward_grads(),
+                    x: self.output(layout, h - 1),
+                    targets: u.saved,
+                    internals: u.backward_internals(),
+                };
+                let grads = HeadGrads {
+                    grads: u.backward_grads(),
                     wte_grad,
-                    grad_in(),
-                    u.backward_workspace,
-                    self.loss_scale(),
-                )
+                    grad_in: grad_in(),
+                    workspace: u.backward_workspace,
+                };
+                backend.head_backward(s, &head, &grads, self.loss_scale())
             }
             b => backend.block_backward(
                 s,
-                u.backward_params(),
-                self.output(layout, b - 1),
-                u.backward_internals(),
-                layout.output_gradient(b),
-                u.backward_grads(),
-                grad_in(),
-                u.backward_workspace,
+                &BlockBackward {
+                    params: u.backward_params(),
+                    x: self.output(layout, b - 1),
+                    internals: u.backward_internals(),
+                    grad_out: layout.output_gradient(b),
+                    grads: u.backward_grads(),
+                    grad_in: grad_in(),
+                    workspace: u.backward_workspace,
+                },
             ),
         }
     }
@@ -504,8 +520,12 @@ impl<B: Gpt2Kernels> Train<B> for Gpt2 {
     fn optimize(&self, backend: &B, layout: &Layout, unit: usize, step: u32) -> Result<()> {
         let u = &layout.units[unit];
         let decayed = self.local_decayed(layout, unit);
-        backend.adamw(
-            u.params, u.grads, u.adam_m, u.adam_v, step, &self.hp, &decayed,
-        )
+        let adam = AdamRegions {
+            params: u.params,
+            grads: u.grads,
+            m: u.adam_m,
+            v: u.adam_v,
+        };
+        backend.adamw(&adam, step, &self.hp, &decayed)
     }
 }

@@ -7,6 +7,7 @@ use super::{
     linear_backward, linear_forward, product,
 };
 use crate::backend::Region;
+use crate::gpt2::BlockBackward;
 use crate::gpt2::attention::{Buffer, Product as AttentionProduct};
 use crate::workload::carve;
 
@@ -126,17 +127,16 @@ pub fn block_forward(
 }
 
 /// [`crate::gpt2::Gpt2Kernels::block_backward`].
-#[allow(clippy::too_many_arguments)]
-pub fn block_backward(
-    shape: &Shape,
-    params: Region,
-    x: Region,
-    internals: Region,
-    grad_out: Region,
-    grads: Region,
-    grad_in: Region,
-    workspace: Region,
-) -> Vec<Launch> {
+pub fn block_backward(shape: &Shape, regions: &BlockBackward) -> Vec<Launch> {
+    let BlockBackward {
+        params,
+        x,
+        internals,
+        grad_out,
+        grads,
+        grad_in,
+        workspace,
+    } = *regions;
     let (rows, c, f) = (shape.rows(), shape.hidden, shape.ffn);
     let [ln1w, _, wqkv, _, wproj, _, ln2w, _, wfc, _, wfp, _] = carve(params, shape.block_params());
     let [

@@ -9,8 +9,8 @@ mod block;
 
 pub use block::{block_backward, block_forward};
 
-use super::Shape;
 use super::kernels::{AdamW, decay_runs};
+use super::{AdamRegions, Head, HeadGrads, Shape};
 use crate::backend::Region;
 use crate::gemm::{Gemm, Strided};
 use crate::workload::carve;
@@ -259,17 +259,14 @@ pub fn embedding_backward(
 
 /// [`super::Gpt2Kernels::head_forward`]: ln_f, the tied logits, their softmax and the loss of
 /// step `step`.
-#[allow(clippy::too_many_arguments)]
-pub fn head_forward(
-    shape: &Shape,
-    params: Region,
-    wte: Region,
-    x: Region,
-    targets: Region,
-    internals: Region,
-    scale: f32,
-    step: usize,
-) -> Vec<Launch> {
+pub fn head_forward(shape: &Shape, head: &Head, scale: f32, step: usize) -> Vec<Launch> {
+    let Head {
+        params,
+        wte,
+        x,
+        targets,
+        internals,
+    } = *head;
     let (rows, c, v) = (shape.rows(), shape.hidden, shape.vocab);
     let [w, b] = carve(params, [c, c]);
     let [lnf, mean, rstd, probs] = carve(internals, shape.head_internals());
@@ -314,61 +311,48 @@ pub fn head_forward(
 }
 
 /// [`super::Gpt2Kernels::head_backward`].
-#[allow(clippy::too_many_arguments)]
-pub fn head_backward(
-    shape: &Shape,
-    params: Region,
-    wte: Region,
-    x: Region,
-    targets: Region,
-    internals: Region,
-    grads: Region,
-    wte_grad: Region,
-    grad_in: Region,
-    workspace: Region,
-    scale: f32,
-) -> Vec<Launch> {
+pub fn head_backward(shape: &Shape, head: &Head, out: &HeadGrads, scale: f32) -> Vec<Launch> {
     let (rows, c, v) = (shape.rows(), shape.hidden, shape.vocab);
-    let w = carve(params, [c])[0];
-    let [dw, db] = carve(grads, [c, c]);
-    let [lnf, mean, rstd, probs] = carve(internals, shape.head_internals());
+    let w = carve(head.params, [c])[0];
+    let [dw, db] = carve(out.grads, [c, c]);
+    let [lnf, mean, rstd, probs] = carve(head.internals, shape.head_internals());
     let [input_grad, weight_grad] = Gemm::linear(rows, c, v).backward();
     let mut l = vec![
-        fill(grads, 0.0),
+        fill(out.grads, 0.0),
         kernel(
             "cross_entropy_backward",
             rows * v,
             vec![
                 Arg::Floats(probs),
-                Arg::Floats(targets),
+                Arg::Floats(head.targets),
                 int(rows),
                 int(v),
                 Arg::Float(scale),
             ],
         ),
-        fill(wte_grad, 0.0),
+        fill(out.wte_grad, 0.0),
         product(
             input_grad.dense(),
             probs.offset,
-            wte.offset,
-            workspace.offset,
+            head.wte.offset,
+            out.workspace.offset,
             0.0,
         ),
         product(
             weight_grad.dense(),
             probs.offset,
             lnf.offset,
-            wte_grad.offset,
+            out.wte_grad.offset,
             1.0,
         ),
-        fill(grad_in, 0.0),
+        fill(out.grad_in, 0.0),
     ];
     l.extend(layernorm_backward_add(
-        workspace,
-        x,
+        out.workspace,
+        head.x,
         w,
         [mean, rstd],
-        grad_in,
+        out.grad_in,
         [dw, db],
         shape,
     ));
@@ -376,15 +360,13 @@ pub fn head_backward(
 }
 
 /// [`super::Gpt2Kernels::adamw`]: one launch per run of elements that decay alike.
-pub fn adamw(
-    params: Region,
-    grads: Region,
-    m: Region,
-    v: Region,
-    step: u32,
-    hp: &AdamW,
-    decayed: &[Range<usize>],
-) -> Vec<Launch> {
+pub fn adamw(adam: &AdamRegions, step: u32, hp: &AdamW, decayed: &[Range<usize>]) -> Vec<Launch> {
+    let AdamRegions {
+        params,
+        grads,
+        m,
+        v,
+    } = *adam;
     let sub = |r: Region, range: &Range<usize>| Region {
         offset: r.offset + range.start,
         len: range.len(),
