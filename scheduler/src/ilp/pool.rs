@@ -62,9 +62,14 @@ impl<'a> Pool<'a> {
             if self.plans.iter().any(|(s, _)| *s == schedule) {
                 continue;
             }
-            let at = self.plans.partition_point(|(_, v)| *v <= value);
-            self.plans.insert(at, (schedule, value));
+            self.insert(schedule, value);
         }
+    }
+
+    /// Inserts a plan that fits the cap, keeping the plans best first.
+    fn insert(&mut self, schedule: Schedule, value: f64) {
+        let at = self.plans.partition_point(|(_, v)| *v <= value);
+        self.plans.insert(at, (schedule, value));
     }
 
     /// Adds `schedule` when it fits the cap.
@@ -77,8 +82,7 @@ impl<'a> Pool<'a> {
             if let Some(shared) = &self.shared {
                 shared.offer_plan(&schedule, value);
             }
-            let at = self.plans.partition_point(|(_, v)| *v <= value);
-            self.plans.insert(at, (schedule, value));
+            self.insert(schedule, value);
         }
     }
 
