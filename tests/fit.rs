@@ -8,7 +8,7 @@ use common::{gpt2_tiny as gpt2, gpt2_tiny_path as model_path, runtime_profile};
 use shardplan_runtime::Error;
 use shardplan_runtime::backend::{Collectives, CpuBackend};
 use shardplan_runtime::fit::{Fitted, Packing, solve_to_fit};
-use shardplan_runtime::layout::layout;
+use shardplan_runtime::layout::place;
 use shardplan_runtime::mlp::{Mlp, MlpSpec};
 use shardplan_runtime::session::Prepared;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
@@ -75,7 +75,7 @@ fn packed_baselines(
         .flat_map(|kind| [false, true].map(|ckpt| (kind, ckpt)))
         .filter_map(|(kind, ckpt)| {
             let plan = baseline(profile, kind, ckpt, Some(cap)).ok()?;
-            let arena = layout(g, profile, &plan.schedule).unwrap().arena;
+            let arena = place(g, profile, &plan.schedule).unwrap().arena;
             (arena.size_bytes <= cap).then(|| (kind.label(ckpt), plan.simulation.iteration_time_us))
         })
         .collect()
@@ -98,7 +98,7 @@ fn a_plan_solved_with_the_model_packs_within_its_cap() {
         let (mut resolved_here, mut refused_caps, mut baselines) = (0, 0, 0);
         for cap in caps(&profile, 25) {
             let plain = solve(&profile, &options(cap)).unwrap();
-            let plain_arena = layout(&g, &profile, &plain.schedule).unwrap().arena;
+            let plain_arena = place(&g, &profile, &plain.schedule).unwrap().arena;
             let packed = packed_baselines(&g, &profile, cap);
             let fitted = match solve_to_fit(&g, &profile, &options(cap)) {
                 Ok(fitted) => fitted,
@@ -120,7 +120,7 @@ fn a_plan_solved_with_the_model_packs_within_its_cap() {
                 refused,
                 baseline: returned_baseline,
             } = packing;
-            let own = layout(&g, &profile, &solved.schedule).unwrap().arena;
+            let own = place(&g, &profile, &solved.schedule).unwrap().arena;
             assert_eq!(
                 (own.size_bytes, own.live_peak_bytes),
                 (*arena_bytes, *live_peak_bytes)
@@ -226,7 +226,7 @@ fn solve_with_a_model_reports_its_arena_and_refuses_another_model() {
     let all = caps(&profile, 25);
     let packs_above = |&cap: &u64| {
         let plain = solve(&profile, &options(cap)).unwrap();
-        layout(&g, &profile, &plain.schedule)
+        place(&g, &profile, &plain.schedule)
             .unwrap()
             .arena
             .size_bytes
@@ -283,7 +283,7 @@ fn a_cap_equal_to_ddps_peak_packs_ddp() {
         let ddp = baseline(&profile, BaselineKind::Ddp, false, None).unwrap();
         let peak = ddp.simulation.peak_memory_bytes;
         assert_eq!(
-            layout(&mlp, &profile, &ddp.schedule)
+            place(&mlp, &profile, &ddp.schedule)
                 .unwrap()
                 .arena
                 .size_bytes as f64,

@@ -12,7 +12,7 @@ use common::{
 };
 use shardplan_runtime::backend::{Collectives, CpuBackend};
 use shardplan_runtime::executor::RunOptions;
-use shardplan_runtime::layout::layout;
+use shardplan_runtime::layout::{Placement, place};
 use shardplan_runtime::session;
 use shardplan_runtime::workload::Workload;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
@@ -20,6 +20,7 @@ use shardplan_scheduler::plan::{Producer, plan_with_prediction};
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::Schedule;
 use shardplan_scheduler::sim::{Semantics, simulate};
+use shardplan_scheduler::timeline::{Level, Op};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
@@ -113,24 +114,71 @@ fn relative_update_error(a: &[Vec<f32>], b: &[Vec<f32>], w0: &[Vec<f32>]) -> f64
         .fold(0.0, f64::max)
 }
 
+/// What the N = 1 DDP run trains to: the losses, the weights, and the initial weights.
+struct Reference {
+    losses: Vec<f64>,
+    params: Vec<Vec<f32>>,
+    initial: Vec<Vec<f32>>,
+}
+
+impl Setup {
+    fn reference(&self) -> Reference {
+        let g = gpt2(1);
+        let p1 = profile(1);
+        let ddp = baseline(&p1, BaselineKind::Ddp, false, None)
+            .unwrap()
+            .schedule;
+        let (profile_path, plan) = self.save("ddp1", &p1, &ddp);
+        let (report, params) = self.train(1, "ddp1", &profile_path, &plan, "strict");
+        let losses: Vec<f64> = serde_json::from_value(report["losses"].clone()).unwrap();
+        assert!(losses[2] < losses[0], "the loss falls: {losses:?}");
+        Reference {
+            losses,
+            params,
+            initial: (0..g.unit_count())
+                .map(|u| g.initial_params(u).unwrap())
+                .collect(),
+        }
+    }
+
+    /// Trains `schedule` at `world` ranks in both semantics against the reference: the losses
+    /// within 1e-4, the weights' update within 1e-2; the worst update difference and the arena
+    /// layouts the runs reported.
+    fn train_like(
+        &self,
+        reference: &Reference,
+        (world, name): (usize, &str),
+        profile: &Profile,
+        schedule: &Schedule,
+    ) -> (f64, u64) {
+        let (profile_path, plan) = self.save(name, profile, schedule);
+        let (mut worst, mut layouts) = (0.0f64, 0);
+        for semantics in ["strict", "relaxed"] {
+            let (report, params) = self.train(world, name, &profile_path, &plan, semantics);
+            let losses: Vec<f64> = serde_json::from_value(report["losses"].clone()).unwrap();
+            for (a, b) in losses.iter().zip(&reference.losses) {
+                assert!(
+                    (a - b).abs() / b.abs() < 1e-4,
+                    "{name} {semantics}: {losses:?} vs {:?}",
+                    reference.losses
+                );
+            }
+            let error = relative_update_error(&params, &reference.params, &reference.initial);
+            assert!(
+                error < 1e-2,
+                "{name} {semantics}: weights' update differs by {error:.2e}"
+            );
+            worst = worst.max(error);
+            layouts = report["arena_layouts"].as_u64().unwrap();
+        }
+        (worst, layouts)
+    }
+}
+
 #[test]
 fn random_plans_at_one_two_and_four_ranks_train_like_ddp_on_one() {
     let s = setup();
-    let g = gpt2(1);
-    let w0: Vec<Vec<f32>> = (0..g.unit_count())
-        .map(|u| g.initial_params(u).unwrap())
-        .collect();
-    let p1 = profile(1);
-    let ddp = baseline(&p1, BaselineKind::Ddp, false, None)
-        .unwrap()
-        .schedule;
-    let (profile_path, plan) = s.save("ddp1", &p1, &ddp);
-    let (reference, ref_params) = s.train(1, "ddp1", &profile_path, &plan, "strict");
-    let ref_losses: Vec<f64> = serde_json::from_value(reference["losses"].clone()).unwrap();
-    assert!(
-        ref_losses[2] < ref_losses[0],
-        "the loss falls: {ref_losses:?}"
-    );
+    let reference = s.reference();
     let mut worst = 0.0f64;
     let mut recomputed = 0;
     let mut multi_slot = 0;
@@ -147,23 +195,8 @@ fn random_plans_at_one_two_and_four_ranks_train_like_ddp_on_one() {
                 .filter(|l| l.len() > 1)
                 .count();
             let name = format!("random{k}-n{world}");
-            let (profile_path, plan) = s.save(&name, &profile, &schedule);
-            for semantics in ["strict", "relaxed"] {
-                let (report, params) = s.train(world, &name, &profile_path, &plan, semantics);
-                let losses: Vec<f64> = serde_json::from_value(report["losses"].clone()).unwrap();
-                for (a, b) in losses.iter().zip(&ref_losses) {
-                    assert!(
-                        (a - b).abs() / b.abs() < 1e-4,
-                        "{name} {semantics}: {losses:?} vs {ref_losses:?}"
-                    );
-                }
-                let error = relative_update_error(&params, &ref_params, &w0);
-                assert!(
-                    error < 1e-2,
-                    "{name} {semantics}: weights' update differs by {error:.2e}"
-                );
-                worst = worst.max(error);
-            }
+            let (error, _) = s.train_like(&reference, (world, &name), &profile, &schedule);
+            worst = worst.max(error);
         }
     }
     assert!(
@@ -194,7 +227,7 @@ fn arena_is_the_predicted_peak_for_every_plan() {
             });
         let random = (0..12).map(|k| (format!("random{k}"), random_schedule(&mut rng, &profile)));
         for (name, schedule) in baselines.chain(random) {
-            let l = layout(&g, &profile, &schedule).unwrap();
+            let l = place(&g, &profile, &schedule).unwrap();
             let predicted = simulate(&profile, &schedule, Semantics::Strict).peak_memory_bytes;
             let live = l.arena.live_peak_bytes as f64;
             let alignment = 64.0 * l.regions.len() as f64;
@@ -336,6 +369,40 @@ impl Collectives for SlowMirror {
     }
 }
 
+/// Runs `schedule` on rank 0 of `world` [`SlowMirror`] ranks, strict and relaxed: the CPU arena
+/// refuses any borrow of memory an operation in flight still uses, and the losses agree exactly.
+fn assert_relaxed_is_strict_with_slow_communication(
+    world: usize,
+    name: &str,
+    profile: &Profile,
+    schedule: &Schedule,
+) {
+    let g = gpt2(world);
+    let producer = Producer {
+        name: name.into(),
+        details: Default::default(),
+    };
+    let (plan, _) = plan_with_prediction(profile, schedule, producer, None);
+    let losses = |semantics| {
+        let options = RunOptions {
+            steps: STEPS,
+            semantics,
+            timeout: Duration::from_secs(60),
+            trace: false,
+            on_step: None,
+        };
+        let backend = CpuBackend::new(SlowMirror { size: world });
+        let run = session::run_plan(backend, &g, profile, &plan, name, &options)
+            .unwrap_or_else(|e| panic!("{name} {semantics:?}: {e}"));
+        run.report.losses
+    };
+    assert_eq!(
+        losses(Semantics::Relaxed),
+        losses(Semantics::Strict),
+        "{name}"
+    );
+}
+
 /// Relaxed semantics with slow communication on random plans at N = 1, 2, 4: no operation ever
 /// uses memory that another one in flight still uses — the CPU arena refuses such a borrow, so a
 /// missing buffer-reuse fence fails the run instead of racing — and the losses are the strict
@@ -350,7 +417,7 @@ fn relaxed_runs_with_slow_communication_never_reuse_memory_in_flight() {
         let mut rng = Rng(world as u64 * 7919 + 1);
         for k in 0..plans {
             let schedule = random_schedule(&mut rng, &profile);
-            let l = layout(&g, &profile, &schedule).unwrap();
+            let l = place(&g, &profile, &schedule).unwrap();
             shared_regions += l
                 .regions
                 .iter()
@@ -358,35 +425,68 @@ fn relaxed_runs_with_slow_communication_never_reuse_memory_in_flight() {
                 .filter(|(i, (r, _))| l.regions[..*i].iter().any(|(q, _)| q == r))
                 .count();
             let name = format!("random{k}-n{world}");
-            let producer = Producer {
-                name: name.clone(),
-                details: Default::default(),
-            };
-            let (plan, _) = plan_with_prediction(&profile, &schedule, producer, None);
-            let losses = |semantics| {
-                let options = RunOptions {
-                    steps: STEPS,
-                    semantics,
-                    timeout: Duration::from_secs(60),
-                    trace: false,
-                    on_step: None,
-                };
-                let backend = CpuBackend::new(SlowMirror { size: world });
-                let run = session::run_plan(backend, &g, &profile, &plan, &name, &options)
-                    .unwrap_or_else(|e| panic!("{name} {semantics:?}: {e}"));
-                run.report.losses
-            };
-            assert_eq!(
-                losses(Semantics::Relaxed),
-                losses(Semantics::Strict),
-                "{name}"
-            );
+            assert_relaxed_is_strict_with_slow_communication(world, &name, &profile, &schedule);
         }
     }
     assert!(
         shared_regions > 0,
         "some plans share a region between buffers"
     );
+}
+
+/// Plans whose buffers cannot reach their live peak with one offset each alternate two layouts by
+/// step parity (DESIGN §6.5). At N = 1 and N = 2, the first random plan (fixed seeds) in which a
+/// forward gather launched after the backward and a reduction ending in the next forward — the
+/// contents that wrap from one step into the next — sit at other offsets in odd steps than in
+/// even ones trains over steps of both parities to the N = 1 DDP run's losses and weights, strict
+/// and relaxed, and reports two layouts; with slow communication relaxed agrees with strict and
+/// no operation touches memory one in flight still uses.
+#[test]
+fn plans_whose_steps_alternate_two_layouts_train_like_ddp_on_one() {
+    let s = setup();
+    let reference = s.reference();
+    for (world, seed) in [(1usize, 1u64), (2, 11)] {
+        let g = gpt2(world);
+        let profile = profile(world);
+        let mut rng = Rng(seed);
+        let (k, schedule) = (0..100)
+            .map(|k| (k, random_schedule(&mut rng, &profile)))
+            .find(|(_, schedule)| {
+                let placement = place(&g, &profile, schedule).unwrap();
+                let (gathers, reductions) = moved_across_the_end(&placement, schedule);
+                placement.parities() == 2 && gathers > 0 && reductions > 0
+            })
+            .expect("a random plan whose wrapping buffers alternate two layouts");
+        let name = format!("alternating{k}-n{world}");
+        let (_, layouts) = s.train_like(&reference, (world, &name), &profile, &schedule);
+        assert_eq!(layouts, 2, "{name}: the run reports two layouts");
+        assert_relaxed_is_strict_with_slow_communication(world, &name, &profile, &schedule);
+    }
+}
+
+/// The units whose forward gather is launched after their backward (serving the next step) and
+/// whose reductions end in the next iteration's forward, each counted where even and odd steps
+/// put that buffer at different offsets.
+fn moved_across_the_end(placement: &Placement, schedule: &Schedule) -> (usize, usize) {
+    let (even, odd) = (placement.for_step(0), placement.for_step(1));
+    let timeline = schedule.timeline();
+    let (mut gathers, mut reductions) = (0, 0);
+    for (i, unit) in schedule.units().iter().enumerate() {
+        let gather = match unit.level {
+            Level::None => continue,
+            Level::Sdp => Op::Gather,
+            Level::Fsdp => Op::GatherForward,
+        };
+        let first_gather = schedule.launches(i, gather)[0].slot;
+        let last_reduction = schedule.launches(i, Op::ReduceScatter).last().unwrap().slot;
+        let (e, o) = (&even.units[i], &odd.units[i]);
+        gathers += usize::from(
+            first_gather > timeline.backward(i) && e.gathered_forward != o.gathered_forward,
+        );
+        reductions +=
+            usize::from(last_reduction < timeline.forward(i) && e.full_grad != o.full_grad);
+    }
+    (gathers, reductions)
 }
 
 /// A plan whose buffers fit its memory cap but whose packed arena does not is refused before any
@@ -400,7 +500,7 @@ fn a_plan_whose_arena_exceeds_its_cap_is_refused() {
     let (schedule, l) = (0..200)
         .map(|_| {
             let schedule = random_schedule(&mut rng, &profile);
-            let l = layout(&g, &profile, &schedule).unwrap();
+            let l = place(&g, &profile, &schedule).unwrap();
             (schedule, l)
         })
         .find(|(_, l)| l.arena.size_bytes > l.arena.live_peak_bytes)

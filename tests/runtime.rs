@@ -6,7 +6,7 @@
 mod common;
 
 use common::{Rng, random_schedule, run_plan, runtime_profile};
-use shardplan_runtime::layout::layout;
+use shardplan_runtime::layout::place;
 use shardplan_runtime::measure::{UnitTime, workload_profile};
 use shardplan_runtime::mlp::{Mlp, MlpSpec, max_relative_error, reference_training};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
@@ -166,7 +166,7 @@ fn laid_out_buffers_peak_at_the_predicted_peak_for_baselines() {
         for kind in BaselineKind::ALL {
             for checkpoint in [false, true] {
                 let b = baseline(&profile, kind, checkpoint, None).unwrap();
-                let l = layout(&Mlp::new(spec.clone(), 0, world), &profile, &b.schedule).unwrap();
+                let l = place(&Mlp::new(spec.clone(), 0, world), &profile, &b.schedule).unwrap();
                 let (label, predicted) = (kind.label(checkpoint), b.simulation.peak_memory_bytes);
                 assert_eq!(
                     l.arena.live_peak_bytes as f64, predicted,
@@ -335,7 +335,7 @@ proptest::proptest! {
         let (spec, _) = spec(dir.path());
         let profile = profile(&spec, world as u32);
         let schedule = random_schedule(&mut Rng(seed), &profile);
-        let l = layout(&Mlp::new(spec.clone(), 0, world), &profile, &schedule).unwrap();
+        let l = place(&Mlp::new(spec.clone(), 0, world), &profile, &schedule).unwrap();
         for i in 0..l.regions.len() {
             for j in 0..i {
                 for (a, alive_a) in l.parts(i) {

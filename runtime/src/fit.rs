@@ -16,7 +16,7 @@
 
 use crate::arena::Arena;
 use crate::gpt2::Gpt2;
-use crate::layout::layout;
+use crate::layout::place;
 use crate::mlp::Mlp;
 use crate::model_file::ModelFile;
 use crate::workload::Workload;
@@ -59,7 +59,7 @@ pub fn solve_to_fit(
     options: &SolveOptions,
 ) -> Result<Fitted> {
     let arena_of =
-        |schedule: &Schedule| -> Result<Arena> { Ok(layout(workload, profile, schedule)?.arena) };
+        |schedule: &Schedule| -> Result<Arena> { Ok(place(workload, profile, schedule)?.arena) };
     let first = solve(profile, options)?;
     let arena = arena_of(&first.schedule)?;
     let cap = match options.memory_cap_bytes {

@@ -10,11 +10,16 @@
 //! blocks of each launch from that launch on (gathers) or until it (reductions), as the simulator
 //! counts them, so the arena may lend a later launch's blocks to a buffer alive before it.
 //!
+//! Each buffer but the kept state (parameters, gradients, Adam moments) holds one data
+//! step's contents, born at its first write; where one offset per buffer cannot reach the live
+//! peak, such buffers get one offset per parity of the iteration their contents are born in
+//! ([`crate::arena::pack_by_parity`]).
+//!
 //! A unit that borrows an earlier unit's parameters (GPT-2's tied head) extends the lender's
 //! lifetimes: the lender's full gradient is alive from the borrower's backward (which writes it
 //! first), and an `fsdp` lender's forward gather stays until the borrower's backward.
 
-use crate::arena::{Arena, Part, Request, pack};
+use crate::arena::{Arena, Part, Request, Tenure, pack_by_parity};
 use crate::backend::Region;
 use crate::workload::{Pass, Workload};
 use crate::{Error, Result};
@@ -130,15 +135,12 @@ impl UnitLayout {
     }
 }
 
-/// All regions of a rank.
+/// The regions a rank's workload reads for one data step.
 #[derive(Debug, Clone)]
 pub struct Layout {
     pub units: Vec<UnitLayout>,
-    pub arena: Arena,
-    /// Every region with its parts' lifetimes (what the arena packed), in request order.
-    pub regions: Vec<(Region, Request)>,
-    /// Each unit's buffers as indices into `regions` (two buffers alive at different slots may
-    /// share a region, so a region does not name its buffer).
+    /// Each unit's buffers as indices into [`Placement::regions`] (two buffers alive at different
+    /// slots may share a region, so a region does not name its buffer).
     pub requests: Vec<UnitLayout<usize>>,
     /// The largest block, for the AllReduce scratch buffer.
     pub largest_block: usize,
@@ -152,7 +154,46 @@ impl Layout {
             .expect("units after the first pass an input gradient")
     }
 
-    /// The parts of request `k` as regions with the slots each is alive in.
+    /// The same layout `elements` further into the arena: a second set of the same buffers.
+    pub fn shifted(&self, elements: usize) -> Layout {
+        let shift = |r: Region| Region {
+            offset: r.offset + elements,
+            ..r
+        };
+        Layout {
+            units: self.units.iter().map(|u| u.clone().map(shift)).collect(),
+            ..self.clone()
+        }
+    }
+}
+
+/// A plan's buffers placed in the static arena (DESIGN §6.5): one layout for every data step,
+/// or, where that cannot reach the live peak, one for even and one for odd data steps (a buffer
+/// holding one step's contents sits where the parity of the iteration its contents are born in
+/// puts it; state kept from step to step sits at one offset in both).
+#[derive(Debug, Clone)]
+pub struct Placement {
+    pub arena: Arena,
+    /// Every region with its parts' lifetimes (what the arena packed), in request order: over one
+    /// iteration's slots, or with two layouts over two iterations' (slot p·S + s is slot s of an
+    /// iteration of parity p), each per-step buffer twice.
+    pub regions: Vec<(Region, Request)>,
+    /// The layout of even data steps, then that of odd ones where they differ.
+    steps: Vec<Layout>,
+}
+
+impl Placement {
+    /// The layout of data step `step`.
+    pub fn for_step(&self, step: usize) -> &Layout {
+        &self.steps[step % self.steps.len()]
+    }
+
+    /// 1 where every data step has the same layout, 2 where even and odd steps alternate.
+    pub fn parities(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// The parts of region `k` as regions with the slots each is alive in.
     pub fn parts(&self, k: usize) -> impl Iterator<Item = (Region, &[bool])> {
         let (region, request) = &self.regions[k];
         // The last part's padding is not part of the region.
@@ -165,25 +206,9 @@ impl Layout {
         })
     }
 
-    /// The same layout `elements` further into the arena: a second set of the same buffers.
-    pub fn shifted(&self, elements: usize) -> Layout {
-        let shift = |r: Region| Region {
-            offset: r.offset + elements,
-            ..r
-        };
-        Layout {
-            units: self.units.iter().map(|u| u.clone().map(shift)).collect(),
-            regions: self
-                .regions
-                .iter()
-                .map(|(r, request)| (shift(*r), request.clone()))
-                .collect(),
-            ..self.clone()
-        }
-    }
-
-    /// Whether, in slot `s`, a part of request `k` that is not alive shares an element with a
-    /// part of another request that is: the arena has lent that memory to another buffer.
+    /// Whether, in slot `s` of `regions`' lifetimes, a part of region `k` that is not alive
+    /// shares an element with a part of another region that is: the arena has lent that memory
+    /// to another buffer.
     pub fn lent_in(&self, k: usize, s: usize) -> bool {
         self.parts(k)
             .filter(|(_, alive)| !alive[s])
@@ -196,18 +221,49 @@ impl Layout {
     }
 }
 
-/// Builds regions and lifetimes while walking the units.
+/// Where a data step's contents are first written: a slot of the step's iteration, or of the
+/// one before.
+#[derive(Debug, Clone, Copy)]
+struct Birth {
+    slot: usize,
+    previous_iteration: bool,
+}
+
+/// Builds regions, lifetimes and tenures while walking the units.
 struct Builder {
     slots: usize,
     requests: Vec<Request>,
+    tenures: Vec<Tenure>,
+    /// Per request, whether a data step's contents are born in the iteration before the step's
+    /// (a forward gather launched after the unit's backward serves the next step).
+    born_before_step: Vec<bool>,
 }
 
 impl Builder {
-    fn add(&mut self, name: String, elements: usize, alive: impl Fn(usize) -> bool) -> usize {
-        let alive = (0..self.slots).map(alive).collect();
-        self.requests
-            .push(Request::whole(name, 4 * elements as u64, alive));
+    fn push(&mut self, request: Request, tenure: Tenure, born_before_step: bool) -> usize {
+        self.requests.push(request);
+        self.tenures.push(tenure);
+        self.born_before_step.push(born_before_step);
         self.requests.len() - 1
+    }
+
+    /// State kept from step to step, alive throughout.
+    fn add_kept(&mut self, name: String, elements: usize) -> usize {
+        let request = Request::whole(name, 4 * elements as u64, vec![true; self.slots]);
+        self.push(request, Tenure::Kept, false)
+    }
+
+    /// A buffer of one step's contents, born in slot `birth` of the step's iteration.
+    fn add(
+        &mut self,
+        name: String,
+        elements: usize,
+        birth: usize,
+        alive: impl Fn(usize) -> bool,
+    ) -> usize {
+        let alive = (0..self.slots).map(alive).collect();
+        let request = Request::whole(name, 4 * elements as u64, alive);
+        self.push(request, Tenure::Step { birth }, false)
     }
 
     /// A buffer of `launches`' blocks in launch order, each launch's blocks alive in the slots
@@ -215,8 +271,8 @@ impl Builder {
     fn add_launched(
         &mut self,
         name: String,
-        block_elements: usize,
-        launches: &[Placed],
+        (block_elements, launches): (usize, &[Placed]),
+        birth: Birth,
         alive: impl Fn(usize, usize) -> bool,
     ) -> usize {
         let parts = launches
@@ -226,8 +282,43 @@ impl Builder {
                 alive: (0..self.slots).map(|s| alive(s, l.position)).collect(),
             })
             .collect();
-        self.requests.push(Request { name, parts });
-        self.requests.len() - 1
+        let tenure = Tenure::Step { birth: birth.slot };
+        self.push(Request { name, parts }, tenure, birth.previous_iteration)
+    }
+
+    /// Packs the requests (by parity where one layout misses the live peak) and resolves each
+    /// data step parity's layout from the units' request indices.
+    fn place(self, pending: &[UnitLayout<usize>]) -> Placement {
+        let packed = pack_by_parity(&self.requests, &self.tenures);
+        let region = |k: usize| Region {
+            offset: (packed.arena.offsets[k] / 4) as usize,
+            len: (packed.requests[k].bytes() / 4) as usize,
+        };
+        let largest_block = pending.iter().map(|u| u.block_elements).max().unwrap_or(0);
+        let steps = (0..packed.parities())
+            .map(|parity| {
+                // Data step d's contents are born in iteration d or d − 1.
+                let copy = |k: usize| {
+                    let born = (parity + 2 - usize::from(self.born_before_step[k])) % 2;
+                    packed.copies[k][born]
+                };
+                let requests: Vec<UnitLayout<usize>> =
+                    pending.iter().map(|u| u.clone().map(copy)).collect();
+                Layout {
+                    units: requests.iter().map(|u| u.clone().map(region)).collect(),
+                    requests,
+                    largest_block,
+                }
+            })
+            .collect();
+        let regions = (0..packed.requests.len())
+            .map(|k| (region(k), packed.requests[k].clone()))
+            .collect();
+        Placement {
+            arena: packed.arena,
+            regions,
+            steps,
+        }
     }
 }
 
@@ -268,9 +359,10 @@ pub fn check_profile(workload: &dyn Workload, profile: &Profile) -> Result<()> {
     Ok(())
 }
 
-/// Lays out a validated schedule for `workload` on the profile's ranks, each unit's parameters
-/// in the profile's padded blocks ([`Profile::block_params`]), as the model counts them.
-pub fn layout(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) -> Result<Layout> {
+/// Places a validated schedule's buffers for `workload` on the profile's ranks, each unit's
+/// parameters in the profile's padded blocks ([`Profile::block_params`]), as the model counts
+/// them.
+pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) -> Result<Placement> {
     check_profile(workload, profile)?;
     let world = profile.world_size as usize;
     let timeline = schedule.timeline();
@@ -278,8 +370,9 @@ pub fn layout(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) -
     let mut b = Builder {
         slots,
         requests: Vec::new(),
+        tenures: Vec::new(),
+        born_before_step: Vec::new(),
     };
-    let always = |_: usize| true;
     // The backward slot of the unit that borrows each unit's parameters, if any (the profile's
     // `reads_params_of`, which `check_profile` found equal to the workload's).
     let borrower_backward = |lender: usize| profile.borrower(lender).map(|u| timeline.backward(u));
@@ -294,10 +387,10 @@ pub fn layout(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) -
             padded / world
         };
         let name = workload.unit_name(i);
-        let params = b.add(format!("{name} params"), persistent, always);
-        let grads = b.add(format!("{name} grads"), persistent, always);
-        let adam_m = b.add(format!("{name} adam m"), persistent, always);
-        let adam_v = b.add(format!("{name} adam v"), persistent, always);
+        let params = b.add_kept(format!("{name} params"), persistent);
+        let grads = b.add_kept(format!("{name} grads"), persistent);
+        let adam_m = b.add_kept(format!("{name} adam m"), persistent);
+        let adam_v = b.add_kept(format!("{name} adam v"), persistent);
         let (f, bw) = (timeline.forward(i), timeline.backward(i));
         let first_use = borrower_backward(i).unwrap_or(bw);
         let after = timeline.window(i, Op::ReduceScatter.window_kind());
@@ -313,10 +406,14 @@ pub fn layout(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) -
             None
         } else {
             let reductions = launches(Op::ReduceScatter)?;
+            let birth = Birth {
+                slot: first_use,
+                previous_iteration: false,
+            };
             Some(b.add_launched(
                 format!("{name} full gradient"),
-                block_elements,
-                reductions,
+                (block_elements, reductions),
+                birth,
                 |s, launch| {
                     (first_use..=bw).contains(&s) || after.position(s).is_some_and(|p| p <= launch)
                 },
@@ -336,10 +433,15 @@ pub fn layout(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) -
                 (_, Some(borrower)) => borrower,
                 _ => f,
             };
+            // A gather launched after B_i (window slots above it) serves the next step.
+            let birth = Birth {
+                slot: gathers[0].slot,
+                previous_iteration: gathers[0].slot > bw,
+            };
             Some(b.add_launched(
                 format!("{name} gathered"),
-                block_elements,
-                gathers,
+                (block_elements, gathers),
+                birth,
                 |s, launch| {
                     (f..=until).contains(&s) || after.position(s).is_some_and(|p| p >= launch)
                 },
@@ -348,10 +450,14 @@ pub fn layout(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) -
         let gathered_backward = if u.level == Level::Fsdp {
             let between = timeline.window(i, Op::GatherBackward.window_kind());
             let gathers = launches(Op::GatherBackward)?;
+            let birth = Birth {
+                slot: gathers[0].slot,
+                previous_iteration: false,
+            };
             Some(b.add_launched(
                 format!("{name} gathered for backward"),
-                block_elements,
-                gathers,
+                (block_elements, gathers),
+                birth,
                 |s, launch| s == bw || between.position(s).is_some_and(|p| p >= launch),
             ))
         } else {
@@ -364,24 +470,26 @@ pub fn layout(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) -
                 sizes.internals, sizes.forward_workspace
             )));
         }
-        let saved = b.add(format!("{name} saved"), sizes.saved, |s| {
+        let saved = b.add(format!("{name} saved"), sizes.saved, f, |s| {
             (f..=bw).contains(&s)
         });
         let activations = if u.recompute {
             let elements = sizes.saved + sizes.internals;
-            Activations::Recomputed(b.add(format!("{name} recomputed"), elements, |s| s == bw))
+            Activations::Recomputed(b.add(format!("{name} recomputed"), elements, bw, |s| s == bw))
         } else {
             let alive = |s: usize| (f..=bw).contains(&s);
-            Activations::Kept(b.add(format!("{name} internals"), sizes.internals, alive))
+            Activations::Kept(b.add(format!("{name} internals"), sizes.internals, f, alive))
         };
         let forward_workspace = b.add(
             format!("{name} forward workspace"),
             sizes.forward_workspace,
+            f,
             |s| s == f,
         );
         let backward_workspace = b.add(
             format!("{name} backward workspace"),
             sizes.backward_workspace,
+            bw,
             |s| s == bw,
         );
         let input_gradient = (i > 0).then(|| {
@@ -389,6 +497,7 @@ pub fn layout(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) -
             b.add(
                 format!("{name} input gradient"),
                 sizes.input_gradient,
+                bw,
                 |s| s == bw || s == previous,
             )
         });
@@ -411,21 +520,5 @@ pub fn layout(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) -
             input_gradient,
         });
     }
-    let arena = pack(&b.requests);
-    let region = |k: usize| Region {
-        offset: (arena.offsets[k] / 4) as usize,
-        len: (b.requests[k].bytes() / 4) as usize,
-    };
-    let largest_block = pending.iter().map(|u| u.block_elements).max().unwrap_or(0);
-    let units = pending.iter().map(|u| u.clone().map(region)).collect();
-    let regions = (0..b.requests.len())
-        .map(|k| (region(k), b.requests[k].clone()))
-        .collect();
-    Ok(Layout {
-        units,
-        requests: pending,
-        arena,
-        regions,
-        largest_block,
-    })
+    Ok(b.place(&pending))
 }

@@ -5,7 +5,7 @@
 
 use crate::backend::{Allocation, Backend, DeviceMemory, Stream};
 use crate::executor::{RunOptions, RunReport, Span, final_params, initialise, run};
-use crate::layout::{Layout, layout};
+use crate::layout::{Placement, place};
 use crate::measure::median;
 use crate::workload::{Train, Workload};
 use crate::{Error, Result};
@@ -39,7 +39,7 @@ pub struct PlanRun {
 pub struct Prepared<B> {
     backend: B,
     schedule: Schedule,
-    layout: Layout,
+    placement: Placement,
 }
 
 impl<B: Backend> Prepared<B> {
@@ -60,18 +60,19 @@ impl<B: Backend> Prepared<B> {
                 plan.world_size, plan.world_size
             )));
         }
-        let layout = layout(workload, profile, &schedule)?;
-        check_cap(&layout, plan, origin)?;
+        let placement = place(workload, profile, &schedule)?;
+        check_cap(&placement, plan, origin)?;
         backend.allocate(Allocation {
-            arena_elements: (layout.arena.size_bytes / 4) as usize,
-            largest_block: layout.largest_block,
+            arena_elements: (placement.arena.size_bytes / 4) as usize,
+            largest_block: placement.for_step(0).largest_block,
             loss_slots: steps,
         })?;
-        initialise(&backend, workload, &layout)?;
+        // State kept from step to step sits where every step's layout puts it.
+        initialise(&backend, workload, placement.for_step(0))?;
         Ok(Prepared {
             backend,
             schedule,
-            layout,
+            placement,
         })
     }
 
@@ -81,7 +82,7 @@ impl<B: Backend> Prepared<B> {
             &self.backend,
             workload,
             &self.schedule,
-            &self.layout,
+            &self.placement,
             options,
         )
     }
@@ -90,8 +91,8 @@ impl<B: Backend> Prepared<B> {
 /// Refuses a plan whose buffers fit its memory cap (the profile describes this backend's buffers
 /// and the plan was solved under the cap) but whose packed arena does not: a static packing of
 /// cyclic lifetimes can leave gaps (DESIGN §6.5), and the cap is a promise.
-fn check_cap(layout: &Layout, plan: &Plan, origin: &str) -> Result<()> {
-    let (arena, live) = (layout.arena.size_bytes, layout.arena.live_peak_bytes);
+fn check_cap(placement: &Placement, plan: &Plan, origin: &str) -> Result<()> {
+    let (arena, live) = (placement.arena.size_bytes, placement.arena.live_peak_bytes);
     match plan.memory_cap_bytes {
         Some(cap) if live <= cap && arena > cap => Err(Error::OverCap(format!(
             "{origin}: the arena packs this plan's buffers into {arena} bytes, {} above its memory \
@@ -118,7 +119,7 @@ pub fn run_plan<B: Backend, W: Train<B>>(
     let Prepared {
         backend,
         schedule,
-        layout,
+        placement,
     } = prepared;
     Ok(PlanRun {
         backend: backend.name(),
@@ -127,7 +128,7 @@ pub fn run_plan<B: Backend, W: Train<B>>(
         measured_iteration_us: steady_median(&report.step_us),
         device_memory: backend.device_memory()?,
         peak_resident_bytes: crate::process::peak_resident_bytes(),
-        params: final_params(&backend, workload, &layout)?,
+        params: final_params(&backend, workload, placement.for_step(0))?,
         report,
         predicted: simulate(profile, &schedule, options.semantics),
     })

@@ -223,6 +223,7 @@ fn report(args: &RunArgs, plan: &Plan, done: &PlanRun, reference: Option<&Refere
             "predicted_iteration_time_us": predicted.iteration_time_us,
             "arena_bytes": report.arena_bytes,
             "arena_live_peak_bytes": report.live_peak_bytes,
+            "arena_layouts": report.arena_layouts,
             "peak_resident_bytes": done.peak_resident_bytes,
             "predicted_peak_memory_bytes": whole_bytes(predicted.peak_memory_bytes),
             "executor_overhead_us_per_slot": if report.executor_overhead_us_per_slot.is_finite() { Some(report.executor_overhead_us_per_slot) } else { None },
@@ -255,9 +256,14 @@ fn report(args: &RunArgs, plan: &Plan, done: &PlanRun, reference: Option<&Refere
         ms(predicted.iteration_time_us)
     );
     outln!(
-        "  memory      arena {} (live peak {}), predicted peak {}",
+        "  memory      arena {} (live peak {}{}), predicted peak {}",
         format_bytes(report.arena_bytes as f64),
         format_bytes(report.live_peak_bytes as f64),
+        if report.arena_layouts == 2 {
+            "; even and odd steps alternate two layouts"
+        } else {
+            ""
+        },
         format_bytes(predicted.peak_memory_bytes)
     );
     if let Some(rss) = done.peak_resident_bytes {

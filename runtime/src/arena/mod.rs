@@ -10,7 +10,10 @@
 //! over slots is a lower bound on any packing; `size_bytes` is compared with it (and with the
 //! simulator's peak) in the run report.
 
+mod parity;
 mod skyline;
+
+pub use parity::{Packed, Tenure, pack_by_parity};
 
 use skyline::skyline_order;
 

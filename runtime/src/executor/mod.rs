@@ -7,7 +7,8 @@
 //! step 0), steps 0 … K−1, and iteration K (the epilogue: only the reductions of step K−1 that the
 //! plan launches in the next iteration's forward). Each launch belongs to a data step: a
 //! reduction launched before F_i serves the previous step, a forward gather launched after B_i the
-//! next.
+//! next. Everything done for data step d reads d's layout (`Placement::for_step`: the same for
+//! every step, or alternating by parity, DESIGN §6.5).
 //!
 //! Communication stream, per global slot: wait until compute has reached the slot, then run its
 //! blocks in plan order; after a unit's last reduction block, the optimizer step on its shard (or
@@ -26,7 +27,7 @@ mod program;
 
 use crate::backend::{Backend, Region, Stream, StreamWork, on_both_streams};
 use crate::event::Event;
-use crate::layout::Layout;
+use crate::layout::{Layout, Placement};
 use crate::workload::{Pass, Train, Workload};
 use crate::{Error, Result};
 use program::{Block, Kind, Program, program};
@@ -78,6 +79,8 @@ pub struct RunReport {
     pub step_us: Vec<f64>,
     pub arena_bytes: u64,
     pub live_peak_bytes: u64,
+    /// 1, or 2 where even and odd steps alternate layouts of the arena (DESIGN §6.5).
+    pub arena_layouts: usize,
     pub spans: Vec<Span>,
     /// Mean time per global slot the compute stream spent outside kernels and waits.
     pub executor_overhead_us_per_slot: f64,
@@ -94,7 +97,7 @@ struct PendingSpan<M> {
 }
 
 /// Runs `options.steps` steps of `workload` under `schedule` on `backend` (its arena already
-/// allocated with `layout` and at least `steps` loss slots) and returns what it measured.
+/// allocated for `placement` and at least `steps` loss slots) and returns what it measured.
 ///
 /// Phases: the static program and the fence targets; the two streams walking the global slots
 /// (the communication stream on its own thread); the losses, step times and spans read back.
@@ -104,10 +107,10 @@ pub fn run<B: Backend, W: Train<B>>(
     backend: &B,
     workload: &W,
     schedule: &Schedule,
-    layout: &Layout,
+    placement: &Placement,
     options: &RunOptions,
 ) -> Result<RunReport> {
-    let walk = Walk::new(backend, workload, schedule, layout, options);
+    let walk = Walk::new(backend, workload, schedule, placement, options);
     backend.synchronize()?;
     let origin = backend.mark(Stream::Compute)?;
     let (computed, communicated) = on_both_streams(
@@ -141,7 +144,7 @@ struct Walk<'a, B: Backend, W> {
     backend: &'a B,
     workload: &'a W,
     schedule: &'a Schedule,
-    layout: &'a Layout,
+    placement: &'a Placement,
     options: &'a RunOptions,
     program: Program,
     /// Global slots walked: (K + 2)·S.
@@ -161,26 +164,30 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
         backend: &'a B,
         workload: &'a W,
         schedule: &'a Schedule,
-        layout: &'a Layout,
+        placement: &'a Placement,
         options: &'a RunOptions,
     ) -> Self {
-        let program = program(schedule, layout);
+        let program = program(schedule, placement);
+        let units = placement.for_step(0).units.len();
         let event = || Event::spinning(backend.host_wait_spin());
         Walk {
             total: (options.steps + 2) * program.slots,
-            fence_targets: program.fence_targets(options.steps, layout.units.len()),
-            done: (0..layout.units.len() * Kind::COUNT)
-                .map(|_| event())
-                .collect(),
+            fence_targets: program.fence_targets(options.steps, units),
+            done: (0..units * Kind::COUNT).map(|_| event()).collect(),
             slot_started: event(),
             comm_done: event(),
             program,
             backend,
             workload,
             schedule,
-            layout,
+            placement,
             options,
         }
+    }
+
+    /// The layout of data step `step`.
+    fn layout(&self, step: usize) -> &'a Layout {
+        self.placement.for_step(step)
     }
 
     fn event(&self, unit: usize, kind: Kind) -> &Event<B::Mark> {
@@ -261,7 +268,8 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
 
     /// One block of data step `step`; after a unit's last reduction block, its optimizer step.
     fn communicate_block(&self, b: &Block, step: u32) -> Result<()> {
-        let (backend, u) = (self.backend, &self.layout.units[b.unit]);
+        let (backend, layout) = (self.backend, self.layout(step as usize));
+        let u = &layout.units[b.unit];
         let part = |r: Region| r.part(b.index, u.blocks);
         let sharded = |r: Option<Region>| {
             r.map(part).ok_or_else(|| {
@@ -284,8 +292,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
         }
         let reduction = matches!(b.kind, Kind::AllReduce | Kind::ReduceScatter);
         if reduction && b.index + 1 == u.blocks {
-            self.workload
-                .optimize(backend, self.layout, b.unit, step + 1)?;
+            self.workload.optimize(backend, layout, b.unit, step + 1)?;
         }
         Ok(())
     }
@@ -302,7 +309,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
             }),
             Semantics::Relaxed if computing => {
                 for n in &self.program.needs[s] {
-                    let blocks = self.layout.units[n.unit].blocks as u64;
+                    let blocks = self.layout(iter as usize).units[n.unit].blocks as u64;
                     let target = (iter + n.shift).max(0) as u64 * blocks;
                     self.wait(stream, self.event(n.unit, n.kind), target, &|| {
                         format!(
@@ -349,17 +356,18 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
                 continue;
             }
             let step = iter as usize;
+            let layout = self.layout(step);
             let start = self.mark_if_tracing(stream)?;
             let forward = s == timeline.forward(i);
             if forward {
                 self.workload
-                    .forward(backend, self.layout, i, step, Pass::Forward)?;
+                    .forward(backend, layout, i, step, Pass::Forward)?;
             } else {
-                if self.layout.units[i].recompute {
+                if layout.units[i].recompute {
                     self.workload
-                        .forward(backend, self.layout, i, step, Pass::Recompute)?;
+                        .forward(backend, layout, i, step, Pass::Recompute)?;
                 }
-                self.workload.backward(backend, self.layout, i, step)?;
+                self.workload.backward(backend, layout, i, step)?;
             }
             if let Some(start) = start {
                 spans.push(PendingSpan {
@@ -416,8 +424,9 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
         Ok(RunReport {
             losses,
             step_us,
-            arena_bytes: self.layout.arena.size_bytes,
-            live_peak_bytes: self.layout.arena.live_peak_bytes,
+            arena_bytes: self.placement.arena.size_bytes,
+            live_peak_bytes: self.placement.arena.live_peak_bytes,
+            arena_layouts: self.placement.parities(),
             executor_overhead_us_per_slot: if self.options.trace {
                 ((wall_us - kernel_us) / slots).max(0.0)
             } else {

@@ -2,7 +2,7 @@
 //! communication stream runs (with the data step each serves), the compute stream's relaxed waits
 //! and its buffer-reuse fences.
 
-use crate::layout::Layout;
+use crate::layout::Placement;
 use shardplan_scheduler::schedule::Schedule;
 use shardplan_scheduler::timeline::{Level, Op, Timeline};
 
@@ -61,11 +61,14 @@ pub(super) struct Program {
     pub(super) slots: usize,
     pub(super) queues: Vec<Vec<Block>>,
     pub(super) needs: Vec<Vec<Need>>,
-    /// Per slot, the units whose reductions must have completed as far as launched.
+    /// Per slot of an even iteration, then (where the arena alternates layouts) of an odd one,
+    /// the units whose reductions must have completed as far as launched.
     pub(super) fences: Vec<Vec<usize>>,
+    /// 1, or 2 where the arena alternates layouts by step parity.
+    pub(super) parities: usize,
 }
 
-pub(super) fn program(schedule: &Schedule, layout: &Layout) -> Program {
+pub(super) fn program(schedule: &Schedule, placement: &Placement) -> Program {
     let timeline: Timeline = schedule.timeline();
     let slots = timeline.slot_count();
     let mut queues = vec![Vec::new(); slots];
@@ -129,13 +132,14 @@ pub(super) fn program(schedule: &Schedule, layout: &Layout) -> Program {
             },
         })
         .collect();
-    let fences = (0..slots)
+    let (units, parities) = (placement.for_step(0).requests.len(), placement.parities());
+    // A unit's full gradients: one region, or one per parity of the step it holds.
+    let full_grads =
+        |u: usize| (0..parities).filter_map(move |p| placement.for_step(p).requests[u].full_grad);
+    let fences = (0..parities * slots)
         .map(|s| {
-            layout
-                .requests
-                .iter()
-                .enumerate()
-                .filter_map(|(u, unit)| layout.lent_in(unit.full_grad?, s).then_some(u))
+            (0..units)
+                .filter(|&u| full_grads(u).any(|k| placement.lent_in(k, s)))
                 .collect()
         })
         .collect();
@@ -144,6 +148,7 @@ pub(super) fn program(schedule: &Schedule, layout: &Layout) -> Program {
         queues,
         needs,
         fences,
+        parities,
     }
 }
 
@@ -162,8 +167,9 @@ impl Program {
         let mut targets = Vec::with_capacity(total);
         for g in 0..total {
             let (iter, s) = self.split(g);
+            let parity = iter.rem_euclid(self.parities as i64) as usize;
             targets.push(
-                self.fences[s]
+                self.fences[parity * self.slots + s]
                     .iter()
                     .map(|&u| (u, launched_before[u]))
                     .collect(),

@@ -19,7 +19,7 @@ pub use timing::{
 };
 
 use crate::Result;
-use crate::layout::{Layout, layout};
+use crate::layout::{Placement, place};
 use crate::workload::Workload;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::curve::CommCurve;
@@ -107,9 +107,9 @@ pub fn workload_profile(
     Ok(profile)
 }
 
-/// The layout units are timed in: DDP (every unit replicated, no recompute, one block per unit)
-/// on `world` ranks, so a compute round touches the buffers a run does.
-pub fn compute_layout(workload: &dyn Workload, world: u32) -> Result<Layout> {
+/// The placement units are timed in: DDP (every unit replicated, no recompute, one block per
+/// unit) on `world` ranks, so a compute round touches the buffers a run does.
+pub fn compute_layout(workload: &dyn Workload, world: u32) -> Result<Placement> {
     let flat = CommCurve {
         points: vec![(1, 1.0), (1 << 40, 2.0)],
     };
@@ -140,7 +140,7 @@ pub fn compute_layout(workload: &dyn Workload, world: u32) -> Result<Layout> {
         BTreeMap::new(),
     )?;
     let ddp = baseline(&provisional, BaselineKind::Ddp, false, None)?;
-    layout(workload, &provisional, &ddp.schedule)
+    place(workload, &provisional, &ddp.schedule)
 }
 
 pub fn median(mut samples: Vec<f64>) -> f64 {

@@ -156,17 +156,19 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
 ) -> Result<Measured> {
     let world = backend.world_size();
     let message_bytes = options.max_message.max(options.block_size.unwrap_or(0));
-    let layout = compute_layout(workload, options.world_size)?;
+    let placement = compute_layout(workload, options.world_size)?;
+    // Rounds time one data step at a time: its layout serves them all.
+    let layout = placement.for_step(0);
     // A second copy of the layout after the first, whose optimizer steps run beside compute
     // rounds of the first (κ_u) without touching their bytes.
-    let copy_offset = ((layout.arena.size_bytes / 4) as usize).div_ceil(16) * 16;
+    let copy_offset = ((placement.arena.size_bytes / 4) as usize).div_ceil(16) * 16;
     let copy = layout.shifted(copy_offset);
     let (allocation, start) = measurement_allocation(2 * copy_offset, world, message_bytes);
     backend.allocate(allocation)?;
-    initialise(&backend, workload, &layout)?;
+    initialise(&backend, workload, layout)?;
     initialise(&backend, workload, &copy)?;
     let steps = DataSteps::default();
-    let times = time_units(&backend, workload, &layout, options.repeats, &steps)?;
+    let times = time_units(&backend, workload, layout, options.repeats, &steps)?;
     let (comm, comm_source) = curves(&backend, start, options)?;
     let source = BTreeMap::from([
         ("generator".to_string(), "measured".to_string()),
@@ -184,7 +186,7 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
     )?;
     let kappa_bytes = profile.block_size_bytes.min(message_bytes);
     let l = workload.unit_count();
-    let pass = |s: usize| compute_slot(&backend, workload, &layout, s, &steps);
+    let pass = |s: usize| compute_slot(&backend, workload, layout, s, &steps);
     let block = |kind| block_collectives(&backend, start, kappa_bytes, 1, kind);
     let (all_reduce, reduce_scatter, all_gather) = (
         block(Collective::AllReduce)?,
