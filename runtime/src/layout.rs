@@ -289,11 +289,13 @@ impl Builder {
     /// Packs the requests (by parity where one layout misses the live peak) and resolves each
     /// data step parity's layout from the units' request indices.
     fn place(self, pending: &[UnitLayout<usize>]) -> Placement {
-        let packed = pack_by_parity(&self.requests, &self.tenures);
-        let region = |k: usize| Region {
-            offset: (packed.arena.offsets[k] / 4) as usize,
-            len: (packed.requests[k].bytes() / 4) as usize,
+        let packed = pack_by_parity(self.requests, &self.tenures);
+        let offsets = &packed.arena.offsets;
+        let region_of = |k: usize, request: &Request| Region {
+            offset: (offsets[k] / 4) as usize,
+            len: (request.bytes() / 4) as usize,
         };
+        let region = |k: usize| region_of(k, &packed.requests[k]);
         let largest_block = pending.iter().map(|u| u.block_elements).max().unwrap_or(0);
         let steps = (0..packed.parities())
             .map(|parity| {
@@ -311,8 +313,8 @@ impl Builder {
                 }
             })
             .collect();
-        let regions = (0..packed.requests.len())
-            .map(|k| (region(k), packed.requests[k].clone()))
+        let regions = (packed.requests.into_iter().enumerate())
+            .map(|(k, request)| (region_of(k, &request), request))
             .collect();
         Placement {
             arena: packed.arena,

@@ -49,18 +49,18 @@ impl Packed {
 /// Packs `requests` (with their `tenures`, in the same order) with one offset each; where that
 /// is above the live peak, also per parity over two iterations, and keeps the smaller arena (one
 /// offset each when equal).
-pub fn pack_by_parity(requests: &[Request], tenures: &[Tenure]) -> Packed {
+pub fn pack_by_parity(requests: Vec<Request>, tenures: &[Tenure]) -> Packed {
     debug_assert_eq!(requests.len(), tenures.len());
     let single = Packed {
-        arena: pack(requests),
-        requests: requests.to_vec(),
+        arena: pack(&requests),
         copies: (0..requests.len()).map(|k| [k, k]).collect(),
+        requests,
     };
     let reachable = single.arena.size_bytes == single.arena.live_peak_bytes;
     if reachable || tenures.iter().all(|t| *t == Tenure::Kept) {
         return single;
     }
-    let (unrolled, copies) = unroll(requests, tenures);
+    let (unrolled, copies) = unroll(&single.requests, tenures);
     let arena = pack(&unrolled);
     if arena.size_bytes < single.arena.size_bytes {
         Packed {
@@ -167,7 +167,7 @@ mod tests {
         let (requests, tenures): (Vec<_>, Vec<_>) =
             (0..3).map(|k| step(1024, &[k, (k + 1) % 3], 3)).unzip();
         assert_eq!(pack(&requests).size_bytes, 3072);
-        let packed = pack_by_parity(&requests, &tenures);
+        let packed = pack_by_parity(requests, &tenures);
         assert_eq!(packed.parities(), 2);
         assert_eq!(packed.arena.live_peak_bytes, 2048);
         assert_eq!(packed.arena.size_bytes, 2048);
@@ -183,7 +183,7 @@ mod tests {
             (0..3).map(|k| step(1024, &[k, (k + 1) % 3], 3)).unzip();
         requests.push(Request::whole("state".into(), 640, vec![true; 3]));
         tenures.push(Tenure::Kept);
-        let packed = pack_by_parity(&requests, &tenures);
+        let packed = pack_by_parity(requests, &tenures);
         let [even, odd] = packed.copies[3];
         assert_eq!(even, odd);
         assert_eq!(packed.requests[even].parts[0].alive, vec![true; 6]);
@@ -201,7 +201,7 @@ mod tests {
         ]
         .into_iter()
         .unzip();
-        let packed = pack_by_parity(&requests, &tenures);
+        let packed = pack_by_parity(requests, &tenures);
         assert_eq!(packed.parities(), 1);
         assert_eq!(packed.requests.len(), 3);
         assert_eq!(packed.arena.size_bytes, packed.arena.live_peak_bytes);
@@ -237,7 +237,7 @@ mod tests {
                 })
                 .unzip();
             let single = pack(&requests);
-            let packed = pack_by_parity(&requests, &tenures);
+            let packed = pack_by_parity(requests, &tenures);
             assert_disjoint(&packed);
             proptest::prop_assert_eq!(packed.arena.live_peak_bytes, single.live_peak_bytes);
             proptest::prop_assert!(packed.arena.size_bytes <= single.size_bytes);
