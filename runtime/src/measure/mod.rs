@@ -33,7 +33,8 @@ use std::collections::BTreeMap;
 pub struct UnitTime {
     pub forward_us: f64,
     pub backward_us: f64,
-    /// The forward again before a checkpointed backward (it takes no batch).
+    /// What recomputation adds to a checkpointed backward's slot: the forward again (it takes
+    /// no batch) and the backward after it, less the plain backward.
     pub recompute_us: f64,
     /// The optimizer step over all the unit's parameters.
     pub optimizer_us: f64,

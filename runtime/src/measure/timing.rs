@@ -15,19 +15,64 @@ fn message_elements(bytes: u64, world: usize) -> usize {
     ((bytes / 4) as usize).max(1).div_ceil(world) * world
 }
 
+/// The bytes the AllGathers' message pairs rotate through: many times a core's cache (this CPU's
+/// L2 is 4 MiB a core), so that each gather finds its buffers out of cache, as a run's do
+/// (DESIGN §6.6).
+const GATHER_ROTATION_BYTES: u64 = 64 << 20;
+
+/// Where the curves' message pairs (a full message, then room for its shard) lie: `count` pairs of
+/// `stride` elements from the arena's element `start`. The reductions use the first pair, the
+/// AllGathers each in turn.
+#[derive(Debug, Clone, Copy)]
+struct MessagePairs {
+    start: usize,
+    stride: usize,
+    count: usize,
+}
+
+impl MessagePairs {
+    fn new(start: usize, max_bytes: u64, world: usize) -> Self {
+        let stride = (2 * message_elements(max_bytes, world)).div_ceil(16) * 16;
+        let count = GATHER_ROTATION_BYTES.div_ceil(4 * stride as u64).max(2) as usize;
+        MessagePairs {
+            start,
+            stride,
+            count,
+        }
+    }
+
+    /// The full message of `elements` and its shard in pair `k` (modulo the count).
+    fn pair(&self, k: usize, elements: usize, world: usize) -> (Region, Region) {
+        let offset = self.start + (k % self.count) * self.stride;
+        let full = Region {
+            offset,
+            len: elements,
+        };
+        let shard = Region {
+            offset: offset + elements.div_ceil(16) * 16,
+            len: elements / world,
+        };
+        (full, shard)
+    }
+
+    fn end(&self) -> usize {
+        self.start + self.count * self.stride
+    }
+}
+
 /// The arena the measurements need: the compute layout's arena (`compute_elements`, 0 when only
-/// collectives are timed) followed by two messages of `max_bytes` (full and shard, or the κ
-/// AllReduce), and a loss slot for each of the [`DataSteps`]; and where the messages start.
+/// collectives are timed) followed by the curves' message pairs of `max_bytes` ([`MessagePairs`];
+/// the κ collectives use the first), and a loss slot for each of the [`DataSteps`]; and where the
+/// messages start.
 pub fn measurement_allocation(
     compute_elements: usize,
     world: usize,
     max_bytes: u64,
 ) -> (Allocation, usize) {
     let start = compute_elements.div_ceil(16) * 16;
-    let message = message_elements(max_bytes, world);
     let allocation = Allocation {
-        arena_elements: start + 2 * message + 16,
-        largest_block: message,
+        arena_elements: MessagePairs::new(start, max_bytes, world).end() + 16,
+        largest_block: message_elements(max_bytes, world),
         loss_slots: DataSteps::COUNT,
     };
     (allocation, start)
@@ -113,8 +158,10 @@ fn compute_round_marks<B: Backend, W: Train<B>>(
 /// recomputation, 3 warm-up rounds of each, then the median over `repeats` rounds of each of the
 /// slowest rank's time (a slot whose collectives join the ranks ends with the slowest; on
 /// gpt2-tiny at N = 2 its median is 0.4–3.5% above one rank's own). Forward and backward times
-/// come from the plain rounds (a recomputation just before a backward warms the caches it reads),
-/// recompute times from the others. The first unit's forward includes taking and uploading the
+/// come from the plain rounds (a recomputation just before a backward warms the caches it reads).
+/// A recompute time is what recomputation adds to the unit's backward slot, f'_i = (the
+/// recomputation + the backward right after it) − b_i, at least 0, from the other rounds: the
+/// backward reads what the recomputation just wrote (DESIGN §6.6). The first unit's forward includes taking and uploading the
 /// batch, as in a run; a recomputation takes nothing. After each round every unit takes an
 /// optimizer step on the communication stream (with the gradients the round left), as the
 /// executor does after a unit's last reduction; the streams wait for each other in between, so no
@@ -143,7 +190,7 @@ pub fn time_units<B: Backend, W: Train<B>>(
         backend.wait_mark(Stream::Compute, &updated)?;
         if k >= 2 * WARM_UP {
             if recompute {
-                recomputing.push(marks.drain(2 * l..3 * l).collect::<Vec<_>>());
+                recomputing.push(marks.drain(l..3 * l).collect::<Vec<_>>());
             } else {
                 plain.push(marks);
             }
@@ -151,13 +198,19 @@ pub fn time_units<B: Backend, W: Train<B>>(
     }
     backend.synchronize()?;
     let plain = slowest_spans(backend, &plain)?;
+    // Per recomputing round: the backwards after their recomputations, then the recomputations
+    // (each in slot order: the last unit's first).
     let recomputing = slowest_spans(backend, &recomputing)?;
     Ok((0..l)
-        .map(|i| UnitTime {
-            forward_us: plain[i],
-            backward_us: plain[2 * l - 1 - i],
-            recompute_us: recomputing[l - 1 - i],
-            optimizer_us: plain[2 * l + i],
+        .map(|i| {
+            let backward_us = plain[2 * l - 1 - i];
+            let recomputed_backward_us = recomputing[l - 1 - i] + recomputing[2 * l - 1 - i];
+            UnitTime {
+                forward_us: plain[i],
+                backward_us,
+                recompute_us: (recomputed_backward_us - backward_us).max(0.0),
+                optimizer_us: plain[2 * l + i],
+            }
         })
         .collect())
 }
@@ -200,8 +253,11 @@ pub(super) fn every_rank<B: Backend>(backend: &B, values: &[f64]) -> Result<Vec<
 /// Times each collective across message sizes 4 KiB … `max_bytes` (bytes = the full message, as
 /// nccl-tests' size) on the communication stream: 2 warm-up runs, then the median of `repeats`,
 /// averaged over the ranks so that every rank holds the same curves (and derives the same block
-/// size from them). Every rank must call it; on one rank the collectives are what that rank's
-/// backend makes of them (copies).
+/// size from them). The reductions repeat on one message pair, which stays in cache as a run's
+/// gradient does (the backward beside it has just written it); each AllGather takes the next pair
+/// of [`MessagePairs`], out of cache as a run's parameter shard is (the optimizer wrote it a step
+/// before). Every rank must call it; on one rank the collectives are what that rank's backend
+/// makes of them (copies).
 pub fn time_collectives<B: Backend>(
     backend: &B,
     start: usize,
@@ -212,22 +268,19 @@ pub fn time_collectives<B: Backend>(
     let n = backend.world_size();
     let stream = Stream::Communication;
     let mut curves: [Vec<(u64, f64)>; 3] = Default::default();
+    let pairs = MessagePairs::new(start, max_bytes, n);
     for bytes in sizes(max_bytes) {
         let elements = message_elements(bytes, n);
-        let full = Region {
-            offset: start,
-            len: elements,
-        };
-        let shard = Region {
-            offset: start + elements.div_ceil(16) * 16,
-            len: elements / n,
-        };
+        let (full, shard) = pairs.pair(0, elements, n);
         for (op, curve) in curves.iter_mut().enumerate() {
             let mut marks = Vec::with_capacity(repeats + 2);
-            for _ in 0..repeats + 2 {
+            for k in 0..repeats + 2 {
                 let before = backend.mark(stream)?;
                 match op {
-                    0 => backend.all_gather(shard, full)?,
+                    0 => {
+                        let (full, shard) = pairs.pair(k, elements, n);
+                        backend.all_gather(shard, full)?
+                    }
                     1 => backend.reduce_scatter(full, shard)?,
                     _ => backend.all_reduce(full)?,
                 }
@@ -498,5 +551,36 @@ mod tests {
             curves,
             [vec![(4096, 20.0)], vec![(4096, 35.0)], vec![(4096, 50.0)]]
         );
+    }
+
+    /// Every size's pairs lie inside the allocation, apart from each other and from the compute
+    /// layout before them; the gathers rotate through at least GATHER_ROTATION_BYTES (at least
+    /// two pairs for messages as large as that).
+    #[test]
+    fn the_gathers_rotate_through_disjoint_pairs_inside_the_arena() {
+        for (compute, world, max_bytes) in [(0, 2, 4 << 20), (1001, 3, 4096), (77, 8, 64 << 20)] {
+            let (allocation, start) = measurement_allocation(compute, world, max_bytes);
+            assert!(start >= compute);
+            let pairs = MessagePairs::new(start, max_bytes, world);
+            assert!(4 * (pairs.count * pairs.stride) as u64 >= GATHER_ROTATION_BYTES);
+            assert!(pairs.count >= 2);
+            for bytes in sizes(max_bytes) {
+                let elements = message_elements(bytes, world);
+                let mut spans: Vec<(usize, usize)> = (0..pairs.count)
+                    .flat_map(|k| {
+                        let (full, shard) = pairs.pair(k, elements, world);
+                        assert_eq!(shard.len * world, full.len);
+                        [full, shard].map(|r| (r.offset, r.offset + r.len))
+                    })
+                    .collect();
+                spans.sort_unstable();
+                assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "{spans:?}");
+                assert!(spans[spans.len() - 1].1 <= allocation.arena_elements);
+            }
+            assert_eq!(
+                pairs.pair(pairs.count, 16 * world, world),
+                pairs.pair(0, 16 * world, world)
+            );
+        }
     }
 }

@@ -48,9 +48,10 @@ pub struct UnitProfile {
     pub forward_us: f64,
     /// b_i.
     pub backward_us: f64,
-    /// f'_i: the forward again before a checkpointed backward, which does not redo what only the
-    /// step's own forward does (take the step's batch, upload inputs and targets). Absent means
-    /// f_i (and absence is not written, so such profiles keep their digest).
+    /// f'_i: what recomputation adds to a checkpointed unit's backward slot: the forward again,
+    /// which does not redo what only the step's own forward does (take the step's batch, upload
+    /// inputs and targets), less what the backward after it saves by reading what it just wrote.
+    /// Absent means f_i (and absence is not written, so such profiles keep their digest).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recompute_us: Option<f64>,
     /// o_i: the optimizer step over all Ψ_i parameters (a sharded unit's rank steps Ψ_i/N of
