@@ -161,11 +161,11 @@ fn compute_round_marks<B: Backend, W: Train<B>>(
 /// come from the plain rounds (a recomputation just before a backward warms the caches it reads).
 /// A recompute time is what recomputation adds to the unit's backward slot, f'_i = (the
 /// recomputation + the backward right after it) − b_i, at least 0, from the other rounds: the
-/// backward reads what the recomputation just wrote (DESIGN §6.6). The first unit's forward includes taking and uploading the
-/// batch, as in a run; a recomputation takes nothing. After each round every unit takes an
-/// optimizer step on the communication stream (with the gradients the round left), as the
-/// executor does after a unit's last reduction; the streams wait for each other in between, so no
-/// step is timed beside other work.
+/// backward reads what the recomputation just wrote (DESIGN §6.6). The first unit's forward
+/// includes taking and uploading the batch, as in a run; a recomputation takes nothing. After
+/// each round every unit takes an optimizer step on the communication stream (with the gradients
+/// the round left), as the executor does after a unit's last reduction; the streams wait for each
+/// other in between, so no step is timed beside other work.
 pub fn time_units<B: Backend, W: Train<B>>(
     backend: &B,
     workload: &W,
