@@ -110,7 +110,7 @@ pub fn workload_profile(
 
 /// The placement units are timed in: DDP (every unit replicated, no recompute, one block per
 /// unit) on `world` ranks, so a compute round touches the buffers a run does.
-pub fn compute_layout(workload: &dyn Workload, world: u32) -> Result<Placement> {
+pub fn compute_placement(workload: &dyn Workload, world: u32) -> Result<Placement> {
     let flat = CommCurve {
         points: vec![(1, 1.0), (1 << 40, 2.0)],
     };

@@ -4,7 +4,7 @@
 
 use super::slots::{Slots, time_slot_interference};
 use super::{
-    DataSteps, block_collectives, compute_layout, compute_slot, measurement_allocation,
+    DataSteps, block_collectives, compute_placement, compute_slot, measurement_allocation,
     time_collectives, time_interference, time_units, workload_profile,
 };
 use crate::backend::{Backend, Collectives, CpuBackend};
@@ -156,7 +156,7 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
 ) -> Result<Measured> {
     let world = backend.world_size();
     let message_bytes = options.max_message.max(options.block_size.unwrap_or(0));
-    let placement = compute_layout(workload, options.world_size)?;
+    let placement = compute_placement(workload, options.world_size)?;
     // Rounds time one data step at a time: its layout serves them all.
     let layout = placement.for_step(0);
     // A second copy of the layout after the first, whose optimizer steps run beside compute
