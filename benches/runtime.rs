@@ -101,6 +101,7 @@ fn overhead(c: &mut Criterion) {
     let times = vec![
         UnitTime {
             forward_us: 100.0,
+            checkpointed_forward_us: 90.0,
             backward_us: 200.0,
             recompute_us: 100.0,
             optimizer_us: 10.0,

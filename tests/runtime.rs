@@ -230,6 +230,7 @@ fn mismatched_runs_are_refused_before_any_step() {
         &vec![
             UnitTime {
                 forward_us: 1.0,
+                checkpointed_forward_us: 1.0,
                 backward_us: 2.0,
                 recompute_us: 1.0,
                 optimizer_us: 0.5,

@@ -138,6 +138,7 @@ pub fn analytic_profile(
                 name: u.name,
                 params: u.params,
                 forward_us,
+                checkpointed_forward_us: None,
                 backward_us: 2.0 * forward_us,
                 recompute_us: None,
                 optimizer_us: 0.0,

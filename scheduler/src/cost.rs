@@ -115,26 +115,33 @@ pub fn block_time_us(profile: &Profile, unit: usize, op: Op) -> f64 {
     block_time(profile, unit, op).total_us()
 }
 
-/// c_s: f_i at F_i, b_i (+ f'_i with recompute) at B_i, the extra time at E.
+/// c_s: f_i at F_i (f^c_i with recompute), b_i (+ f'_i with recompute) at B_i, the extra time
+/// at E.
 pub fn compute_us(
     profile: &Profile,
     timeline: Timeline,
     slot: usize,
     recompute: impl Fn(usize) -> bool,
 ) -> f64 {
-    match timeline.compute_unit(slot) {
-        None => profile.iteration_extra_us,
-        Some(unit) if slot == timeline.forward(unit) => profile.units[unit].forward_us,
-        Some(unit) => {
-            let u = &profile.units[unit];
-            u.backward_us
-                + if recompute(unit) {
-                    u.recompute_time_us()
-                } else {
-                    0.0
-                }
-        }
+    let Some(unit) = timeline.compute_unit(slot) else {
+        return profile.iteration_extra_us;
+    };
+    let (u, recomputed) = (&profile.units[unit], recompute(unit));
+    match (slot == timeline.forward(unit), recomputed) {
+        (true, false) => u.forward_us,
+        (true, true) => u.checkpointed_forward_time_us(),
+        (false, false) => u.backward_us,
+        (false, true) => u.backward_us + u.recompute_time_us(),
     }
+}
+
+/// c̄_s: the most compute slot `slot` can take, with or without its unit's recompute (each slot's
+/// compute depends on one unit's r_i alone).
+pub fn most_compute_us(profile: &Profile, timeline: Timeline, slot: usize) -> f64 {
+    [false, true]
+        .map(|recomputed| compute_us(profile, timeline, slot, |_| recomputed))
+        .into_iter()
+        .fold(0.0, f64::max)
 }
 
 /// persistent_i: Ψ'_i(p+g+o), divided by N when sharded (Ψ'_i = [`Profile::laid_out_params`]).

@@ -210,6 +210,38 @@ fn a_recomputation_costs_its_own_time() {
     );
 }
 
+/// The same plan with checkpointed forwards of their own (f^c_1 = 5, f^c_2 = 14 µs, DESIGN §3.6):
+/// only u2 recomputes, so F2 (no communication) takes 14 (was 20): strict T = 430.4 − 6 = 424.4,
+/// relaxed (F2 on the cycle's path) 415.4 − 6 = 409.4; u1's f^c_1 changes nothing. A
+/// checkpointed forward slower than the plain one (f^c_2 = 26) costs its own time too: 436.4 and
+/// 421.4. Without f^c_i the forward costs f_i, as before.
+#[test]
+fn a_checkpointed_forward_costs_its_own_time() {
+    let mut p = mixed_profile();
+    p.units[0].checkpointed_forward_us = Some(5.0);
+    for f_c in [14.0, 26.0] {
+        p.units[1].checkpointed_forward_us = Some(f_c);
+        let s = schedule(&p, MIXED_PLAN).unwrap();
+        check(
+            &simulate(&p, &s, Semantics::Strict),
+            410.4 + f_c,
+            &[10.0, f_c, 50.0, 60.0, 65.4, 75.0, 150.0],
+        );
+        check(
+            &simulate(&p, &s, Semantics::Relaxed),
+            395.4 + f_c,
+            &[187.5, f_c, 35.0, 60.0, 65.4, 27.5, 20.0],
+        );
+    }
+    p.units[1].checkpointed_forward_us = None;
+    let s = schedule(&p, MIXED_PLAN).unwrap();
+    close(
+        simulate(&p, &s, Semantics::Strict).iteration_time_us,
+        430.4,
+        "f^c_2 absent: f_2",
+    );
+}
+
 /// The same plan with each kind of collective costing compute its own κ_c (DESIGN §3.4):
 /// κ_c,RS = 1, κ_c,AG = 0.5, AllReduces still 0.1. L per slot: F3 0.5·50 = 25, B2 0.1·4 +
 /// 0.5·50 = 25.4, B1 1·25 + 0.5·50 = 50, E 1·50 + 0.5·100 = 100; d = max(c + L, Q): F3 55 (was

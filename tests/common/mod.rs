@@ -31,6 +31,7 @@ pub fn runtime_profile(
     let times = (0..workload.unit_count())
         .map(|u| UnitTime {
             forward_us: 10.0 + u as f64,
+            checkpointed_forward_us: 9.0 + u as f64,
             backward_us: 20.0 + u as f64,
             recompute_us: 8.0 + u as f64,
             optimizer_us: 3.0 + u as f64,

@@ -5,8 +5,9 @@
 //! activations = 4·(saved + internals), with recompute 4·saved; forward workspace as the workload
 //! says; backward workspace = its own plus the gradients of its input and of its output (the next
 //! unit's input gradient). p = g = 4, o = 8 (Adam m and v; the fp32 parameters are the master
-//! copy). Units are timed in a compute-only round of a DDP layout, in slot order, each round
-//! followed by every unit's optimizer step on the communication stream, where a run takes it.
+//! copy). Units are timed in compute-only rounds of a DDP layout (and of one with every unit
+//! checkpointed, for f^c_i), in slot order, each round followed by every unit's optimizer step on
+//! the communication stream, where a run takes it.
 
 mod session;
 mod slots;
@@ -14,7 +15,7 @@ mod timing;
 
 pub use session::{MeasureOptions, Measured, measure_on_cpu, measure_on_cuda, measure_workload};
 pub use timing::{
-    DataSteps, Slowdowns, block_collectives, compute_slot, measurement_allocation,
+    Slowdowns, TimedLayouts, block_collectives, compute_slot, measurement_allocation,
     time_collectives, time_interference, time_units,
 };
 
@@ -27,11 +28,14 @@ use shardplan_scheduler::profile::{
     BytesPerParam, CommCurves, PROFILE_SCHEMA, Profile, UnitProfile,
 };
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Measured µs of one unit.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct UnitTime {
     pub forward_us: f64,
+    /// The forward of a checkpointed unit: its internals go to the reused forward workspace.
+    pub checkpointed_forward_us: f64,
     pub backward_us: f64,
     /// What recomputation adds to a checkpointed backward's slot: the forward again (it takes
     /// no batch) and the backward after it, less the plain backward.
@@ -69,6 +73,7 @@ pub fn workload_profile(
                 name: workload.unit_name(i),
                 params: workload.params(i) as u64,
                 forward_us: times[i].forward_us,
+                checkpointed_forward_us: Some(times[i].checkpointed_forward_us),
                 backward_us: times[i].backward_us,
                 recompute_us: Some(times[i].recompute_us),
                 optimizer_us: times[i].optimizer_us,
@@ -108,9 +113,13 @@ pub fn workload_profile(
     Ok(profile)
 }
 
-/// The placement units are timed in: DDP (every unit replicated, no recompute, one block per
-/// unit) on `world` ranks, so a compute round touches the buffers a run does.
-pub fn compute_placement(workload: &dyn Workload, world: u32) -> Result<Placement> {
+/// The placement units are timed in: DDP (every unit replicated, one block per unit), every unit
+/// checkpointed or none, on `world` ranks, so a compute round touches the buffers a run does.
+pub fn compute_placement(
+    workload: &dyn Workload,
+    world: u32,
+    checkpointed: bool,
+) -> Result<Placement> {
     let flat = CommCurve {
         points: vec![(1, 1.0), (1 << 40, 2.0)],
     };
@@ -126,6 +135,7 @@ pub fn compute_placement(workload: &dyn Workload, world: u32) -> Result<Placemen
     let times = vec![
         UnitTime {
             forward_us: 1.0,
+            checkpointed_forward_us: 1.0,
             backward_us: 1.0,
             recompute_us: 1.0,
             optimizer_us: 0.0,
@@ -140,7 +150,7 @@ pub fn compute_placement(workload: &dyn Workload, world: u32) -> Result<Placemen
         Some(largest),
         BTreeMap::new(),
     )?;
-    let ddp = baseline(&provisional, BaselineKind::Ddp, false, None)?;
+    let ddp = baseline(&provisional, BaselineKind::Ddp, checkpointed, None)?;
     place(workload, &provisional, &ddp.schedule)
 }
 
@@ -155,4 +165,31 @@ pub(crate) fn sizes(max_bytes: u64) -> Vec<u64> {
         .map(|e| 1u64 << e)
         .take_while(|&s| s <= max_bytes)
         .collect()
+}
+
+/// The data steps the measurement's compute rounds take, numbered as a run numbers its steps: a
+/// round's first slot starts the next step, so a loader that makes step k + 1's batch while step
+/// k computes (the MLP's on a GPU) has it ready, as in a run. Rounds that all took step 0 found
+/// step 1's batch made instead and made step 0's again inside the first forward's time: on the
+/// H100, mlp-small's forwards measured about twice a run's. The steps wrap at
+/// [`DataSteps::COUNT`], the loss slots [`measurement_allocation`] makes.
+#[derive(Debug, Default)]
+pub struct DataSteps(AtomicUsize);
+
+impl DataSteps {
+    /// The data steps taken before they wrap (the loader then makes one batch on the spot).
+    pub const COUNT: usize = 1024;
+
+    /// The data step of slot `s`: a new one where `s` starts a round, else the round's.
+    pub(crate) fn of_slot(&self, s: usize) -> usize {
+        if s == 0 {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+        self.current()
+    }
+
+    /// The data step of the round under way.
+    pub(crate) fn current(&self) -> usize {
+        self.0.load(Ordering::Relaxed) % Self::COUNT
+    }
 }

@@ -4,13 +4,14 @@
 
 use super::slots::{Slots, time_slot_interference};
 use super::{
-    DataSteps, block_collectives, compute_placement, compute_slot, measurement_allocation,
-    time_collectives, time_interference, time_units, workload_profile,
+    DataSteps, TimedLayouts, block_collectives, compute_placement, compute_slot,
+    measurement_allocation, time_collectives, time_interference, time_units, workload_profile,
 };
 use crate::backend::{Backend, Collectives, CpuBackend};
 use crate::cuda::CudaBackend;
 use crate::executor::initialise;
 use crate::gpt2::{Gpt2, Gpt2Kernels};
+use crate::layout::Placement;
 use crate::mlp::Mlp;
 use crate::model_file::ModelFile;
 use crate::transformer::{UnitKind, backward_gemms, forward_gemms};
@@ -156,19 +157,28 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
 ) -> Result<Measured> {
     let world = backend.world_size();
     let message_bytes = options.max_message.max(options.block_size.unwrap_or(0));
-    let placement = compute_placement(workload, options.world_size)?;
-    // Rounds time one data step at a time: its layout serves them all.
-    let layout = placement.for_step(0);
-    // A second copy of the layout after the first, whose optimizer steps run beside compute
-    // rounds of the first (κ_u) without touching their bytes.
-    let copy_offset = ((placement.arena.size_bytes / 4) as usize).div_ceil(16) * 16;
+    let plain = compute_placement(workload, options.world_size, false)?;
+    let checkpointed = compute_placement(workload, options.world_size, true)?;
+    let elements = |p: &Placement| ((p.arena.size_bytes / 4) as usize).div_ceil(16) * 16;
+    // Rounds time one data step at a time: its layout serves them all. After the plain layout, a
+    // copy whose optimizer steps run beside compute rounds of the first (κ_u) without touching
+    // their bytes, then the checkpointed layout.
+    let layout = plain.for_step(0);
+    let copy_offset = elements(&plain);
     let copy = layout.shifted(copy_offset);
-    let (allocation, start) = measurement_allocation(2 * copy_offset, world, message_bytes);
+    let recomputing = checkpointed.for_step(0).shifted(2 * copy_offset);
+    let compute_elements = 2 * copy_offset + elements(&checkpointed);
+    let (allocation, start) = measurement_allocation(compute_elements, world, message_bytes);
     backend.allocate(allocation)?;
-    initialise(&backend, workload, layout)?;
-    initialise(&backend, workload, &copy)?;
+    for each in [layout, &copy, &recomputing] {
+        initialise(&backend, workload, each)?;
+    }
     let steps = DataSteps::default();
-    let times = time_units(&backend, workload, layout, options.repeats, &steps)?;
+    let layouts = TimedLayouts {
+        plain: layout,
+        checkpointed: &recomputing,
+    };
+    let times = time_units(&backend, workload, layouts, options.repeats, &steps)?;
     let (comm, comm_source) = curves(&backend, start, options)?;
     let source = BTreeMap::from([
         ("generator".to_string(), "measured".to_string()),

@@ -2,13 +2,12 @@
 //! the CPU and device work on a GPU (CUDA events). Every function lays its buffers out from offset
 //! 0 of the arena [`measurement_allocation`] sized.
 
-use super::{UnitTime, UnitTimes, median, sizes};
+use super::{DataSteps, UnitTime, UnitTimes, median, sizes};
 use crate::Result;
 use crate::backend::{Allocation, Backend, Region, Stream, StreamWork, on_both_streams};
 use crate::layout::Layout;
 use crate::workload::{Pass, Train};
 use shardplan_scheduler::nccl_tests::Collective;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Elements of the largest message of the curves, rounded to a multiple of the world size.
 fn message_elements(bytes: u64, world: usize) -> usize {
@@ -78,33 +77,6 @@ pub fn measurement_allocation(
     (allocation, start)
 }
 
-/// The data steps the measurement's compute rounds take, numbered as a run numbers its steps: a
-/// round's first slot starts the next step, so a loader that makes step k + 1's batch while step
-/// k computes (the MLP's on a GPU) has it ready, as in a run. Rounds that all took step 0 found
-/// step 1's batch made instead and made step 0's again inside the first forward's time: on the
-/// H100, mlp-small's forwards measured about twice a run's. The steps wrap at
-/// [`DataSteps::COUNT`], the loss slots [`measurement_allocation`] makes.
-#[derive(Debug, Default)]
-pub struct DataSteps(AtomicUsize);
-
-impl DataSteps {
-    /// The data steps taken before they wrap (the loader then makes one batch on the spot).
-    pub const COUNT: usize = 1024;
-
-    /// The data step of slot `s`: a new one where `s` starts a round, else the round's.
-    fn of_slot(&self, s: usize) -> usize {
-        if s == 0 {
-            self.0.fetch_add(1, Ordering::Relaxed);
-        }
-        self.current()
-    }
-
-    /// The data step of the round under way.
-    fn current(&self) -> usize {
-        self.0.load(Ordering::Relaxed) % Self::COUNT
-    }
-}
-
 /// The compute of slot `s` of a step without communication: unit s's forward for s < L, then the
 /// backwards in reverse, unit 2L − 1 − s's; slot 0 takes the next of `steps`.
 pub fn compute_slot<B: Backend, W: Train<B>>(
@@ -153,31 +125,42 @@ fn compute_round_marks<B: Backend, W: Train<B>>(
     Ok(marks)
 }
 
-/// Forward, backward, recompute and optimizer µs of each unit: rounds alternate between a plain
-/// one (forwards and backwards) and one whose backwards are each preceded by the unit's
-/// recomputation, 3 warm-up rounds of each, then the median over `repeats` rounds of each of the
-/// slowest rank's time (a slot whose collectives join the ranks ends with the slowest; on
-/// gpt2-tiny at N = 2 its median is 0.4–3.5% above one rank's own). Forward and backward times
-/// come from the plain rounds (a recomputation just before a backward warms the caches it reads).
-/// A recompute time is what recomputation adds to the unit's backward slot, f'_i = (the
-/// recomputation + the backward right after it) − b_i, at least 0, from the other rounds: the
-/// backward reads what the recomputation just wrote (DESIGN §6.6). The first unit's forward
-/// includes taking and uploading the batch, as in a run; a recomputation takes nothing. After
-/// each round every unit takes an optimizer step on the communication stream (with the gradients
-/// the round left), as the executor does after a unit's last reduction; the streams wait for each
-/// other in between, so no step is timed beside other work.
+/// The layouts units are timed in ([`super::compute_placement`]): DDP's, and DDP's with every unit
+/// checkpointed, each in its own part of the arena.
+#[derive(Debug, Clone, Copy)]
+pub struct TimedLayouts<'a> {
+    pub plain: &'a Layout,
+    pub checkpointed: &'a Layout,
+}
+
+/// Forward, checkpointed forward, backward, recompute and optimizer µs of each unit. First plain
+/// rounds (forwards and backwards) alternating with rounds whose backwards are each preceded by
+/// the unit's recomputation, in the plain layout: f_i and b_i from the plain rounds (a
+/// recomputation just before a backward warms the caches it reads), and what recomputation adds
+/// to the unit's backward slot, f'_i = (the recomputation + the backward right after it) − b_i,
+/// at least 0, from the others: the backward reads what the recomputation just wrote (DESIGN
+/// §6.6). Then rounds in the checkpointed layout, each backward preceded by the unit's
+/// recomputation as a checkpointed unit's slots run them, whose forwards write their internals
+/// into the reused forward workspace: f^c_i. The layouts do not alternate round by round: right
+/// after a round of the other layout, gpt2-tiny's forwards and backwards measured 5–20% slower
+/// than a run's, whose step follows a step of its own layout. Each kind of round: 3 warm-up
+/// rounds, then the median over `repeats` rounds of each span's slowest rank's time (a slot
+/// whose collectives join the ranks ends with the slowest; on gpt2-tiny at N = 2 its median is
+/// 0.4–3.5% above one rank's own). The first unit's forward includes taking and uploading the
+/// batch, as in a run; a recomputation takes nothing. After each round every unit takes an
+/// optimizer step on the communication stream (with the gradients the round left), as the
+/// executor does after a unit's last reduction; the streams wait for each other in between, so
+/// no step is timed beside other work.
 pub fn time_units<B: Backend, W: Train<B>>(
     backend: &B,
     workload: &W,
-    layout: &Layout,
+    layouts: TimedLayouts,
     repeats: usize,
     steps: &DataSteps,
 ) -> Result<UnitTimes> {
     const WARM_UP: usize = 3;
     let l = workload.unit_count();
-    let (mut plain, mut recomputing) = (Vec::with_capacity(repeats), Vec::new());
-    for k in 0..2 * (repeats + WARM_UP) {
-        let recompute = k % 2 == 1;
+    let round = |layout: &Layout, recompute: bool| -> Result<Vec<[B::Mark; 2]>> {
         let mut marks = compute_round_marks(backend, workload, layout, steps, recompute)?;
         let computed = backend.mark(Stream::Compute)?;
         backend.wait_mark(Stream::Communication, &computed)?;
@@ -188,6 +171,12 @@ pub fn time_units<B: Backend, W: Train<B>>(
         }
         let updated = backend.mark(Stream::Communication)?;
         backend.wait_mark(Stream::Compute, &updated)?;
+        Ok(marks)
+    };
+    let (mut plain, mut recomputing) = (Vec::with_capacity(repeats), Vec::new());
+    for k in 0..2 * (repeats + WARM_UP) {
+        let recompute = k % 2 == 1;
+        let mut marks = round(layouts.plain, recompute)?;
         if k >= 2 * WARM_UP {
             if recompute {
                 recomputing.push(marks.drain(l..3 * l).collect::<Vec<_>>());
@@ -196,7 +185,16 @@ pub fn time_units<B: Backend, W: Train<B>>(
             }
         }
     }
+    let mut checkpointed = Vec::with_capacity(repeats);
+    for k in 0..repeats + WARM_UP {
+        let mut forwards = round(layouts.checkpointed, true)?;
+        if k >= WARM_UP {
+            forwards.truncate(l);
+            checkpointed.push(forwards);
+        }
+    }
     backend.synchronize()?;
+    let checkpointed = slowest_spans(backend, &checkpointed)?;
     let plain = slowest_spans(backend, &plain)?;
     // Per recomputing round: the backwards after their recomputations, then the recomputations
     // (each in slot order: the last unit's first).
@@ -207,6 +205,7 @@ pub fn time_units<B: Backend, W: Train<B>>(
             let recomputed_backward_us = recomputing[l - 1 - i] + recomputing[2 * l - 1 - i];
             UnitTime {
                 forward_us: plain[i],
+                checkpointed_forward_us: checkpointed[i],
                 backward_us,
                 recompute_us: (recomputed_backward_us - backward_us).max(0.0),
                 optimizer_us: plain[2 * l + i],

@@ -3,7 +3,7 @@
 //! slowed by communication, communication slowed by compute).
 
 use super::variables::{Col, OpVars, UnitVars};
-use crate::cost::{Interference, compute_us};
+use crate::cost::{Interference, compute_us, most_compute_us};
 use crate::profile::Profile;
 use crate::timeline::{Level, Timeline};
 use good_lp::{Constraint, Expression, constraint};
@@ -94,7 +94,7 @@ pub(super) fn communication_per_slot(
     (q, load)
 }
 
-/// c_s: f_i at F_i, b_i + f'_i·r_i at B_i, the extra time at E.
+/// c_s: f_i + (f^c_i − f_i)·r_i at F_i, b_i + f'_i·r_i at B_i, the extra time at E.
 pub(super) fn compute_per_slot(
     profile: &Profile,
     units: &[UnitVars],
@@ -103,12 +103,19 @@ pub(super) fn compute_per_slot(
     (0..timeline.slot_count())
         .map(|s| match timeline.compute_unit(s) {
             None => Expression::from(profile.iteration_extra_us),
-            Some(i) if s == timeline.forward(i) => Expression::from(profile.units[i].forward_us),
             Some(i) => {
                 let p = &profile.units[i];
-                let mut c = Expression::from(p.backward_us);
+                let (base, with_recompute) = if s == timeline.forward(i) {
+                    (
+                        p.forward_us,
+                        p.checkpointed_forward_time_us() - p.forward_us,
+                    )
+                } else {
+                    (p.backward_us, p.recompute_time_us())
+                };
+                let mut c = Expression::from(base);
                 if let Some(r) = units[i].recompute {
-                    c.add_mul(p.recompute_time_us(), r.var);
+                    c.add_mul(with_recompute, r.var);
                 }
                 c
             }
@@ -281,9 +288,11 @@ pub(super) fn longer_blocks(
     units: &[UnitVars],
     timeline: Timeline,
 ) -> Vec<(usize, Vec<(f64, Col)>)> {
-    // c̄_s: the slot's compute with every recompute the model allows.
     let most: Vec<f64> = (0..timeline.slot_count())
-        .map(|s| compute_us(profile, timeline, s, |i| units[i].recompute.is_some()))
+        .map(|s| match timeline.compute_unit(s) {
+            Some(i) if units[i].recompute.is_none() => compute_us(profile, timeline, s, |_| false),
+            _ => most_compute_us(profile, timeline, s),
+        })
         .collect();
     let hidden = 1.0 - profile.interference().comm;
     let mut per_slot: Vec<Vec<(f64, Col)>> = vec![Vec::new(); timeline.slot_count()];

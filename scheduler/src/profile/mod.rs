@@ -46,6 +46,12 @@ pub struct UnitProfile {
     pub params: u64,
     /// f_i.
     pub forward_us: f64,
+    /// f^c_i: the forward of a checkpointed unit, which writes the internals its backward would
+    /// read into the reused forward workspace instead of a buffer kept until B_i (on the CPU,
+    /// memory its caches still hold). Absent means f_i (and absence is not written, so such
+    /// profiles keep their digest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpointed_forward_us: Option<f64>,
     /// b_i.
     pub backward_us: f64,
     /// f'_i: what recomputation adds to a checkpointed unit's backward slot: the forward again,
@@ -96,6 +102,11 @@ fn shown(value: f64) -> String {
 }
 
 impl UnitProfile {
+    /// f^c_i: a checkpointed unit's forward µs, f_i where the profile does not give it.
+    pub fn checkpointed_forward_time_us(&self) -> f64 {
+        self.checkpointed_forward_us.unwrap_or(self.forward_us)
+    }
+
     /// f'_i: the recomputation's µs, f_i where the profile does not give it.
     pub fn recompute_time_us(&self) -> f64 {
         self.recompute_us.unwrap_or(self.forward_us)
@@ -401,6 +412,7 @@ impl Profile {
             }
             for (field, value) in [
                 ("forward_us", u.forward_us),
+                ("checkpointed_forward_us", u.checkpointed_forward_time_us()),
                 ("backward_us", u.backward_us),
                 ("recompute_us", u.recompute_time_us()),
                 ("optimizer_us", u.optimizer_us),

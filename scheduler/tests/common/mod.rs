@@ -85,6 +85,7 @@ pub fn profile(
                 name: format!("u{}", k + 1),
                 params,
                 forward_us: f,
+                checkpointed_forward_us: None,
                 backward_us: b,
                 recompute_us: None,
                 optimizer_us: 0.0,
@@ -196,6 +197,14 @@ pub fn random_profile(rng: &mut Rng, units: usize, kappa: f64, max_params: u64) 
     if kappa > 0.0 && rng.coin() {
         profile.overlap_slowdown_reduce_scatter = Some(kappa * rng.range(50, 200) as f64 / 100.0);
         profile.overlap_slowdown_all_gather = Some(kappa * rng.range(50, 200) as f64 / 100.0);
+    }
+    // Checkpointed forwards 80–120% of the plain one (a cache-hot workspace can make them
+    // faster), or (absent) the plain one.
+    for unit in &mut profile.units {
+        if rng.coin() {
+            unit.checkpointed_forward_us =
+                Some(unit.forward_us * rng.range(80, 120) as f64 / 100.0);
+        }
     }
     profile
 }
