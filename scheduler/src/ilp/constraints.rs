@@ -288,6 +288,7 @@ pub(super) fn longer_blocks(
     units: &[UnitVars],
     timeline: Timeline,
 ) -> Vec<(usize, Vec<(f64, Col)>)> {
+    // c̄_s: the slot's most compute over the recompute choices the model allows.
     let most: Vec<f64> = (0..timeline.slot_count())
         .map(|s| match timeline.compute_unit(s) {
             Some(i) if units[i].recompute.is_none() => compute_us(profile, timeline, s, |_| false),

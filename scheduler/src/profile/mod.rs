@@ -47,9 +47,8 @@ pub struct UnitProfile {
     /// f_i.
     pub forward_us: f64,
     /// f^c_i: the forward of a checkpointed unit, which writes the internals its backward would
-    /// read into the reused forward workspace instead of a buffer kept until B_i (on the CPU,
-    /// memory its caches still hold). Absent means f_i (and absence is not written, so such
-    /// profiles keep their digest).
+    /// read into the reused forward workspace instead of a buffer kept until B_i. Absent means
+    /// f_i (and absence is not written, so such profiles keep their digest).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpointed_forward_us: Option<f64>,
     /// b_i.
