@@ -113,13 +113,10 @@ pub fn workload_profile(
     Ok(profile)
 }
 
-/// The placement units are timed in: DDP (every unit replicated, one block per unit), every unit
-/// checkpointed or none, on `world` ranks, so a compute round touches the buffers a run does.
-pub fn compute_placement(
-    workload: &dyn Workload,
-    world: u32,
-    checkpointed: bool,
-) -> Result<Placement> {
+/// The placements units are timed in: DDP (every unit replicated, one block per unit) on `world`
+/// ranks, without recompute and with every unit checkpointed, so a compute round touches the
+/// buffers a run does.
+pub fn compute_placements(workload: &dyn Workload, world: u32) -> Result<[Placement; 2]> {
     let flat = CommCurve {
         points: vec![(1, 1.0), (1 << 40, 2.0)],
     };
@@ -150,8 +147,11 @@ pub fn compute_placement(
         Some(largest),
         BTreeMap::new(),
     )?;
-    let ddp = baseline(&provisional, BaselineKind::Ddp, checkpointed, None)?;
-    place(workload, &provisional, &ddp.schedule)
+    let placed = |checkpointed: bool| {
+        let ddp = baseline(&provisional, BaselineKind::Ddp, checkpointed, None)?;
+        place(workload, &provisional, &ddp.schedule)
+    };
+    Ok([placed(false)?, placed(true)?])
 }
 
 pub fn median(mut samples: Vec<f64>) -> f64 {

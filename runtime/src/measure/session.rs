@@ -4,7 +4,7 @@
 
 use super::slots::{Slots, time_slot_interference};
 use super::{
-    DataSteps, TimedLayouts, block_collectives, compute_placement, compute_slot,
+    DataSteps, TimedLayouts, block_collectives, compute_placements, compute_slot,
     measurement_allocation, time_collectives, time_interference, time_units, workload_profile,
 };
 use crate::backend::{Backend, Collectives, CpuBackend};
@@ -157,8 +157,7 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
 ) -> Result<Measured> {
     let world = backend.world_size();
     let message_bytes = options.max_message.max(options.block_size.unwrap_or(0));
-    let plain = compute_placement(workload, options.world_size, false)?;
-    let checkpointed = compute_placement(workload, options.world_size, true)?;
+    let [plain, checkpointed] = compute_placements(workload, options.world_size)?;
     let elements = |p: &Placement| ((p.arena.size_bytes / 4) as usize).div_ceil(16) * 16;
     // Rounds time one data step at a time: its layout serves them all. After the plain layout, a
     // copy whose optimizer steps run beside compute rounds of the first (κ_u) without touching

@@ -125,7 +125,7 @@ fn compute_round_marks<B: Backend, W: Train<B>>(
     Ok(marks)
 }
 
-/// The layouts units are timed in ([`super::compute_placement`]): DDP's, and DDP's with every unit
+/// The layouts units are timed in ([`super::compute_placements`]): DDP's, and DDP's with every unit
 /// checkpointed, each in its own part of the arena.
 #[derive(Debug, Clone, Copy)]
 pub struct TimedLayouts<'a> {
