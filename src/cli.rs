@@ -1,6 +1,7 @@
 //! Command-line grammar (clap). Sizes accept `40GiB`, `512MiB`, `80GB` or plain bytes.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use shardplan_runtime::dispatch::BackendKind;
 use shardplan_scheduler::baselines::BaselineKind;
 use shardplan_scheduler::sweep::Method;
 use std::num::NonZeroUsize;
@@ -127,6 +128,18 @@ fn seconds_arg(text: &str) -> Result<f64, String> {
         text,
         f64::MIN_POSITIVE..=1e9,
         "a positive number of seconds",
+    )
+}
+
+/// A solver's time limit: seconds > 0, however many (a huge limit means none), or `unlimited`.
+fn time_limit_arg(text: &str) -> Result<f64, String> {
+    if text.trim().eq_ignore_ascii_case("unlimited") {
+        return Ok(f64::INFINITY);
+    }
+    number_in(
+        text,
+        f64::MIN_POSITIVE..,
+        "a positive number of seconds or `unlimited`",
     )
 }
 
@@ -317,8 +330,8 @@ pub struct SolveArgs {
     pub memory_cap: Option<MemoryCap>,
     #[arg(long)]
     pub out: PathBuf,
-    /// Seconds HiGHS may spend (all phases together).
-    #[arg(long, default_value_t = 60.0, value_parser = seconds_arg)]
+    /// Seconds HiGHS may spend (all phases together), or `unlimited`.
+    #[arg(long, default_value_t = 60.0, value_parser = time_limit_arg)]
     pub time_limit: f64,
     /// Relative MIP gap at which to stop.
     #[arg(long, default_value_t = 1e-4, value_parser = gap_arg)]
@@ -371,8 +384,8 @@ pub struct SweepArgs {
     /// Comma-separated: ilp, ddp, zero2, fsdp1, fsdp2, zero3, best-grid (default: all of them).
     #[arg(long, value_parser = methods_arg)]
     pub methods: Option<MethodsArg>,
-    /// Seconds per ILP solve.
-    #[arg(long, default_value_t = 5.0, value_parser = seconds_arg)]
+    /// Seconds per ILP solve, or `unlimited`.
+    #[arg(long, default_value_t = 5.0, value_parser = time_limit_arg)]
     pub time_limit: f64,
     /// Relative MIP gap at which each solve stops.
     #[arg(long, default_value_t = 1e-3, value_parser = gap_arg)]
@@ -388,6 +401,15 @@ pub enum BackendArg {
     /// One GPU per process: CUDA streams and events, cuBLAS, NVRTC kernels, NCCL (cudarc; the
     /// libraries load at run time, see README "GPU").
     Cuda,
+}
+
+impl From<BackendArg> for BackendKind {
+    fn from(arg: BackendArg) -> BackendKind {
+        match arg {
+            BackendArg::Cpu => BackendKind::Cpu,
+            BackendArg::Cuda => BackendKind::Cuda,
+        }
+    }
 }
 
 #[derive(Args, Debug)]

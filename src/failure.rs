@@ -125,6 +125,13 @@ impl Failure {
         }
     }
 
+    /// Prints the failure of rank `rank` of a job as `error: rank R: …` on stderr (rank 0 alone
+    /// prints the job's JSON object).
+    pub fn report_from_rank(&self, rank: usize) {
+        let line = format!("error: rank {rank}: {}\n", self.message);
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+    }
+
     /// Prints the failure: one JSON object on stdout, or `error: …` on stderr.
     pub fn report(&self, json: bool) {
         if json {

@@ -122,10 +122,29 @@ fn profile_baseline_simulate_inspect_pipeline() {
     assert_eq!(json["units"].as_array().unwrap().len(), 34);
 }
 
+/// The demo's ILP row fits the cap and is at least as fast as the fastest baseline that fits
+/// (its warm start), and every row's `fits_cap` agrees with its peak and the cap.
 #[test]
 fn demo_runs_on_the_bundled_profile() {
     let json = ok_json(&["demo", "--json"]);
-    assert!(json["methods"].as_array().unwrap().len() >= 6);
+    let cap = json["memory_cap_bytes"].as_u64().unwrap();
+    let rows = json["methods"].as_array().unwrap();
+    for row in rows {
+        let fits = row["peak_memory_bytes"].as_u64().unwrap() <= cap;
+        assert_eq!(row["fits_cap"].as_bool(), Some(fits), "{row}");
+    }
+    let time = |row: &Value| row["iteration_time_us"].as_f64().unwrap();
+    let (ilp, baselines): (Vec<&Value>, Vec<&Value>) =
+        rows.iter().partition(|row| row["method"] == "ilp");
+    let fastest = baselines
+        .iter()
+        .filter(|row| row["fits_cap"] == true)
+        .map(|row| time(row))
+        .fold(f64::INFINITY, f64::min);
+    assert!(fastest.is_finite(), "no baseline fits: {rows:?}");
+    let ilp = ilp.first().expect("an ILP row");
+    assert_eq!(ilp["fits_cap"], true, "{ilp}");
+    assert!(time(ilp) <= fastest * (1.0 + 1e-9), "{ilp} vs {fastest}");
 }
 
 #[test]

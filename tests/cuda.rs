@@ -135,14 +135,8 @@ fn doctor_finds_the_wheels_and_nvrtc_compiles_the_kernels() {
         .lines()
         .filter(|l| l.split_whitespace().next() == Some("kernels"))
         .collect();
-    let sources = [
-        ("MLP", shardplan_runtime::cuda::kernels::ENTRY_POINTS.len()),
-        (
-            "GPT-2",
-            shardplan_runtime::cuda::gpt2_kernels::signatures().len(),
-        ),
-    ];
-    for (model, count) in sources {
+    for source in shardplan_runtime::dispatch::KERNEL_SOURCES {
+        let (model, count) = (source.model, source.signatures().len());
         let compiled = format!("compiled the {count} {model} kernels for sm_90");
         let found = kernels
             .iter()

@@ -2,7 +2,8 @@
 //! validations and malformed files are refused with a clear error; `comm import` updates a
 //! profile.
 
-use shardplan_scheduler::nccl_tests::{Collective, Imported, parse};
+use shardplan_scheduler::nccl_tests::{Imported, parse};
+use shardplan_scheduler::timeline::Collective;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

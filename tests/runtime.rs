@@ -253,6 +253,30 @@ fn mismatched_runs_are_refused_before_any_step() {
     );
 }
 
+/// Under mpirun, `--json`'s failure is one JSON document on stdout (rank 0's), however many
+/// ranks fail: here all three, refused for a plan of two.
+#[test]
+fn a_failed_jobs_json_is_one_document_from_rank_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let TwoRanks {
+        model,
+        profile_path,
+        plan,
+        ..
+    } = two_ranks(dir.path(), BaselineKind::Zero2);
+    let out = run_plan(3, &profile_path, &plan, &model, 2, &["--json"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let error: serde_json::Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}): {stdout}"));
+    assert_eq!(error["kind"], "mismatch", "{error}");
+    let message = error["error"].as_str().unwrap();
+    assert!(
+        message.contains("the plan is for 2 ranks, this run has 3"),
+        "{message}"
+    );
+}
+
 #[test]
 fn a_killed_rank_ends_every_rank_with_an_error_within_30_seconds() {
     let dir = tempfile::tempdir().unwrap();

@@ -15,10 +15,7 @@
 //! gap against the bound proven under `M`.
 
 use crate::arena::Arena;
-use crate::gpt2::Gpt2;
 use crate::layout::place;
-use crate::mlp::Mlp;
-use crate::model_file::ModelFile;
 use crate::workload::Workload;
 use crate::{Error, Result};
 use shardplan_scheduler::baselines::{BaselineKind, baselines_at};
@@ -291,14 +288,4 @@ fn packed_baseline(
                 b.simulation.peak_memory_bytes,
             )
         }))
-}
-
-/// The workload of a `--model` file as the runtime lays it out at `world` ranks (initial weights
-/// from the model's seed, synthetic tokens: the layout depends on neither). `origin` names the
-/// file in errors.
-pub fn layout_workload(model: ModelFile, origin: &str, world: usize) -> Result<Box<dyn Workload>> {
-    Ok(match model {
-        ModelFile::Mlp(spec) => Box::new(Mlp::new(spec, 0, world)),
-        ModelFile::Transformer(model) => Box::new(Gpt2::synthetic(&model, origin, 0, world)?),
-    })
 }

@@ -40,6 +40,13 @@ pub fn cuda_backend() -> Result<(Option<MpiUniverse>, CudaBackend)> {
     Ok((Some(universe), CudaBackend::new(local_rank(rank), setup)?))
 }
 
+/// This process's rank of the job and the job's number of ranks.
+pub fn job_rank(universe: &MpiUniverse) -> (usize, usize) {
+    use mpi::topology::Communicator;
+    let world = universe.world();
+    (world.rank() as usize, world.size() as usize)
+}
+
 /// Ends every rank of a job of more than one rank (MPI_Abort with `code`); returns when this
 /// rank is alone. For a rank that failed: its peers may wait in a collective it will never
 /// join, and MPI_Finalize would then wait for them. The caller reports the failure first.

@@ -12,6 +12,7 @@
 pub mod arena;
 pub mod backend;
 pub mod cuda;
+pub mod dispatch;
 pub mod error;
 pub mod event;
 pub mod executor;
@@ -26,6 +27,7 @@ pub mod mlp;
 pub mod model_file;
 pub mod process;
 pub mod session;
+pub mod train;
 pub mod transformer;
 pub mod workload;
 

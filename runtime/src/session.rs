@@ -7,7 +7,8 @@ use crate::backend::{Allocation, Backend, DeviceMemory, Stream};
 use crate::executor::{RunOptions, RunReport, Span, final_params, initialise, run};
 use crate::layout::{Placement, place};
 use crate::measure::median;
-use crate::workload::{Train, Workload};
+use crate::train::Train;
+use crate::workload::Workload;
 use crate::{Error, Result};
 use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::Profile;
@@ -62,6 +63,7 @@ impl<B: Backend> Prepared<B> {
         }
         let placement = place(workload, profile, &schedule)?;
         check_cap(&placement, plan, origin)?;
+        workload.load_kernels(&backend)?;
         backend.allocate(Allocation {
             arena_elements: (placement.arena.size_bytes / 4) as usize,
             largest_block: placement.for_step(0).largest_block,

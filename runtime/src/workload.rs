@@ -1,6 +1,6 @@
-//! What the executor trains: a [`Workload`] says how many units a model has, their parameters and
-//! the buffers each unit's compute needs (so the layout and the profile count the same bytes), and
-//! [`Train`] runs a unit's forward, backward and optimizer step on a backend.
+//! What the executor trains, as sizes: a [`Workload`] says how many units a model has, their
+//! parameters and the buffers each unit's compute needs (so the layout and the profile count the
+//! same bytes); [`crate::train::Train`] runs its compute on a backend.
 //!
 //! Buffer roles, and when each is alive (DESIGN §3; slot names of the timeline):
 //!
@@ -14,8 +14,6 @@
 //! | `input_gradient` | dL/d(input) handed to unit i−1 | B_i and B_{i−1} | counted in ws_b of units i and i−1 |
 
 use crate::Result;
-use crate::backend::Backend;
-use crate::layout::Layout;
 
 /// Elements (f32) of one unit's activation and workspace buffers on one rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -56,26 +54,6 @@ pub trait Workload: Sync {
 pub enum Pass {
     Forward,
     Recompute,
-}
-
-/// A workload's compute on a backend. `layout` holds every unit's regions; the methods read and
-/// write only the regions of `unit` (and, for a borrowing unit, the lender's parameters and
-/// gradient).
-pub trait Train<B: Backend>: Workload {
-    /// F_i for data step `step` (or its recomputation into the `recomputed` buffer).
-    fn forward(
-        &self,
-        backend: &B,
-        layout: &Layout,
-        unit: usize,
-        step: usize,
-        pass: Pass,
-    ) -> Result<()>;
-    /// B_i: the full gradient of the unit's parameters and, past the first unit, of its input.
-    fn backward(&self, backend: &B, layout: &Layout, unit: usize, step: usize) -> Result<()>;
-    /// The optimizer step of the unit's persistent parameters (its shard, when sharded) after its
-    /// last reduction; `step` counts from 1.
-    fn optimize(&self, backend: &B, layout: &Layout, unit: usize, step: u32) -> Result<()>;
 }
 
 /// Consecutive sub-regions of `region` with the given lengths (what a unit's buffer holds, in

@@ -9,8 +9,8 @@
 //! products) is checked against transformers by python/tests/test_gpt2.py.
 
 use shardplan_runtime::backend::{Allocation, Backend, CpuBackend, Loopback, Region};
-use shardplan_runtime::cuda::gpt2_kernels::{Param, SOURCE, check_arguments, signatures};
-use shardplan_runtime::cuda::kernels::per_element;
+use shardplan_runtime::cuda::module::{Param, per_element};
+use shardplan_runtime::gpt2::cuda_source::{KERNELS, SOURCE, check_arguments};
 use shardplan_runtime::gpt2::kernels::AdamW;
 use shardplan_runtime::gpt2::launches::{Arg, Launch, NLL_PARTIALS};
 use shardplan_runtime::gpt2::{
@@ -25,7 +25,7 @@ mod shim;
 /// types.
 fn wrappers() -> String {
     let mut out = String::new();
-    for (name, params) in signatures() {
+    for (name, params) in KERNELS.signatures() {
         let args: Vec<String> = params
             .iter()
             .enumerate()
@@ -34,6 +34,7 @@ fn wrappers() -> String {
                     Param::Floats => "float*",
                     Param::Doubles => "double*",
                     Param::Int => "long long",
+                    Param::Int32 => "int",
                     Param::Float => "float",
                 };
                 format!("*({ty}*)args[{i}]")
@@ -68,7 +69,7 @@ enum Value {
 
 impl HostDevice {
     fn run(&mut self, launches: &[Launch]) {
-        let kernels = signatures();
+        let kernels = KERNELS.signatures();
         for launch in launches {
             for r in launch.regions() {
                 assert!(r.offset + r.len <= self.arena.len(), "{r:?} in {launch:?}");

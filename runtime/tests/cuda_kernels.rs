@@ -3,7 +3,8 @@
 //! this is their semantics), against the CPU backend's functions: the results must be bitwise
 //! equal. The grids come from the backend's own launch configuration.
 
-use shardplan_runtime::cuda::kernels::{SOURCE, per_element};
+use shardplan_runtime::cuda::module::per_element;
+use shardplan_runtime::mlp::cuda::SOURCE;
 use shardplan_runtime::mlp::{self, BETA1, BETA2, EPSILON};
 
 mod shim;

@@ -23,6 +23,21 @@ pub struct Interference {
 }
 
 impl Interference {
+    /// The profile's factors (κ_c,RS, κ_c,AG and κ_u default to κ_c where it leaves them out).
+    pub fn of(profile: &Profile) -> Interference {
+        Interference {
+            compute: profile.overlap_slowdown,
+            reduce_scatter: profile
+                .overlap_slowdown_reduce_scatter
+                .unwrap_or(profile.overlap_slowdown),
+            all_gather: profile
+                .overlap_slowdown_all_gather
+                .unwrap_or(profile.overlap_slowdown),
+            comm: profile.comm_slowdown,
+            update: profile.update_slowdown.unwrap_or(profile.overlap_slowdown),
+        }
+    }
+
     /// κ_c for every collective alike, κ_q and κ_u.
     pub fn uniform(compute: f64, comm: f64, update: f64) -> Interference {
         Interference {

@@ -1,8 +1,11 @@
 //! A collective's time-vs-bytes curve as a table of measured or modelled points, and the block
 //! size it implies.
 
-use crate::profile::MAX_TIME_US;
 use serde::{Deserialize, Serialize};
+
+/// Longest time of one field or curve point, µs (about 32 years): sums over every unit, slot and
+/// block stay finite.
+pub const MAX_TIME_US: f64 = 1e15;
 
 /// Largest message a curve may list (1 EiB).
 pub const MAX_MESSAGE_BYTES: u64 = 1 << 60;

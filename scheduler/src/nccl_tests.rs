@@ -26,31 +26,13 @@
 //! count (negative, fractional) is refused, not skipped.
 
 use crate::curve::CommCurve;
+use crate::timeline::Collective;
 use crate::{Error, Result};
 use serde_json::Value;
 
-/// The collective an nccl-tests output is imported as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Collective {
-    AllGather,
-    ReduceScatter,
-    AllReduce,
-}
-
-impl Collective {
-    /// The nccl-tests program's name without `_perf`.
-    pub fn test_name(self) -> &'static str {
-        match self {
-            Collective::AllGather => "all_gather",
-            Collective::ReduceScatter => "reduce_scatter",
-            Collective::AllReduce => "all_reduce",
-        }
-    }
-
-    /// Whether its `count` column is per rank (size = count · type size · ranks).
-    fn count_per_rank(self) -> bool {
-        self != Collective::AllReduce
-    }
+/// Whether `collective`'s `count` column is per rank (size = count · type size · ranks).
+fn count_per_rank(collective: Collective) -> bool {
+    collective != Collective::AllReduce
 }
 
 /// The tests nccl-tests builds, longest names first so a prefix match picks the right one.
@@ -201,7 +183,7 @@ fn ranks(rows: &[Row], collective: Collective) -> Result<Option<u64>> {
         }
         found = Some(ratio);
     }
-    match (found, collective.count_per_rank()) {
+    match (found, count_per_rank(collective)) {
         (Some(1), true) => Err(bad(
             rows.first().map_or("", |r| &r.at),
             "count",

@@ -55,6 +55,41 @@ pub enum Op {
     GatherBackward,
 }
 
+/// A collective of the communication stream, as NCCL, MPI and nccl-tests name them; each `Op`
+/// launches one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Collective {
+    AllGather,
+    ReduceScatter,
+    AllReduce,
+}
+
+impl Collective {
+    pub const ALL: [Collective; 3] = [
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::AllReduce,
+    ];
+
+    /// The name NCCL's API and messages use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::AllGather => "AllGather",
+            Collective::ReduceScatter => "ReduceScatter",
+            Collective::AllReduce => "AllReduce",
+        }
+    }
+
+    /// The nccl-tests program's name without `_perf`.
+    pub fn test_name(self) -> &'static str {
+        match self {
+            Collective::AllGather => "all_gather",
+            Collective::ReduceScatter => "reduce_scatter",
+            Collective::AllReduce => "all_reduce",
+        }
+    }
+}
+
 impl Op {
     pub const ALL: [Op; 5] = [
         Op::AllReduce,

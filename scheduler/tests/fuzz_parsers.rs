@@ -3,19 +3,14 @@
 //! panic — and garbage is never accepted.
 
 use proptest::prelude::*;
-use shardplan_scheduler::nccl_tests::{Collective, parse};
+use shardplan_scheduler::nccl_tests::parse;
 use shardplan_scheduler::profile::Profile;
+use shardplan_scheduler::timeline::Collective;
 
 const PROFILE: &str = include_str!("../../profiles/llama2-7b-h100-n64.toml");
 const NCCL_TEXT: &str =
     include_str!("../../tests/fixtures/nccl-tests/reduce-scatter-size0-8ranks.txt");
 const NCCL_JSON: &str = include_str!("../../tests/fixtures/nccl-tests/json-output.json");
-
-const COLLECTIVES: [Collective; 3] = [
-    Collective::AllGather,
-    Collective::ReduceScatter,
-    Collective::AllReduce,
-];
 
 /// Values a hand edit or a broken tool might leave where a number or word stood.
 fn replacement() -> impl Strategy<Value = String> {
@@ -94,7 +89,7 @@ proptest! {
         op in 0usize..3,
     ) {
         let edited = replace_token(if json { NCCL_JSON } else { NCCL_TEXT }, k, &with);
-        match parse(&edited, "fuzz.txt", COLLECTIVES[op]) {
+        match parse(&edited, "fuzz.txt", Collective::ALL[op]) {
             Ok(imported) => prop_assert!(imported.curve.check().is_ok()),
             Err(e) => prop_assert!(e.to_string().starts_with("fuzz.txt"), "{}", e),
         }
@@ -102,6 +97,6 @@ proptest! {
 
     #[test]
     fn garbage_is_never_an_nccl_tests_output(text in "[ -~\n]{0,400}", op in 0usize..3) {
-        prop_assert!(parse(&text, "garbage.txt", COLLECTIVES[op]).is_err());
+        prop_assert!(parse(&text, "garbage.txt", Collective::ALL[op]).is_err());
     }
 }

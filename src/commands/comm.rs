@@ -5,9 +5,10 @@ use crate::failure::flag_error;
 use crate::output::{outln, print_json};
 use serde_json::json;
 use shardplan_scheduler::io::{check_outputs_distinct, read_text};
-use shardplan_scheduler::nccl_tests::{Collective, Imported, parse};
+use shardplan_scheduler::nccl_tests::{Imported, parse};
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::size::format_bytes;
+use shardplan_scheduler::timeline::Collective;
 use std::path::Path;
 
 pub fn import(args: CommImportArgs) -> anyhow::Result<()> {

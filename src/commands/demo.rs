@@ -39,16 +39,6 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         }
         Ok(())
     };
-    let row = |name: &str, sim: &Simulation, note: String| {
-        json!({
-            "method": name,
-            "iteration_time_us": sim.iteration_time_us,
-            "exposed_comm_us": sim.exposed_comm_us,
-            "peak_memory_bytes": whole_bytes(sim.peak_memory_bytes),
-            "fits_cap": sim.peak_memory_bytes <= cap as f64,
-            "note": note,
-        })
-    };
     let mut rows = Vec::new();
     let mut baselines = Vec::new();
     for kind in BaselineKind::ALL {
@@ -60,7 +50,11 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             };
             let name = kind.label(checkpoint);
             save(&name, &result.plan, &result.simulation)?;
-            rows.push(row(&name, &result.simulation, String::new()));
+            rows.push(Row {
+                method: name.clone(),
+                simulation: result.simulation.clone(),
+                note: String::new(),
+            });
             baselines.push((name, result.simulation));
         }
     }
@@ -74,17 +68,18 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     save("ilp", &solved.plan(&profile, Some(cap)), &solved.simulation)?;
     let r = &solved.report;
     let window = r.window_depth;
-    rows.push(row(
-        "ilp",
-        &solved.simulation,
-        format!(
+    rows.push(Row {
+        method: "ilp".into(),
+        simulation: solved.simulation.clone(),
+        note: format!(
             "gap {:.3}% ({window}), {:.1} s",
             r.gap * 100.0,
             r.solve_seconds
         ),
-    ));
+    });
     if args.json {
-        print_json(&json!({"profile": profile.name, "memory_cap_bytes": cap, "methods": rows}));
+        let methods: Vec<_> = rows.iter().map(|row| row.json(cap)).collect();
+        print_json(&json!({"profile": profile.name, "memory_cap_bytes": cap, "methods": methods}));
         return Ok(());
     }
     outln!(
@@ -100,19 +95,15 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         "fits",
         "solver",
     ]);
-    for r in &rows {
+    for row in &rows {
+        let sim = &row.simulation;
         table.row(vec![
-            r["method"].as_str().unwrap_or_default().to_string(),
-            ms(r["iteration_time_us"].as_f64().unwrap_or_default()),
-            ms(r["exposed_comm_us"].as_f64().unwrap_or_default()),
-            format_bytes(r["peak_memory_bytes"].as_f64().unwrap_or_default()),
-            if r["fits_cap"].as_bool().unwrap_or(false) {
-                "yes"
-            } else {
-                "no"
-            }
-            .to_string(),
-            r["note"].as_str().unwrap_or_default().to_string(),
+            row.method.clone(),
+            ms(sim.iteration_time_us),
+            ms(sim.exposed_comm_us),
+            format_bytes(whole_bytes(sim.peak_memory_bytes) as f64),
+            if row.fits(cap) { "yes" } else { "no" }.to_string(),
+            row.note.clone(),
         ]);
     }
     outln!("{}", table.render());
@@ -126,4 +117,30 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// One method's line of the comparison.
+struct Row {
+    method: String,
+    simulation: Simulation,
+    /// The solver's account (the ILP), else empty.
+    note: String,
+}
+
+impl Row {
+    fn fits(&self, cap: u64) -> bool {
+        self.simulation.peak_memory_bytes <= cap as f64
+    }
+
+    fn json(&self, cap: u64) -> serde_json::Value {
+        let sim = &self.simulation;
+        json!({
+            "method": self.method,
+            "iteration_time_us": sim.iteration_time_us,
+            "exposed_comm_us": sim.exposed_comm_us,
+            "peak_memory_bytes": whole_bytes(sim.peak_memory_bytes),
+            "fits_cap": self.fits(cap),
+            "note": self.note,
+        })
+    }
 }

@@ -7,7 +7,8 @@
 use crate::cli::DoctorArgs;
 use crate::output::outln;
 use shardplan_runtime::cuda::libraries::{self, Needed, SearchPaths, find};
-use shardplan_runtime::cuda::{gpt2_kernels, inventory, kernels, nvrtc};
+use shardplan_runtime::cuda::{inventory, nvrtc};
+use shardplan_runtime::dispatch::KERNEL_SOURCES;
 
 /// The architecture the kernels are compiled for when neither `--arch` nor a GPU says: Hopper.
 const DEFAULT_ARCHITECTURE: &str = "sm_90";
@@ -78,22 +79,14 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
         let version = nvrtc::version()
             .map(|(major, minor)| format!("NVRTC {major}.{minor}"))
             .unwrap_or_else(|e| e.to_string());
-        let sources = [
-            (
-                "MLP",
-                kernels::ENTRY_POINTS.len(),
-                kernels::compile(&arch),
-                "",
-            ),
-            (
-                "GPT-2",
-                gpt2_kernels::signatures().len(),
-                gpt2_kernels::compile(&arch),
-                " outside calls of the math library",
-            ),
-        ];
-        for (model, count, compiled, except) in sources {
-            match compiled {
+        for source in KERNEL_SOURCES {
+            let (model, count) = (source.model, source.signatures().len());
+            let except = if source.library_math().is_empty() {
+                ""
+            } else {
+                " outside calls of the math library"
+            };
+            match source.compile(&arch) {
                 Ok(compiled) => report(
                     "kernels",
                     format!(
@@ -109,7 +102,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
             }
         }
         if let Some(gpu) = gpus.first() {
-            match inventory::load_kernels(gpu.ordinal) {
+            match inventory::load_kernels(gpu.ordinal, &KERNEL_SOURCES) {
                 Ok(()) => report("kernels", format!("loaded on GPU {}", gpu.ordinal)),
                 Err(e) => {
                     report("kernels", e);

@@ -2,13 +2,13 @@
 //! measured and saves the profile (rank 0).
 
 use super::end_job_on_failure;
-use crate::cli::{BackendArg, MeasureArgs};
+use crate::cli::MeasureArgs;
 use crate::output::{outln, print_json};
 use serde_json::json;
-use shardplan_runtime::backend::{CpuBackend, Loopback, Mpi};
-use shardplan_runtime::launch::{cuda_backend, under_mpi};
-use shardplan_runtime::measure::{MeasureOptions, Measured, measure_on_cpu, measure_on_cuda};
+use shardplan_runtime::dispatch::start;
+use shardplan_runtime::measure::{MeasureOptions, Measured, measure_model};
 use shardplan_runtime::model_file::ModelFile;
+use shardplan_scheduler::cost::Interference;
 use shardplan_scheduler::io::check_outputs_distinct;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::size::format_bytes;
@@ -26,19 +26,9 @@ pub fn measure(args: MeasureArgs) -> anyhow::Result<()> {
         repeats: args.repeats as usize,
         block_size: args.block_size,
     };
-    let measured = match args.backend {
-        BackendArg::Cpu if under_mpi() => {
-            let (universe, mpi) = Mpi::init()?;
-            let result = measure_on_cpu(CpuBackend::new(mpi), model, &origin, &options);
-            end_job_on_failure(Some(&universe), result.map_err(Into::into), args.json)?
-        }
-        BackendArg::Cpu => measure_on_cpu(CpuBackend::new(Loopback), model, &origin, &options)?,
-        BackendArg::Cuda => {
-            let (universe, backend) = cuda_backend()?;
-            let result = measure_on_cuda(backend, model, &origin, &options);
-            end_job_on_failure(universe.as_ref(), result.map_err(Into::into), args.json)?
-        }
-    };
+    let (universe, backend) = start(args.backend.into())?;
+    let result = measure_model(backend, model, &origin, &options);
+    let measured = end_job_on_failure(universe.as_ref(), result.map_err(Into::into), args.json)?;
     let Measured {
         profile,
         rank,
@@ -56,7 +46,7 @@ fn save(profile: &Profile, args: &MeasureArgs, details: serde_json::Value) -> an
         print_json(&json!({"out": args.out, "units": profile.unit_count(),
                            "block_size_bytes": profile.block_size_bytes, "details": details}));
     } else {
-        let interference = profile.interference();
+        let interference = Interference::of(profile);
         outln!(
             "wrote {}: {} units, block size {}, compute slowed {:.3} / {:.3} / {:.3} µs per µs of AllReduce / ReduceScatter / AllGather and {:.3} per µs of optimizer steps beside it, communication {:.3} µs per µs of compute",
             args.out.display(),

@@ -16,7 +16,7 @@ mod sweep;
 use crate::cli::{Cli, CommCommand, Command, ExportCommand, ProfileCommand};
 use crate::failure::Failure;
 use shardplan_runtime::backend::MpiUniverse;
-use shardplan_runtime::launch::abort_peers;
+use shardplan_runtime::launch::{abort_peers, job_rank};
 use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::Schedule;
@@ -50,18 +50,36 @@ pub fn load_plan(
     Ok((profile, plan, schedule))
 }
 
-/// A failed rank of a job reports its failure and ends the job: its peers may be waiting in a
-/// collective it will never join (returning would leave them, and this rank's MPI_Finalize,
-/// waiting for ever).
+/// A failed rank of a job of several ranks reports its failure and ends the job: its peers may be
+/// waiting in a collective it will never join (returning would leave them, and this rank's
+/// MPI_Finalize, waiting for ever). Under `--json` rank 0 alone prints the JSON object, so that
+/// stdout holds one document; the other ranks print their line on stderr and give rank 0
+/// [`REPORT_GRACE`] to print before they end the job. A rank alone returns the failure for `main`
+/// to report.
 pub(crate) fn end_job_on_failure<T>(
     universe: Option<&MpiUniverse>,
     result: anyhow::Result<T>,
     json: bool,
 ) -> anyhow::Result<T> {
     if let (Err(error), Some(universe)) = (&result, universe) {
-        let failure = Failure::of(error);
-        failure.report(json);
-        abort_peers(universe, failure.code.into());
+        let (rank, ranks) = job_rank(universe);
+        if ranks > 1 {
+            let failure = Failure::of(error);
+            if rank == 0 {
+                failure.report(json);
+            } else {
+                failure.report_from_rank(rank);
+                if json {
+                    std::thread::sleep(REPORT_GRACE);
+                }
+            }
+            abort_peers(universe, failure.code.into());
+        }
     }
     result
 }
+
+/// How long a failed rank other than 0 waits before it ends the job under `--json`: rank 0, when
+/// it fails too (a plan for another world size fails on every rank at once), prints the one
+/// JSON document meanwhile.
+const REPORT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);

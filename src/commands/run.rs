@@ -1,24 +1,18 @@
-//! `shardplan run` and `shardplan profile measure`: the CPU backend (MPI ranks, or one rank
-//! without mpirun) and the CUDA backend (one GPU per process; under mpirun the ranks share an NCCL
-//! id over MPI, without it one GPU alone).
+//! `shardplan run`: starts this rank's backend (the runtime's dispatch: MPI or NCCL ranks under
+//! mpirun, else one rank), builds the model, runs the plan and prints rank 0's report.
 
 use super::end_job_on_failure;
-use crate::cli::{BackendArg, RunArgs, SemanticsArg};
-use crate::failure::flag_error;
+use crate::cli::{RunArgs, SemanticsArg};
 use crate::output::{ms, outln, print_json};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
-use shardplan_runtime::backend::{Backend, CpuBackend, Loopback, Mpi};
+use shardplan_runtime::backend::Backend;
+use shardplan_runtime::dispatch::{AfterRun, Data, Job, Model, start};
 use shardplan_runtime::executor::{OnStep, RunOptions};
-use shardplan_runtime::gpt2::data::Tokens;
-use shardplan_runtime::gpt2::{Gpt2, Gpt2Kernels, weights};
-use shardplan_runtime::launch::{cuda_backend, under_mpi};
-use shardplan_runtime::mlp::{
-    Mlp, MlpKernels, MlpSpec, max_relative_error, reference_training, update_relative_error,
-};
+use shardplan_runtime::mlp::ReferenceCheck;
 use shardplan_runtime::model_file::ModelFile;
 use shardplan_runtime::session::{PlanRun, chrome_trace, run_plan};
-use shardplan_runtime::workload::Train;
+use shardplan_runtime::train::Train;
 use shardplan_scheduler::io::{check_outputs_distinct, write_atomic};
 use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::Profile;
@@ -45,88 +39,25 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     inputs.extend(args.data.as_deref().map(|p| ("--data", p)));
     inputs.extend(args.init_weights.as_deref().map(|p| ("--init-weights", p)));
     check_outputs_distinct(&outputs, &inputs)?;
-    let model = ModelFile::load(&args.model)?;
-    match args.backend {
-        BackendArg::Cpu if under_mpi() => {
-            let (universe, mpi) = Mpi::init()?;
-            let result = run_model(CpuBackend::new(mpi), model, &args);
-            end_job_on_failure(Some(&universe), result, args.json)
-        }
-        BackendArg::Cpu => run_model(CpuBackend::new(Loopback), model, &args),
-        BackendArg::Cuda => {
-            let (universe, backend) = cuda_backend()?;
-            let result = run_model(backend, model, &args);
-            end_job_on_failure(universe.as_ref(), result, args.json)
-        }
-    }
-}
-
-/// Either workload on a backend that has both's kernels.
-fn run_model<B: MlpKernels + Gpt2Kernels>(
-    backend: B,
-    model: ModelFile,
-    args: &RunArgs,
-) -> anyhow::Result<()> {
-    let (rank, world) = (backend.rank(), backend.world_size());
-    match model {
-        ModelFile::Mlp(spec) => {
-            let throughput = Throughput::samples(&spec, world);
-            let mlp = Mlp::new(spec, rank, world);
-            run_with(backend, &mlp, args, throughput, |params| {
-                mlp_check(&mlp, params, args)
-            })
-        }
-        ModelFile::Transformer(model) => {
-            let origin = args.model.display().to_string();
-            let data = args.data.as_deref().ok_or_else(|| {
-                flag_error(
-                    "--data",
-                    format!("a text file: {origin} is a GPT-2, which trains on text"),
-                )
-            })?;
-            let tokens = Tokens::load(data, model.seq_len as usize, model.vocab as usize)?;
-            let init = args.init_weights.as_deref();
-            let gpt2 = Gpt2::new(&model, &origin, rank, world, tokens, init)?;
-            let throughput = Throughput {
-                per_step: (gpt2.shape().rows() * world) as u64,
-                unit: "tokens",
-            };
-            run_with(backend, &gpt2, args, throughput, |params| {
-                if let Some(path) = &args.save_weights {
-                    write_atomic(path, &weights::serialize(gpt2.tensors(), params)?)?;
-                }
-                Ok(None)
-            })
-        }
-    }
-}
-
-/// How the trained weights compare with the single-process CPU reference.
-struct ReferenceCheck {
-    weights_max_relative_error: f64,
-    update_relative_error: f64,
-    losses: Vec<f32>,
-}
-
-/// The MLP's check against its single-process reference, when asked for.
-fn mlp_check(
-    mlp: &Mlp,
-    params: &[Vec<f32>],
-    args: &RunArgs,
-) -> anyhow::Result<Option<ReferenceCheck>> {
-    if !args.compare_reference {
-        return Ok(None);
-    }
-    let spec = mlp.spec();
-    let (reference, losses) = reference_training(spec, mlp.world(), args.steps as usize);
-    let initial: Vec<Vec<f32>> = (0..spec.units())
-        .map(|u| spec.initial_params(u, spec.params(u)))
-        .collect();
-    Ok(Some(ReferenceCheck {
-        weights_max_relative_error: max_relative_error(params, &reference)?,
-        update_relative_error: update_relative_error(params, &reference, &initial)?,
-        losses,
-    }))
+    let file = ModelFile::load(&args.model)?;
+    let (universe, backend) = start(args.backend.into())?;
+    let origin = args.model.display().to_string();
+    let data = Data::Text {
+        text: args.data.as_deref(),
+        init_weights: args.init_weights.as_deref(),
+    };
+    let result = Model::build(file, &origin, (backend.rank(), backend.world_size()), data)
+        .map_err(anyhow::Error::from)
+        .and_then(|model| {
+            backend.run(
+                &model,
+                PlanJob {
+                    args: &args,
+                    model: &model,
+                },
+            )
+        });
+    end_job_on_failure(universe.as_ref(), result, args.json)
 }
 
 /// What a step trains on, for the progress bar: `per_step` tokens or samples over all ranks.
@@ -136,13 +67,6 @@ struct Throughput {
 }
 
 impl Throughput {
-    fn samples(spec: &MlpSpec, world: usize) -> Self {
-        Throughput {
-            per_step: (spec.batch_per_rank * world) as u64,
-            unit: "samples",
-        }
-    }
-
     /// A bar on stderr (hidden when stderr is not a terminal) that shows the steps done and the
     /// rate; the losses are printed per step at the end (they are summed over the ranks then).
     fn bar(self, steps: u64) -> (ProgressBar, OnStep) {
@@ -161,14 +85,26 @@ impl Throughput {
     }
 }
 
-/// Runs `workload`; rank 0 then hands the trained weights to `finish` (which may report the
-/// largest relative difference from a reference) and prints the report.
+/// The plan run on the rank's backend and model, and rank 0's report.
+struct PlanJob<'a> {
+    args: &'a RunArgs,
+    model: &'a Model,
+}
+
+impl Job for PlanJob<'_> {
+    type Output = anyhow::Result<()>;
+    fn run<B: Backend, W: Train<B>>(self, backend: B, workload: &W) -> anyhow::Result<()> {
+        run_with(backend, workload, self.args, self.model)
+    }
+}
+
+/// Runs `workload`; rank 0 then finishes with the trained weights (the MLP's reference check, GPT-2's
+/// weights saved, as asked) and prints the report.
 fn run_with<B: Backend, W: Train<B>>(
     backend: B,
     workload: &W,
     args: &RunArgs,
-    throughput: Throughput,
-    finish: impl FnOnce(&[Vec<f32>]) -> anyhow::Result<Option<ReferenceCheck>>,
+    model: &Model,
 ) -> anyhow::Result<()> {
     let profile = Profile::load(&args.profile)?;
     let plan = Plan::load(&args.plan)?;
@@ -176,7 +112,9 @@ fn run_with<B: Backend, W: Train<B>>(
         SemanticsArg::Strict => Semantics::Strict,
         SemanticsArg::Relaxed => Semantics::Relaxed,
     };
-    let bar = (backend.rank() == 0 && !args.json).then(|| throughput.bar(args.steps));
+    let (per_step, unit) = model.per_step();
+    let bar =
+        (backend.rank() == 0 && !args.json).then(|| Throughput { per_step, unit }.bar(args.steps));
     let options = RunOptions {
         steps: args.steps as usize,
         semantics,
@@ -200,7 +138,12 @@ fn run_with<B: Backend, W: Train<B>>(
         let trace = chrome_trace(workload, &done.report.spans);
         write_atomic(path, &serde_json::to_vec(&trace)?)?;
     }
-    let reference = finish(&done.params)?;
+    let after = AfterRun {
+        compare_reference: args.compare_reference,
+        steps: args.steps as usize,
+        save_weights: args.save_weights.as_deref(),
+    };
+    let reference = model.finish(&done.params, &after)?;
     report(args, &plan, &done, reference.as_ref());
     Ok(())
 }

@@ -4,7 +4,8 @@ use crate::cli::{MemoryCap, ObjectiveArg, SolveArgs};
 use crate::failure::flag_error;
 use crate::output::{ms, outln, print_json};
 use serde_json::json;
-use shardplan_runtime::fit::{Packing, layout_workload, solve_to_fit};
+use shardplan_runtime::dispatch::{Data, Model};
+use shardplan_runtime::fit::{Packing, solve_to_fit};
 use shardplan_runtime::model_file::ModelFile;
 use shardplan_scheduler::ilp::{Objective, SolveOptions, Solved, WindowLimits, solve};
 use shardplan_scheduler::io::check_outputs_distinct;
@@ -52,9 +53,10 @@ pub fn run(args: SolveArgs) -> anyhow::Result<()> {
         None => (solve(&profile, &options)?, None),
         Some(path) => {
             let origin = path.display().to_string();
-            let model = ModelFile::load(path)?;
-            let workload = layout_workload(model, &origin, profile.world_size as usize)?;
-            let fitted = solve_to_fit(workload.as_ref(), &profile, &options)?;
+            let file = ModelFile::load(path)?;
+            let ranks = (0, profile.world_size as usize);
+            let model = Model::build(file, &origin, ranks, Data::Synthetic)?;
+            let fitted = solve_to_fit(model.workload(), &profile, &options)?;
             (fitted.solved, Some(fitted.packing))
         }
     };

@@ -1,10 +1,10 @@
-//! The CPU backend: the arena in host memory, the kernels of [`crate::mlp`], collectives from MPI
-//! (one process per rank) or, for one rank, a loopback. Every operation completes before it
-//! returns, so a stream's mark is the instant it was taken and waiting on one is a no-op.
+//! The CPU backend: the arena in host memory lent by region to the workloads' host kernels
+//! (`mlp::cpu`, `gpt2::cpu`), collectives from MPI (one process per rank) or, for one rank, a
+//! loopback. Every operation completes before it returns, so a stream's mark is the instant it was
+//! taken and waiting on one is a no-op.
 
 use super::host_arena::{HostArena, Read, Write};
 use super::{Allocation, Backend, DeviceMemory, Region, Stream};
-use crate::mlp;
 use crate::{Error, Result};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -295,82 +295,6 @@ fn poisoned(what: &str) -> Error {
     Error::Backend(format!(
         "the {what} lock was poisoned by a panicking thread"
     ))
-}
-
-impl<C: Collectives> crate::mlp::MlpKernels for CpuBackend<C> {
-    fn linear_forward(
-        &self,
-        x: Region,
-        params: Region,
-        out: Region,
-        rows: usize,
-        dims: (usize, usize),
-        relu: bool,
-    ) -> Result<()> {
-        mlp::linear_forward(
-            &self.read(x)?,
-            &self.read(params)?,
-            &mut self.write(out)?,
-            rows,
-            dims,
-            relu,
-        );
-        Ok(())
-    }
-    fn linear_backward(
-        &self,
-        x: Region,
-        params: Region,
-        output: Region,
-        grad_out: Region,
-        grads: Region,
-        grad_in: Option<Region>,
-        rows: usize,
-        dims: (usize, usize),
-        relu: bool,
-    ) -> Result<()> {
-        let mut grad_in = grad_in.map(|r| self.write(r)).transpose()?;
-        mlp::linear_backward(
-            &self.read(x)?,
-            &self.read(params)?,
-            &self.read(output)?,
-            &mut self.write(grad_out)?,
-            &mut self.write(grads)?,
-            grad_in.as_deref_mut(),
-            rows,
-            dims,
-            relu,
-        );
-        Ok(())
-    }
-    fn mse_grad(&self, z: Region, y: Region, grad: Region, scale: f32, step: usize) -> Result<()> {
-        let loss = mlp::mse_grad(
-            &self.read(z)?,
-            &self.read(y)?,
-            &mut self.write(grad)?,
-            scale,
-        );
-        self.record_loss(step, loss)
-    }
-    fn adam(
-        &self,
-        params: Region,
-        grads: Region,
-        m: Region,
-        v: Region,
-        step: u32,
-        lr: f32,
-    ) -> Result<()> {
-        mlp::adam(
-            &mut self.write(params)?,
-            &self.read(grads)?,
-            &mut self.write(m)?,
-            &mut self.write(v)?,
-            step,
-            lr,
-        );
-        Ok(())
-    }
 }
 
 #[cfg(test)]

@@ -1,25 +1,22 @@
 //! The CUDA backend: one GPU per process, a compute stream and a communication stream, the arena
-//! as one device allocation, layers on cuBLAS, element-wise kernels from NVRTC, collectives on
-//! NCCL, CUDA events as marks.
+//! as one device allocation, cuBLAS on the compute stream, collectives on NCCL, CUDA events as
+//! marks. The workloads' kernels are theirs (`mlp::cuda`, `gpt2::cuda`): they launch them through
+//! [`super::work`]'s checked API.
 //!
 //! Operations only enqueue work; the executor orders the two streams with marks. Buffers are
 //! addressed as `arena base + offset` (cudarc's per-buffer tracking is turned off: the plan's
 //! lifetimes and the executor's marks already order every access).
 
 use super::driver_error;
-use super::gpt2::Gpt2Device;
-use super::kernels::{Kernels, per_element};
 use super::memory;
 use super::nccl::{DeviceFloats, Nccl, NcclSetup};
+use super::work::WorkloadDevices;
 use crate::backend::{Allocation, Backend, DeviceMemory, Region, Stream};
-use crate::gemm::{Gemm, Strided};
-use crate::mlp::{self, BETA1, BETA2, EPSILON};
 use crate::{Error, Result};
 use cudarc::cublas::{result as cublas, sys as cublas_sys};
 use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchArgs,
-    LaunchConfig, PinnedHostSlice, PushKernelArg, result as driver,
+    CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice, result as driver,
 };
 use std::sync::{Arc, Mutex};
 
@@ -38,16 +35,14 @@ pub struct CudaBackend {
     pub(super) compute: Arc<CudaStream>,
     communication: Arc<CudaStream>,
     pub(super) blas: cublas_sys::cublasHandle_t,
-    kernels: Kernels,
-    pub(super) gpt2: Gpt2Device,
     nccl: Nccl,
     arena: Option<CudaSlice<f32>>,
     base: CUdeviceptr,
     elements: usize,
     losses: Option<CudaSlice<f32>>,
-    /// The loss's partial sums ([`mlp::LOSS_PARTIALS`] of them).
-    loss_partials: Option<CudaSlice<f32>>,
     loss_slots: usize,
+    /// Each workload's kernels and buffers, loaded at its first use.
+    pub(super) workloads: WorkloadDevices,
     staging: Mutex<(usize, Vec<StagingSlot>)>,
     memory: DeviceMemory,
 }
@@ -59,8 +54,8 @@ unsafe impl Sync for CudaBackend {}
 unsafe impl Send for CudaBackend {}
 
 impl CudaBackend {
-    /// Opens GPU `ordinal`, creates both streams, cuBLAS on the compute stream, the kernels, and
-    /// NCCL on the communication stream. Call [`super::libraries::prepare`] first.
+    /// Opens GPU `ordinal`, creates both streams, cuBLAS on the compute stream, and NCCL on the
+    /// communication stream. Call [`super::libraries::prepare`] first.
     pub fn new(ordinal: usize, setup: NcclSetup) -> Result<Self> {
         let count = CudaContext::device_count().map_err(driver_error("counting GPUs"))?;
         if ordinal >= count.max(0) as usize {
@@ -84,36 +79,28 @@ impl CudaBackend {
             cublas::set_stream(blas, compute.cu_stream() as _)
                 .map_err(|e| Error::Backend(format!("cuBLAS: setting its stream: {e:?}")))?;
         }
-        let kernels = Kernels::load(&ctx)?;
-        let gpt2 = Gpt2Device::new(&ctx, &compute)?;
         ctx.bind_to_thread()
             .map_err(driver_error("binding the context"))?;
         let nccl = Nccl::new(setup)?;
         ctx.synchronize()
             .map_err(driver_error("finishing the set-up"))?;
-        let (before_arena, total) = memory::used_and_total_bytes(&ctx)?;
+        let (_, total) = memory::used_and_total_bytes(&ctx)?;
         let memory = DeviceMemory {
             total,
-            before_arena,
-            pool_before_arena: memory::pool(&ctx)?,
-            after_arena: 0,
-            now: 0,
-            pool_now: Default::default(),
+            ..Default::default()
         };
         Ok(CudaBackend {
             ctx,
             compute,
             communication,
             blas,
-            kernels,
-            gpt2,
             nccl,
             arena: None,
             base: 0,
             elements: 0,
             losses: None,
-            loss_partials: None,
             loss_slots: 0,
+            workloads: WorkloadDevices::default(),
             staging: Mutex::new((0, Vec::new())),
             memory,
         })
@@ -127,7 +114,7 @@ impl CudaBackend {
         self.ctx.name().unwrap_or_else(|_| "unknown GPU".into())
     }
 
-    fn stream(&self, stream: Stream) -> &Arc<CudaStream> {
+    pub(super) fn stream(&self, stream: Stream) -> &Arc<CudaStream> {
         match stream {
             Stream::Compute => &self.compute,
             Stream::Communication => &self.communication,
@@ -166,120 +153,6 @@ impl CudaBackend {
         // and is freed only after its streams are synchronised; the executor orders every access.
         Ok(unsafe { DeviceFloats::new(ptr, r.len) })
     }
-
-    pub(super) fn kernel<'a>(
-        &'a self,
-        function: &'a CudaFunction,
-        stream: Stream,
-    ) -> LaunchArgs<'a> {
-        self.stream(stream).launch_builder(function)
-    }
-
-    pub(super) fn launch(&self, mut builder: LaunchArgs<'_>, config: LaunchConfig) -> Result<()> {
-        // SAFETY: the arguments match the kernel's signature (in `kernels::SOURCE`, or checked
-        // against `gpt2_kernels::SOURCE`'s by `Gpt2Functions::checked`) and every pointer lies
-        // inside the arena (checked by `ptr`) or in a buffer the backend allocated.
-        unsafe { builder.launch(config) }
-            .map(drop)
-            .map_err(driver_error("launching a kernel"))
-    }
-
-    /// Row-major C = op(A)·op(B) + beta·C on dense operands on the compute stream.
-    fn gemm(
-        &self,
-        product: &Gemm,
-        (a, b, c): (CUdeviceptr, CUdeviceptr, CUdeviceptr),
-        beta: f32,
-    ) -> Result<()> {
-        self.strided_gemm(&product.dense(), (a, b, c), beta)
-    }
-
-    /// Row-major C = op(A)·op(B) + beta·C for every product of the batch on the compute stream,
-    /// through cuBLAS's column-major call ([`Strided::cublas`]).
-    pub(super) fn strided_gemm(
-        &self,
-        product: &Strided,
-        (a, b, c): (CUdeviceptr, CUdeviceptr, CUdeviceptr),
-        beta: f32,
-    ) -> Result<()> {
-        let call = BlasCall::of(product)?;
-        let alpha = 1.0f32;
-        self.ctx
-            .bind_to_thread()
-            .map_err(driver_error("binding the context"))?;
-        // SAFETY: the pointers lie in the arena with the extents the product names (the layout
-        // sized every region from the same dimensions, and callers check the extents); alpha
-        // and beta live across the call.
-        unsafe {
-            cublas::sgemm_strided_batched(
-                self.blas,
-                call.transa,
-                call.transb,
-                call.m,
-                call.n,
-                call.k,
-                &alpha,
-                b as *const f32,
-                call.lda,
-                call.stride_a,
-                a as *const f32,
-                call.ldb,
-                call.stride_b,
-                &beta,
-                c as *mut f32,
-                call.ldc,
-                call.stride_c,
-                call.batch,
-            )
-        }
-        .map_err(|e| Error::Backend(format!("cuBLAS sgemm {product:?}: {e:?}")))
-    }
-}
-
-/// A matrix dimension as cuBLAS's 32-bit integer.
-fn blas_int(v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| Error::Backend(format!("GEMM dimension {v} exceeds i32")))
-}
-
-/// [`Strided::cublas`]'s arguments in cuBLAS's own types (its "A" is the product's B).
-pub(super) struct BlasCall {
-    pub transa: cublas_sys::cublasOperation_t,
-    pub transb: cublas_sys::cublasOperation_t,
-    pub m: i32,
-    pub n: i32,
-    pub k: i32,
-    pub lda: i32,
-    pub ldb: i32,
-    pub ldc: i32,
-    pub stride_a: i64,
-    pub stride_b: i64,
-    pub stride_c: i64,
-    pub batch: i32,
-}
-
-impl BlasCall {
-    pub(super) fn of(product: &Strided) -> Result<Self> {
-        use cublas_sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
-        let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
-        let call = product.cublas();
-        let stride = |s: usize| {
-            i64::try_from(s).map_err(|_| Error::Backend(format!("GEMM stride {s} exceeds i64")))
-        };
-        Ok(BlasCall {
-            transa: op(call.transa),
-            transb: op(call.transb),
-            m: blas_int(call.m)?,
-            n: blas_int(call.n)?,
-            k: blas_int(call.k)?,
-            lda: blas_int(call.lda)?,
-            ldb: blas_int(call.ldb)?,
-            ldc: blas_int(call.ldc)?,
-            stride_a: stride(call.stride_a)?,
-            stride_b: stride(call.stride_b)?,
-            stride_c: stride(call.stride_c)?,
-            batch: blas_int(call.batch)?,
-        })
-    }
 }
 
 impl Drop for CudaBackend {
@@ -304,6 +177,10 @@ impl Backend for CudaBackend {
     }
     fn allocate(&mut self, sizes: Allocation) -> Result<()> {
         let (elements, loss_slots) = (sizes.arena_elements, sizes.loss_slots);
+        // The set-up ends here: context, libraries, communicator and the workload's kernels.
+        self.synchronize()?;
+        self.memory.before_arena = memory::used_bytes(&self.ctx)?;
+        self.memory.pool_before_arena = memory::pool(&self.ctx)?;
         let mb = (elements * 4) >> 20;
         let arena = self
             .compute
@@ -313,16 +190,11 @@ impl Backend for CudaBackend {
             .compute
             .alloc_zeros::<f32>(loss_slots.max(1))
             .map_err(driver_error("allocating the loss slots"))?;
-        let loss_partials = self
-            .compute
-            .alloc_zeros::<f32>(mlp::LOSS_PARTIALS)
-            .map_err(driver_error("allocating the loss's partial sums"))?;
         let (base, _) = arena.device_ptr(&self.compute);
         self.base = base;
         self.elements = elements;
         self.arena = Some(arena);
         self.losses = Some(losses);
-        self.loss_partials = Some(loss_partials);
         self.loss_slots = loss_slots;
         self.compute
             .synchronize()
@@ -470,131 +342,5 @@ impl Backend for CudaBackend {
     }
     fn host_computes(&self) -> bool {
         false
-    }
-}
-
-impl crate::mlp::MlpKernels for CudaBackend {
-    fn linear_forward(
-        &self,
-        x: Region,
-        params: Region,
-        out: Region,
-        rows: usize,
-        (din, dout): (usize, usize),
-        relu: bool,
-    ) -> Result<()> {
-        let (x, w, o) = (self.ptr(x)?, self.ptr(params)?, self.ptr(out)?);
-        let bias = w + 4 * (dout * din) as u64;
-        let (r, c) = (rows as i32, dout as i32);
-        let mut k = self.kernel(&self.kernels.fill_rows, Stream::Compute);
-        k.arg(&o).arg(&bias).arg(&r).arg(&c);
-        self.launch(k, per_element(rows * dout))?;
-        self.gemm(&Gemm::linear(rows, din, dout), (x, w, o), 1.0)?;
-        if relu {
-            let n = (rows * dout) as i64;
-            let mut k = self.kernel(&self.kernels.relu, Stream::Compute);
-            k.arg(&o).arg(&n);
-            self.launch(k, per_element(rows * dout))?;
-        }
-        Ok(())
-    }
-    fn linear_backward(
-        &self,
-        x: Region,
-        params: Region,
-        output: Region,
-        grad_out: Region,
-        grads: Region,
-        grad_in: Option<Region>,
-        rows: usize,
-        (din, dout): (usize, usize),
-        relu: bool,
-    ) -> Result<()> {
-        let (x, w, a, dz, g) = (
-            self.ptr(x)?,
-            self.ptr(params)?,
-            self.ptr(output)?,
-            self.ptr(grad_out)?,
-            self.ptr(grads)?,
-        );
-        let n = (rows * dout) as i64;
-        if relu {
-            let mut k = self.kernel(&self.kernels.relu_mask, Stream::Compute);
-            k.arg(&dz).arg(&a).arg(&n);
-            self.launch(k, per_element(rows * dout))?;
-        }
-        // dX = dZ · W and dW = dZᵀ · x: the products `Gemm::backward` names.
-        let [input_grad, weight_grad] = Gemm::linear(rows, din, dout).backward();
-        self.gemm(&weight_grad, (dz, x, g), 0.0)?;
-        let gb = g + 4 * (dout * din) as u64;
-        let (r, c) = (rows as i32, dout as i32);
-        let mut k = self.kernel(&self.kernels.column_sums, Stream::Compute);
-        k.arg(&gb).arg(&dz).arg(&r).arg(&c);
-        self.launch(k, per_element(dout))?;
-        if let Some(grad_in) = grad_in {
-            self.gemm(&input_grad, (dz, w, self.ptr(grad_in)?), 0.0)?;
-        }
-        Ok(())
-    }
-    fn mse_grad(&self, z: Region, y: Region, grad: Region, scale: f32, step: usize) -> Result<()> {
-        let (zp, yp, gp) = (self.ptr(z)?, self.ptr(y)?, self.ptr(grad)?);
-        let loss = self.loss_slot(step)?;
-        let n = z.len as i64;
-        let mut k = self.kernel(&self.kernels.mse_grad, Stream::Compute);
-        k.arg(&zp).arg(&yp).arg(&gp).arg(&scale).arg(&n);
-        self.launch(k, per_element(z.len))?;
-        let partials = self
-            .loss_partials
-            .as_ref()
-            .expect("allocated with the slots");
-        let (partials, _) = partials.device_ptr(&self.compute);
-        let parts = mlp::LOSS_PARTIALS.min(z.len);
-        let parts_arg = parts as i64;
-        let mut k = self.kernel(&self.kernels.mse_loss_partials, Stream::Compute);
-        k.arg(&zp)
-            .arg(&yp)
-            .arg(&scale)
-            .arg(&n)
-            .arg(&parts_arg)
-            .arg(&partials);
-        self.launch(k, per_element(parts))?;
-        let one = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (1, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut k = self.kernel(&self.kernels.sum_in_order, Stream::Compute);
-        k.arg(&partials).arg(&parts_arg).arg(&loss);
-        self.launch(k, one)
-    }
-    fn adam(
-        &self,
-        params: Region,
-        grads: Region,
-        m: Region,
-        v: Region,
-        step: u32,
-        lr: f32,
-    ) -> Result<()> {
-        let (p, g, mp, vp) = (
-            self.ptr(params)?,
-            self.ptr(grads)?,
-            self.ptr(m)?,
-            self.ptr(v)?,
-        );
-        let n = params.len as i64;
-        let (c1, c2) = (1.0 - BETA1.powi(step as i32), 1.0 - BETA2.powi(step as i32));
-        let config = per_element(params.len);
-        let mut k = self.kernel(&self.kernels.adam, Stream::Communication);
-        k.arg(&p)
-            .arg(&g)
-            .arg(&mp)
-            .arg(&vp)
-            .arg(&n)
-            .arg(&lr)
-            .arg(&c1)
-            .arg(&c2);
-        k.arg(&BETA1).arg(&BETA2).arg(&EPSILON);
-        self.launch(k, config)
     }
 }

@@ -1,10 +1,9 @@
 //! What a machine offers the CUDA backend: the driver's and NCCL's versions, each GPU's name,
-//! architecture and memory, and whether the MLP and GPT-2 kernels load on a GPU. Every call needs its
+//! architecture and memory, and whether the workloads' kernels load on a GPU. Every call needs its
 //! library loadable ([`super::libraries::prepare_for`]).
 
 use super::driver_error;
-use super::gpt2_kernels::Gpt2Functions;
-use super::kernels::{self, Kernels};
+use super::module::{KernelModule, KernelSource, architecture};
 use crate::{Error, Result};
 use cudarc::driver::CudaContext;
 
@@ -50,7 +49,7 @@ pub fn gpus() -> Result<Vec<Gpu>> {
             Ok(Gpu {
                 ordinal,
                 name: ctx.name().map_err(driver_error("reading a GPU's name"))?,
-                architecture: kernels::architecture(&ctx)?,
+                architecture: architecture(&ctx)?,
                 total_bytes: ctx
                     .total_mem()
                     .map_err(driver_error("reading a GPU's memory"))?
@@ -60,10 +59,11 @@ pub fn gpus() -> Result<Vec<Gpu>> {
         .collect()
 }
 
-/// Compiles the MLP and GPT-2 kernels for GPU `ordinal` and loads their machine code there, as
-/// the backend does when it starts.
-pub fn load_kernels(ordinal: usize) -> Result<()> {
+/// Compiles each of `sources` for GPU `ordinal` and loads its machine code there, as the backend
+/// does when it first runs the source's workload.
+pub fn load_kernels(ordinal: usize, sources: &[KernelSource]) -> Result<()> {
     let ctx = CudaContext::new(ordinal).map_err(driver_error("opening a GPU"))?;
-    Kernels::load(&ctx)?;
-    Gpt2Functions::load(&ctx).map(drop)
+    sources
+        .iter()
+        .try_for_each(|source| KernelModule::load(&ctx, source).map(drop))
 }

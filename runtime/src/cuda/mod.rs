@@ -1,20 +1,22 @@
 //! The CUDA backend (cudarc with dynamic loading: it builds without CUDA and loads the driver,
-//! cuBLAS, NVRTC and NCCL at run time). `libraries` finds them before any CUDA call, `kernels`
-//! holds the MLP's NVRTC source and `gpt2_kernels` GPT-2's, `gpt2` runs GPT-2's launches, `nccl` the communicator, `backend` the [`crate::backend::Backend`],
-//! `replay` a transformer unit's products, `inventory` the versions and GPUs `doctor` reports,
-//! `nvrtc` run-time compilation to PTX and machine code, `memory` the device memory the driver and
-//! the pool report.
+//! cuBLAS, NVRTC and NCCL at run time): plumbing that knows no model. `libraries` finds the
+//! libraries before any CUDA call, `backend` is the [`crate::backend::Backend`], `work` what a
+//! workload's CUDA side calls (checked launches and products, its own buffers and state),
+//! `module` a workload's kernel source compiled, loaded and its launches checked, `nccl` the
+//! communicator, `replay` a transformer unit's products, `inventory` the versions and GPUs
+//! `doctor` reports, `nvrtc` run-time compilation to PTX and machine code, `memory` the device
+//! memory the driver and the pool report. The models' kernels live with the models (`mlp::cuda`,
+//! `gpt2::cuda`).
 
 pub mod backend;
-mod gpt2;
-pub mod gpt2_kernels;
 pub mod inventory;
-pub mod kernels;
 pub mod libraries;
 mod memory;
+pub mod module;
 pub mod nccl;
 pub mod nvrtc;
 pub mod replay;
+pub mod work;
 
 pub use backend::CudaBackend;
 pub use nccl::{NcclSetup, unique_id};

@@ -5,6 +5,7 @@
 use crate::{Error, Result};
 use cudarc::driver::CudaStream;
 use cudarc::nccl::{result, sys};
+use shardplan_scheduler::timeline::Collective;
 use std::ffi::c_void;
 
 /// The bytes of an NCCL unique id.
@@ -142,24 +143,6 @@ impl Nccl {
         }
         .map(drop)
         .map_err(nccl_error(op.name()))
-    }
-}
-
-/// The three collectives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Collective {
-    AllGather,
-    ReduceScatter,
-    AllReduce,
-}
-
-impl Collective {
-    fn name(self) -> &'static str {
-        match self {
-            Collective::AllGather => "AllGather",
-            Collective::ReduceScatter => "ReduceScatter",
-            Collective::AllReduce => "AllReduce",
-        }
     }
 }
 

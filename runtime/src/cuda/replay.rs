@@ -2,8 +2,8 @@
 //! mixed-precision training runs them), timed with CUDA events on the compute stream.
 
 use super::CudaBackend;
-use super::backend::BlasCall;
 use super::driver_error;
+use super::work::BlasCall;
 use crate::transformer::Gemm;
 use crate::{Error, Result};
 use cudarc::cublas::{result as cublas, sys};

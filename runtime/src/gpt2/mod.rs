@@ -17,6 +17,8 @@
 
 pub mod attention;
 mod cpu;
+mod cuda;
+pub mod cuda_source;
 pub mod data;
 pub mod kernels;
 pub mod launches;
@@ -25,7 +27,8 @@ pub mod weights;
 
 use crate::backend::{Backend, Region};
 use crate::layout::Layout;
-use crate::workload::{Pass, Train, UnitBuffers, Workload, carve};
+use crate::train::Train;
+use crate::workload::{Pass, UnitBuffers, Workload, carve};
 use crate::{Error, Result};
 use attention::AttentionShape;
 use data::Tokens;
@@ -111,6 +114,11 @@ impl Shape {
 /// The device kernels of GPT-2's units, on whole-unit regions (a backend implements them once;
 /// the workload never touches memory itself).
 pub trait Gpt2Kernels: Backend {
+    /// Loads what the kernels need on this backend (compiled kernels, buffers of their own),
+    /// before anything is timed; a backend that needs nothing keeps the default.
+    fn load_kernels(&self) -> Result<()> {
+        Ok(())
+    }
     /// `out = wte[tokens] + wpe[positions]`; `params` = wte | wpe.
     fn embedding_forward(
         &self,
@@ -313,6 +321,11 @@ impl Gpt2 {
         &self.shape
     }
 
+    /// The number of ranks it is trained on.
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
     /// Every unit's tensors (names, shapes), in flat order.
     pub fn tensors(&self) -> &[Vec<Tensor>] {
         &self.units
@@ -422,6 +435,10 @@ impl Workload for Gpt2 {
 }
 
 impl<B: Gpt2Kernels> Train<B> for Gpt2 {
+    fn load_kernels(&self, backend: &B) -> Result<()> {
+        backend.load_kernels()
+    }
+
     fn forward(
         &self,
         backend: &B,

@@ -1,5 +1,5 @@
 //! The measuring profiler, for any backend and workload (`timing`), a workload's profile, and
-//! `profile measure` end to end (`session`).
+//! `profile measure` end to end (`profile_run`).
 //!
 //! A unit's bytes in the profile are exactly the runtime's buffers (fp32; [`crate::workload`]):
 //! activations = 4·(saved + internals), with recompute 4·saved; forward workspace as the workload
@@ -9,11 +9,11 @@
 //! checkpointed, for f^c_i), in slot order, each round followed by every unit's optimizer step on
 //! the communication stream, where a run takes it.
 
-mod session;
+mod profile_run;
 mod slots;
 mod timing;
 
-pub use session::{MeasureOptions, Measured, measure_on_cpu, measure_on_cuda, measure_workload};
+pub use profile_run::{MeasureOptions, Measured, measure_model, measure_workload};
 pub use timing::{
     Slowdowns, TimedLayouts, block_collectives, compute_slot, measurement_allocation,
     time_collectives, time_interference, time_units,

@@ -6,8 +6,9 @@ use super::{DataSteps, UnitTime, UnitTimes, median, sizes};
 use crate::Result;
 use crate::backend::{Allocation, Backend, Region, Stream, StreamWork, on_both_streams};
 use crate::layout::Layout;
-use crate::workload::{Pass, Train};
-use shardplan_scheduler::nccl_tests::Collective;
+use crate::train::Train;
+use crate::workload::Pass;
+use shardplan_scheduler::timeline::Collective;
 
 /// Elements of the largest message of the curves, rounded to a multiple of the world size.
 fn message_elements(bytes: u64, world: usize) -> usize {

@@ -8,6 +8,8 @@
 //! N·b; the loss is mean((z − y)²) over the global batch, so summing the ranks' gradients gives
 //! exactly the reference gradient (up to the order of floating-point sums).
 
+mod cpu;
+pub mod cuda;
 mod loader;
 mod train;
 
@@ -353,6 +355,35 @@ pub fn update_relative_error(a: &[Vec<f32>], b: &[Vec<f32>], initial: &[Vec<f32>
         .zip(initial)
         .map(|((x, y), x0)| distance(x, y) / distance(y, x0).max(1e-30))
         .fold(0.0, f64::max))
+}
+
+/// How a run's trained weights compare with the single-process reference trained for as many
+/// steps on the union of the ranks' batches.
+#[derive(Debug, Clone)]
+pub struct ReferenceCheck {
+    /// [`max_relative_error`] of the weights.
+    pub weights_max_relative_error: f64,
+    /// [`update_relative_error`] of the weights against the initial ones.
+    pub update_relative_error: f64,
+    /// The reference's loss per step.
+    pub losses: Vec<f32>,
+}
+
+impl ReferenceCheck {
+    /// Trains the reference for `steps` steps and compares `params` (each unit's trained weights)
+    /// with it.
+    pub fn of(mlp: &Mlp, params: &[Vec<f32>], steps: usize) -> Result<ReferenceCheck> {
+        let spec = mlp.spec();
+        let (reference, losses) = reference_training(spec, mlp.world(), steps);
+        let initial: Vec<Vec<f32>> = (0..spec.units())
+            .map(|u| spec.initial_params(u, spec.params(u)))
+            .collect();
+        Ok(ReferenceCheck {
+            weights_max_relative_error: max_relative_error(params, &reference)?,
+            update_relative_error: update_relative_error(params, &reference, &initial)?,
+            losses,
+        })
+    }
 }
 
 fn same_units(a: &[Vec<f32>], b: &[Vec<f32>]) -> Result<()> {

@@ -7,7 +7,8 @@ use super::loader::{Batch, Loader};
 use crate::Result;
 use crate::backend::{Backend, Region};
 use crate::layout::Layout;
-use crate::workload::{Pass, Train, UnitBuffers, Workload, carve};
+use crate::train::Train;
+use crate::workload::{Pass, UnitBuffers, Workload, carve};
 use std::sync::Mutex;
 
 /// The MLP trained by rank `rank` of `world` (each takes `batch_per_rank` samples of a step).
@@ -101,6 +102,11 @@ impl Workload for Mlp {
 /// The device kernels of the MLP's units (a backend implements them once; the workload never
 /// touches memory itself).
 pub trait MlpKernels: Backend {
+    /// Loads what the kernels need on this backend (compiled kernels, buffers of their own),
+    /// before anything is timed; a backend that needs nothing keeps the default.
+    fn load_kernels(&self) -> Result<()> {
+        Ok(())
+    }
     /// `out = x·Wᵀ + b` (then ReLU when `relu`), `params` = W | b, `dims` = (in, out).
     fn linear_forward(
         &self,
@@ -141,6 +147,10 @@ pub trait MlpKernels: Backend {
 }
 
 impl<B: MlpKernels> Train<B> for Mlp {
+    fn load_kernels(&self, backend: &B) -> Result<()> {
+        backend.load_kernels()
+    }
+
     fn forward(
         &self,
         backend: &B,

@@ -2,6 +2,7 @@
 //! relaxation solved outright, and the same bound obtained from a small window's LP by pricing
 //! every launch position the small window leaves out.
 
+use super::limits::PLACEMENT_DEPTH;
 use super::model::{Built, Form, build, highs_model, memory_scale};
 use super::variables::{Columns, ExtraPositions, OpVars, Shape, covers, declare_units};
 use super::{Objective, PhaseReport, Relaxation, SolveOptions, SolveStatus, WindowLimits};
@@ -101,7 +102,7 @@ impl FullWindowBound {
         let time = options.objective == Objective::Time;
         let mut bound = FullWindowBound {
             full: time.then(|| FullColumns::new(profile, options)),
-            depth: PRICING_FIRST_DEPTH,
+            depth: PLACEMENT_DEPTH,
             best: None,
             ceiling: f64::INFINITY,
             seconds: 0.0,
@@ -194,8 +195,7 @@ impl FullWindowBound {
     }
 }
 
-/// The first window depth priced, and the factor by which the depth grows.
-const PRICING_FIRST_DEPTH: NonZeroUsize = NonZeroUsize::new(4).unwrap();
+/// The factor by which the priced depth grows (from `PLACEMENT_DEPTH`).
 const TWO: NonZeroUsize = NonZeroUsize::new(2).unwrap();
 
 /// A priced bound and the optimum of the restricted LP it came from.

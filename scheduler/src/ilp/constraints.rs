@@ -295,7 +295,7 @@ pub(super) fn longer_blocks(
             _ => most_compute_us(profile, timeline, s),
         })
         .collect();
-    let hidden = 1.0 - profile.interference().comm;
+    let hidden = 1.0 - Interference::of(profile).comm;
     let mut per_slot: Vec<Vec<(f64, Col)>> = vec![Vec::new(); timeline.slot_count()];
     for op in units.iter().flat_map(UnitVars::ops) {
         for (s, x) in op.launches_at_slots() {

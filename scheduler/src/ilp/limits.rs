@@ -8,6 +8,11 @@ use std::fmt;
 use std::num::NonZeroUsize;
 use std::ops::Range;
 
+/// The window depth at which a staged solve places launches, the far-band search starts and the
+/// priced bound prices first (DESIGN §4.5): deep enough for a gather to hide behind a block's
+/// forward, shallow enough for the MIP of a large model to finish.
+pub(super) const PLACEMENT_DEPTH: NonZeroUsize = NonZeroUsize::new(4).unwrap();
+
 /// Gathers launch only in the last `gather` positions of their window, reductions only in the
 /// first `reduce`; `None` is the whole window. A limit is at least one position (the op's
 /// consumer-adjacent slot), so every limited space holds a plan whenever the full one does.

@@ -11,8 +11,10 @@
 //! HiGHS, warm-starts from the best feasible baseline and checks every answer against the strict
 //! simulator.
 
+mod bands;
 mod bound;
 mod callback;
+mod claim;
 mod constraints;
 mod far;
 mod limits;
@@ -21,6 +23,7 @@ mod model;
 mod pool;
 mod race;
 mod refine;
+mod run;
 mod solve;
 mod staged;
 mod variables;
@@ -76,6 +79,7 @@ pub struct SolveOptions {
     pub objective: Objective,
     /// The per-rank cap (peak ≤ cap); None: no cap (the fastest plan, memory unbounded).
     pub memory_cap_bytes: Option<u64>,
+    /// Seconds for the whole solve; `f64::INFINITY` (or any limit past a century): none.
     pub time_limit_s: f64,
     pub relative_gap: f64,
     pub threads: u32,

@@ -9,6 +9,7 @@ use super::constraints::{
 use super::far::{Slack, pooled_bands, slack_running_sums};
 use super::variables::{Col, Columns, ExtraPositions, Shape, UnitVars, declare_units};
 use super::{Objective, SolveOptions};
+use crate::cost::Interference;
 use crate::profile::Profile;
 use crate::timeline::Timeline;
 use crate::{Error, Result};
@@ -107,7 +108,7 @@ pub(super) fn build(
         &durations,
         &compute,
         (&comm, &load),
-        profile.interference(),
+        Interference::of(profile),
     ));
     if matches!(form, Form::Mip | Form::FarBands) {
         // Valid for integer launches only; the LP forms stay as the pricing reads them.

@@ -3,8 +3,8 @@
 //! plan peaking at the cap to the byte is feasible and one that fits only within HiGHS'
 //! feasibility tolerance is never taken (DESIGN §4.4).
 
+use super::claim::{claim, objective_of};
 use super::race::Shared;
-use super::solve::{claim, objective_of};
 use super::variables::ExtraPositions;
 use super::{PhaseReport, SolveOptions, WindowLimits};
 use crate::profile::Profile;

@@ -12,19 +12,16 @@
 //!    bands' own positions, is a plan too; the bands it launches in join the positions, and 2 runs
 //!    again.
 
+use super::limits::PLACEMENT_DEPTH;
 use super::model::Form;
 use super::pool::Pool;
-use super::solve::{Stop, run_highs};
-use super::staged::seconds_until;
+use super::run::{Stop, run_highs, seconds_until};
 use super::variables::ExtraPositions;
 use super::{PhaseReport, SolveOptions, WindowLimits};
 use crate::Result;
 use crate::profile::Profile;
-use std::num::NonZeroUsize;
 use std::time::Instant;
 
-/// The depth whose far-band relaxation the search starts from (as the staged solve's placement).
-const DEPTH: NonZeroUsize = NonZeroUsize::new(4).unwrap();
 /// The restricted MIP's own gap target, relative to the solve's: it searches on toward a plan the
 /// bound over every plan proves, and stops at the first.
 const RESTRICTED_GAP_FACTOR: f64 = 0.25;
@@ -41,7 +38,7 @@ pub(super) fn far_band_search(
     deadline: Instant,
 ) -> Result<()> {
     let left = || seconds_until(deadline);
-    let limits = WindowLimits::depth(DEPTH);
+    let limits = WindowLimits::depth(PLACEMENT_DEPTH);
     let depth_options = SolveOptions {
         limits,
         ..options.clone()

@@ -1,222 +1,20 @@
-//! Driving HiGHS: one run (warm start, shared progress, status, bound and gap), the solve around
-//! the staged phases, the claim a plan carries, the check of every answer against the strict
-//! simulator, and infeasible caps.
+//! The solve: warm starts from the best feasible baseline and the hint, the staged phases or the
+//! full-window MIP, the plan with the claim its phases prove, and infeasible caps explained.
 
-use super::callback::{PlanValues, Watch, solve_watched};
-use super::mapping::{schedule_from_values, schedule_values, slot_terms, tight_time};
-use super::model::{Form, build, highs_model};
+use super::claim::claim;
+use super::model::{Form, build};
 use super::pool::Pool;
-use super::race::Shared;
+use super::run::{Stop, deadline_after, run_highs};
 use super::staged::{FullWindow, full_window_mip, is_staged, staged_phases};
-use super::variables::{ExtraPositions, UnitVars};
-use super::{
-    Objective, PhaseReport, Relaxation, SolveOptions, SolveReport, SolveStatus, Solved,
-    WindowLimits,
-};
+use super::variables::ExtraPositions;
+use super::{Objective, PhaseReport, SolveOptions, SolveReport, Solved};
 use crate::baselines::{self, BaselineKind};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
-use crate::sim::{Semantics, memory_by_slot, simulate};
+use crate::sim::{Semantics, simulate};
 use crate::size::{format_bytes, whole_bytes};
 use crate::{Error, Result};
-use highs::HighsModelStatus;
-use std::time::{Duration, Instant};
-
-/// Relative agreement required between the ILP's objective and the strict simulation.
-const CONSISTENCY: f64 = 1e-6;
-
-/// What one HiGHS run returned.
-pub(super) struct Run {
-    pub schedule: Option<Schedule>,
-    /// The positions of the band columns its solution launches in (far-band relaxation).
-    pub bands_used: ExtraPositions,
-    pub phase: PhaseReport,
-    pub infeasible: bool,
-}
-
-/// When HiGHS stops: its time limit, optionally an objective target (HiGHS'
-/// `objective_target`: it stops at the first plan below it, e.g. one that a bound already proves),
-/// and the progress it shares with a search on another thread (it stops once the pair proves the
-/// target, and a MIP of plans takes the other's better plans).
-pub(super) struct Stop<'a> {
-    pub time_limit: f64,
-    pub objective_target: Option<f64>,
-    pub shared: Option<&'a Shared>,
-}
-
-/// Runs HiGHS on the MIP of `options` with launch columns also at `extra` (`Form::Mip`: its
-/// answer is a plan), or on its far-band relaxation (`Form::FarBands`, `Form::FarBandsLp`: its
-/// bound holds over every plan; the MIP's answer, launched at its bands' own positions, is a plan
-/// too, though not at the relaxation's time).
-pub(super) fn run_highs(
-    profile: &Profile,
-    (options, form, extra): (&SolveOptions, Form, &ExtraPositions),
-    warm: &[(Schedule, f64)],
-    stop: Stop,
-) -> Result<Run> {
-    let started = Instant::now();
-    let built = build(profile, options, (form, extra));
-    let plans = form == Form::Mip;
-    let rows = built.constraints.len();
-    let mut model = highs_model(
-        built.problem,
-        built.objective,
-        built.constraints,
-        options,
-        stop.time_limit,
-    )?;
-    if let Some(target) = stop.objective_target {
-        model
-            .try_set_option("objective_target", target)
-            .map_err(|e| Error::Solver(format!("HiGHS option objective_target: {e:?}")))?;
-    }
-    let (units, durations, columns) = (&built.units, &built.durations, built.columns);
-    let (peak, memory_scale) = (built.peak, built.memory_scale);
-    // A plan's values in this model: its launches, levels and recompute, each slot's duration and
-    // the peak column (a hair above the peak, so that the start is not cut off by rounding).
-    let values_of = |schedule: &Schedule| {
-        let mut values = schedule_values(units, schedule, columns)?;
-        let terms = slot_terms(profile, units, &values);
-        for (d, (c, q, l)) in durations.iter().zip(terms) {
-            values[d.index] = profile.interference().slot_duration(c, q, l);
-        }
-        if let Some(peak) = peak {
-            let worst = memory_by_slot(profile, schedule)
-                .iter()
-                .map(|m| m.total())
-                .fold(0.0, f64::max);
-            values[peak.index] = worst / memory_scale * (1.0 + 1e-12);
-        }
-        Some(values)
-    };
-    if let Some(values) = warm.iter().find_map(|(s, _)| values_of(s)) {
-        model
-            .try_set_solution(Some(&values), None, None, None)
-            .map_err(|e| Error::Solver(format!("HiGHS warm start: {e:?}")))?;
-    }
-    let bounds_every_plan = form != Form::Mip || options.limits.is_full() && extra.is_empty();
-    let watch = stop.shared.map(|shared| Watch {
-        shared,
-        bounds_every_plan,
-        values_of: plans.then_some(&values_of as &PlanValues),
-    });
-    let solved = solve_watched(model, watch.as_ref())
-        .map_err(|e| Error::Solver(format!("HiGHS failed: {e:?}")))?;
-    let status = solved.status();
-    let has_solution = solved.primal_solution_status() == highs::HighsSolutionStatus::Feasible;
-    let infeasible = matches!(
-        status,
-        HighsModelStatus::Infeasible | HighsModelStatus::UnboundedOrInfeasible
-    );
-    let values = solved.get_solution().columns().to_vec();
-    let gap = solved.mip_gap();
-    let bound = if form == Form::FarBandsLp {
-        // An LP's value bounds only at its optimum.
-        if status == HighsModelStatus::Optimal {
-            solved.objective_value()
-        } else {
-            f64::NEG_INFINITY
-        }
-    } else {
-        solved
-            .double_info_value(c"mip_dual_bound")
-            .unwrap_or(f64::NEG_INFINITY)
-    };
-    let answered = has_solution && !infeasible && form != Form::FarBandsLp;
-    let schedule = answered
-        .then(|| schedule_from_values(profile, &built.units, &values))
-        .transpose();
-    // A relaxation's answer is a plan only if it reads as one; the MIP's must.
-    let schedule = if plans {
-        schedule?
-    } else {
-        schedule.ok().flatten()
-    };
-    let ilp_time = tight_time(
-        &slot_terms(profile, &built.units, &values),
-        profile.interference(),
-    );
-    let ilp_peak = built.peak.map(|p| values[p.index] * built.memory_scale);
-    if let Some(schedule) = schedule.as_ref().filter(|_| plans) {
-        check_consistency(profile, schedule, ilp_time, ilp_peak)?;
-    }
-    let objective = match (&schedule, options.objective) {
-        (_, Objective::Time) if !plans && has_solution => solved.objective_value(),
-        (Some(_), Objective::Time) => ilp_time,
-        (Some(s), Objective::Memory { .. }) => objective_of(profile, options.objective, s),
-        (None, _) => f64::NAN,
-    };
-    let bound = match options.objective {
-        Objective::Time => bound,
-        Objective::Memory { .. } => bound * built.memory_scale,
-    };
-    let status = match status {
-        HighsModelStatus::Optimal if gap <= 1e-9 || !gap.is_finite() => SolveStatus::Optimal,
-        // Stopped at the first plan the bound over every plan proves within the target, or
-        // because the search beside it proved the target (§4.5, "two searches").
-        HighsModelStatus::Optimal
-        | HighsModelStatus::ObjectiveTarget
-        | HighsModelStatus::ReachedInterrupt => SolveStatus::GapLimit,
-        _ => SolveStatus::TimeLimit,
-    };
-    let gap = if objective.is_finite() && bound.is_finite() {
-        ((objective - bound) / objective.abs().max(1e-12)).max(0.0)
-    } else {
-        gap
-    };
-    let phase = PhaseReport {
-        window_depth: if plans {
-            options.limits
-        } else {
-            WindowLimits::FULL
-        },
-        relaxation: (!plans).then_some(Relaxation::FarBands),
-        status,
-        objective,
-        best_bound: bound,
-        gap,
-        seconds: started.elapsed().as_secs_f64(),
-        variables: built.columns,
-        integer_variables: built.integers,
-        constraints: rows,
-    };
-    if let Some(shared) = stop.shared
-        && bounds_every_plan
-        && options.objective == Objective::Time
-    {
-        shared.offer_bound(phase.best_bound);
-    }
-    tracing::debug!(?phase, "HiGHS phase done");
-    Ok(Run {
-        schedule,
-        // The LP's fractional launches count wherever they are above rounding noise.
-        bands_used: bands_used(
-            &built.units,
-            &values,
-            if form == Form::FarBandsLp { 1e-6 } else { 0.5 },
-        ),
-        phase,
-        infeasible,
-    })
-}
-
-/// Per (unit, op), the positions of the band columns in which `values` launches more than
-/// `least` blocks.
-fn bands_used(units: &[UnitVars], values: &[f64], least: f64) -> ExtraPositions {
-    let mut used = ExtraPositions::new();
-    for (i, u) in units.iter().enumerate() {
-        for op in u.ops() {
-            for (positions, x) in op.band_launches() {
-                if values[x.index] > least {
-                    used.entry((i, op.op))
-                        .or_default()
-                        .extend(positions.clone());
-                }
-            }
-        }
-    }
-    used
-}
+use std::time::Instant;
 
 /// The best baseline for the objective (checkpointing on or off) that fits the cap and the time
 /// ceiling, as a warm start: the fastest for the time objective, the smallest peak for memory.
@@ -251,7 +49,7 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     }
     let mut phases = Vec::new();
     let user_limited = !options.limits.is_full();
-    let deadline = started + Duration::from_secs_f64(options.time_limit_s);
+    let deadline = deadline_after(started, options.time_limit_s);
     let full_window = if is_staged(profile, options) {
         staged_phases(profile, options, &mut pool, &mut phases, deadline)?
     } else {
@@ -337,113 +135,6 @@ fn model_size(profile: &Profile, options: &SolveOptions, phases: &[PhaseReport])
         constraints: built.constraints.len(),
         ..phases.last().expect("a phase ran").clone()
     }
-}
-
-/// The value of the objective for a schedule: strict iteration time, or peak bytes.
-pub(super) fn objective_of(profile: &Profile, objective: Objective, schedule: &Schedule) -> f64 {
-    match objective {
-        Objective::Time => simulate(profile, schedule, Semantics::Strict).iteration_time_us,
-        Objective::Memory { .. } => memory_by_slot(profile, schedule)
-            .iter()
-            .map(|m| m.total())
-            .fold(0.0, f64::max),
-    }
-}
-
-impl SolveReport {
-    /// What this solve's bounds claim for another plan (`schedule`, objective `value`) that meets
-    /// the same cap: `solve --model` returns a plan that packs within the cap, solved under a
-    /// lower one or a baseline (DESIGN §6.5), and its gap is against the bounds proven under the
-    /// cap the user asked for, not under the lower one.
-    pub fn claim_for(&self, schedule: &Schedule, value: f64, target: f64) -> SolveReport {
-        let claim = claim(&self.phases, schedule, value, target);
-        SolveReport {
-            status: claim.status,
-            objective: value,
-            best_bound: claim.best_bound,
-            gap: claim.gap,
-            window_depth: claim.window_depth,
-            ..self.clone()
-        }
-    }
-}
-
-/// The claim the returned plan (`schedule`, objective `value`) carries: each phase whose window
-/// limit contains the plan proves that no plan within that limit beats `value` by more than
-/// (value − bound)/value. The widest window whose gap meets `target` wins ("within 0.1% of every
-/// plan" says more than "optimal among depth-1 plans"); when none meets it, the smallest gap. The
-/// status is optimal when the gap is ≤ 1e-9.
-pub(super) fn claim(
-    phases: &[PhaseReport],
-    schedule: &Schedule,
-    value: f64,
-    target: f64,
-) -> PhaseReport {
-    let gap_of = |p: &PhaseReport| ((value - p.best_bound) / value.abs().max(1e-12)).max(0.0);
-    let mut admitted: Vec<&PhaseReport> = phases
-        .iter()
-        .filter(|p| p.window_depth.admit(schedule))
-        .collect();
-    admitted.sort_by(|a, b| {
-        b.window_depth
-            .breadth()
-            .cmp(&a.window_depth.breadth())
-            .then(gap_of(a).total_cmp(&gap_of(b)))
-    });
-    let best = admitted
-        .iter()
-        .find(|p| gap_of(p) <= target.max(1e-9))
-        .or_else(|| {
-            admitted
-                .iter()
-                .min_by(|a, b| gap_of(a).total_cmp(&gap_of(b)))
-        })
-        .copied()
-        .unwrap_or_else(|| phases.last().expect("at least one phase ran"));
-    let gap = gap_of(best);
-    let status = if gap <= 1e-9 {
-        SolveStatus::Optimal
-    } else if best.status == SolveStatus::TimeLimit {
-        SolveStatus::TimeLimit
-    } else {
-        SolveStatus::GapLimit
-    };
-    PhaseReport {
-        status,
-        objective: value,
-        gap,
-        ..best.clone()
-    }
-}
-
-/// Every plan HiGHS returns is checked against the strict simulator: the ILP's own evaluation of
-/// its integer solution (Σ_s max(c_s + L_s, Q_s + κ_q·c_s) from its coefficients, or its peak variable)
-/// must match the simulation; otherwise the plan is refused. Whether it fits the cap is judged
-/// where plans enter the pool (`solve`'s `offer`): a plan over the cap by HiGHS' tolerance is
-/// dropped there, not an error.
-fn check_consistency(
-    profile: &Profile,
-    schedule: &Schedule,
-    ilp_time: f64,
-    ilp_peak: Option<f64>,
-) -> Result<()> {
-    let sim = simulate(profile, schedule, Semantics::Strict);
-    let error = (sim.iteration_time_us - ilp_time).abs() / ilp_time.max(1e-12);
-    if error > CONSISTENCY {
-        return Err(Error::Solver(format!(
-            "internal check failed: the ILP's objective {ilp_time} µs differs from the simulated {} µs",
-            sim.iteration_time_us
-        )));
-    }
-    if let Some(peak) = ilp_peak
-        && sim.peak_memory_bytes > peak * (1.0 + CONSISTENCY)
-    {
-        return Err(Error::Solver(format!(
-            "internal check failed: the ILP's peak {peak} bytes is below the simulated {}",
-            sim.peak_memory_bytes
-        )));
-    }
-    Ok(())
 }
 
 /// The smallest feasible cap (memory objective, no cap) and what dominates its peak slot.

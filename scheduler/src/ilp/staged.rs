@@ -4,11 +4,12 @@
 //! far-band search run on the other, sharing their best plan and bound ([`Shared`]).
 
 use super::bound::FullWindowBound;
+use super::limits::PLACEMENT_DEPTH;
 use super::model::Form;
 use super::pool::Pool;
 use super::race::Shared;
 use super::refine::far_band_search;
-use super::solve::{Run, Stop, run_highs};
+use super::run::{Run, Stop, run_highs, seconds_until};
 use super::variables::ExtraPositions;
 use super::{Objective, PhaseReport, SolveOptions, WindowLimits};
 use crate::profile::Profile;
@@ -21,7 +22,6 @@ use std::time::Instant;
 /// fixes every launch next to its consumer (only levels and recompute are chosen); D = 4 places
 /// them. Each phase's plan is feasible for the next (the windows nest) and warm-starts it.
 const LEVELS_SHARE: f64 = 0.1;
-const PLACEMENT_DEPTH: NonZeroUsize = NonZeroUsize::new(4).unwrap();
 const PLACEMENT_SHARE: f64 = 0.6;
 /// Depth 4's share where two searches follow it: the far-band search places launches within
 /// depth 4 too, and the full-window MIP needs the time (Llama 3 8B at 59.82 GiB: depth 4 spent
@@ -256,13 +256,6 @@ pub(super) fn full_window_mip(
         pool.plans(),
         stop,
     )
-}
-
-/// Seconds left until `deadline` (0 once it has passed).
-pub(super) fn seconds_until(deadline: Instant) -> f64 {
-    deadline
-        .saturating_duration_since(Instant::now())
-        .as_secs_f64()
 }
 
 fn limited(options: &SolveOptions, depth: NonZeroUsize) -> SolveOptions {

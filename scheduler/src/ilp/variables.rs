@@ -10,7 +10,7 @@
 //! how long its buffer lives), BG (AGB_i of fsdp).
 
 use super::SolveOptions;
-use crate::cost::{block_bytes, block_time, persistent_bytes};
+use crate::cost::{Interference, block_bytes, block_time, persistent_bytes};
 use crate::profile::Profile;
 use crate::timeline::{Level, Op, Timeline, Window};
 use good_lp::{Expression, ProblemVariables, Variable, variable};
@@ -217,7 +217,7 @@ fn op_vars(
         .map(|k| (k, None))
         .collect();
     if shape.far_bands {
-        let bands = super::far::bands(op, window, &exact);
+        let bands = super::bands::bands(op, window, &exact);
         at.extend(bands.into_iter().map(|(k, band)| (k, Some(band))));
         at.sort_by_key(|(k, _)| *k);
     }
@@ -234,7 +234,7 @@ fn op_vars(
         launches,
         cumulative,
         block_time_us: time.total_us(),
-        block_load_us: profile.interference().load_us(op, time),
+        block_load_us: Interference::of(profile).load_us(op, time),
         block_bytes: block_bytes(profile, unit, op),
     }
 }

@@ -1,7 +1,7 @@
 //! The profile: everything the cost model needs about one training setup (DESIGN §3 inputs),
 //! as a versioned, human-editable TOML file whose field names carry their units.
 
-use crate::curve::CommCurve;
+use crate::curve::{CommCurve, MAX_TIME_US};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -21,9 +21,6 @@ pub const MAX_UNITS: usize = 100_000;
 /// (4 EiB): byte arithmetic stays exact in u64 and within 2^-10 relative in f64.
 pub const MAX_FIELD_BYTES: u64 = 1 << 50;
 pub const MAX_TOTAL_BYTES: u64 = 1 << 62;
-/// Longest time of one field or curve point, µs (about 32 years): sums over every unit, slot and
-/// block stay finite.
-pub const MAX_TIME_US: f64 = 1e15;
 
 /// Bytes per parameter of each kind of state (DESIGN: p, g, o).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -220,21 +217,6 @@ impl Profile {
         let hash = Sha256::digest(&canonical);
         let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
         format!("sha256:{hex}")
-    }
-
-    /// How compute and communication slow each other when they share a slot.
-    pub fn interference(&self) -> crate::cost::Interference {
-        crate::cost::Interference {
-            compute: self.overlap_slowdown,
-            reduce_scatter: self
-                .overlap_slowdown_reduce_scatter
-                .unwrap_or(self.overlap_slowdown),
-            all_gather: self
-                .overlap_slowdown_all_gather
-                .unwrap_or(self.overlap_slowdown),
-            comm: self.comm_slowdown,
-            update: self.update_slowdown.unwrap_or(self.overlap_slowdown),
-        }
     }
 
     /// L, the number of units.

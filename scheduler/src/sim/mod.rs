@@ -9,7 +9,7 @@ pub mod trace;
 pub use memory::{MemoryBreakdown, memory_by_slot};
 pub use trace::chrome_trace;
 
-use crate::cost::{block_time, block_time_us, compute_us};
+use crate::cost::{Interference, block_time, block_time_us, compute_us};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
 use crate::timeline::{Op, Slot};
@@ -119,7 +119,7 @@ impl SlotInputs {
             .iter()
             .map(|q: &Vec<(usize, Op, f64)>| q.iter().map(|b| b.2).sum())
             .collect();
-        let interference = profile.interference();
+        let interference = Interference::of(profile);
         let load_us = queue
             .iter()
             .map(|q| {
@@ -150,7 +150,7 @@ struct Timing {
 /// Simulates a validated schedule.
 pub fn simulate(profile: &Profile, schedule: &Schedule, semantics: Semantics) -> Simulation {
     let inputs = SlotInputs::new(profile, schedule);
-    let interference = profile.interference();
+    let interference = Interference::of(profile);
     let timing = match semantics {
         Semantics::Strict => strict::run(schedule, &inputs, interference),
         Semantics::Relaxed => relaxed::run(schedule, &inputs, interference),

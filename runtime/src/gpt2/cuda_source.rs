@@ -1,23 +1,19 @@
-//! GPT-2's element-wise and row kernels for the CUDA backend, compiled at start-up by NVRTC.
-//! Each computes what its namesake in [`crate::gpt2::kernels`] computes, in the same order of
-//! floating-point operations (rows, columns and reductions are walked in the CPU's order, one
-//! thread per row, column or element; compiled without fused multiply-adds), so on the host the
-//! kernels equal the CPU backend bitwise. No kernel uses barriers, shared memory or atomics: a
-//! test runs this very source on the CPU, one thread after another
-//! (runtime/tests/cuda_gpt2_kernels.rs). The products are cuBLAS's ([`crate::gpt2::launches`]).
+//! GPT-2's element-wise and row kernels for the CUDA backend, compiled by NVRTC when a backend
+//! first runs GPT-2. Each computes what its namesake in [`super::kernels`] computes, in the same
+//! order of floating-point operations (rows, columns and reductions are walked in the CPU's
+//! order, one thread per row, column or element; compiled without fused multiply-adds), so on the
+//! host the kernels equal the CPU backend bitwise. No kernel uses barriers, shared memory or
+//! atomics: a test runs this very source on the CPU, one thread after another
+//! (runtime/tests/cuda_gpt2_kernels.rs). The products are cuBLAS's ([`super::launches`]).
 //!
 //! Every kernel's parameters are pointers (`float*`, `const float*`, `double*`), `long long` or
-//! `float`, so a launch is a list of [`crate::gpt2::launches::Arg`]s checked against the
-//! signatures below ([`signatures`]).
+//! `float`, so a launch is a list of [`Arg`]s checked against the signatures
+//! [`KERNELS`] reads from the source ([`check_arguments`], on the host; the backend checks the
+//! device arguments again at launch).
 
-use super::kernels::architecture;
-use super::nvrtc::Compiled;
-use crate::gpt2::launches::{Arg, Kernel};
+use super::launches::{Arg, Kernel};
+use crate::cuda::module::{KernelSource, Param};
 use crate::{Error, Result};
-use cudarc::driver::{CudaContext, CudaFunction};
-use cudarc::nvrtc::Ptx;
-use std::collections::HashMap;
-use std::sync::Arc;
 
 /// The CUDA C source: one `extern "C"` kernel per operation.
 pub const SOURCE: &str = r#"
@@ -303,87 +299,15 @@ extern "C" __global__ void adamw(float* params, const float* grads, float* m, fl
 }
 "#;
 
-/// A kernel parameter's type, as [`signatures`] reads it from [`SOURCE`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Param {
-    /// `float*` or `const float*`.
-    Floats,
-    /// `double*`.
-    Doubles,
-    /// `long long` (`i64`).
-    Int,
-    /// `float`.
-    Float,
-}
-
-/// Every kernel of [`SOURCE`] in source order: its name, its parameter list and its text up to
-/// the next kernel.
-fn kernel_texts() -> impl Iterator<Item = (&'static str, &'static str, &'static str)> {
-    SOURCE
-        .split("extern \"C\" __global__ void ")
-        .skip(1)
-        .map(|text| {
-            let open = text.find('(').expect("a kernel has a parameter list");
-            let close = text.find(')').expect("a parameter list closes");
-            (&text[..open], &text[open + 1..close], text)
-        })
-}
-
-/// Every kernel of [`SOURCE`] with its parameters, in source order. Panics on a parameter type
-/// outside [`Param`] (a source this module's tests reject).
-pub fn signatures() -> Vec<(&'static str, Vec<Param>)> {
-    kernel_texts()
-        .map(|(name, list, _)| {
-            let params = list
-                .split(',')
-                .map(|p| {
-                    let ty = p
-                        .trim()
-                        .rsplit_once(char::is_whitespace)
-                        .map_or("", |(t, _)| t);
-                    match ty.trim() {
-                        "float*" | "const float*" => Param::Floats,
-                        "double*" | "const double*" => Param::Doubles,
-                        "i64" => Param::Int,
-                        "float" => Param::Float,
-                        other => panic!("kernel parameter type `{other}` in `{}`", p.trim()),
-                    }
-                })
-                .collect();
-            (name, params)
-        })
-        .collect()
-}
-
-/// The kernels that call CUDA's math library (`expf`, `logf`, `tanhf`): they round as CUDA's
-/// library does, not as the host's, and its implementations fuse multiply-adds. (GELU's tanh
-/// is `tanh_poly`, plain arithmetic, so it rounds as the CPU's.)
-pub fn library_math() -> Vec<&'static str> {
-    kernel_texts()
-        .filter(|(_, _, text)| {
-            ["expf(", "logf(", "tanhf("]
-                .iter()
-                .any(|f| text.contains(f))
-        })
-        .map(|(name, _, _)| name)
-        .collect()
-}
-
-/// [`SOURCE`] compiled for the real architecture `arch` (`sm_90` for Hopper) by NVRTC alone (no
-/// driver or GPU), with the MLP kernels' options ([`super::kernels::compile_source`]): no fused
-/// multiply-adds outside the math library, IEEE division and square root, denormals kept.
-pub fn compile(arch: &str) -> Result<Compiled> {
-    super::kernels::compile_source(
-        SOURCE,
-        "shardplan_gpt2.cu",
-        arch,
-        signatures().iter().map(|(name, _)| *name),
-        &library_math(),
-    )
-}
+/// GPT-2's kernels as the backend compiles and loads them.
+pub const KERNELS: KernelSource = KernelSource {
+    model: "GPT-2",
+    file: "shardplan_gpt2.cu",
+    text: SOURCE,
+};
 
 /// Whether `arg` can be passed for a parameter of type `param`.
-pub fn accepts(param: Param, arg: &Arg) -> bool {
+fn accepts(param: Param, arg: &Arg) -> bool {
     matches!(
         (param, arg),
         (Param::Floats, Arg::Floats(_) | Arg::LossSlot(_))
@@ -407,41 +331,6 @@ pub fn check_arguments(kernel: &Kernel, params: &[Param]) -> Result<()> {
     }
 }
 
-/// The loaded kernels, by name, with their parameters.
-pub struct Gpt2Functions {
-    functions: HashMap<&'static str, (CudaFunction, Vec<Param>)>,
-}
-
-impl Gpt2Functions {
-    /// Compiles [`SOURCE`] for the context's GPU and loads its machine code into `ctx`.
-    pub fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
-        let compiled = compile(&architecture(ctx)?)?;
-        let module = ctx
-            .load_module(Ptx::from_binary(compiled.cubin))
-            .map_err(|e| Error::Backend(format!("cannot load the GPT-2 kernels: {e}")))?;
-        let functions = signatures()
-            .into_iter()
-            .map(|(name, params)| {
-                module
-                    .load_function(name)
-                    .map(|f| (name, (f, params)))
-                    .map_err(|e| Error::Backend(format!("kernel {name} is missing: {e}")))
-            })
-            .collect::<Result<_>>()?;
-        Ok(Gpt2Functions { functions })
-    }
-
-    /// The function `kernel` names, once its arguments are checked against its signature.
-    pub fn checked(&self, kernel: &Kernel) -> Result<&CudaFunction> {
-        let (function, params) = self
-            .functions
-            .get(kernel.name)
-            .ok_or_else(|| Error::Backend(format!("no GPT-2 kernel named {}", kernel.name)))?;
-        check_arguments(kernel, params)?;
-        Ok(function)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -449,7 +338,7 @@ mod tests {
     /// The signature reader finds every kernel of the source with its parameters.
     #[test]
     fn signatures_read_every_kernel() {
-        let kernels = signatures();
+        let kernels = KERNELS.signatures();
         assert_eq!(
             kernels.len(),
             SOURCE.matches("__global__").count(),
@@ -466,7 +355,7 @@ mod tests {
     #[test]
     fn library_math_names_the_transcendental_kernels() {
         assert_eq!(
-            library_math(),
+            KERNELS.library_math(),
             ["causal_softmax", "softmax_rows", "nll_partials"]
         );
     }

@@ -1,29 +1,28 @@
 //! `profile measure` end to end: a workload measured on the backend it runs on (its units, the
-//! collectives, κ), or a zoo transformer's units replayed on a GPU. The CLI calls these and saves
-//! the profile; rank 0 alone saves it.
+//! collectives, κ), or a zoo transformer's units replayed on a GPU. The CLI calls [`measure_model`] and
+//! saves the profile; rank 0 alone saves it.
 
 use super::slots::{Slots, time_slot_interference};
 use super::{
     DataSteps, TimedLayouts, block_collectives, compute_placements, compute_slot,
     measurement_allocation, time_collectives, time_interference, time_units, workload_profile,
 };
-use crate::backend::{Backend, Collectives, CpuBackend};
+use crate::backend::Backend;
 use crate::cuda::CudaBackend;
+use crate::dispatch::{AnyBackend, Data, Job, Model};
 use crate::executor::initialise;
-use crate::gpt2::{Gpt2, Gpt2Kernels};
 use crate::layout::Placement;
-use crate::mlp::Mlp;
 use crate::model_file::ModelFile;
+use crate::train::Train;
 use crate::transformer::{UnitKind, backward_gemms, forward_gemms};
-use crate::workload::Train;
 use crate::{Error, Result};
 use serde_json::json;
 use shardplan_scheduler::analytic::{AnalyticOptions, analytic_profile, comm_curves};
 use shardplan_scheduler::hardware::Catalog;
 use shardplan_scheduler::model::ModelSpec;
-use shardplan_scheduler::nccl_tests::Collective;
 use shardplan_scheduler::profile::{CommCurves, Profile};
 use shardplan_scheduler::size::format_bytes;
+use shardplan_scheduler::timeline::Collective;
 use std::collections::BTreeMap;
 
 /// What to measure, as `profile measure`'s options give it.
@@ -50,64 +49,45 @@ pub struct Measured {
     pub details: serde_json::Value,
 }
 
-/// The CPU backend: the MLP, or a GPT-2 with `[training]` (synthetic tokens: timing does not
-/// depend on the data). `origin` names the model file in errors.
-pub fn measure_on_cpu<C: Collectives>(
-    backend: CpuBackend<C>,
-    model: ModelFile,
+/// `profile measure` on this rank's backend: a trainable model (the MLP, a GPT-2 with
+/// `[training]`, synthetic tokens: timing depends on neither the data nor the weights) measured
+/// as a workload, for --world-size ranks (each holding its share of the global batch); a zoo
+/// transformer's products replayed on a GPU. `origin` names the model file in errors.
+pub fn measure_model(
+    backend: AnyBackend,
+    file: ModelFile,
     origin: &str,
     options: &MeasureOptions,
 ) -> Result<Measured> {
-    let (rank, world) = (backend.rank(), backend.world_size());
-    match model {
-        ModelFile::Mlp(spec) => measure_workload(backend, &Mlp::new(spec, rank, world), options),
-        ModelFile::Transformer(model) => {
-            if model.training.is_none() {
-                return Err(shardplan_scheduler::Error::invalid(
-                    origin,
-                    "training",
-                    "a [training] table: on the CPU a transformer is measured by training it \
-                     (models/gpt2-tiny.toml); zoo models are replayed on a GPU (--backend cuda) \
-                     or profiled with `profile analytic`",
-                )
-                .into());
-            }
-            measure_gpt2(backend, &model, origin, options)
+    match file {
+        ModelFile::Transformer(model) if model.training.is_none() => match backend.into_cuda() {
+            Some(cuda) => measure_transformer(cuda, &model, origin, options),
+            None => Err(shardplan_scheduler::Error::invalid(
+                origin,
+                "training",
+                "a [training] table: on the CPU a transformer is measured by training it \
+                 (models/gpt2-tiny.toml); zoo models are replayed on a GPU (--backend cuda) \
+                 or profiled with `profile analytic`",
+            )
+            .into()),
+        },
+        file => {
+            let ranks = (backend.rank(), options.world_size as usize);
+            let model = Model::build(file, origin, ranks, Data::Synthetic)?;
+            backend.run(&model, MeasureJob { options })
         }
     }
 }
 
-/// A GPT-2 with `[training]` trained with synthetic tokens (timing depends on neither the data
-/// nor the weights); the profile is for --world-size ranks, each holding batch_size / N
-/// sequences.
-fn measure_gpt2<B: Gpt2Kernels>(
-    backend: B,
-    model: &ModelSpec,
-    origin: &str,
-    options: &MeasureOptions,
-) -> Result<Measured> {
-    let world = options.world_size as usize;
-    let gpt2 = Gpt2::synthetic(model, origin, backend.rank(), world)?;
-    measure_workload(backend, &gpt2, options)
+/// [`measure_workload`] as a [`Job`].
+struct MeasureJob<'a> {
+    options: &'a MeasureOptions,
 }
 
-/// The CUDA backend: the MLP or a GPT-2 with `[training]` trained, or a zoo transformer's
-/// products replayed.
-pub fn measure_on_cuda(
-    backend: CudaBackend,
-    model: ModelFile,
-    origin: &str,
-    options: &MeasureOptions,
-) -> Result<Measured> {
-    match model {
-        ModelFile::Mlp(spec) => {
-            let mlp = Mlp::new(spec, backend.rank(), backend.world_size());
-            measure_workload(backend, &mlp, options)
-        }
-        ModelFile::Transformer(model) if model.training.is_some() => {
-            measure_gpt2(backend, &model, origin, options)
-        }
-        ModelFile::Transformer(model) => measure_transformer(backend, &model, origin, options),
+impl Job for MeasureJob<'_> {
+    type Output = Result<Measured>;
+    fn run<B: Backend, W: Train<B>>(self, backend: B, workload: &W) -> Result<Measured> {
+        measure_workload(backend, workload, self.options)
     }
 }
 
@@ -156,6 +136,7 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
     options: &MeasureOptions,
 ) -> Result<Measured> {
     let world = backend.world_size();
+    workload.load_kernels(&backend)?;
     let message_bytes = options.max_message.max(options.block_size.unwrap_or(0));
     let [plain, checkpointed] = compute_placements(workload, options.world_size)?;
     let elements = |p: &Placement| ((p.arena.size_bytes / 4) as usize).div_ceil(16) * 16;

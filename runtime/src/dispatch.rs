@@ -1,0 +1,200 @@
+//! Where a backend and a model meet, once for every command: [`start`] makes this rank's backend
+//! as its launcher asks ([`AnyBackend`]), [`Model::build`] makes a `--model` file the workload a
+//! rank trains, and [`AnyBackend::run`] hands both, as concrete types, to a [`Job`] (`run`,
+//! `profile measure`). `solve --model` lays out [`Model::workload`] without a backend.
+//!
+//! Adding a model is its own folder (a workload, its kernel trait, the trait on each backend)
+//! and one registration here: a variant of [`Model`], its arm in [`Model::build`] and
+//! [`Model::run_on`], its kernel source in [`KERNEL_SOURCES`].
+
+use crate::backend::{Backend, CpuBackend, Loopback, Mpi, MpiUniverse};
+use crate::cuda::CudaBackend;
+use crate::cuda::module::KernelSource;
+use crate::gpt2::{self, Gpt2};
+use crate::launch::{cuda_backend, under_mpi};
+use crate::mlp::{self, Mlp, ReferenceCheck};
+use crate::model_file::ModelFile;
+use crate::train::Train;
+use crate::workload::Workload;
+use crate::{Error, Result};
+use shardplan_scheduler::io::write_atomic;
+use std::path::Path;
+
+/// Which backend a command asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// The CPU: MPI ranks under mpirun, else one rank alone.
+    Cpu,
+    /// One GPU per process: NCCL ranks under mpirun, else one GPU alone.
+    Cuda,
+}
+
+/// This rank's backend.
+pub enum AnyBackend {
+    CpuRanks(CpuBackend<Mpi>),
+    CpuAlone(CpuBackend<Loopback>),
+    Cuda(CudaBackend),
+}
+
+/// Starts this rank's backend of `kind`. The MPI universe, when the launcher started several
+/// processes, must outlive the backend's use of MPI (and serves to end the job on a failure).
+pub fn start(kind: BackendKind) -> Result<(Option<MpiUniverse>, AnyBackend)> {
+    Ok(match kind {
+        BackendKind::Cpu if under_mpi() => {
+            let (universe, mpi) = Mpi::init()?;
+            (Some(universe), AnyBackend::CpuRanks(CpuBackend::new(mpi)))
+        }
+        BackendKind::Cpu => (None, AnyBackend::CpuAlone(CpuBackend::new(Loopback))),
+        BackendKind::Cuda => {
+            let (universe, backend) = cuda_backend()?;
+            (universe, AnyBackend::Cuda(backend))
+        }
+    })
+}
+
+/// What a command does with a backend and a workload, generic over both: [`AnyBackend::run`]
+/// calls it with the concrete pair.
+pub trait Job {
+    type Output;
+    fn run<B: Backend, W: Train<B>>(self, backend: B, workload: &W) -> Self::Output;
+}
+
+impl AnyBackend {
+    pub fn rank(&self) -> usize {
+        match self {
+            AnyBackend::CpuRanks(b) => b.rank(),
+            AnyBackend::CpuAlone(b) => b.rank(),
+            AnyBackend::Cuda(b) => b.rank(),
+        }
+    }
+
+    pub fn world_size(&self) -> usize {
+        match self {
+            AnyBackend::CpuRanks(b) => b.world_size(),
+            AnyBackend::CpuAlone(b) => b.world_size(),
+            AnyBackend::Cuda(b) => b.world_size(),
+        }
+    }
+
+    /// Runs `job` on this backend and `model`'s workload.
+    pub fn run<J: Job>(self, model: &Model, job: J) -> J::Output {
+        match self {
+            AnyBackend::CpuRanks(b) => model.run_on(b, job),
+            AnyBackend::CpuAlone(b) => model.run_on(b, job),
+            AnyBackend::Cuda(b) => model.run_on(b, job),
+        }
+    }
+
+    /// The GPU backend, for what only a GPU does (replaying a zoo transformer's products).
+    pub fn into_cuda(self) -> Option<CudaBackend> {
+        match self {
+            AnyBackend::Cuda(b) => Some(b),
+            _ => None,
+        }
+    }
+}
+
+/// Every model's CUDA kernels (what `doctor` compiles and loads).
+pub const KERNEL_SOURCES: [KernelSource; 2] = [mlp::cuda::KERNELS, gpt2::cuda_source::KERNELS];
+
+/// What a GPT-2 trains on.
+#[derive(Debug, Clone, Copy)]
+pub enum Data<'a> {
+    /// Synthetic tokens and the model's own initialisation: timing and layout depend on neither.
+    Synthetic,
+    /// A text file (`--data`, required) and optionally initial weights (`--init-weights`).
+    Text {
+        text: Option<&'a Path>,
+        init_weights: Option<&'a Path>,
+    },
+}
+
+/// What a run does with its trained weights.
+#[derive(Debug, Clone, Copy)]
+pub struct AfterRun<'a> {
+    /// The MLP: train the single-process reference for `steps` and compare.
+    pub compare_reference: bool,
+    pub steps: usize,
+    /// GPT-2: write the weights here (safetensors, `save_pretrained`'s names).
+    pub save_weights: Option<&'a Path>,
+}
+
+/// A model as rank `rank` of `world` trains it.
+pub enum Model {
+    Mlp(Mlp),
+    Gpt2(Gpt2),
+}
+
+impl Model {
+    /// The workload of `file` (named `origin` in errors) for rank `rank` of `world`; a GPT-2
+    /// reads its data as `data` says (the MLP makes its own).
+    pub fn build(
+        file: ModelFile,
+        origin: &str,
+        (rank, world): (usize, usize),
+        data: Data,
+    ) -> Result<Model> {
+        Ok(match file {
+            ModelFile::Mlp(spec) => Model::Mlp(Mlp::new(spec, rank, world)),
+            ModelFile::Transformer(model) => Model::Gpt2(match data {
+                Data::Synthetic => Gpt2::synthetic(&model, origin, rank, world)?,
+                Data::Text { text, init_weights } => {
+                    let text = text.ok_or_else(|| Error::Setting {
+                        setting: "--data",
+                        expected: format!("a text file: {origin} is a GPT-2, which trains on text"),
+                    })?;
+                    let tokens = gpt2::data::Tokens::load(
+                        text,
+                        model.seq_len as usize,
+                        model.vocab as usize,
+                    )?;
+                    Gpt2::new(&model, origin, rank, world, tokens, init_weights)?
+                }
+            }),
+        })
+    }
+
+    /// The workload as sizes (what a layout needs).
+    pub fn workload(&self) -> &dyn Workload {
+        match self {
+            Model::Mlp(m) => m,
+            Model::Gpt2(g) => g,
+        }
+    }
+
+    /// What one step trains on over all ranks: a count and its unit (samples, tokens).
+    pub fn per_step(&self) -> (u64, &'static str) {
+        match self {
+            Model::Mlp(m) => ((m.spec().batch_per_rank * m.world()) as u64, "samples"),
+            Model::Gpt2(g) => ((g.shape().rows() * g.world()) as u64, "tokens"),
+        }
+    }
+
+    /// Rank 0's work with a run's trained weights (each unit's `params`): the MLP compared with
+    /// its single-process reference when asked, GPT-2's weights saved as safetensors when asked.
+    pub fn finish(&self, params: &[Vec<f32>], after: &AfterRun) -> Result<Option<ReferenceCheck>> {
+        match self {
+            Model::Mlp(m) if after.compare_reference => {
+                ReferenceCheck::of(m, params, after.steps).map(Some)
+            }
+            Model::Mlp(_) => Ok(None),
+            Model::Gpt2(g) => {
+                if let Some(path) = after.save_weights {
+                    write_atomic(path, &gpt2::weights::serialize(g.tensors(), params)?)?;
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    fn run_on<B: Backend, J: Job>(&self, backend: B, job: J) -> J::Output
+    where
+        Mlp: Train<B>,
+        Gpt2: Train<B>,
+    {
+        match self {
+            Model::Mlp(m) => job.run(backend, m),
+            Model::Gpt2(g) => job.run(backend, g),
+        }
+    }
+}

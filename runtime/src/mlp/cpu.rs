@@ -1,0 +1,83 @@
+//! [`MlpKernels`] on the CPU backend: the host functions of [`super`] on arena regions, each
+//! borrowed to read or to write for the call (the arena refuses a borrow that overlaps another
+//! operation's).
+
+use super::{self as k, MlpKernels};
+use crate::Result;
+use crate::backend::{Collectives, CpuBackend, Region};
+
+impl<C: Collectives> MlpKernels for CpuBackend<C> {
+    fn linear_forward(
+        &self,
+        x: Region,
+        params: Region,
+        out: Region,
+        rows: usize,
+        dims: (usize, usize),
+        relu: bool,
+    ) -> Result<()> {
+        k::linear_forward(
+            &self.read(x)?,
+            &self.read(params)?,
+            &mut self.write(out)?,
+            rows,
+            dims,
+            relu,
+        );
+        Ok(())
+    }
+    fn linear_backward(
+        &self,
+        x: Region,
+        params: Region,
+        output: Region,
+        grad_out: Region,
+        grads: Region,
+        grad_in: Option<Region>,
+        rows: usize,
+        dims: (usize, usize),
+        relu: bool,
+    ) -> Result<()> {
+        let mut grad_in = grad_in.map(|r| self.write(r)).transpose()?;
+        k::linear_backward(
+            &self.read(x)?,
+            &self.read(params)?,
+            &self.read(output)?,
+            &mut self.write(grad_out)?,
+            &mut self.write(grads)?,
+            grad_in.as_deref_mut(),
+            rows,
+            dims,
+            relu,
+        );
+        Ok(())
+    }
+    fn mse_grad(&self, z: Region, y: Region, grad: Region, scale: f32, step: usize) -> Result<()> {
+        let loss = k::mse_grad(
+            &self.read(z)?,
+            &self.read(y)?,
+            &mut self.write(grad)?,
+            scale,
+        );
+        self.record_loss(step, loss)
+    }
+    fn adam(
+        &self,
+        params: Region,
+        grads: Region,
+        m: Region,
+        v: Region,
+        step: u32,
+        lr: f32,
+    ) -> Result<()> {
+        k::adam(
+            &mut self.write(params)?,
+            &self.read(grads)?,
+            &mut self.write(m)?,
+            &mut self.write(v)?,
+            step,
+            lr,
+        );
+        Ok(())
+    }
+}

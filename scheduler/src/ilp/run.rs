@@ -1,0 +1,259 @@
+//! One HiGHS run: the model of one phase built, warm-started, watched for the progress shared with
+//! a search on another thread, its status, bound and gap read back, and its plan checked against
+//! the strict simulator.
+
+use super::callback::{PlanValues, Watch, solve_watched};
+use super::mapping::{schedule_from_values, schedule_values, slot_terms, tight_time};
+use super::model::{Form, build, highs_model};
+use super::race::Shared;
+use super::variables::{ExtraPositions, UnitVars};
+use super::{Objective, PhaseReport, Relaxation, SolveOptions, SolveStatus, WindowLimits};
+use crate::cost::Interference;
+use crate::profile::Profile;
+use crate::schedule::Schedule;
+use crate::sim::{Semantics, memory_by_slot, simulate};
+use crate::{Error, Result};
+use highs::HighsModelStatus;
+use std::time::{Duration, Instant};
+
+/// Relative agreement required between the ILP's objective and the strict simulation.
+const CONSISTENCY: f64 = 1e-6;
+
+/// What one HiGHS run returned.
+pub(super) struct Run {
+    pub schedule: Option<Schedule>,
+    /// The positions of the band columns its solution launches in (far-band relaxation).
+    pub bands_used: ExtraPositions,
+    pub phase: PhaseReport,
+    pub infeasible: bool,
+}
+
+/// When HiGHS stops: its time limit, optionally an objective target (HiGHS'
+/// `objective_target`: it stops at the first plan below it, e.g. one that a bound already proves),
+/// and the progress it shares with a search on another thread (it stops once the pair proves the
+/// target, and a MIP of plans takes the other's better plans).
+pub(super) struct Stop<'a> {
+    pub time_limit: f64,
+    pub objective_target: Option<f64>,
+    pub shared: Option<&'a Shared>,
+}
+
+/// Runs HiGHS on the MIP of `options` with launch columns also at `extra` (`Form::Mip`: its
+/// answer is a plan), or on its far-band relaxation (`Form::FarBands`, `Form::FarBandsLp`: its
+/// bound holds over every plan; the MIP's answer, launched at its bands' own positions, is a plan
+/// too, though not at the relaxation's time).
+pub(super) fn run_highs(
+    profile: &Profile,
+    (options, form, extra): (&SolveOptions, Form, &ExtraPositions),
+    warm: &[(Schedule, f64)],
+    stop: Stop,
+) -> Result<Run> {
+    let started = Instant::now();
+    let built = build(profile, options, (form, extra));
+    let plans = form == Form::Mip;
+    let rows = built.constraints.len();
+    let mut model = highs_model(
+        built.problem,
+        built.objective,
+        built.constraints,
+        options,
+        stop.time_limit,
+    )?;
+    if let Some(target) = stop.objective_target {
+        model
+            .try_set_option("objective_target", target)
+            .map_err(|e| Error::Solver(format!("HiGHS option objective_target: {e:?}")))?;
+    }
+    let (units, durations, columns) = (&built.units, &built.durations, built.columns);
+    let (peak, memory_scale) = (built.peak, built.memory_scale);
+    // A plan's values in this model: its launches, levels and recompute, each slot's duration and
+    // the peak column (a hair above the peak, so that the start is not cut off by rounding).
+    let values_of = |schedule: &Schedule| {
+        let mut values = schedule_values(units, schedule, columns)?;
+        let terms = slot_terms(profile, units, &values);
+        for (d, (c, q, l)) in durations.iter().zip(terms) {
+            values[d.index] = Interference::of(profile).slot_duration(c, q, l);
+        }
+        if let Some(peak) = peak {
+            let worst = memory_by_slot(profile, schedule)
+                .iter()
+                .map(|m| m.total())
+                .fold(0.0, f64::max);
+            values[peak.index] = worst / memory_scale * (1.0 + 1e-12);
+        }
+        Some(values)
+    };
+    if let Some(values) = warm.iter().find_map(|(s, _)| values_of(s)) {
+        model
+            .try_set_solution(Some(&values), None, None, None)
+            .map_err(|e| Error::Solver(format!("HiGHS warm start: {e:?}")))?;
+    }
+    let bounds_every_plan = form != Form::Mip || options.limits.is_full() && extra.is_empty();
+    let watch = stop.shared.map(|shared| Watch {
+        shared,
+        bounds_every_plan,
+        values_of: plans.then_some(&values_of as &PlanValues),
+    });
+    let solved = solve_watched(model, watch.as_ref())
+        .map_err(|e| Error::Solver(format!("HiGHS failed: {e:?}")))?;
+    let status = solved.status();
+    let has_solution = solved.primal_solution_status() == highs::HighsSolutionStatus::Feasible;
+    let infeasible = matches!(
+        status,
+        HighsModelStatus::Infeasible | HighsModelStatus::UnboundedOrInfeasible
+    );
+    let values = solved.get_solution().columns().to_vec();
+    let gap = solved.mip_gap();
+    let bound = if form == Form::FarBandsLp {
+        // An LP's value bounds only at its optimum.
+        if status == HighsModelStatus::Optimal {
+            solved.objective_value()
+        } else {
+            f64::NEG_INFINITY
+        }
+    } else {
+        solved
+            .double_info_value(c"mip_dual_bound")
+            .unwrap_or(f64::NEG_INFINITY)
+    };
+    let answered = has_solution && !infeasible && form != Form::FarBandsLp;
+    let schedule = answered
+        .then(|| schedule_from_values(profile, &built.units, &values))
+        .transpose();
+    // A relaxation's answer is a plan only if it reads as one; the MIP's must.
+    let schedule = if plans {
+        schedule?
+    } else {
+        schedule.ok().flatten()
+    };
+    let ilp_time = tight_time(
+        &slot_terms(profile, &built.units, &values),
+        Interference::of(profile),
+    );
+    let ilp_peak = built.peak.map(|p| values[p.index] * built.memory_scale);
+    if let Some(schedule) = schedule.as_ref().filter(|_| plans) {
+        check_consistency(profile, schedule, ilp_time, ilp_peak)?;
+    }
+    let objective = match (&schedule, options.objective) {
+        (_, Objective::Time) if !plans && has_solution => solved.objective_value(),
+        (Some(_), Objective::Time) => ilp_time,
+        (Some(s), Objective::Memory { .. }) => {
+            super::claim::objective_of(profile, options.objective, s)
+        }
+        (None, _) => f64::NAN,
+    };
+    let bound = match options.objective {
+        Objective::Time => bound,
+        Objective::Memory { .. } => bound * built.memory_scale,
+    };
+    let status = match status {
+        HighsModelStatus::Optimal if gap <= 1e-9 || !gap.is_finite() => SolveStatus::Optimal,
+        // Stopped at the first plan the bound over every plan proves within the target, or
+        // because the search beside it proved the target (§4.5, "two searches").
+        HighsModelStatus::Optimal
+        | HighsModelStatus::ObjectiveTarget
+        | HighsModelStatus::ReachedInterrupt => SolveStatus::GapLimit,
+        _ => SolveStatus::TimeLimit,
+    };
+    let gap = if objective.is_finite() && bound.is_finite() {
+        ((objective - bound) / objective.abs().max(1e-12)).max(0.0)
+    } else {
+        gap
+    };
+    let phase = PhaseReport {
+        window_depth: if plans {
+            options.limits
+        } else {
+            WindowLimits::FULL
+        },
+        relaxation: (!plans).then_some(Relaxation::FarBands),
+        status,
+        objective,
+        best_bound: bound,
+        gap,
+        seconds: started.elapsed().as_secs_f64(),
+        variables: built.columns,
+        integer_variables: built.integers,
+        constraints: rows,
+    };
+    if let Some(shared) = stop.shared
+        && bounds_every_plan
+        && options.objective == Objective::Time
+    {
+        shared.offer_bound(phase.best_bound);
+    }
+    tracing::debug!(?phase, "HiGHS phase done");
+    Ok(Run {
+        schedule,
+        // The LP's fractional launches count wherever they are above rounding noise.
+        bands_used: bands_used(
+            &built.units,
+            &values,
+            if form == Form::FarBandsLp { 1e-6 } else { 0.5 },
+        ),
+        phase,
+        infeasible,
+    })
+}
+
+/// Per (unit, op), the positions of the band columns in which `values` launches more than
+/// `least` blocks.
+fn bands_used(units: &[UnitVars], values: &[f64], least: f64) -> ExtraPositions {
+    let mut used = ExtraPositions::new();
+    for (i, u) in units.iter().enumerate() {
+        for op in u.ops() {
+            for (positions, x) in op.band_launches() {
+                if values[x.index] > least {
+                    used.entry((i, op.op))
+                        .or_default()
+                        .extend(positions.clone());
+                }
+            }
+        }
+    }
+    used
+}
+
+/// Every plan HiGHS returns is checked against the strict simulator: the ILP's own evaluation of
+/// its integer solution (Σ_s max(c_s + L_s, Q_s + κ_q·c_s) from its coefficients, or its peak variable)
+/// must match the simulation; otherwise the plan is refused. Whether it fits the cap is judged
+/// where plans enter the pool (`solve`'s `offer`): a plan over the cap by HiGHS' tolerance is
+/// dropped there, not an error.
+fn check_consistency(
+    profile: &Profile,
+    schedule: &Schedule,
+    ilp_time: f64,
+    ilp_peak: Option<f64>,
+) -> Result<()> {
+    let sim = simulate(profile, schedule, Semantics::Strict);
+    let error = (sim.iteration_time_us - ilp_time).abs() / ilp_time.max(1e-12);
+    if error > CONSISTENCY {
+        return Err(Error::Solver(format!(
+            "internal check failed: the ILP's objective {ilp_time} µs differs from the simulated {} µs",
+            sim.iteration_time_us
+        )));
+    }
+    if let Some(peak) = ilp_peak
+        && sim.peak_memory_bytes > peak * (1.0 + CONSISTENCY)
+    {
+        return Err(Error::Solver(format!(
+            "internal check failed: the ILP's peak {peak} bytes is below the simulated {}",
+            sim.peak_memory_bytes
+        )));
+    }
+    Ok(())
+}
+
+/// `seconds` after `start`; a limit past what a clock can hold (`unlimited`, 1e12 s) is a century.
+pub(super) fn deadline_after(start: Instant, seconds: f64) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 86_400);
+    let limit = Duration::try_from_secs_f64(seconds).map_or(CENTURY, |d| d.min(CENTURY));
+    start + limit
+}
+
+/// Seconds left until `deadline` (0 once it has passed).
+pub(super) fn seconds_until(deadline: Instant) -> f64 {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .as_secs_f64()
+}
