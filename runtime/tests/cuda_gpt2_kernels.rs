@@ -1,5 +1,5 @@
 //! GPT-2 on the CUDA backend without a GPU: every operation's launches (`gpt2::launches`) run on
-//! the host — the very kernel source (`cuda::gpt2_kernels::SOURCE`) compiled as C++ with a shim
+//! the host — the very kernel source (`gpt2::cuda_source::SOURCE`) compiled as C++ with a shim
 //! that runs every thread of the backend's own launch grid one after another (the kernels use no
 //! barriers, shared memory or atomics, so this is their semantics), the products on the strided
 //! host product — against the CPU backend's `Gpt2Kernels` on the same arena. The kernels round

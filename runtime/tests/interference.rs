@@ -1,8 +1,11 @@
 //! The measuring profiler's interference factors against backends whose interference is known by
-//! construction: the CPU backend (one rank) with collectives that take a set time per element
-//! and either share one lock with every compute kernel (the streams run one after the other:
-//! a slot takes c + Q, κ_q = 1) or hold nothing while they wait (the streams overlap: a slot
-//! takes max(c, Q), κ_c = κ_q = 0). A profiler that returned fixed factors fails one of the two.
+//! construction: the CPU backend (one rank) with collectives that wait a set time per element
+//! (asleep, taking no core) and either share one lock with every compute kernel (the streams run
+//! one after the other: a slot takes c + Q, which d = max(c + κ_c·Q, Q + κ_q·c) fits with κ_c or
+//! κ_q at 1) or hold nothing (the streams overlap: a slot takes max(c, Q), κ_c = κ_q = 0). A
+//! profiler that returned fixed factors fails one of the two. The compute thread keeps its
+//! priority (the CPU backend lowers it, DESIGN §6.1), so that other work on the machine takes
+//! no more from it than from the collectives.
 
 use shardplan_runtime::Result;
 use shardplan_runtime::backend::{
@@ -13,11 +16,11 @@ use shardplan_runtime::mlp::{Mlp, MlpKernels, MlpSpec};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// A collective's time per element (a 64 KiB block: 65 µs plus the sleep's own latency).
+/// A collective's wait per element (a 256 KiB block: 262 µs).
 const PER_ELEMENT: Duration = Duration::from_nanos(4);
 
-/// The CPU backend whose collectives wait `PER_ELEMENT` per element, holding `lock` (which every
-/// compute kernel takes too) when `serial`.
+/// The CPU backend whose collectives wait [`PER_ELEMENT`] per element, the collectives and the
+/// compute kernels holding one lock while they run when `serial`.
 struct KnownInterference {
     inner: CpuBackend<Loopback>,
     serial: bool,
@@ -33,17 +36,24 @@ impl KnownInterference {
         }
     }
 
-    /// The lock every compute kernel holds.
-    fn compute(&self) -> MutexGuard<'_, ()> {
-        self.lock.lock().unwrap()
+    /// `work`, then `wait`, under the lock when serial.
+    fn timed(&self, wait: Duration, work: impl FnOnce() -> Result<()>) -> Result<()> {
+        let _held: Option<MutexGuard<'_, ()>> = self.serial.then(|| self.lock.lock().unwrap());
+        work()?;
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
+        Ok(())
     }
 
-    /// A collective of `elements`: the copy, then the wait, under the lock when serial.
+    /// A collective of `elements`.
     fn collective(&self, elements: usize, copy: impl FnOnce() -> Result<()>) -> Result<()> {
-        let _held = self.serial.then(|| self.lock.lock().unwrap());
-        copy()?;
-        std::thread::sleep(PER_ELEMENT * elements as u32);
-        Ok(())
+        self.timed(PER_ELEMENT * elements as u32, copy)
+    }
+
+    /// A compute kernel.
+    fn kernel(&self, work: impl FnOnce() -> Result<()>) -> Result<()> {
+        self.timed(Duration::ZERO, work)
     }
 }
 
@@ -101,8 +111,8 @@ impl Backend for KnownInterference {
     fn host_computes(&self) -> bool {
         true
     }
-    fn enter_stream_thread(&self, stream: Stream) -> Result<()> {
-        self.inner.enter_stream_thread(stream)
+    fn enter_stream_thread(&self, _stream: Stream) -> Result<()> {
+        Ok(())
     }
 }
 
@@ -116,8 +126,7 @@ impl MlpKernels for KnownInterference {
         dims: (usize, usize),
         relu: bool,
     ) -> Result<()> {
-        let _held = self.compute();
-        self.inner.linear_forward(x, params, out, rows, dims, relu)
+        self.kernel(|| self.inner.linear_forward(x, params, out, rows, dims, relu))
     }
     fn linear_backward(
         &self,
@@ -131,14 +140,14 @@ impl MlpKernels for KnownInterference {
         dims: (usize, usize),
         relu: bool,
     ) -> Result<()> {
-        let _held = self.compute();
-        self.inner.linear_backward(
-            x, params, output, grad_out, grads, grad_in, rows, dims, relu,
-        )
+        self.kernel(|| {
+            self.inner.linear_backward(
+                x, params, output, grad_out, grads, grad_in, rows, dims, relu,
+            )
+        })
     }
     fn mse_grad(&self, z: Region, y: Region, grad: Region, scale: f32, step: usize) -> Result<()> {
-        let _held = self.compute();
-        self.inner.mse_grad(z, y, grad, scale, step)
+        self.kernel(|| self.inner.mse_grad(z, y, grad, scale, step))
     }
     fn adam(
         &self,
@@ -149,8 +158,7 @@ impl MlpKernels for KnownInterference {
         step: u32,
         lr: f32,
     ) -> Result<()> {
-        let _held = self.compute();
-        self.inner.adam(params, grads, m, v, step, lr)
+        self.kernel(|| self.inner.adam(params, grads, m, v, step, lr))
     }
 }
 
@@ -178,15 +186,31 @@ fn fitted(backend: KnownInterference) -> (f64, f64) {
     (p.overlap_slowdown, p.comm_slowdown)
 }
 
-/// Serial streams fit κ_q = 1 (a slot is c + Q); overlapping ones κ_c = κ_q = 0 (max(c, Q)). One
-/// test, so that the two measurements do not run at once.
+/// Serial streams fit κ_c or κ_q at 1 (a slot is c + Q), overlapping ones both at 0 (max(c, Q)).
+/// Other work on the machine only adds interference (it takes the core a waking collective
+/// needs), so each case gets three tries: a serial backend must once fit at least 0.8, an
+/// overlapping one once at most 0.2. One test, so that the measurements never run at once.
 #[test]
 fn the_fitted_factors_are_the_backends_own() {
-    let (compute, comm) = fitted(KnownInterference::new(true));
-    assert!(comm >= 0.8, "serial streams: κ_c {compute}, κ_q {comm}");
-    let (compute, comm) = fitted(KnownInterference::new(false));
+    let tries = |serial: bool, holds: fn(f64) -> bool| {
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let (compute, comm) = fitted(KnownInterference::new(serial));
+            seen.push((compute, comm));
+            if holds(compute.max(comm)) {
+                return Ok(());
+            }
+        }
+        Err(seen)
+    };
+    let serial = tries(true, |kappa| kappa >= 0.8);
     assert!(
-        compute <= 0.25 && comm <= 0.25,
-        "overlapping streams: κ_c {compute}, κ_q {comm}"
+        serial.is_ok(),
+        "serial streams fitted (κ_c, κ_q) {serial:?}"
+    );
+    let overlapping = tries(false, |kappa| kappa <= 0.2);
+    assert!(
+        overlapping.is_ok(),
+        "overlapping streams fitted (κ_c, κ_q) {overlapping:?}"
     );
 }

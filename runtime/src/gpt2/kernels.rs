@@ -135,7 +135,7 @@ const GELU_SCALE: f32 = 0.797_884_6; // √(2/π)
 const ROUNDING: f32 = 12_582_912.0;
 
 /// e^x in f32 without a library call, so that loops over it vectorize and the CUDA kernels
-/// compute the same bits (`exp_poly` in `cuda::gpt2_kernels::SOURCE`: the same operations on the
+/// compute the same bits (`exp_poly` in `gpt2::cuda_source::SOURCE`: the same operations on the
 /// same constants): x clamped to [−87, 88] (NaN stays NaN), n = ⌊x·log₂e + ½⌋, r = x − n·ln 2
 /// with ln 2 in two parts (Cody–Waite), e^r by Cephes' `expf` polynomial, times 2ⁿ made from its
 /// exponent bits. The floor is rounding by [`ROUNDING`] and a step down where that rounded up:

@@ -1,5 +1,5 @@
 //! GPT-2's units as device work: each [`super::Gpt2Kernels`] operation written once as a list of
-//! [`Launch`]es — kernels of [`crate::cuda::gpt2_kernels::SOURCE`] and strided matrix products —
+//! [`Launch`]es — kernels of [`crate::gpt2::cuda_source::SOURCE`] and strided matrix products —
 //! on arena regions, in the order and on the operands the CPU backend uses (`gpt2/cpu.rs`). The
 //! CUDA backend runs them through NVRTC and cuBLAS; a test runs them on the host with the kernel
 //! source compiled as C++ and the products on `matrixmultiply`, against the CPU backend
@@ -38,7 +38,7 @@ pub enum Arg {
     Float(f32),
 }
 
-/// One kernel launch: `threads` threads (the grid is [`crate::cuda::kernels::per_element`]'s).
+/// One kernel launch: `threads` threads (the grid is [`crate::cuda::module::per_element`]'s).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Kernel {
     pub name: &'static str,
