@@ -569,3 +569,45 @@ fn hand_written_plans_need_no_producer_prediction_or_digest() {
         "{msg}"
     );
 }
+
+/// A time limit past any clock (`1e12` seconds, `unlimited`) means no limit: the solve runs to its
+/// gap as with the default limit; a limit that is not a positive number is refused.
+#[test]
+fn huge_and_unlimited_time_limits_mean_no_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = analytic(dir.path(), "gpt2-small", "64");
+    let plan = path(dir.path(), "ilp.toml");
+    for limit in ["1e12", "unlimited", "UNLIMITED"] {
+        let json = ok_json(&[
+            "solve",
+            "--profile",
+            &profile,
+            "--memory-cap",
+            "700MiB",
+            "--time-limit",
+            limit,
+            "--out",
+            &plan,
+            "--json",
+        ]);
+        assert!(
+            ["optimal", "gap_limit"].contains(&json["status"].as_str().unwrap()),
+            "{limit}: {json}"
+        );
+    }
+    for bad in ["0", "-5", "inf", "never"] {
+        let limit = format!("--time-limit={bad}");
+        let (code, message) = fails(&[
+            "solve",
+            "--profile",
+            &profile,
+            "--memory-cap",
+            "700MiB",
+            &limit,
+            "--out",
+            &plan,
+        ]);
+        assert_eq!(code, 2, "{bad}: {message}");
+        assert!(message.contains("`unlimited`"), "{bad}: {message}");
+    }
+}

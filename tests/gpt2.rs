@@ -1,37 +1,26 @@
 //! GPT-2 under every kind of plan: random valid plans (any level per unit, recompute, block
 //! launches spread over several slots) at N = 1, 2 and 4, strict and relaxed, train to the losses
 //! and weights of the N = 1 DDP run — which python/tests/test_gpt2.py checks against Hugging Face
-//! transformers. The arena equals the predicted peak for every plan. Bad inputs are refused
-//! with the tensor, file or field named, and nothing is written.
+//! transformers. Bad inputs are refused with the tensor, file or field named, and nothing is
+//! written. (The in-process checks of arenas, relaxed runs and caps are runtime/tests/gpt2.rs.)
 
 mod common;
 
 use common::{
-    Rng, gpt2_tiny as gpt2, gpt2_tiny_path as model_path, random_schedule, run_plan,
-    runtime_profile,
+    Rng, assert_relaxed_is_strict_with_slow_communication, gpt2_tiny as gpt2,
+    gpt2_tiny_path as model_path, gpt2_tiny_profile as profile, random_schedule, run_plan,
 };
-use shardplan_runtime::backend::{Collectives, CpuBackend};
-use shardplan_runtime::executor::RunOptions;
 use shardplan_runtime::layout::{Placement, place};
-use shardplan_runtime::session;
 use shardplan_runtime::workload::Workload;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::plan::{Producer, plan_with_prediction};
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::Schedule;
-use shardplan_scheduler::sim::{Semantics, simulate};
 use shardplan_scheduler::timeline::{Level, Op};
 use std::path::{Path, PathBuf};
 use std::process::Output;
-use std::time::Duration;
 
 const STEPS: usize = 3;
-
-/// The runtime's own profile of gpt2-tiny with 32 KiB blocks (blocks split into ~25 blocks, so
-/// launches spread over several slots); times are arbitrary (they only shape random plans).
-fn profile(world: usize) -> Profile {
-    runtime_profile(&gpt2(world), world as u32, 32 << 10)
-}
 
 struct Setup {
     dir: tempfile::TempDir,
@@ -206,52 +195,6 @@ fn random_plans_at_one_two_and_four_ranks_train_like_ddp_on_one() {
     eprintln!("worst relative update difference from DDP at N = 1: {worst:.2e}");
 }
 
-/// The arena's live peak (the most bytes alive in a slot, what an optimal packing reaches) is the
-/// predicted peak up to 64-byte alignment per region, tied head included, for every baseline and
-/// random plans (blocks launched over several slots); the packed arena is within 2% of the live
-/// peak, and at it for most plans (65 of these 72; 53 and up to 3.6% above before the skyline
-/// search of `arena::skyline`; the figures are in docs/runtime-results.md).
-#[test]
-fn arena_is_the_predicted_peak_for_every_plan() {
-    let (mut exact, mut plans, mut worst) = (0, 0, 1.0f64);
-    for world in [1usize, 2, 4] {
-        let profile = profile(world);
-        let g = gpt2(world);
-        let mut rng = Rng(world as u64 * 31 + 5);
-        let baselines = BaselineKind::ALL
-            .into_iter()
-            .flat_map(|kind| [false, true].map(|checkpoint| (kind, checkpoint)))
-            .map(|(kind, checkpoint)| {
-                let b = baseline(&profile, kind, checkpoint, None).unwrap();
-                (format!("{} ckpt={checkpoint}", kind.name()), b.schedule)
-            });
-        let random = (0..12).map(|k| (format!("random{k}"), random_schedule(&mut rng, &profile)));
-        for (name, schedule) in baselines.chain(random) {
-            let l = place(&g, &profile, &schedule).unwrap();
-            let predicted = simulate(&profile, &schedule, Semantics::Strict).peak_memory_bytes;
-            let live = l.arena.live_peak_bytes as f64;
-            let alignment = 64.0 * l.regions.len() as f64;
-            assert!(
-                live >= predicted && live <= predicted.ceil() + alignment,
-                "N={world} {name}: live peak {live} vs predicted {predicted}"
-            );
-            let packed = l.arena.size_bytes as f64 / live;
-            assert!(
-                packed <= 1.02,
-                "N={world} {name}: arena {packed} × live peak"
-            );
-            exact += usize::from(packed == 1.0);
-            worst = worst.max(packed);
-            plans += 1;
-        }
-    }
-    eprintln!("{exact} of {plans} plans packed at their live peak; the worst at {worst:.4}×");
-    assert!(
-        exact >= 60,
-        "{exact} of {plans} plans packed at their live peak"
-    );
-}
-
 #[test]
 fn bad_inputs_are_refused_naming_what_is_wrong() {
     let s = setup();
@@ -332,108 +275,6 @@ fn bad_inputs_are_refused_naming_what_is_wrong() {
     check(out, "another model");
 }
 
-/// Rank 0 of `size` ranks that all hold the same data, with collectives that take a millisecond
-/// each: under relaxed semantics compute then runs far ahead of communication, as a slow network
-/// lets it. (The numbers are not a real N-rank run's, but strict and relaxed must agree on them.)
-struct SlowMirror {
-    size: usize,
-}
-
-impl SlowMirror {
-    fn wait(&self) {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-impl Collectives for SlowMirror {
-    fn rank(&self) -> usize {
-        0
-    }
-    fn size(&self) -> usize {
-        self.size
-    }
-    fn all_gather(&self, send: &[f32], recv: &mut [f32]) {
-        self.wait();
-        recv.chunks_exact_mut(send.len())
-            .for_each(|c| c.copy_from_slice(send));
-    }
-    fn reduce_scatter(&self, send: &[f32], recv: &mut [f32]) {
-        self.wait();
-        let n = self.size as f32;
-        recv.iter_mut().zip(send).for_each(|(r, s)| *r = n * s);
-    }
-    fn all_reduce(&self, send: &[f32], recv: &mut [f32]) {
-        self.wait();
-        let n = self.size as f32;
-        recv.iter_mut().zip(send).for_each(|(r, s)| *r = n * s);
-    }
-}
-
-/// Runs `schedule` on rank 0 of `world` [`SlowMirror`] ranks, strict and relaxed: the CPU arena
-/// refuses any borrow of memory an operation in flight still uses, and the losses agree exactly.
-fn assert_relaxed_is_strict_with_slow_communication(
-    world: usize,
-    name: &str,
-    profile: &Profile,
-    schedule: &Schedule,
-) {
-    let g = gpt2(world);
-    let producer = Producer {
-        name: name.into(),
-        details: Default::default(),
-    };
-    let (plan, _) = plan_with_prediction(profile, schedule, producer, None);
-    let losses = |semantics| {
-        let options = RunOptions {
-            steps: STEPS,
-            semantics,
-            timeout: Duration::from_secs(60),
-            trace: false,
-            on_step: None,
-        };
-        let backend = CpuBackend::new(SlowMirror { size: world });
-        let run = session::run_plan(backend, &g, profile, &plan, name, &options)
-            .unwrap_or_else(|e| panic!("{name} {semantics:?}: {e}"));
-        run.report.losses
-    };
-    assert_eq!(
-        losses(Semantics::Relaxed),
-        losses(Semantics::Strict),
-        "{name}"
-    );
-}
-
-/// Relaxed semantics with slow communication on random plans at N = 1, 2, 4: no operation ever
-/// uses memory that another one in flight still uses — the CPU arena refuses such a borrow, so a
-/// missing buffer-reuse fence fails the run instead of racing — and the losses are the strict
-/// run's. (Two buffers alive at different slots may share an arena region; a fence keyed by
-/// region missed the second of them.)
-#[test]
-fn relaxed_runs_with_slow_communication_never_reuse_memory_in_flight() {
-    let mut shared_regions = 0;
-    for (world, plans) in [(1usize, 3), (2, 4), (4, 3)] {
-        let g = gpt2(world);
-        let profile = profile(world);
-        let mut rng = Rng(world as u64 * 7919 + 1);
-        for k in 0..plans {
-            let schedule = random_schedule(&mut rng, &profile);
-            let l = place(&g, &profile, &schedule).unwrap();
-            shared_regions += l
-                .regions
-                .iter()
-                .enumerate()
-                .filter(|(i, (r, _))| l.regions[..*i].iter().any(|(q, _)| q == r))
-                .count();
-            let name = format!("random{k}-n{world}");
-            assert_relaxed_is_strict_with_slow_communication(world, &name, &profile, &schedule);
-        }
-    }
-    assert!(
-        shared_regions > 0,
-        "some plans share a region between buffers"
-    );
-}
-
 /// Plans whose buffers cannot reach their live peak with one offset each alternate two layouts by
 /// step parity (DESIGN §6.5). At N = 1 and N = 2, the first random plan (fixed seeds) in which a
 /// forward gather launched after the backward and a reduction ending in the next forward — the
@@ -487,40 +328,4 @@ fn moved_across_the_end(placement: &Placement, schedule: &Schedule) -> (usize, u
             usize::from(last_reduction < timeline.forward(i) && e.full_grad != o.full_grad);
     }
     (gathers, reductions)
-}
-
-/// A plan whose buffers fit its memory cap but whose packed arena does not is refused before any
-/// step, naming both sizes and a cap to solve under; at a cap equal to the arena it runs.
-#[test]
-fn a_plan_whose_arena_exceeds_its_cap_is_refused() {
-    use shardplan_runtime::Error;
-    use shardplan_runtime::backend::Loopback;
-    let (g, profile) = (gpt2(1), profile(1));
-    let mut rng = Rng(17);
-    let (schedule, l) = (0..200)
-        .map(|_| {
-            let schedule = random_schedule(&mut rng, &profile);
-            let l = place(&g, &profile, &schedule).unwrap();
-            (schedule, l)
-        })
-        .find(|(_, l)| l.arena.size_bytes > l.arena.live_peak_bytes)
-        .expect("a random plan that packs above its live peak");
-    let prepare = |cap: u64| {
-        let producer = Producer {
-            name: "fragmented".into(),
-            details: Default::default(),
-        };
-        let (plan, _) = plan_with_prediction(&profile, &schedule, producer, Some(cap));
-        session::Prepared::new(CpuBackend::new(Loopback), &g, &profile, &plan, "p.toml", 1)
-    };
-    match prepare(l.arena.live_peak_bytes) {
-        Err(Error::OverCap(message)) => assert!(
-            message.contains(&format!("into {} bytes", l.arena.size_bytes))
-                && message.contains("above its memory cap of")
-                && message.contains("--memory-cap"),
-            "{message}"
-        ),
-        other => panic!("expected the cap to be refused, got {:?}", other.err()),
-    }
-    assert!(prepare(l.arena.size_bytes).is_ok());
 }

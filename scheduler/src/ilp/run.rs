@@ -257,3 +257,23 @@ pub(super) fn seconds_until(deadline: Instant) -> f64 {
         .saturating_duration_since(Instant::now())
         .as_secs_f64()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A limit past what the clock holds is a century from now, never a panic; one within it
+    /// is itself.
+    #[test]
+    fn deadlines_of_huge_limits_are_a_century() {
+        let start = Instant::now();
+        let century = Duration::from_secs(100 * 365 * 86_400);
+        for seconds in [1e12, f64::INFINITY, f64::MAX] {
+            assert_eq!(deadline_after(start, seconds) - start, century, "{seconds}");
+        }
+        assert_eq!(
+            deadline_after(start, 2.5) - start,
+            Duration::from_millis(2500)
+        );
+    }
+}

@@ -1,0 +1,156 @@
+//! Fixtures of the runtime's tests (the root crate's tests include them too): the scheduler's
+//! (`scheduler/tests/common`), gpt2-tiny, and the runtime's own profile of a workload.
+#![allow(dead_code)]
+
+#[path = "../../../scheduler/tests/common/mod.rs"]
+mod scheduler_fixtures;
+
+pub use scheduler_fixtures::*;
+use shardplan_runtime::backend::{Collectives, CpuBackend};
+use shardplan_runtime::executor::RunOptions;
+use shardplan_runtime::mlp::{Mlp, MlpSpec};
+use shardplan_runtime::session;
+use shardplan_scheduler::plan::{Producer, plan_with_prediction};
+use shardplan_scheduler::profile::{CommCurves, Profile};
+use shardplan_scheduler::schedule::Schedule;
+use shardplan_scheduler::sim::Semantics;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// models/gpt2-tiny.toml.
+pub fn gpt2_tiny_path() -> std::path::PathBuf {
+    repo_root().join("models/gpt2-tiny.toml")
+}
+
+/// gpt2-tiny as rank 0 of `world` lays it out (synthetic tokens, the model's initialisation).
+pub fn gpt2_tiny(world: usize) -> shardplan_runtime::gpt2::Gpt2 {
+    let model = shardplan_scheduler::model::ModelSpec::load(&gpt2_tiny_path()).unwrap();
+    shardplan_runtime::gpt2::Gpt2::synthetic(&model, "gpt2-tiny", 0, world).unwrap()
+}
+
+/// The runtime's own profile of `workload` on `world` ranks with blocks of `block_size_bytes`,
+/// arbitrary unit times (unit u: forward 10 + u, backward 20 + u, recompute 8 + u, optimizer
+/// 3 + u µs) and affine curves: times only shape random plans.
+pub fn runtime_profile(
+    workload: &dyn shardplan_runtime::workload::Workload,
+    world: u32,
+    block_size_bytes: u64,
+) -> Profile {
+    use shardplan_runtime::measure::{UnitTime, workload_profile};
+    let times = (0..workload.unit_count())
+        .map(|u| UnitTime {
+            forward_us: 10.0 + u as f64,
+            checkpointed_forward_us: 9.0 + u as f64,
+            backward_us: 20.0 + u as f64,
+            recompute_us: 8.0 + u as f64,
+            optimizer_us: 3.0 + u as f64,
+        })
+        .collect();
+    let comm = CommCurves {
+        all_gather: affine(5.0, 100.0),
+        reduce_scatter: affine(5.0, 100.0),
+        all_reduce: affine(8.0, 100.0),
+    };
+    workload_profile(
+        workload,
+        world,
+        &times,
+        comm,
+        Some(block_size_bytes),
+        Default::default(),
+    )
+    .unwrap()
+}
+
+/// The runtime's own profile of gpt2-tiny at `world` ranks with 32 KiB blocks (blocks split into
+/// ~25 blocks, so launches spread over several slots); times are arbitrary (they only shape
+/// random plans).
+pub fn gpt2_tiny_profile(world: usize) -> Profile {
+    runtime_profile(&gpt2_tiny(world), world as u32, 32 << 10)
+}
+
+/// Rank 0 of `size` ranks that all hold the same data, with collectives that take a millisecond
+/// each: under relaxed semantics compute then runs far ahead of communication, as a slow network
+/// lets it. (The numbers are not a real N-rank run's, but strict and relaxed must agree on them.)
+struct SlowMirror {
+    size: usize,
+}
+
+impl SlowMirror {
+    fn wait(&self) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+impl Collectives for SlowMirror {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn all_gather(&self, send: &[f32], recv: &mut [f32]) {
+        self.wait();
+        recv.chunks_exact_mut(send.len())
+            .for_each(|c| c.copy_from_slice(send));
+    }
+    fn reduce_scatter(&self, send: &[f32], recv: &mut [f32]) {
+        self.wait();
+        let n = self.size as f32;
+        recv.iter_mut().zip(send).for_each(|(r, s)| *r = n * s);
+    }
+    fn all_reduce(&self, send: &[f32], recv: &mut [f32]) {
+        self.wait();
+        let n = self.size as f32;
+        recv.iter_mut().zip(send).for_each(|(r, s)| *r = n * s);
+    }
+}
+
+/// Runs `schedule` for 3 steps on rank 0 of `world` [`SlowMirror`] ranks, strict and relaxed: the CPU arena
+/// refuses any borrow of memory an operation in flight still uses, and the losses agree exactly.
+pub fn assert_relaxed_is_strict_with_slow_communication(
+    world: usize,
+    name: &str,
+    profile: &Profile,
+    schedule: &Schedule,
+) {
+    let g = gpt2_tiny(world);
+    let producer = Producer {
+        name: name.into(),
+        details: Default::default(),
+    };
+    let (plan, _) = plan_with_prediction(profile, schedule, producer, None);
+    let losses = |semantics| {
+        let options = RunOptions {
+            steps: 3,
+            semantics,
+            timeout: Duration::from_secs(60),
+            trace: false,
+            on_step: None,
+        };
+        let backend = CpuBackend::new(SlowMirror { size: world });
+        let run = session::run_plan(backend, &g, profile, &plan, name, &options)
+            .unwrap_or_else(|e| panic!("{name} {semantics:?}: {e}"));
+        run.report.losses
+    };
+    assert_eq!(
+        losses(Semantics::Relaxed),
+        losses(Semantics::Strict),
+        "{name}"
+    );
+}
+
+/// The test MLP: units of 1–2 k parameters.
+const MLP_TEST: &str = "name = \"mlp-test\"\ninput = 24\nwidths = [40, 32, 48, 8]\nbatch_per_rank = 6\nseed = 11\nlearning_rate = 0.01\n";
+
+/// The test MLP's spec, and its model file written in `dir`.
+pub fn spec(dir: &Path) -> (MlpSpec, PathBuf) {
+    let path = dir.join("mlp.toml");
+    std::fs::write(&path, MLP_TEST).unwrap();
+    (MlpSpec::load(&path).unwrap(), path)
+}
+
+/// A profile of `spec` with 2–4 blocks per unit (block size 1 KiB).
+pub fn profile(spec: &MlpSpec, world: u32) -> Profile {
+    runtime_profile(&Mlp::new(spec.clone(), 0, world as usize), world, 1024)
+}
