@@ -1,7 +1,9 @@
-"""PyTorch side of shardplan: measure a model's units into a shardplan profile, and apply a
-plan exported with `shardplan export fsdp2` to a model with FSDP2's `fully_shard`."""
+"""PyTorch side of shardplan: map a model's modules onto shardplan's units, measure them into a
+shardplan profile, and apply a plan exported with `shardplan export fsdp2` with FSDP2's
+`fully_shard`."""
 
 from .fsdp import apply_plan
 from .profiler import profile
+from .units import Unit, units
 
-__all__ = ["apply_plan", "profile"]
+__all__ = ["Unit", "apply_plan", "profile", "units"]

@@ -1,11 +1,15 @@
 """Profile a model's units into a shardplan profile (schema 1).
 
-Per unit, with hooks on the unit modules: forward time (pre- to post-forward hook), backward time
-(from the unit's backward pre-hook to the next unit's in backward order, the first unit's ending
-when `backward()` returns), parameter count, saved-activation bytes (every tensor autograd saves
-while the unit's forward runs, parameters excluded, each storage once), checkpointed bytes (the
-unit's inputs: what full recompute keeps), forward workspace (the output bytes) and backward
-workspace (the gradients of the unit's output and input). Times are the median of `repeats`
+Per unit (`shardplan_torch.Unit`s, e.g. `shardplan_torch.units(model)`), with hooks on its
+compute modules: forward time (the first one's pre-forward hook to the last one's post-forward
+hook), backward time (from the last compute module's backward pre-hook to the next unit's in
+backward order, the first unit's ending when `backward()` returns), parameter count (the unit's
+own, tied ones once), saved-activation bytes (every tensor autograd saves while the unit's
+forward runs, parameters excluded, each storage once), checkpointed bytes (the unit's inputs:
+what full recompute keeps), forward workspace (the output bytes) and backward workspace (the
+gradients of the unit's output and input). A unit that reads another's parameters (GPT-2's head,
+the tied `wte`) is recorded with `reads_params_of`. Every parameter must belong to exactly one
+unit: a map that leaves one out is refused, naming it. Times are the median of `repeats`
 runs after `warmup`; on CUDA they are taken with CUDA events. Collective curves, block size and
 world size come from an existing shardplan profile (`shardplan profile analytic` for the target
 hardware, or one with curves imported from nccl-tests).
@@ -16,6 +20,8 @@ import time
 import tomllib
 
 import torch
+
+from .units import check
 
 
 def _bytes(obj):
@@ -56,7 +62,7 @@ def _measure(model, units, sample_batch, loss_fn, cuda):
     """One forward and backward with hooks; returns per-unit times and bytes."""
     clock = _Clock(cuda)
     params = {p.data_ptr() for p in model.parameters()}
-    names = [n for n, _ in units]
+    names = [u.name for u in units]
     current = [None]
     saved = {n: {} for n in names}
     info = {n: {"in": 0, "out": 0, "grad": 0} for n in names}
@@ -67,7 +73,9 @@ def _measure(model, units, sample_batch, loss_fn, cuda):
             saved[current[0]][(t.data_ptr(), t.numel(), t.dtype)] = t.numel() * t.element_size()
         return t
 
-    for name, module in units:
+    for unit in units:
+        name, first, last = unit.name, unit.compute[0], unit.compute[-1]
+
         def pre(mod, args, name=name):
             current[0] = name
             info[name]["in"] = _bytes(args)
@@ -82,8 +90,8 @@ def _measure(model, units, sample_batch, loss_fn, cuda):
             info[name]["grad"] = _bytes(grad_out)
             clock.mark(("b0", name))
 
-        handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post),
-                    module.register_full_backward_pre_hook(bpre)]
+        handles += [first.register_forward_pre_hook(pre), last.register_forward_hook(post),
+                    last.register_full_backward_pre_hook(bpre)]
     try:
         clock.mark(("start", None))
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -125,10 +133,12 @@ def _toml_value(v):
 
 def profile(model, units, sample_batch, loss_fn, comm_profile, out, *, name="pytorch model",
             bytes_per_param=(4, 4, 8), warmup=2, repeats=5):
-    """Measures `units` (a list of (name, module) in forward order) of `model` running
-    `loss_fn(model, sample_batch)` (a scalar loss) and writes a shardplan profile to `out`.
+    """Measures `units` (`Unit`s, or (name, module) pairs, in forward order; every parameter of
+    `model` in exactly one) of `model` running `loss_fn(model, sample_batch)` (a scalar loss) and
+    writes a shardplan profile to `out`.
     Collective curves, block size and world size are taken from the profile at `comm_profile`.
     `bytes_per_param` is (gathered parameter, gradient, optimizer state) bytes per parameter."""
+    units = check(model, units)
     with open(comm_profile, "rb") as f:
         base = tomllib.load(f)
     cuda = next(model.parameters()).is_cuda
@@ -153,20 +163,22 @@ def profile(model, units, sample_batch, loss_fn, comm_profile, out, *, name="pyt
         f"grad = {bytes_per_param[1]}",
         f"optimizer = {bytes_per_param[2]}",
     ]
-    for unit_name, module in units:
-        samples = [r[unit_name] for r in runs]
+    for unit in units:
+        samples = [r[unit.name] for r in runs]
         median = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
         lines += [
             "",
             "[[units]]",
-            f"name = {_toml_value(unit_name)}",
-            f"params = {sum(p.numel() for p in module.parameters())}",
+            f"name = {_toml_value(unit.name)}",
+            f"params = {sum(p.numel() for p in unit.parameters())}",
             f"forward_us = {_toml_value(max(float(median['forward_us']), 0.0))}",
             f"backward_us = {_toml_value(max(float(median['backward_us']), 0.0))}",
         ]
         for key in ["activation_bytes", "checkpoint_activation_bytes", "forward_workspace_bytes",
                     "backward_workspace_bytes"]:
             lines.append(f"{key} = {int(median[key])}")
+        if unit.reads_params_of is not None:
+            lines.append(f"reads_params_of = {_toml_value(unit.reads_params_of)}")
     for op in ["all_gather", "reduce_scatter", "all_reduce"]:
         points = [[int(b), float(t)] for b, t in base["comm"][op]["points"]]
         lines += ["", f"[comm.{op}]", f"points = {_toml_value(points)}"]

@@ -1,11 +1,10 @@
 //! The measuring profiler's interference factors against backends whose interference is known by
-//! construction: the CPU backend (one rank) with collectives that wait a set time per element
-//! (asleep, taking no core) and either share one lock with every compute kernel (the streams run
-//! one after the other: a slot takes c + Q, which d = max(c + κ_c·Q, Q + κ_q·c) fits with κ_c or
-//! κ_q at 1) or hold nothing (the streams overlap: a slot takes max(c, Q), κ_c = κ_q = 0). A
-//! profiler that returned fixed factors fails one of the two. The compute thread keeps its
-//! priority (the CPU backend lowers it, DESIGN §6.1), so that other work on the machine takes
-//! no more from it than from the collectives.
+//! construction: the CPU backend (one rank) running a tiny MLP whose compute kernels and
+//! collectives each also wait a set time asleep (so the slots are made of those waits and take
+//! no core: other work on the machine changes them little), and either hold one lock while they
+//! run (the streams run one after the other: a slot takes c + Q, which d = max(c + κ_c·Q,
+//! Q + κ_q·c) fits with κ_c or κ_q at 1) or hold nothing (the streams overlap: a slot takes
+//! max(c, Q), κ_c = κ_q = 0). A profiler that returned fixed factors fails one of the two.
 
 use shardplan_runtime::Result;
 use shardplan_runtime::backend::{
@@ -18,9 +17,11 @@ use std::time::{Duration, Instant};
 
 /// A collective's wait per element (a 256 KiB block: 262 µs).
 const PER_ELEMENT: Duration = Duration::from_nanos(4);
+/// A compute kernel's wait (a unit's forward is one kernel, its backward one).
+const KERNEL: Duration = Duration::from_micros(300);
 
-/// The CPU backend whose collectives wait [`PER_ELEMENT`] per element, the collectives and the
-/// compute kernels holding one lock while they run when `serial`.
+/// The CPU backend whose compute kernels wait [`KERNEL`] and collectives [`PER_ELEMENT`] per
+/// element, all holding one lock while they run when `serial`.
 struct KnownInterference {
     inner: CpuBackend<Loopback>,
     serial: bool,
@@ -53,7 +54,7 @@ impl KnownInterference {
 
     /// A compute kernel.
     fn kernel(&self, work: impl FnOnce() -> Result<()>) -> Result<()> {
-        self.timed(Duration::ZERO, work)
+        self.timed(KERNEL, work)
     }
 }
 
@@ -111,8 +112,8 @@ impl Backend for KnownInterference {
     fn host_computes(&self) -> bool {
         true
     }
-    fn enter_stream_thread(&self, _stream: Stream) -> Result<()> {
-        Ok(())
+    fn enter_stream_thread(&self, stream: Stream) -> Result<()> {
+        self.inner.enter_stream_thread(stream)
     }
 }
 
@@ -166,9 +167,9 @@ impl MlpKernels for KnownInterference {
 fn fitted(backend: KnownInterference) -> (f64, f64) {
     let spec = MlpSpec {
         name: "mlp-known-interference".into(),
-        input: 256,
-        widths: vec![512, 512, 512, 64],
-        batch_per_rank: 64,
+        input: 32,
+        widths: vec![32, 32, 32, 8],
+        batch_per_rank: 8,
         seed: 7,
         learning_rate: 1e-3,
     };

@@ -10,6 +10,7 @@ pub mod curve;
 pub mod error;
 pub mod export;
 pub mod hardware;
+pub mod hf_config;
 #[cfg(feature = "solver")]
 pub mod ilp;
 pub mod io;

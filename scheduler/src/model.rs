@@ -9,6 +9,12 @@ use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
+/// Whether `path` names a Hugging Face transformers config (`*.json`) rather than a zoo file.
+pub fn is_hf_config(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+}
+
 /// Normalisation layer kind; sets the number of parameters per norm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -164,8 +170,12 @@ pub enum Attention {
 }
 
 impl ModelSpec {
-    /// Loads and validates a model file.
+    /// Loads and validates a model file: a zoo TOML, or a transformers `config.json`
+    /// ([`crate::hf_config`]).
     pub fn load(path: &Path) -> Result<Self> {
+        if is_hf_config(path) {
+            return crate::hf_config::load(path);
+        }
         let spec: ModelSpec = crate::io::read_toml(path)?;
         spec.validate(&path.display().to_string())?;
         Ok(spec)
