@@ -5,5 +5,6 @@ shardplan profile, and apply a plan exported with `shardplan export fsdp2` with 
 from .fsdp import apply_plan
 from .profiler import profile
 from .units import Unit, units
+from .units import check as check_units
 
-__all__ = ["Unit", "apply_plan", "profile", "units"]
+__all__ = ["Unit", "apply_plan", "check_units", "profile", "units"]
