@@ -129,6 +129,7 @@ fn overhead(c: &mut Criterion) {
         timeout: Duration::from_secs(30),
         trace: false,
         on_step: None,
+        on_stall: None,
     };
     let mut group = c.benchmark_group("mlp-small 5 steps, 1 rank");
     group.bench_function("executor (ddp plan, strict)", |b| {

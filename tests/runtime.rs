@@ -263,7 +263,7 @@ fn a_killed_rank_ends_every_rank_with_an_error_within_30_seconds() {
             "--model",
             model.to_str().unwrap(),
         ])
-        .args(["--steps", "100000000", "--timeout", "10"])
+        .args(["--steps", "1000000", "--timeout", "10"])
         .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -304,6 +304,112 @@ fn a_killed_rank_ends_every_rank_with_an_error_within_30_seconds() {
     let mut stderr = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     assert!(!stderr.trim().is_empty(), "a message says what happened");
+}
+
+/// A rank stopped (SIGSTOP: a hung process, a stuck driver call, a paused node) mid-run with
+/// `--timeout 5`: the other rank's watchdog finds its collective overdue, names the slot, the
+/// collective and the peer it waits for, and ends the job (MPI_Abort) within the timeout + 10 s;
+/// no process is left behind. Each rank is stopped once, one early and one later in the run.
+#[test]
+fn a_stopped_rank_ends_the_job_within_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let TwoRanks {
+        model,
+        profile_path,
+        plan,
+        ..
+    } = two_ranks(dir.path(), BaselineKind::Fsdp1);
+    for (victim, after) in [(1usize, 1.5f64), (0, 3.0)] {
+        let mut child = Command::new("mpirun")
+            .args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
+            .arg(env!("CARGO_BIN_EXE_shardplan"))
+            .args(["run", "--backend", "cpu", "--profile"])
+            .arg(&profile_path)
+            .arg("--plan")
+            .arg(&plan)
+            .arg("--model")
+            .arg(&model)
+            .args(["--steps", "1000000", "--timeout", "5"])
+            .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_secs_f64(after));
+        let ranks = rank_processes(child.id());
+        assert_eq!(ranks.len(), 2, "mpirun's ranks: {ranks:?}");
+        let stopped = rank_of(&ranks, victim);
+        signal("-STOP", &stopped);
+        let stopped_at = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if stopped_at.elapsed().as_secs() >= 15 {
+                signal("-KILL", &stopped);
+                let _ = child.kill();
+                panic!("rank {victim} stopped: the job still runs 15 s later");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        let took = stopped_at.elapsed().as_secs_f64();
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+        assert!(!status.success(), "rank {victim} stopped: {stderr}");
+        for part in [
+            "global slot",
+            "did not complete within 5.0 s",
+            "waiting for its peers, rank",
+        ] {
+            assert!(
+                stderr.contains(part),
+                "rank {victim} stopped: `{part}` missing: {stderr}"
+            );
+        }
+        let peer = format!("rank {victim} (stopped");
+        assert!(stderr.contains(&peer), "the peer named: {stderr}");
+        assert!(took < 15.0, "{took} s");
+        let left = ranks.iter().filter(|pid| alive(pid)).count();
+        assert_eq!(left, 0, "rank {victim} stopped: processes left behind");
+    }
+}
+
+/// The rank processes mpirun `mpirun` started, in rank order (OMPI_COMM_WORLD_RANK).
+fn rank_processes(mpirun: u32) -> Vec<(usize, String)> {
+    let children = Command::new("pgrep")
+        .args(["-P", &mpirun.to_string()])
+        .output()
+        .unwrap();
+    let mut ranks: Vec<(usize, String)> = String::from_utf8(children.stdout)
+        .unwrap()
+        .split_whitespace()
+        .filter_map(|pid| {
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+            let rank = environ
+                .split(|&b| b == 0)
+                .find_map(|v| v.strip_prefix(b"OMPI_COMM_WORLD_RANK="))?;
+            Some((
+                std::str::from_utf8(rank).ok()?.parse().ok()?,
+                pid.to_string(),
+            ))
+        })
+        .collect();
+    ranks.sort();
+    ranks
+}
+
+fn rank_of(ranks: &[(usize, String)], rank: usize) -> String {
+    ranks.iter().find(|(r, _)| *r == rank).unwrap().1.clone()
+}
+
+fn signal(which: &str, pid: &str) {
+    let _ = Command::new("kill").args([which, pid]).status();
+}
+
+/// Whether process `pid` still runs (a zombie of mpirun's counts as gone).
+fn alive(pid: &(usize, String)) -> bool {
+    std::fs::read_to_string(format!("/proc/{}/stat", pid.1))
+        .is_ok_and(|stat| !stat.contains(") Z "))
 }
 
 /// `profile measure` on the CPU at N = 2 (mpirun): the profile describes the workload (its units

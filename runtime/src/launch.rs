@@ -40,6 +40,19 @@ pub fn cuda_backend() -> Result<(Option<MpiUniverse>, CudaBackend)> {
     Ok((Some(universe), CudaBackend::new(local_rank(rank), setup)?))
 }
 
+/// Ends this process and, in a job of several MPI ranks, every rank (MPI_Abort with `code`:
+/// mpirun ends the others); a process alone exits with `code`.
+pub fn end_job(code: i32) -> ! {
+    use mpi::topology::{Communicator, SimpleCommunicator};
+    if mpi::environment::is_initialized() {
+        let world = SimpleCommunicator::world();
+        if world.size() > 1 {
+            world.abort(code);
+        }
+    }
+    std::process::exit(code)
+}
+
 /// This process's rank of the job and the job's number of ranks.
 pub fn job_rank(universe: &MpiUniverse) -> (usize, usize) {
     use mpi::topology::Communicator;

@@ -65,18 +65,25 @@ pub(crate) fn end_job_on_failure<T>(
         let (rank, ranks) = job_rank(universe);
         if ranks > 1 {
             let failure = Failure::of(error);
-            if rank == 0 {
-                failure.report(json);
-            } else {
-                failure.report_from_rank(rank);
-                if json {
-                    std::thread::sleep(REPORT_GRACE);
-                }
-            }
+            report_for_job(&failure, rank, json);
             abort_peers(universe, failure.code.into());
         }
     }
     result
+}
+
+/// Reports the failure of rank `rank` of a job of several ranks: rank 0's as the command's
+/// (one JSON object under `--json`), the others' as a line on stderr, after which they give
+/// rank 0 [`REPORT_GRACE`] to print under `--json`.
+pub(crate) fn report_for_job(failure: &Failure, rank: usize, json: bool) {
+    if rank == 0 {
+        failure.report(json);
+    } else {
+        failure.report_from_rank(rank);
+        if json {
+            std::thread::sleep(REPORT_GRACE);
+        }
+    }
 }
 
 /// How long a failed rank other than 0 waits before it ends the job under `--json`: rank 0, when

@@ -1,14 +1,15 @@
 //! `shardplan run`: starts this rank's backend (the runtime's dispatch: MPI or NCCL ranks under
 //! mpirun, else one rank), builds the model, runs the plan and prints rank 0's report.
 
-use super::end_job_on_failure;
+use super::{end_job_on_failure, report_for_job};
 use crate::cli::{RunArgs, SemanticsArg};
+use crate::failure::Failure;
 use crate::output::{ms, outln, print_json};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use shardplan_runtime::backend::Backend;
 use shardplan_runtime::dispatch::{AfterRun, Data, Job, Model, start};
-use shardplan_runtime::executor::{OnStep, RunOptions};
+use shardplan_runtime::executor::{OnStall, OnStep, RunOptions};
 use shardplan_runtime::mlp::ReferenceCheck;
 use shardplan_runtime::model_file::ModelFile;
 use shardplan_runtime::session::{PlanRun, chrome_trace, run_plan};
@@ -121,6 +122,7 @@ fn run_with<B: Backend, W: Train<B>>(
         timeout: Duration::from_secs_f64(args.timeout),
         trace: args.trace.is_some(),
         on_step: bar.as_ref().map(|(_, on_step)| on_step.clone()),
+        on_stall: (backend.world_size() > 1).then(|| stall_report(backend.rank(), args.json)),
     };
     let origin = args.plan.display().to_string();
     let done = run_plan(backend, workload, &profile, &plan, &origin, &options);
@@ -146,6 +148,14 @@ fn run_with<B: Backend, W: Train<B>>(
     let reference = model.finish(&done.params, &after)?;
     report(args, &plan, &done, reference.as_ref());
     Ok(())
+}
+
+/// How rank `rank` reports a collective the watchdog found stalled, before the job ends.
+fn stall_report(rank: usize, json: bool) -> OnStall {
+    OnStall(Arc::new(move |error: &shardplan_runtime::Error| {
+        let error = shardplan_runtime::Error::Timeout(error.to_string());
+        report_for_job(&Failure::of(&error.into()), rank, json);
+    }))
 }
 
 fn report(args: &RunArgs, plan: &Plan, done: &PlanRun, reference: Option<&ReferenceCheck>) {

@@ -169,6 +169,9 @@ pub trait Backend: Sync {
             ENQUEUE_SPIN
         }
     }
+    /// Abandons the communicator before the job ends on a stalled collective (NCCL:
+    /// `ncclCommAbort`, so no kernel waits for a peer that will not come); MPI has nothing to do.
+    fn abort_communication(&self) {}
     /// Called first on the host thread that drives `stream`, before its first operation. The CPU
     /// backend lowers its compute threads' priority there (DESIGN §6.1); a backend whose threads
     /// only enqueue work has nothing to do.

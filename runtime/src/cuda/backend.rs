@@ -343,4 +343,7 @@ impl Backend for CudaBackend {
     fn host_computes(&self) -> bool {
         false
     }
+    fn abort_communication(&self) {
+        self.nccl.abort();
+    }
 }

@@ -7,6 +7,7 @@ use cudarc::driver::CudaStream;
 use cudarc::nccl::{result, sys};
 use shardplan_scheduler::timeline::Collective;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The bytes of an NCCL unique id.
 pub type UniqueId = [u8; 128];
@@ -39,6 +40,8 @@ pub struct Nccl {
     comm: sys::ncclComm_t,
     rank: usize,
     size: usize,
+    /// Set by [`Nccl::abort`]: the communicator is neither used nor destroyed after it.
+    aborted: AtomicBool,
 }
 
 impl Nccl {
@@ -58,11 +61,26 @@ impl Nccl {
                 .map_err(nccl_error("joining the communicator"))?;
             comm.assume_init()
         };
-        Ok(Nccl { comm, rank, size })
+        Ok(Nccl {
+            comm,
+            rank,
+            size,
+            aborted: AtomicBool::new(false),
+        })
     }
 
     pub fn rank(&self) -> usize {
         self.rank
+    }
+
+    /// Aborts the communicator (`ncclCommAbort`, callable from any thread): its operations in
+    /// flight end, later ones are refused, and it is not destroyed again. The job is ending.
+    pub fn abort(&self) {
+        if !self.aborted.swap(true, Ordering::SeqCst) {
+            // SAFETY: the communicator is valid (created in `new`, destroyed only in `drop`,
+            // which skips an aborted one); NCCL allows the abort beside a blocked operation.
+            let _ = unsafe { result::comm_abort(self.comm) };
+        }
     }
 
     pub fn size(&self) -> usize {
@@ -112,6 +130,12 @@ impl Nccl {
             Collective::ReduceScatter => (send.len / self.size, send.len / self.size),
             Collective::AllReduce => (send.len, send.len),
         };
+        if self.aborted.load(Ordering::SeqCst) {
+            return Err(Error::Backend(format!(
+                "NCCL {}: the communicator was aborted",
+                op.name()
+            )));
+        }
         let whole = op != Collective::ReduceScatter || send.len.is_multiple_of(self.size);
         if !whole || recv.len != expected_recv {
             return Err(Error::Backend(format!(
@@ -166,6 +190,9 @@ impl DeviceFloats {
 
 impl Drop for Nccl {
     fn drop(&mut self) {
+        if self.aborted.load(Ordering::SeqCst) {
+            return;
+        }
         // SAFETY: created in `new`, destroyed once, after the owner synchronised its streams.
         let _ = unsafe { result::comm_destroy(self.comm) };
     }

@@ -24,6 +24,7 @@
 //! event. Step times and trace spans are measured between marks.
 
 mod program;
+mod watchdog;
 
 use crate::backend::{Backend, Region, Stream, StreamWork, on_both_streams};
 use crate::event::Event;
@@ -36,7 +37,9 @@ use shardplan_scheduler::schedule::Schedule;
 use shardplan_scheduler::sim::Semantics;
 use shardplan_scheduler::timeline::Level;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use watchdog::{InFlight, Watch, peers};
 
 /// How to run.
 #[derive(Debug, Clone)]
@@ -48,6 +51,21 @@ pub struct RunOptions {
     pub trace: bool,
     /// Told each step's index as the compute stream finishes it (issues it, on a GPU).
     pub on_step: Option<OnStep>,
+    /// Told of a collective that did not complete within `timeout` (a stopped or hung peer),
+    /// by a watchdog thread, before the job ends ([`crate::launch::end_job`]); `None`: no
+    /// watchdog (one rank, benches), the streams' own waits still time out.
+    pub on_stall: Option<OnStall>,
+}
+
+/// The report of a stalled collective: called once, from the watchdog's thread, with the error
+/// naming the collective and the peers it waited for; the job ends when it returns.
+#[derive(Clone)]
+pub struct OnStall(pub Arc<dyn Fn(&Error) + Send + Sync>);
+
+impl std::fmt::Debug for OnStall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnStall(..)")
+    }
 }
 
 /// A progress callback of [`RunOptions`], called from the compute stream's thread.
@@ -114,17 +132,25 @@ pub fn run<B: Backend, W: Train<B>>(
     let walk = Walk::new(backend, workload, schedule, placement, options);
     backend.synchronize()?;
     let origin = backend.mark(Stream::Compute)?;
-    let (computed, communicated) = on_both_streams(
-        backend,
-        StreamWork {
-            work: || walk.compute(),
-            on_failure: || walk.slot_started.abandon(),
-        },
-        StreamWork {
-            work: || walk.communicate(),
-            on_failure: || walk.abandon_compute_waits(),
-        },
-    );
+    let finished = AtomicBool::new(false);
+    let (computed, communicated) = std::thread::scope(|scope| {
+        if let Some(on_stall) = &options.on_stall {
+            scope.spawn(|| walk.watch_over(&finished, on_stall));
+        }
+        let streams = on_both_streams(
+            backend,
+            StreamWork {
+                work: || walk.compute(),
+                on_failure: || walk.slot_started.abandon(),
+            },
+            StreamWork {
+                work: || walk.communicate(),
+                on_failure: || walk.abandon_compute_waits(),
+            },
+        );
+        finished.store(true, Ordering::Release);
+        streams
+    });
     let (computed, comm_spans) = match (computed, communicated) {
         (Ok(c), Ok(spans)) => (c, spans),
         (Err(e), Ok(_)) | (Ok(_), Err(e)) => return Err(e),
@@ -150,14 +176,14 @@ struct Walk<'a, B: Backend, W> {
     program: Program,
     /// Global slots walked: (K + 2)·S.
     total: usize,
-    /// Per global slot, the relaxed fences: (unit, reductions launched before the slot).
-    fence_targets: Vec<Vec<(usize, u64)>>,
     /// Per (unit, kind), one signal per block done.
     done: Vec<Event<B::Mark>>,
     /// One signal per global slot the compute stream reached.
     slot_started: Event<B::Mark>,
     /// One signal per global slot whose communication is done.
     comm_done: Event<B::Mark>,
+    /// The collective the communication stream is in, for the watchdog.
+    watch: Watch,
 }
 
 impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
@@ -173,10 +199,10 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
         let event = || Event::spinning(backend.host_wait_spin());
         Walk {
             total: (options.steps + 2) * program.slots,
-            fence_targets: program.fence_targets(options.steps, units),
             done: (0..units * Kind::COUNT).map(|_| event()).collect(),
             slot_started: event(),
             comm_done: event(),
+            watch: Watch::default(),
             program,
             backend,
             workload,
@@ -225,6 +251,30 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
         self.total * 4 + blocks * (self.options.steps + 2)
     }
 
+    /// The watchdog's thread: until `finished`, a collective in flight longer than the timeout
+    /// is reported to `on_stall` and ends the job.
+    fn watch_over(&self, finished: &AtomicBool, on_stall: &OnStall) {
+        let (rank, world) = (self.backend.rank(), self.backend.world_size());
+        let timeout = self.options.timeout;
+        let describe = |c: InFlight| {
+            Error::Timeout(format!(
+                "the {} of {} (block {} of {}, step {}) launched in global slot {} did not complete within {:.1} s on rank {rank}: waiting for its peers, {} (stopped, hung or unreachable); ending the job",
+                c.kind.described(),
+                self.workload.unit_name(c.unit),
+                c.block + 1,
+                c.blocks,
+                c.step,
+                c.slot,
+                timeout.as_secs_f64(),
+                peers(rank, world),
+            ))
+        };
+        self.watch
+            .guard(timeout, finished, describe, &*on_stall.0, || {
+                self.backend.abort_communication()
+            });
+    }
+
     /// The communication stream failed: its signals will not come, so every wait of the compute
     /// stream on them fails at once.
     fn abandon_compute_waits(&self) {
@@ -248,7 +298,16 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
                     continue;
                 }
                 let start = self.mark_if_tracing(stream)?;
+                self.watch.enter(InFlight {
+                    kind: b.kind,
+                    unit: b.unit,
+                    block: b.index,
+                    blocks: self.layout(d as usize).units[b.unit].blocks,
+                    step: d as usize,
+                    slot: g,
+                });
                 self.communicate_block(b, d as u32)?;
+                self.watch.leave();
                 let end = self.backend.mark(stream)?;
                 if let Some(start) = start {
                     spans.push(PendingSpan {
@@ -300,7 +359,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
 
     /// The compute stream's waits before global slot g (DESIGN §6.3): strict, all communication
     /// of earlier slots; relaxed, the blocks the slot needs and the buffer-reuse fences.
-    fn wait_before_slot(&self, g: usize) -> Result<()> {
+    fn wait_before_slot(&self, g: usize, fences: &[(usize, u64)]) -> Result<()> {
         let stream = Stream::Compute;
         let (iter, s) = self.program.split(g);
         let computing = iter >= 0 && (iter as usize) < self.options.steps;
@@ -320,7 +379,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
                         )
                     })?;
                 }
-                for &(u, target) in &self.fence_targets[g] {
+                for &(u, target) in fences {
                     let reductions = self.event(u, Kind::ReduceScatter);
                     self.wait(stream, reductions, target, &|| {
                         format!("RS of {} (buffer reuse)", self.workload.unit_name(u))
@@ -339,8 +398,10 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
         let timeline = self.schedule.timeline();
         let mut step_marks = Vec::with_capacity(steps + 1);
         let mut spans = Vec::with_capacity(self.span_capacity());
+        let units = self.placement.for_step(0).units.len();
+        let mut fences = self.program.fence_walk(steps, units);
         for g in 0..self.total {
-            self.wait_before_slot(g)?;
+            self.wait_before_slot(g, &fences.next_slot())?;
             let (iter, s) = self.program.split(g);
             let started = backend.mark(stream)?;
             if s == 0 && iter >= 0 && iter as usize <= steps {

@@ -35,6 +35,16 @@ impl Kind {
     pub(super) fn name(self) -> &'static str {
         ["AR", "RS", "AG", "AGB"][self.index()]
     }
+
+    /// What it is, in words: the collective and, for a gather, which.
+    pub(super) fn described(self) -> &'static str {
+        [
+            "AllReduce",
+            "ReduceScatter",
+            "forward AllGather",
+            "backward AllGather",
+        ][self.index()]
+    }
 }
 
 /// One block on the communication stream's queue for a slot.
@@ -159,28 +169,45 @@ impl Program {
         ((g / self.slots) as i64 - 1, g % self.slots)
     }
 
-    /// Per global slot of a K-step walk, the relaxed fences with their targets: (unit, the
-    /// reductions of real steps launched before the slot).
-    pub(super) fn fence_targets(&self, steps: usize, units: usize) -> Vec<Vec<(usize, u64)>> {
-        let mut launched_before = vec![0u64; units];
-        let total = (steps + 2) * self.slots;
-        let mut targets = Vec::with_capacity(total);
-        for g in 0..total {
-            let (iter, s) = self.split(g);
-            let parity = iter.rem_euclid(self.parities as i64) as usize;
-            targets.push(
-                self.fences[parity * self.slots + s]
-                    .iter()
-                    .map(|&u| (u, launched_before[u]))
-                    .collect(),
-            );
-            for b in &self.queues[s] {
-                let d = iter + b.offset;
-                if b.kind == Kind::ReduceScatter && d >= 0 && (d as usize) < steps {
-                    launched_before[b.unit] += 1;
-                }
+    /// The relaxed fences of a K-step walk with their targets, global slot by global slot.
+    pub(super) fn fence_walk(&self, steps: usize, units: usize) -> FenceWalk<'_> {
+        FenceWalk {
+            program: self,
+            steps,
+            next: 0,
+            launched_before: vec![0; units],
+        }
+    }
+}
+
+/// The compute stream's walk of the relaxed fences: per global slot, in order, (unit, the
+/// reductions of real steps launched before the slot), counted as the slots go by (memory
+/// independent of the number of steps).
+pub(super) struct FenceWalk<'a> {
+    program: &'a Program,
+    steps: usize,
+    /// The next global slot.
+    next: usize,
+    launched_before: Vec<u64>,
+}
+
+impl FenceWalk<'_> {
+    /// The fences of the next global slot, with their targets.
+    pub(super) fn next_slot(&mut self) -> Vec<(usize, u64)> {
+        let p = self.program;
+        let (iter, s) = p.split(self.next);
+        let parity = iter.rem_euclid(p.parities as i64) as usize;
+        let targets = p.fences[parity * p.slots + s]
+            .iter()
+            .map(|&u| (u, self.launched_before[u]))
+            .collect();
+        for b in &p.queues[s] {
+            let d = iter + b.offset;
+            if b.kind == Kind::ReduceScatter && d >= 0 && (d as usize) < self.steps {
+                self.launched_before[b.unit] += 1;
             }
         }
+        self.next += 1;
         targets
     }
 }

@@ -127,6 +127,7 @@ pub fn assert_relaxed_is_strict_with_slow_communication(
             timeout: Duration::from_secs(60),
             trace: false,
             on_step: None,
+            on_stall: None,
         };
         let backend = CpuBackend::new(SlowMirror { size: world });
         let run = session::run_plan(backend, &g, profile, &plan, name, &options)
