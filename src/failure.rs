@@ -82,6 +82,7 @@ impl Failure {
         let (code, kind) = match error.downcast_ref::<shardplan_runtime::Error>() {
             Some(shardplan_runtime::Error::Mismatch(_)) => (2, "mismatch"),
             Some(shardplan_runtime::Error::OverCap(_)) => (3, "infeasible"),
+            Some(shardplan_runtime::Error::NotEnoughMemory(_)) => (3, "memory"),
             Some(shardplan_runtime::Error::Timeout(_)) => (1, "timeout"),
             Some(shardplan_runtime::Error::Backend(_)) => (1, "backend"),
             _ => (1, "failure"),

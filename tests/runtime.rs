@@ -306,6 +306,55 @@ fn a_killed_rank_ends_every_rank_with_an_error_within_30_seconds() {
     assert!(!stderr.trim().is_empty(), "a message says what happened");
 }
 
+/// A run whose buffers exceed this rank's share of the host's available memory (given by
+/// `SHARDPLAN_HOST_MEMORY_AVAILABLE`) is refused before it allocates or runs a step, with both
+/// figures named; with the memory there it runs.
+#[test]
+fn memory_the_host_lacks_is_refused_before_allocating() {
+    let dir = tempfile::tempdir().unwrap();
+    let TwoRanks {
+        model,
+        profile_path,
+        plan,
+        ..
+    } = two_ranks(dir.path(), BaselineKind::Zero3);
+    let run = |available: &str| {
+        let mut cmd = Command::new("mpirun");
+        cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
+            .args(["-x", "SHARDPLAN_HOST_MEMORY_AVAILABLE"])
+            .arg(env!("CARGO_BIN_EXE_shardplan"))
+            .args(["run", "--backend", "cpu", "--profile"])
+            .arg(&profile_path)
+            .arg("--plan")
+            .arg(&plan)
+            .arg("--model")
+            .arg(&model)
+            .args(["--steps", "2", "--json"])
+            .env("SHARDPLAN_HOST_MEMORY_AVAILABLE", available)
+            .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
+        cmd.output().unwrap()
+    };
+    let refused = run("4000");
+    assert_eq!(refused.status.code(), Some(3), "{refused:?}");
+    let error: serde_json::Value = serde_json::from_slice(&refused.stdout).unwrap();
+    assert_eq!(error["kind"], "memory", "{error}");
+    let message = error["error"].as_str().unwrap();
+    for part in [
+        "needs",
+        "on each rank",
+        "3.91 KiB available (SHARDPLAN_HOST_MEMORY_AVAILABLE) for its 2 ranks: 1.95 KiB each",
+        "make the batch smaller",
+    ] {
+        assert!(message.contains(part), "`{part}` missing: {message}");
+    }
+    let ran = run("1000000000000");
+    assert!(
+        ran.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+}
+
 /// A rank stopped (SIGSTOP: a hung process, a stuck driver call, a paused node) mid-run with
 /// `--timeout 5`: the other rank's watchdog finds its collective overdue, names the slot, the
 /// collective and the peer it waits for, and ends the job (MPI_Abort) within the timeout + 10 s;

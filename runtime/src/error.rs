@@ -17,6 +17,10 @@ pub enum Error {
     /// The plan does not fit its own memory cap on this backend.
     #[error("{0}")]
     OverCap(String),
+    /// What a run would allocate is more than the host or the device has available (checked
+    /// before allocating).
+    #[error("{0}")]
+    NotEnoughMemory(String),
     /// A wait outlived its deadline: a peer or a stream stopped making progress.
     #[error("{0}")]
     Timeout(String),

@@ -5,6 +5,7 @@
 
 use super::host_arena::{HostArena, Read, Write};
 use super::{Allocation, Backend, DeviceMemory, Region, Stream};
+use crate::process::check_host_memory;
 use crate::{Error, Result};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -214,6 +215,11 @@ impl<C: Collectives> Backend for CpuBackend<C> {
         self.collectives.size()
     }
     fn allocate(&mut self, sizes: Allocation) -> Result<()> {
+        let elements = sizes.arena_elements + sizes.largest_block + sizes.loss_slots;
+        check_host_memory(
+            4 * elements as u64,
+            "the buffers it allocates (arena, block buffer, loss slots)",
+        )?;
         *self.losses.get_mut().map_err(|_| poisoned("losses"))? = vec![0.0; sizes.loss_slots];
         *self.scratch.get_mut().map_err(|_| poisoned("scratch"))? = vec![0.0; sizes.largest_block];
         self.arena = HostArena::zeroed(sizes.arena_elements)?;

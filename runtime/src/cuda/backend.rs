@@ -18,6 +18,7 @@ use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice, result as driver,
 };
+use shardplan_scheduler::size::format_bytes;
 use std::sync::{Arc, Mutex};
 
 /// Pinned buffers uploads go through, used round-robin (an upload waits only for the copy made
@@ -180,6 +181,17 @@ impl Backend for CudaBackend {
         // The set-up ends here: context, libraries, communicator and the workload's kernels.
         self.synchronize()?;
         self.memory.before_arena = memory::used_bytes(&self.ctx)?;
+        let needed = 4 * (elements + loss_slots) as u64;
+        let free = self.memory.total.saturating_sub(self.memory.before_arena);
+        if needed > free {
+            return Err(Error::NotEnoughMemory(format!(
+                "the arena (with its loss slots) needs {} on GPU {}, which has {} free of {}: make the batch smaller, or shard more (a plan under a lower --memory-cap)",
+                format_bytes(needed as f64),
+                self.device_name(),
+                format_bytes(free as f64),
+                format_bytes(self.memory.total as f64)
+            )));
+        }
         self.memory.pool_before_arena = memory::pool(&self.ctx)?;
         let mb = (elements * 4) >> 20;
         let arena = self
