@@ -124,6 +124,7 @@ fn overhead(c: &mut Criterion) {
     )
     .unwrap();
     let options = RunOptions {
+        first_step: 0,
         steps: STEPS,
         semantics: Semantics::Strict,
         timeout: Duration::from_secs(30),

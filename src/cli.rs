@@ -490,9 +490,20 @@ pub struct RunArgs {
     /// relative difference of the trained weights.
     #[arg(long)]
     pub compare_reference: bool,
-    /// Seconds any stream may wait for another or for a peer before the run fails.
+    /// Seconds any stream may wait for another or for a peer before the run fails (a watchdog
+    /// ends the job when a collective waits longer).
     #[arg(long, default_value_t = 30.0, value_parser = seconds_arg)]
     pub timeout: f64,
+    /// Write a checkpoint (parameters, Adam state, step) after every N steps, into
+    /// --checkpoint-dir (the last two are kept).
+    #[arg(long, requires = "checkpoint_dir")]
+    pub checkpoint_every: Option<std::num::NonZeroUsize>,
+    #[arg(long, requires = "checkpoint_every")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Continue from the newest complete checkpoint in this folder (same plan and ranks); --steps
+    /// counts from the start of training.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
 }

@@ -126,6 +126,16 @@ impl Failure {
         }
     }
 
+    /// Prints the failure as [`Failure::report`] does, except on a rank other than 0 of a job
+    /// an MPI launcher started (every rank failing alike before or without MPI), which prints it
+    /// as a line on stderr: under `--json` stdout holds one document, rank 0's.
+    pub fn report_once(&self, json: bool) {
+        match shardplan_runtime::launch::launcher_rank() {
+            Some(rank) if rank > 0 => self.report_from_rank(rank),
+            _ => self.report(json),
+        }
+    }
+
     /// Prints the failure of rank `rank` of a job as `error: rank R: …` on stderr (rank 0 alone
     /// prints the job's JSON object).
     pub fn report_from_rank(&self, rank: usize) {

@@ -20,7 +20,7 @@ fn main() -> ExitCode {
         Err(e) => {
             let json = std::env::args_os().any(|a| a == "--json");
             if json {
-                Failure::usage(&e).report(true);
+                Failure::usage(&e).report_once(true);
                 return ExitCode::from(2);
             }
             e.exit()
@@ -35,7 +35,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let failure = Failure::of(&e);
-            failure.report(json);
+            failure.report_once(json);
             ExitCode::from(failure.code)
         }
     }

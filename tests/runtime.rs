@@ -355,6 +355,132 @@ fn memory_the_host_lacks_is_refused_before_allocating() {
     );
 }
 
+/// A two-rank run checkpointing every 20 steps is killed (SIGKILL of a rank) between two
+/// checkpoints; resumed to 15 steps past its newest one, it ends with the losses (of the steps
+/// it ran) and the weights of an uninterrupted run to that step, bit for bit. With that newest
+/// checkpoint torn (a rank file truncated), the resume refuses it, saying why, and continues from
+/// the one before, again bit for bit.
+#[test]
+fn a_killed_run_resumes_from_its_checkpoint_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let TwoRanks {
+        model,
+        profile_path,
+        plan,
+        ..
+    } = two_ranks(dir.path(), BaselineKind::Zero3);
+    let checkpoints = dir.path().join("checkpoints");
+    let run = |extra: &[&str]| {
+        let [profile, plan, model] = [&profile_path, &plan, &model].map(|p| p.to_str().unwrap());
+        let mut args = vec![
+            "run",
+            "--backend",
+            "cpu",
+            "--profile",
+            profile,
+            "--plan",
+            plan,
+        ];
+        args.extend(["--model", model, "--json"]);
+        args.extend_from_slice(extra);
+        let out = common::run(2, &args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let mut child = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
+        .arg(env!("CARGO_BIN_EXE_shardplan"))
+        .args(["run", "--backend", "cpu", "--profile"])
+        .arg(&profile_path)
+        .arg("--plan")
+        .arg(&plan)
+        .arg("--model")
+        .arg(&model)
+        .args([
+            "--steps",
+            "1000000",
+            "--checkpoint-every",
+            "20",
+            "--checkpoint-dir",
+        ])
+        .arg(&checkpoints)
+        .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let complete = |step: usize| checkpoints.join(format!("step-{step:010}/complete"));
+    let started = std::time::Instant::now();
+    while !complete(40).exists() {
+        assert!(
+            started.elapsed().as_secs() < 60,
+            "no second checkpoint in 60 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let ranks = rank_processes(child.id());
+    signal("-KILL", &rank_of(&ranks, 1));
+    assert!(!child.wait().unwrap().success());
+    let mut kept: Vec<usize> = std::fs::read_dir(&checkpoints)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            name.strip_prefix("step-")?.parse().ok()
+        })
+        .filter(|&step| complete(step).exists())
+        .collect();
+    kept.sort();
+    let newest = *kept.last().unwrap();
+    assert!(
+        kept.len() == 2 && newest >= 40,
+        "the last two are kept: {kept:?}"
+    );
+    let total = newest + 15;
+    let steps = total.to_string();
+    let params = |name: &str| dir.path().join(name);
+    let whole = run(&[
+        "--steps",
+        &steps,
+        "--dump-params",
+        params("whole.json").to_str().unwrap(),
+    ]);
+    let check = |resumed: &serde_json::Value, from: usize, dumped: &str| {
+        assert_eq!(resumed["first_step"], from, "{resumed}");
+        assert_eq!(
+            resumed["losses"].as_array().unwrap()[..],
+            whole["losses"].as_array().unwrap()[from..],
+            "the resumed steps' losses"
+        );
+        assert_eq!(
+            std::fs::read(params(dumped)).unwrap(),
+            std::fs::read(params("whole.json")).unwrap(),
+            "the trained weights"
+        );
+    };
+    let resume = |dumped: &str| {
+        run(&[
+            "--steps",
+            &steps,
+            "--resume",
+            checkpoints.to_str().unwrap(),
+            "--dump-params",
+            params(dumped).to_str().unwrap(),
+        ])
+    };
+    check(&resume("resumed.json"), newest, "resumed.json");
+    let torn = checkpoints.join(format!("step-{newest:010}/rank-1"));
+    let bytes = std::fs::read(&torn).unwrap();
+    std::fs::write(&torn, &bytes[..bytes.len() - 100]).unwrap();
+    let resumed = resume("resumed-earlier.json");
+    let refused = resumed["refused_checkpoints"].to_string();
+    assert!(refused.contains("truncated or torn"), "{refused}");
+    check(&resumed, kept[0], "resumed-earlier.json");
+}
+
 /// A rank stopped (SIGSTOP: a hung process, a stuck driver call, a paused node) mid-run with
 /// `--timeout 5`: the other rank's watchdog finds its collective overdue, names the slot, the
 /// collective and the peer it waits for, and ends the job (MPI_Abort) within the timeout + 10 s;

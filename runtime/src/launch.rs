@@ -12,6 +12,19 @@ pub fn under_mpi() -> bool {
         .any(|v| std::env::var_os(v).is_some())
 }
 
+/// This process's rank as the launcher set it in the environment (before MPI is initialised, or
+/// where it never is), if a launcher started it.
+pub fn launcher_rank() -> Option<usize> {
+    [
+        "OMPI_COMM_WORLD_RANK",
+        "PMI_RANK",
+        "PMIX_RANK",
+        "SLURM_PROCID",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
+}
+
 /// This process's index among the launcher's processes on this machine (its GPU).
 fn local_rank(rank: usize) -> usize {
     [

@@ -11,6 +11,7 @@
 
 pub mod arena;
 pub mod backend;
+pub mod checkpoint;
 pub mod cuda;
 pub mod dispatch;
 pub mod error;

@@ -4,6 +4,7 @@
 //! tests all run plans through [`run_plan`].
 
 use crate::backend::{Allocation, Backend, DeviceMemory, Stream};
+use crate::checkpoint::{self, Checkpoints, Identity, Resumed};
 use crate::executor::{RunOptions, RunReport, Span, final_params, initialise, run};
 use crate::layout::{Placement, place};
 use crate::measure::median;
@@ -15,6 +16,7 @@ use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::Schedule;
 use shardplan_scheduler::sim::trace::{complete, thread_name, trace_file};
 use shardplan_scheduler::sim::{Simulation, simulate};
+use std::path::{Path, PathBuf};
 
 /// What a run of a plan gives back on every rank.
 pub struct PlanRun {
@@ -33,6 +35,12 @@ pub struct PlanRun {
     pub predicted: Simulation,
     /// The median step after the first (DESIGN §6.2).
     pub measured_iteration_us: f64,
+    /// The training step this run started at (0, or the resumed checkpoint's).
+    pub first_step: usize,
+    /// The checkpoint it resumed from, and newer ones it refused (with why).
+    pub resumed_from: Option<PathBuf>,
+    pub refused_checkpoints: Vec<String>,
+    pub checkpoints_written: usize,
 }
 
 /// A plan ready to run: checked against the profile and the ranks, its layout packed, the arena
@@ -107,7 +115,18 @@ fn check_cap(placement: &Placement, plan: &Plan, origin: &str) -> Result<()> {
     }
 }
 
-/// Runs `plan` (named `origin` in errors) for `workload` on `backend`.
+/// Where a run's checkpoints go and where it resumes from (`--checkpoint-every`,
+/// `--checkpoint-dir`, `--resume`); the default: neither.
+#[derive(Debug, Clone, Default)]
+pub struct Durability {
+    pub checkpoints: Option<Checkpoints>,
+    pub resume: Option<PathBuf>,
+}
+
+/// Runs `plan` (named `origin` in errors) for `workload` on `backend` until `options.steps`
+/// steps of training are done: from the start, or from the newest checkpoint under
+/// `durability.resume`; in spans of `--checkpoint-every` steps, each followed by a checkpoint,
+/// when asked.
 pub fn run_plan<B: Backend, W: Train<B>>(
     backend: B,
     workload: &W,
@@ -115,15 +134,74 @@ pub fn run_plan<B: Backend, W: Train<B>>(
     plan: &Plan,
     origin: &str,
     options: &RunOptions,
+    durability: &Durability,
 ) -> Result<PlanRun> {
     let prepared = Prepared::new(backend, workload, profile, plan, origin, options.steps)?;
-    let report = prepared.execute(workload, options)?;
+    let identity = Identity {
+        plan: checkpoint::plan_digest(plan),
+        world_size: prepared.backend.world_size(),
+        rank: prepared.backend.rank(),
+    };
+    let kept = prepared.placement.for_step(0);
+    let resumed = match &durability.resume {
+        Some(dir) => checkpoint::resume(&prepared.backend, kept, dir, &identity)?,
+        None => Resumed::default(),
+    };
+    if resumed.step > options.steps {
+        return Err(Error::Mismatch(format!(
+            "{}: the checkpoint is after step {}, past --steps {}",
+            durability
+                .resume
+                .as_deref()
+                .unwrap_or(Path::new(""))
+                .display(),
+            resumed.step,
+            options.steps
+        )));
+    }
+    let span = durability
+        .checkpoints
+        .as_ref()
+        .map_or(options.steps.max(1), |c| c.every.get());
+    let mut report: Option<RunReport> = None;
+    let mut done = resumed.step;
+    let mut checkpoints = 0;
+    while done < options.steps || report.is_none() {
+        let steps = span.min(options.steps - done);
+        let part = prepared.execute(
+            workload,
+            &RunOptions {
+                steps,
+                first_step: done,
+                ..options.clone()
+            },
+        )?;
+        done += steps;
+        if let Some(c) = &durability.checkpoints
+            && steps > 0
+        {
+            checkpoint::save(&prepared.backend, kept, &c.dir, done, &identity)?;
+            checkpoints += 1;
+        }
+        report = Some(match report {
+            None => part,
+            Some(so_far) => so_far.followed_by(part),
+        });
+        if steps == 0 {
+            break;
+        }
+    }
+    let report = report.expect("at least one span ran");
     let Prepared {
         backend,
         schedule,
         placement,
     } = prepared;
     Ok(PlanRun {
+        first_step: resumed.step,
+        resumed_from: resumed.from,
+        refused_checkpoints: resumed.refused,
+        checkpoints_written: checkpoints,
         backend: backend.name(),
         rank: backend.rank(),
         world_size: backend.world_size(),

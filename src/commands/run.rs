@@ -8,11 +8,12 @@ use crate::output::{ms, outln, print_json};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use shardplan_runtime::backend::Backend;
+use shardplan_runtime::checkpoint::Checkpoints;
 use shardplan_runtime::dispatch::{AfterRun, Data, Job, Model, start};
 use shardplan_runtime::executor::{OnStall, OnStep, RunOptions};
 use shardplan_runtime::mlp::ReferenceCheck;
 use shardplan_runtime::model_file::ModelFile;
-use shardplan_runtime::session::{PlanRun, chrome_trace, run_plan};
+use shardplan_runtime::session::{Durability, PlanRun, chrome_trace, run_plan};
 use shardplan_runtime::train::Train;
 use shardplan_scheduler::io::{check_outputs_distinct, write_atomic};
 use shardplan_scheduler::plan::Plan;
@@ -118,6 +119,7 @@ fn run_with<B: Backend, W: Train<B>>(
         (backend.rank() == 0 && !args.json).then(|| Throughput { per_step, unit }.bar(args.steps));
     let options = RunOptions {
         steps: args.steps as usize,
+        first_step: 0,
         semantics,
         timeout: Duration::from_secs_f64(args.timeout),
         trace: args.trace.is_some(),
@@ -125,7 +127,22 @@ fn run_with<B: Backend, W: Train<B>>(
         on_stall: (backend.world_size() > 1).then(|| stall_report(backend.rank(), args.json)),
     };
     let origin = args.plan.display().to_string();
-    let done = run_plan(backend, workload, &profile, &plan, &origin, &options);
+    let durability = Durability {
+        checkpoints: args
+            .checkpoint_every
+            .zip(args.checkpoint_dir.clone())
+            .map(|(every, dir)| Checkpoints { every, dir }),
+        resume: args.resume.clone(),
+    };
+    let done = run_plan(
+        backend,
+        workload,
+        &profile,
+        &plan,
+        &origin,
+        &options,
+        &durability,
+    );
     if let Some((bar, _)) = bar {
         bar.finish_and_clear();
     }
@@ -166,6 +183,10 @@ fn report(args: &RunArgs, plan: &Plan, done: &PlanRun, reference: Option<&Refere
     if args.json {
         print_json(&json!({
             "steps": args.steps,
+            "first_step": done.first_step,
+            "resumed_from": done.resumed_from,
+            "refused_checkpoints": done.refused_checkpoints,
+            "checkpoints_written": done.checkpoints_written,
             "backend": done.backend,
             "world_size": done.world_size,
             "semantics": semantics.name(),
@@ -193,8 +214,22 @@ fn report(args: &RunArgs, plan: &Plan, done: &PlanRun, reference: Option<&Refere
         }));
         return;
     }
+    if let Some(from) = &done.resumed_from {
+        outln!(
+            "resumed after step {} from {}",
+            done.first_step,
+            from.display()
+        );
+    }
+    for refused in &done.refused_checkpoints {
+        outln!("  a newer checkpoint was refused: {refused}");
+    }
     for (k, (loss, us)) in report.losses.iter().zip(&report.step_us).enumerate() {
-        outln!("step {:>4}  loss {loss:.6}  {}", k + 1, ms(*us));
+        outln!(
+            "step {:>4}  loss {loss:.6}  {}",
+            done.first_step + k + 1,
+            ms(*us)
+        );
     }
     outln!(
         "{} backend, {} ranks, {} semantics, plan by {}",

@@ -45,6 +45,9 @@ use watchdog::{InFlight, Watch, peers};
 #[derive(Debug, Clone)]
 pub struct RunOptions {
     pub steps: usize,
+    /// The index of the first of these steps in the whole training (a run continued from a
+    /// checkpoint): it picks the data and counts Adam's steps; losses are this run's steps'.
+    pub first_step: usize,
     pub semantics: Semantics,
     /// Longest wait on any event before the run fails (a dead peer, a stuck stream).
     pub timeout: Duration,
@@ -105,6 +108,29 @@ pub struct RunReport {
     pub executor_overhead_us_per_slot: f64,
 }
 
+impl RunReport {
+    /// This run followed by `next`, a run of the steps after it on the same layout: losses and
+    /// step times joined, spans shifted to start where this run's last step ended.
+    pub fn followed_by(mut self, next: RunReport) -> RunReport {
+        let offset = self.spans.iter().map(|s| s.end_us).fold(0.0, f64::max);
+        self.spans.extend(next.spans.into_iter().map(|s| Span {
+            start_us: s.start_us + offset,
+            end_us: s.end_us + offset,
+            ..s
+        }));
+        let (a, b) = (self.losses.len() as f64, next.losses.len() as f64);
+        self.executor_overhead_us_per_slot = if a + b > 0.0 {
+            (self.executor_overhead_us_per_slot * a + next.executor_overhead_us_per_slot * b)
+                / (a + b)
+        } else {
+            next.executor_overhead_us_per_slot
+        };
+        self.losses.extend(next.losses);
+        self.step_us.extend(next.step_us);
+        self
+    }
+}
+
 /// A span while the run goes on: its marks are converted to µs at the end.
 struct PendingSpan<M> {
     stream: Stream,
@@ -116,7 +142,8 @@ struct PendingSpan<M> {
 }
 
 /// Runs `options.steps` steps of `workload` under `schedule` on `backend` (its arena already
-/// allocated for `placement` and at least `steps` loss slots) and returns what it measured.
+/// allocated for `placement` and at least `first_step + steps` loss slots) and returns what it
+/// measured.
 ///
 /// Phases: the static program and the fence targets; the two streams walking the global slots
 /// (the communication stream on its own thread); the losses, step times and spans read back.
@@ -303,7 +330,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
                     unit: b.unit,
                     block: b.index,
                     blocks: self.layout(d as usize).units[b.unit].blocks,
-                    step: d as usize,
+                    step: self.options.first_step + d as usize,
                     slot: g,
                 });
                 self.communicate_block(b, d as u32)?;
@@ -314,7 +341,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
                         stream,
                         what: b.kind.name(),
                         unit: b.unit,
-                        step: d as usize,
+                        step: self.options.first_step + d as usize,
                         start,
                         end: end.clone(),
                     });
@@ -352,7 +379,8 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
         }
         let reduction = matches!(b.kind, Kind::AllReduce | Kind::ReduceScatter);
         if reduction && b.index + 1 == u.blocks {
-            self.workload.optimize(backend, layout, b.unit, step + 1)?;
+            let trained = self.options.first_step as u32 + step + 1;
+            self.workload.optimize(backend, layout, b.unit, trained)?;
         }
         Ok(())
     }
@@ -419,24 +447,25 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
             }
             let step = iter as usize;
             let layout = self.layout(step);
+            let data = self.options.first_step + step;
             let start = self.mark_if_tracing(stream)?;
             let forward = s == timeline.forward(i);
             if forward {
                 self.workload
-                    .forward(backend, layout, i, step, Pass::Forward)?;
+                    .forward(backend, layout, i, data, Pass::Forward)?;
             } else {
                 if layout.units[i].recompute {
                     self.workload
-                        .forward(backend, layout, i, step, Pass::Recompute)?;
+                        .forward(backend, layout, i, data, Pass::Recompute)?;
                 }
-                self.workload.backward(backend, layout, i, step)?;
+                self.workload.backward(backend, layout, i, data)?;
             }
             if let Some(start) = start {
                 spans.push(PendingSpan {
                     stream,
                     what: if forward { "F" } else { "B" },
                     unit: i,
-                    step,
+                    step: data,
                     start,
                     end: backend.mark(stream)?,
                 });
@@ -454,7 +483,8 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
     ) -> Result<RunReport> {
         let (backend, steps) = (self.backend, self.options.steps);
         backend.synchronize()?;
-        let mut losses = backend.losses(steps)?;
+        let first = self.options.first_step;
+        let mut losses = backend.losses(first + steps)?.split_off(first);
         backend.all_reduce_host(&mut losses)?;
         let marks = &computed.step_marks;
         let step_us = marks

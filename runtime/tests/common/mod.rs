@@ -122,6 +122,7 @@ pub fn assert_relaxed_is_strict_with_slow_communication(
     let (plan, _) = plan_with_prediction(profile, schedule, producer, None);
     let losses = |semantics| {
         let options = RunOptions {
+            first_step: 0,
             steps: 3,
             semantics,
             timeout: Duration::from_secs(60),
@@ -130,8 +131,16 @@ pub fn assert_relaxed_is_strict_with_slow_communication(
             on_stall: None,
         };
         let backend = CpuBackend::new(SlowMirror { size: world });
-        let run = session::run_plan(backend, &g, profile, &plan, name, &options)
-            .unwrap_or_else(|e| panic!("{name} {semantics:?}: {e}"));
+        let run = session::run_plan(
+            backend,
+            &g,
+            profile,
+            &plan,
+            name,
+            &options,
+            &Default::default(),
+        )
+        .unwrap_or_else(|e| panic!("{name} {semantics:?}: {e}"));
         run.report.losses
     };
     assert_eq!(
