@@ -146,6 +146,25 @@ struct TwoRanks {
     plan: PathBuf,
 }
 
+impl TwoRanks {
+    /// `mpirun -np 2 [launcher] shardplan run --backend cpu` of this plan, `extra` after.
+    fn mpirun(&self, launcher: &[&str], extra: &[&str]) -> Command {
+        let mut cmd = Command::new("mpirun");
+        cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
+            .args(launcher)
+            .arg(env!("CARGO_BIN_EXE_shardplan"))
+            .args(["run", "--backend", "cpu", "--profile"])
+            .arg(&self.profile_path)
+            .arg("--plan")
+            .arg(&self.plan)
+            .arg("--model")
+            .arg(&self.model)
+            .args(extra)
+            .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
+        cmd
+    }
+}
+
 fn two_ranks(dir: &Path, kind: BaselineKind) -> TwoRanks {
     let (spec, model) = spec(dir);
     let profile = profile(&spec, 2);
@@ -238,33 +257,9 @@ fn a_failed_jobs_json_is_one_document_from_rank_0() {
 #[test]
 fn a_killed_rank_ends_every_rank_with_an_error_within_30_seconds() {
     let dir = tempfile::tempdir().unwrap();
-    let TwoRanks {
-        model,
-        profile_path,
-        plan,
-        ..
-    } = two_ranks(dir.path(), BaselineKind::Fsdp1);
-    let mut child = Command::new("mpirun")
-        .args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-np",
-            "2",
-            env!("CARGO_BIN_EXE_shardplan"),
-            "run",
-            "--backend",
-            "cpu",
-        ])
-        .args([
-            "--profile",
-            profile_path.to_str().unwrap(),
-            "--plan",
-            plan.to_str().unwrap(),
-            "--model",
-            model.to_str().unwrap(),
-        ])
-        .args(["--steps", "1000000", "--timeout", "10"])
-        .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+    let setup = two_ranks(dir.path(), BaselineKind::Fsdp1);
+    let mut child = setup
+        .mpirun(&[], &["--steps", "1000000", "--timeout", "10"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -312,27 +307,16 @@ fn a_killed_rank_ends_every_rank_with_an_error_within_30_seconds() {
 #[test]
 fn memory_the_host_lacks_is_refused_before_allocating() {
     let dir = tempfile::tempdir().unwrap();
-    let TwoRanks {
-        model,
-        profile_path,
-        plan,
-        ..
-    } = two_ranks(dir.path(), BaselineKind::Zero3);
+    let setup = two_ranks(dir.path(), BaselineKind::Zero3);
     let run = |available: &str| {
-        let mut cmd = Command::new("mpirun");
-        cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
-            .args(["-x", "SHARDPLAN_HOST_MEMORY_AVAILABLE"])
-            .arg(env!("CARGO_BIN_EXE_shardplan"))
-            .args(["run", "--backend", "cpu", "--profile"])
-            .arg(&profile_path)
-            .arg("--plan")
-            .arg(&plan)
-            .arg("--model")
-            .arg(&model)
-            .args(["--steps", "2", "--json"])
+        setup
+            .mpirun(
+                &["-x", "SHARDPLAN_HOST_MEMORY_AVAILABLE"],
+                &["--steps", "2", "--json"],
+            )
             .env("SHARDPLAN_HOST_MEMORY_AVAILABLE", available)
-            .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
-        cmd.output().unwrap()
+            .output()
+            .unwrap()
     };
     let refused = run("4000");
     assert_eq!(refused.status.code(), Some(3), "{refused:?}");
@@ -363,27 +347,13 @@ fn memory_the_host_lacks_is_refused_before_allocating() {
 #[test]
 fn a_killed_run_resumes_from_its_checkpoint_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
-    let TwoRanks {
-        model,
-        profile_path,
-        plan,
-        ..
-    } = two_ranks(dir.path(), BaselineKind::Zero3);
+    let setup = two_ranks(dir.path(), BaselineKind::Zero3);
     let checkpoints = dir.path().join("checkpoints");
     let run = |extra: &[&str]| {
-        let [profile, plan, model] = [&profile_path, &plan, &model].map(|p| p.to_str().unwrap());
-        let mut args = vec![
-            "run",
-            "--backend",
-            "cpu",
-            "--profile",
-            profile,
-            "--plan",
-            plan,
-        ];
-        args.extend(["--model", model, "--json"]);
-        args.extend_from_slice(extra);
-        let out = common::run(2, &args);
+        let out = setup
+            .mpirun(&[], &[&["--json"], extra].concat())
+            .output()
+            .unwrap();
         assert!(
             out.status.success(),
             "{}",
@@ -391,24 +361,18 @@ fn a_killed_run_resumes_from_its_checkpoint_bit_for_bit() {
         );
         serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
     };
-    let mut child = Command::new("mpirun")
-        .args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
-        .arg(env!("CARGO_BIN_EXE_shardplan"))
-        .args(["run", "--backend", "cpu", "--profile"])
-        .arg(&profile_path)
-        .arg("--plan")
-        .arg(&plan)
-        .arg("--model")
-        .arg(&model)
-        .args([
-            "--steps",
-            "1000000",
-            "--checkpoint-every",
-            "20",
-            "--checkpoint-dir",
-        ])
-        .arg(&checkpoints)
-        .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+    let every = [
+        "--steps",
+        "1000000",
+        "--checkpoint-every",
+        "20",
+        "--checkpoint-dir",
+    ];
+    let mut child = setup
+        .mpirun(
+            &[],
+            &[&every[..], &[checkpoints.to_str().unwrap()]].concat(),
+        )
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -488,24 +452,10 @@ fn a_killed_run_resumes_from_its_checkpoint_bit_for_bit() {
 #[test]
 fn a_stopped_rank_ends_the_job_within_the_timeout() {
     let dir = tempfile::tempdir().unwrap();
-    let TwoRanks {
-        model,
-        profile_path,
-        plan,
-        ..
-    } = two_ranks(dir.path(), BaselineKind::Fsdp1);
+    let setup = two_ranks(dir.path(), BaselineKind::Fsdp1);
     for (victim, after) in [(1usize, 1.5f64), (0, 3.0)] {
-        let mut child = Command::new("mpirun")
-            .args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
-            .arg(env!("CARGO_BIN_EXE_shardplan"))
-            .args(["run", "--backend", "cpu", "--profile"])
-            .arg(&profile_path)
-            .arg("--plan")
-            .arg(&plan)
-            .arg("--model")
-            .arg(&model)
-            .args(["--steps", "1000000", "--timeout", "5"])
-            .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+        let mut child = setup
+            .mpirun(&[], &["--steps", "1000000", "--timeout", "5"])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()

@@ -1,8 +1,33 @@
-"""A GPT-like model small enough for tests and examples on the CPU (no Hugging Face): token
-embedding, pre-norm blocks (causal one-head attention and MLP) and a head, as shardplan units
-`embedding`, `block.1..L`, `head`; its loss and a deterministic batch per rank."""
+"""What the package's tests and examples share: a GPT-like model small enough for the CPU (no
+Hugging Face): token embedding, pre-norm blocks (causal one-head attention and MLP) and a head,
+as shardplan units `embedding`, `block.1..L`, `head`; its loss and a deterministic batch per
+rank; the `shardplan` binary run as a command (`SHARDPLAN_BIN`, else the repository's release
+build) and a free port for a process group."""
+
+import os
+import pathlib
+import socket
+import subprocess
 
 import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BIN = os.environ.get("SHARDPLAN_BIN", str(ROOT / "target" / "release" / "shardplan"))
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 nothing listens on now (for MASTER_PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def shardplan(*args):
+    """Runs the binary with `args`; its stdout, or an AssertionError with its stderr."""
+    out = subprocess.run([BIN, *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise AssertionError(f"shardplan {' '.join(args)} failed: {out.stderr}")
+    return out.stdout
 
 VOCAB, DIM, SEQ, BATCH = 64, 32, 16, 4
 

@@ -24,25 +24,10 @@ import torch.multiprocessing as mp
 
 import shardplan_torch
 from shardplan_torch import apply_plan, check_units, units
+from shardplan_torch.testing import BIN, free_port, shardplan
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-BIN = os.environ.get("SHARDPLAN_BIN", str(ROOT / "target" / "release" / "shardplan"))
 VOCAB, SEQ, BATCH, STEPS = 1024, 16, 2, 2
 BASELINES = ["ddp", "zero2", "fsdp1", "fsdp2", "zero3"]
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def shardplan(*args):
-    out = subprocess.run([BIN, *args], capture_output=True, text=True)
-    if out.returncode != 0:
-        raise AssertionError(f"shardplan {' '.join(args)} failed: {out.stderr}")
-    return out.stdout
 
 
 def make_config(family):

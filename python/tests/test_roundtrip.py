@@ -5,7 +5,6 @@ FSDP2 at world size 2 (gloo), and trained a step; the loss equals unsharded trai
 import json
 import os
 import pathlib
-import subprocess
 import tempfile
 import tomllib
 import unittest
@@ -15,22 +14,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from shardplan_torch import apply_plan, profile
-from shardplan_torch.testing import TinyGPT, batch, loss_fn
+from shardplan_torch.testing import ROOT, TinyGPT, batch, free_port, loss_fn, shardplan
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-BIN = os.environ.get("SHARDPLAN_BIN", str(ROOT / "target" / "release" / "shardplan"))
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def shardplan(*args):
-    out = subprocess.run([BIN, *args], capture_output=True, text=True)
-    if out.returncode != 0:
-        raise AssertionError(f"shardplan {' '.join(args)} failed: {out.stderr}")
-    return out.stdout
 
 
 def worker(rank, world, plan_path, result_path, port):

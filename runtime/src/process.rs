@@ -71,13 +71,7 @@ fn shortfall(bytes: u64, available: u64, ranks: u64, source: &str) -> Option<Str
 
 /// The `MemAvailable:` line of a meminfo file, in bytes.
 fn parse_meminfo(meminfo: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let mut fields = line["MemAvailable:".len()..].split_whitespace();
-    let value: u64 = fields.next()?.parse().ok()?;
-    match fields.next()? {
-        "kB" => value.checked_mul(1024),
-        _ => None,
-    }
+    kilobytes_field(meminfo, "MemAvailable:")
 }
 
 /// The peak resident set of this process in bytes (`VmHWM` of `/proc/self/status`); None where
@@ -89,8 +83,13 @@ pub fn peak_resident_bytes() -> Option<u64> {
 
 /// The `VmHWM:` line of a status file, in bytes.
 fn parse_vm_hwm(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let mut fields = line["VmHWM:".len()..].split_whitespace();
+    kilobytes_field(status, "VmHWM:")
+}
+
+/// The value of the line starting with `key` in a `/proc` file whose values are `N kB`, in bytes.
+fn kilobytes_field(text: &str, key: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with(key))?;
+    let mut fields = line[key.len()..].split_whitespace();
     let value: u64 = fields.next()?.parse().ok()?;
     match fields.next()? {
         "kB" => value.checked_mul(1024),
