@@ -275,6 +275,61 @@ fn bad_inputs_are_refused_naming_what_is_wrong() {
     check(out, "another model");
 }
 
+/// GPT-2 (AdamW, decay by tensor) checkpointed every 2 steps at N = 2 and resumed: 3 steps, then
+/// `--resume` to 6, give the losses of steps 4–6 and the trained weights (`--save-weights`) of a
+/// run of 6 straight, bit for bit.
+#[test]
+fn a_resumed_run_trains_like_an_uninterrupted_one() {
+    let s = setup();
+    let profile = profile(2);
+    let schedule = baseline(&profile, BaselineKind::Fsdp2, true, None)
+        .unwrap()
+        .schedule;
+    let (profile_path, plan) = s.save("resumed", &profile, &schedule);
+    let checkpoints = s.path("checkpoints");
+    let data = s.data.to_str().unwrap().to_string();
+    let run = |steps: u64, extra: &[&str], weights: &str| {
+        let saved = s.path(weights);
+        let mut args = vec![
+            "--data",
+            &data,
+            "--json",
+            "--save-weights",
+            saved.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let out = run_plan(2, &profile_path, &plan, &model_path(), steps, &args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (report, std::fs::read(saved).unwrap())
+    };
+    let (whole, whole_weights) = run(6, &[], "whole.safetensors");
+    let dir = checkpoints.to_str().unwrap();
+    let (first, _) = run(
+        3,
+        &["--checkpoint-every", "2", "--checkpoint-dir", dir],
+        "first.safetensors",
+    );
+    assert_eq!(
+        first["checkpoints_written"], 2,
+        "after steps 2 and 3: {first}"
+    );
+    let (resumed, resumed_weights) = run(6, &["--resume", dir], "resumed.safetensors");
+    assert_eq!(resumed["first_step"], 3);
+    assert_eq!(
+        resumed["losses"].as_array().unwrap()[..],
+        whole["losses"].as_array().unwrap()[3..]
+    );
+    assert!(
+        resumed_weights == whole_weights,
+        "the trained weights differ"
+    );
+}
+
 /// Plans whose buffers cannot reach their live peak with one offset each alternate two layouts by
 /// step parity (DESIGN §6.5). At N = 1 and N = 2, the first random plan (fixed seeds) in which a
 /// forward gather launched after the backward and a reduction ending in the next forward — the
