@@ -1,11 +1,18 @@
-//! Test fixtures of the root crate: the runtime's (`runtime/tests/common`, with the scheduler's)
-//! and the binary run on MPI ranks.
+//! Test fixtures of the root crate: the runtime's (`runtime/tests/common`, with the scheduler's),
+//! the binary run on MPI ranks, and the test MLP's two-rank setup.
 #![allow(dead_code)]
 
 #[path = "../../runtime/tests/common/mod.rs"]
 mod runtime_fixtures;
 
 pub use runtime_fixtures::*;
+use shardplan_runtime::mlp::MlpSpec;
+use shardplan_scheduler::baselines::{BaselineKind, baseline};
+use shardplan_scheduler::plan::{Producer, plan_with_prediction};
+use shardplan_scheduler::profile::Profile;
+use shardplan_scheduler::schedule::Schedule;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 /// Runs the binary on `world` ranks: directly for one, under `mpirun --oversubscribe` otherwise.
 pub fn run(world: usize, args: &[&str]) -> std::process::Output {
@@ -55,4 +62,65 @@ pub fn run_plan(
     ];
     args.extend_from_slice(extra);
     run(world, &args)
+}
+
+/// Writes `schedule` of `profile` as plan `name` (with its prediction) in `dir`.
+pub fn write_plan(dir: &Path, name: &str, profile: &Profile, schedule: &Schedule) -> PathBuf {
+    let (plan, _) = plan_with_prediction(
+        profile,
+        schedule,
+        Producer {
+            name: name.into(),
+            details: Default::default(),
+        },
+        None,
+    );
+    let path = dir.join(format!("{name}.plan.toml"));
+    plan.save(&path).unwrap();
+    path
+}
+
+/// A two-rank setup in `dir`: the model file, the profile file and a baseline's plan file.
+pub struct TwoRanks {
+    pub spec: MlpSpec,
+    pub model: PathBuf,
+    pub profile: Profile,
+    pub profile_path: PathBuf,
+    pub plan: PathBuf,
+}
+
+impl TwoRanks {
+    /// `mpirun -np 2 [launcher] shardplan run --backend cpu` of this plan, `extra` after.
+    pub fn mpirun(&self, launcher: &[&str], extra: &[&str]) -> Command {
+        let mut cmd = Command::new("mpirun");
+        cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
+            .args(launcher)
+            .arg(env!("CARGO_BIN_EXE_shardplan"))
+            .args(["run", "--backend", "cpu", "--profile"])
+            .arg(&self.profile_path)
+            .arg("--plan")
+            .arg(&self.plan)
+            .arg("--model")
+            .arg(&self.model)
+            .args(extra)
+            .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
+        cmd
+    }
+}
+
+/// The test MLP at N = 2 with `kind`'s plan, in `dir`.
+pub fn two_ranks(dir: &Path, kind: BaselineKind) -> TwoRanks {
+    let (spec, model) = spec(dir);
+    let profile = profile(&spec, 2);
+    let profile_path = dir.join("profile.toml");
+    profile.save(&profile_path).unwrap();
+    let schedule = baseline(&profile, kind, false, None).unwrap().schedule;
+    let plan = write_plan(dir, kind.name(), &profile, &schedule);
+    TwoRanks {
+        spec,
+        model,
+        profile,
+        profile_path,
+        plan,
+    }
 }

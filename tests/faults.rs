@@ -1,0 +1,317 @@
+//! Faults end runs cleanly and lose nothing (DESIGN §6.8), on the CPU at N = 2 under mpirun: a
+//! failed job's JSON is one document; a killed rank, or a stopped one (the watchdog), ends the
+//! job with its cause named and no process left; a killed run resumes from its checkpoint bit for
+//! bit, past a torn one; memory the host lacks is refused before anything is allocated.
+
+mod common;
+
+use common::{TwoRanks, run_plan, two_ranks};
+use shardplan_scheduler::baselines::BaselineKind;
+use std::process::Command;
+
+/// Under mpirun, `--json`'s failure is one JSON document on stdout (rank 0's), however many
+/// ranks fail: here all three, refused for a plan of two.
+#[test]
+fn a_failed_jobs_json_is_one_document_from_rank_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let TwoRanks {
+        model,
+        profile_path,
+        plan,
+        ..
+    } = two_ranks(dir.path(), BaselineKind::Zero2);
+    let out = run_plan(3, &profile_path, &plan, &model, 2, &["--json"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let error: serde_json::Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}): {stdout}"));
+    assert_eq!(error["kind"], "mismatch", "{error}");
+    let message = error["error"].as_str().unwrap();
+    assert!(
+        message.contains("the plan is for 2 ranks, this run has 3"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_killed_rank_ends_every_rank_with_an_error_within_30_seconds() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = two_ranks(dir.path(), BaselineKind::Fsdp1);
+    let mut child = setup
+        .mpirun(&[], &["--steps", "1000000", "--timeout", "10"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let ranks = String::from_utf8(
+        Command::new("pgrep")
+            .args(["-P", &child.id().to_string()])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let victim = ranks
+        .split_whitespace()
+        .next()
+        .expect("mpirun has rank processes");
+    let killed_at = std::time::Instant::now();
+    assert!(
+        Command::new("kill")
+            .args(["-9", victim])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            killed_at.elapsed().as_secs() < 30,
+            "ranks still running 30 s after one was killed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(!status.success(), "the job must fail when a rank dies");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(!stderr.trim().is_empty(), "a message says what happened");
+}
+
+/// A run whose buffers exceed this rank's share of the host's available memory (given by
+/// `SHARDPLAN_HOST_MEMORY_AVAILABLE`) is refused before it allocates or runs a step, with both
+/// figures named; with the memory there it runs.
+#[test]
+fn memory_the_host_lacks_is_refused_before_allocating() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = two_ranks(dir.path(), BaselineKind::Zero3);
+    let run = |available: &str| {
+        setup
+            .mpirun(
+                &["-x", "SHARDPLAN_HOST_MEMORY_AVAILABLE"],
+                &["--steps", "2", "--json"],
+            )
+            .env("SHARDPLAN_HOST_MEMORY_AVAILABLE", available)
+            .output()
+            .unwrap()
+    };
+    let refused = run("4000");
+    assert_eq!(refused.status.code(), Some(3), "{refused:?}");
+    let error: serde_json::Value = serde_json::from_slice(&refused.stdout).unwrap();
+    assert_eq!(error["kind"], "memory", "{error}");
+    let message = error["error"].as_str().unwrap();
+    for part in [
+        "needs",
+        "on each rank",
+        "3.91 KiB available (SHARDPLAN_HOST_MEMORY_AVAILABLE) for its 2 ranks: 1.95 KiB each",
+        "make the batch smaller",
+    ] {
+        assert!(message.contains(part), "`{part}` missing: {message}");
+    }
+    let ran = run("1000000000000");
+    assert!(
+        ran.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+}
+
+/// A two-rank run checkpointing every 20 steps is killed (SIGKILL of a rank) between two
+/// checkpoints; resumed to 15 steps past its newest one, it ends with the losses (of the steps
+/// it ran) and the weights of an uninterrupted run to that step, bit for bit. With that newest
+/// checkpoint torn (a rank file truncated), the resume refuses it, saying why, and continues from
+/// the one before, again bit for bit.
+#[test]
+fn a_killed_run_resumes_from_its_checkpoint_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = two_ranks(dir.path(), BaselineKind::Zero3);
+    let checkpoints = dir.path().join("checkpoints");
+    let run = |extra: &[&str]| {
+        let out = setup
+            .mpirun(&[], &[&["--json"], extra].concat())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let every = [
+        "--steps",
+        "1000000",
+        "--checkpoint-every",
+        "20",
+        "--checkpoint-dir",
+    ];
+    let mut child = setup
+        .mpirun(
+            &[],
+            &[&every[..], &[checkpoints.to_str().unwrap()]].concat(),
+        )
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let complete = |step: usize| checkpoints.join(format!("step-{step:010}/complete"));
+    let started = std::time::Instant::now();
+    while !complete(40).exists() {
+        assert!(
+            started.elapsed().as_secs() < 60,
+            "no second checkpoint in 60 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let ranks = rank_processes(child.id());
+    signal("-KILL", &rank_of(&ranks, 1));
+    assert!(!child.wait().unwrap().success());
+    let mut kept: Vec<usize> = std::fs::read_dir(&checkpoints)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            name.strip_prefix("step-")?.parse().ok()
+        })
+        .filter(|&step| complete(step).exists())
+        .collect();
+    kept.sort();
+    let newest = *kept.last().unwrap();
+    assert!(
+        kept.len() == 2 && newest >= 40,
+        "the last two are kept: {kept:?}"
+    );
+    let total = newest + 15;
+    let steps = total.to_string();
+    let params = |name: &str| dir.path().join(name);
+    let whole = run(&[
+        "--steps",
+        &steps,
+        "--dump-params",
+        params("whole.json").to_str().unwrap(),
+    ]);
+    let check = |resumed: &serde_json::Value, from: usize, dumped: &str| {
+        assert_eq!(resumed["first_step"], from, "{resumed}");
+        assert_eq!(
+            resumed["losses"].as_array().unwrap()[..],
+            whole["losses"].as_array().unwrap()[from..],
+            "the resumed steps' losses"
+        );
+        assert_eq!(
+            std::fs::read(params(dumped)).unwrap(),
+            std::fs::read(params("whole.json")).unwrap(),
+            "the trained weights"
+        );
+    };
+    let resume = |dumped: &str| {
+        run(&[
+            "--steps",
+            &steps,
+            "--resume",
+            checkpoints.to_str().unwrap(),
+            "--dump-params",
+            params(dumped).to_str().unwrap(),
+        ])
+    };
+    check(&resume("resumed.json"), newest, "resumed.json");
+    let torn = checkpoints.join(format!("step-{newest:010}/rank-1"));
+    let bytes = std::fs::read(&torn).unwrap();
+    std::fs::write(&torn, &bytes[..bytes.len() - 100]).unwrap();
+    let resumed = resume("resumed-earlier.json");
+    let refused = resumed["refused_checkpoints"].to_string();
+    assert!(refused.contains("truncated or torn"), "{refused}");
+    check(&resumed, kept[0], "resumed-earlier.json");
+}
+
+/// A rank stopped (SIGSTOP: a hung process, a stuck driver call, a paused node) mid-run with
+/// `--timeout 5`: the other rank's watchdog finds its collective overdue, names the slot, the
+/// collective and the peer it waits for, and ends the job (MPI_Abort) within the timeout + 10 s;
+/// no process is left behind. Each rank is stopped once, one early and one later in the run.
+#[test]
+fn a_stopped_rank_ends_the_job_within_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = two_ranks(dir.path(), BaselineKind::Fsdp1);
+    for (victim, after) in [(1usize, 1.5f64), (0, 3.0)] {
+        let mut child = setup
+            .mpirun(&[], &["--steps", "1000000", "--timeout", "5"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_secs_f64(after));
+        let ranks = rank_processes(child.id());
+        assert_eq!(ranks.len(), 2, "mpirun's ranks: {ranks:?}");
+        let stopped = rank_of(&ranks, victim);
+        signal("-STOP", &stopped);
+        let stopped_at = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if stopped_at.elapsed().as_secs() >= 15 {
+                signal("-KILL", &stopped);
+                let _ = child.kill();
+                panic!("rank {victim} stopped: the job still runs 15 s later");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        let took = stopped_at.elapsed().as_secs_f64();
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+        assert!(!status.success(), "rank {victim} stopped: {stderr}");
+        for part in [
+            "global slot",
+            "did not complete within 5.0 s",
+            "waiting for its peers, rank",
+        ] {
+            assert!(
+                stderr.contains(part),
+                "rank {victim} stopped: `{part}` missing: {stderr}"
+            );
+        }
+        let peer = format!("rank {victim} (stopped");
+        assert!(stderr.contains(&peer), "the peer named: {stderr}");
+        assert!(took < 15.0, "{took} s");
+        let left = ranks.iter().filter(|pid| alive(pid)).count();
+        assert_eq!(left, 0, "rank {victim} stopped: processes left behind");
+    }
+}
+
+/// The rank processes mpirun `mpirun` started, in rank order (OMPI_COMM_WORLD_RANK).
+fn rank_processes(mpirun: u32) -> Vec<(usize, String)> {
+    let children = Command::new("pgrep")
+        .args(["-P", &mpirun.to_string()])
+        .output()
+        .unwrap();
+    let mut ranks: Vec<(usize, String)> = String::from_utf8(children.stdout)
+        .unwrap()
+        .split_whitespace()
+        .filter_map(|pid| {
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+            let rank = environ
+                .split(|&b| b == 0)
+                .find_map(|v| v.strip_prefix(b"OMPI_COMM_WORLD_RANK="))?;
+            Some((
+                std::str::from_utf8(rank).ok()?.parse().ok()?,
+                pid.to_string(),
+            ))
+        })
+        .collect();
+    ranks.sort();
+    ranks
+}
+
+fn rank_of(ranks: &[(usize, String)], rank: usize) -> String {
+    ranks.iter().find(|(r, _)| *r == rank).unwrap().1.clone()
+}
+
+fn signal(which: &str, pid: &str) {
+    let _ = Command::new("kill").args([which, pid]).status();
+}
+
+/// Whether process `pid` still runs (a zombie of mpirun's counts as gone).
+fn alive(pid: &(usize, String)) -> bool {
+    std::fs::read_to_string(format!("/proc/{}/stat", pid.1))
+        .is_ok_and(|stat| !stat.contains(") Z "))
+}
