@@ -358,4 +358,8 @@ impl Backend for CudaBackend {
     fn abort_communication(&self) {
         self.nccl.abort();
     }
+    fn reached(&self, mark: &Arc<CudaEvent>) -> Result<bool> {
+        mark.try_is_complete()
+            .map_err(driver_error("querying an event"))
+    }
 }

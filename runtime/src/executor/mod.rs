@@ -160,30 +160,38 @@ pub fn run<B: Backend, W: Train<B>>(
     backend.synchronize()?;
     let origin = backend.mark(Stream::Compute)?;
     let finished = AtomicBool::new(false);
-    let (computed, communicated) = std::thread::scope(|scope| {
+    std::thread::scope(|scope| {
         if let Some(on_stall) = &options.on_stall {
             scope.spawn(|| walk.watch_over(&finished, on_stall));
         }
-        let streams = on_both_streams(
-            backend,
+        let walked = walk.both_streams(&origin);
+        finished.store(true, Ordering::Release);
+        walked
+    })
+}
+
+impl<B: Backend, W: Train<B>> Walk<'_, B, W> {
+    /// Both streams on a thread each, then the report (its wait for the device included, which
+    /// the watchdog still watches).
+    fn both_streams(&self, origin: &B::Mark) -> Result<RunReport> {
+        let (computed, communicated) = on_both_streams(
+            self.backend,
             StreamWork {
-                work: || walk.compute(),
-                on_failure: || walk.slot_started.abandon(),
+                work: || self.compute(),
+                on_failure: || self.slot_started.abandon(),
             },
             StreamWork {
-                work: || walk.communicate(),
-                on_failure: || walk.abandon_compute_waits(),
+                work: || self.communicate(),
+                on_failure: || self.abandon_compute_waits(),
             },
         );
-        finished.store(true, Ordering::Release);
-        streams
-    });
-    let (computed, comm_spans) = match (computed, communicated) {
-        (Ok(c), Ok(spans)) => (c, spans),
-        (Err(e), Ok(_)) | (Ok(_), Err(e)) => return Err(e),
-        (Err(Error::Abandoned(_)), Err(e)) | (Err(e), Err(_)) => return Err(e),
-    };
-    walk.report(&origin, computed, comm_spans)
+        let (computed, comm_spans) = match (computed, communicated) {
+            (Ok(c), Ok(spans)) => (c, spans),
+            (Err(e), Ok(_)) | (Ok(_), Err(e)) => return Err(e),
+            (Err(Error::Abandoned(_)), Err(e)) | (Err(e), Err(_)) => return Err(e),
+        };
+        self.report(origin, computed, comm_spans)
+    }
 }
 
 /// What the compute stream recorded.
@@ -209,8 +217,8 @@ struct Walk<'a, B: Backend, W> {
     slot_started: Event<B::Mark>,
     /// One signal per global slot whose communication is done.
     comm_done: Event<B::Mark>,
-    /// The collective the communication stream is in, for the watchdog.
-    watch: Watch,
+    /// The collectives the communication stream launched, for the watchdog.
+    watch: Watch<B::Mark>,
 }
 
 impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
@@ -296,8 +304,9 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
                 peers(rank, world),
             ))
         };
+        let reached = |mark: &B::Mark| self.backend.reached(mark).unwrap_or(true);
         self.watch
-            .guard(timeout, finished, describe, &*on_stall.0, || {
+            .guard(timeout, finished, reached, describe, &*on_stall.0, || {
                 self.backend.abort_communication()
             });
     }
@@ -334,8 +343,8 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
                     slot: g,
                 });
                 self.communicate_block(b, d as u32)?;
-                self.watch.leave();
                 let end = self.backend.mark(stream)?;
+                self.watch.launched(end.clone());
                 if let Some(start) = start {
                     spans.push(PendingSpan {
                         stream,

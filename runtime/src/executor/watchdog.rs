@@ -1,13 +1,15 @@
-//! A rank's watchdog: a thread of its own that watches the collective the communication stream
-//! is in, so that a peer that stops (a hung process, a stuck driver call, a paused node) is
+//! A rank's watchdog: a thread of its own that watches the collectives the communication stream
+//! launched, so that a peer that stops (a hung process, a stuck driver call, a paused node) is
 //! detected within `--timeout` although the thread inside the collective never returns from it
-//! (MPI cannot cancel a collective; NCCL's kernel waits on the device). Past the timeout it
+//! (MPI cannot cancel a collective) or the device never completes it (NCCL's kernel waits on the
+//! device while the host thread enqueues on). Past the timeout it
 //! reports which collective waited for whom ([`RunOptions::on_stall`]) and ends the job
 //! ([`crate::launch::end_job`]: MPI_Abort, so mpirun ends every rank; NCCL's communicator is
 //! aborted first).
 
 use super::program::Kind;
 use crate::Error;
+use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -25,27 +27,76 @@ pub(super) struct InFlight {
     pub slot: usize,
 }
 
-/// What the watchdog reads: the communication stream's collective and since when.
-#[derive(Default)]
-pub(super) struct Watch(Mutex<Option<(Instant, InFlight)>>);
+/// What the watchdog reads: the collectives the communication stream launched and has not seen
+/// completed, oldest first, each with the stream's mark after it (once its call returned), and
+/// when the stream last made progress.
+pub(super) struct Watch<M> {
+    state: Mutex<Watched<M>>,
+}
 
-impl Watch {
-    /// The stream enters `collective`.
+struct Watched<M> {
+    launched: VecDeque<Launched<M>>,
+    progress: Instant,
+}
+
+struct Launched<M> {
+    since: Instant,
+    collective: InFlight,
+    /// The communication stream's mark after it: reached when it completed on the device.
+    done: Option<M>,
+}
+
+impl<M> Default for Watch<M> {
+    fn default() -> Self {
+        Watch {
+            state: Mutex::new(Watched {
+                launched: VecDeque::new(),
+                progress: Instant::now(),
+            }),
+        }
+    }
+}
+
+impl<M> Watch<M> {
+    fn state(&self) -> std::sync::MutexGuard<'_, Watched<M>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The stream launches `collective`.
     pub fn enter(&self, collective: InFlight) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), collective));
+        self.state().launched.push_back(Launched {
+            since: Instant::now(),
+            collective,
+            done: None,
+        });
     }
 
-    /// The stream left its collective.
-    pub fn leave(&self) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    /// The call of the collective last entered returned; `done` is reached when it completes.
+    pub fn launched(&self, done: M) {
+        if let Some(last) = self.state().launched.back_mut() {
+            last.done = Some(done);
+        }
     }
 
-    /// The collective the stream has been in for longer than `timeout`, if any.
-    fn overdue(&self, timeout: Duration) -> Option<InFlight> {
-        let entered = *self.0.lock().unwrap_or_else(|e| e.into_inner());
-        entered
-            .filter(|(since, _)| since.elapsed() > timeout)
-            .map(|(_, collective)| collective)
+    /// The oldest collective not completed, if the stream has made no progress for longer than
+    /// `timeout` since it was launched: collectives whose mark `reached` are dropped first (a
+    /// host that enqueues ahead of its device is not stalled while the device progresses).
+    fn overdue(&self, timeout: Duration, reached: impl Fn(&M) -> bool) -> Option<InFlight> {
+        let mut state = self.state();
+        while state
+            .launched
+            .front()
+            .is_some_and(|l| l.done.as_ref().is_some_and(&reached))
+        {
+            state.launched.pop_front();
+            state.progress = Instant::now();
+        }
+        let progress = state.progress;
+        state
+            .launched
+            .front()
+            .filter(|l| l.since.max(progress).elapsed() > timeout)
+            .map(|l| l.collective)
     }
 
     /// Until `finished`, checks every `timeout / 8` (at most 100 ms) whether the collective is
@@ -54,6 +105,7 @@ impl Watch {
         &self,
         timeout: Duration,
         finished: &AtomicBool,
+        reached: impl Fn(&M) -> bool,
         describe: impl Fn(InFlight) -> Error,
         on_stall: &(dyn Fn(&Error) + Send + Sync),
         abort_communication: impl Fn(),
@@ -61,7 +113,7 @@ impl Watch {
         let period = (timeout / 8).min(Duration::from_millis(100));
         while !finished.load(Ordering::Acquire) {
             std::thread::sleep(period);
-            if let Some(collective) = self.overdue(timeout) {
+            if let Some(collective) = self.overdue(timeout, &reached) {
                 on_stall(&describe(collective));
                 abort_communication();
                 crate::launch::end_job(1);
@@ -94,26 +146,49 @@ mod tests {
         assert_eq!(peers(0, 1), "none (one rank)");
     }
 
-    #[test]
-    fn a_collective_is_overdue_only_past_the_timeout_and_until_it_leaves() {
-        let watch = Watch::default();
-        let collective = InFlight {
+    fn collective(slot: usize) -> InFlight {
+        InFlight {
             kind: Kind::AllReduce,
             unit: 1,
             block: 0,
             blocks: 2,
             step: 3,
-            slot: 40,
-        };
-        assert!(watch.overdue(Duration::ZERO).is_none());
-        watch.enter(collective);
-        assert!(watch.overdue(Duration::from_secs(60)).is_none());
+            slot,
+        }
+    }
+
+    /// A collective inside its call (no mark yet) or not reached is overdue past the timeout;
+    /// once its mark is reached it is dropped.
+    #[test]
+    fn a_collective_is_overdue_past_the_timeout_until_it_completes() {
+        let watch = Watch::<bool>::default();
+        let reached = |done: &bool| *done;
+        assert!(watch.overdue(Duration::ZERO, reached).is_none());
+        watch.enter(collective(40));
+        assert!(watch.overdue(Duration::from_secs(60), reached).is_none());
         std::thread::sleep(Duration::from_millis(5));
-        assert_eq!(
-            watch.overdue(Duration::from_millis(1)).map(|c| c.slot),
-            Some(40)
-        );
-        watch.leave();
-        assert!(watch.overdue(Duration::ZERO).is_none());
+        let overdue = watch.overdue(Duration::from_millis(1), reached);
+        assert_eq!(overdue.map(|c| c.slot), Some(40));
+        watch.launched(false);
+        assert!(watch.overdue(Duration::from_millis(1), reached).is_some());
+        watch.state().launched[0].done = Some(true);
+        assert!(watch.overdue(Duration::ZERO, reached).is_none());
+    }
+
+    /// A host far ahead of its device is not stalled while the device completes collectives:
+    /// the time counts from the last completion.
+    #[test]
+    fn time_counts_from_the_last_progress() {
+        let watch = Watch::<bool>::default();
+        watch.enter(collective(1));
+        watch.launched(true);
+        watch.enter(collective(2));
+        watch.launched(false);
+        std::thread::sleep(Duration::from_millis(20));
+        let reached = |done: &bool| *done;
+        assert!(watch.overdue(Duration::from_millis(10), reached).is_none());
+        std::thread::sleep(Duration::from_millis(20));
+        let overdue = watch.overdue(Duration::from_millis(10), reached);
+        assert_eq!(overdue.map(|c| c.slot), Some(2));
     }
 }
