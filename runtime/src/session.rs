@@ -163,10 +163,10 @@ pub fn run_plan<B: Backend, W: Train<B>>(
         .checkpoints
         .as_ref()
         .map_or(options.steps.max(1), |c| c.every.get());
-    let mut report: Option<RunReport> = None;
+    let mut report = RunReport::empty(&prepared.placement);
     let mut done = resumed.step;
     let mut checkpoints = 0;
-    while done < options.steps || report.is_none() {
+    while done < options.steps {
         let steps = span.min(options.steps - done);
         let part = prepared.execute(
             workload,
@@ -177,21 +177,12 @@ pub fn run_plan<B: Backend, W: Train<B>>(
             },
         )?;
         done += steps;
-        if let Some(c) = &durability.checkpoints
-            && steps > 0
-        {
+        if let Some(c) = &durability.checkpoints {
             checkpoint::save(&prepared.backend, kept, &c.dir, done, &identity)?;
             checkpoints += 1;
         }
-        report = Some(match report {
-            None => part,
-            Some(so_far) => so_far.followed_by(part),
-        });
-        if steps == 0 {
-            break;
-        }
+        report = report.followed_by(part);
     }
-    let report = report.expect("at least one span ran");
     let Prepared {
         backend,
         schedule,

@@ -109,6 +109,19 @@ pub struct RunReport {
 }
 
 impl RunReport {
+    /// The report of no steps on `placement` (a run resumed where its training ends).
+    pub fn empty(placement: &Placement) -> RunReport {
+        RunReport {
+            losses: Vec::new(),
+            step_us: Vec::new(),
+            arena_bytes: placement.arena.size_bytes,
+            live_peak_bytes: placement.arena.live_peak_bytes,
+            arena_layouts: placement.parities(),
+            spans: Vec::new(),
+            executor_overhead_us_per_slot: f64::NAN,
+        }
+    }
+
     /// This run followed by `next`, a run of the steps after it on the same layout: losses and
     /// step times joined, spans shifted to start where this run's last step ended.
     pub fn followed_by(mut self, next: RunReport) -> RunReport {
@@ -119,7 +132,7 @@ impl RunReport {
             ..s
         }));
         let (a, b) = (self.losses.len() as f64, next.losses.len() as f64);
-        self.executor_overhead_us_per_slot = if a + b > 0.0 {
+        self.executor_overhead_us_per_slot = if a > 0.0 {
             (self.executor_overhead_us_per_slot * a + next.executor_overhead_us_per_slot * b)
                 / (a + b)
         } else {

@@ -154,9 +154,10 @@ pub fn compute_placements(workload: &dyn Workload, world: u32) -> Result<[Placem
     Ok([placed(false)?, placed(true)?])
 }
 
+/// The median of `samples` (the upper one of an even count); NaN for none.
 pub fn median(mut samples: Vec<f64>) -> f64 {
     samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
+    samples.get(samples.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// Message sizes of the measured curves: 4 KiB … `max_bytes`, powers of two.
