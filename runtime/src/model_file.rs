@@ -4,7 +4,8 @@
 
 use crate::Result;
 use crate::mlp::MlpSpec;
-use shardplan_scheduler::model::{ModelSpec, is_hf_config};
+use shardplan_scheduler::hf_config;
+use shardplan_scheduler::model::ModelSpec;
 use std::path::Path;
 
 pub enum ModelFile {
@@ -14,8 +15,8 @@ pub enum ModelFile {
 
 impl ModelFile {
     pub fn load(path: &Path) -> Result<ModelFile> {
-        if is_hf_config(path) {
-            return Ok(ModelFile::Transformer(ModelSpec::load(path)?));
+        if hf_config::is_config(path) {
+            return Ok(ModelFile::Transformer(hf_config::load(path)?));
         }
         let table: toml::Table = shardplan_scheduler::io::read_toml(path)?;
         Ok(if table.contains_key("widths") {

@@ -10,6 +10,21 @@ use crate::{Error, Result};
 use serde_json::{Map, Value};
 use std::path::Path;
 
+/// Whether `path` names a transformers config (`*.json`) rather than a zoo file.
+pub fn is_config(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+}
+
+/// The transformer a `--model` path names: a transformers `config.json`, else a zoo file.
+pub fn load_model(path: &Path) -> Result<ModelSpec> {
+    if is_config(path) {
+        load(path)
+    } else {
+        ModelSpec::load(path)
+    }
+}
+
 /// Reads `path` (a transformers `config.json`).
 pub fn load(path: &Path) -> Result<ModelSpec> {
     let origin = path.display().to_string();

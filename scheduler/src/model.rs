@@ -170,12 +170,9 @@ pub enum Attention {
 }
 
 impl ModelSpec {
-    /// Loads and validates a model file: a zoo TOML, or a transformers `config.json`
-    /// ([`crate::hf_config`]).
+    /// Loads and validates a zoo model file (a transformers `config.json` is
+    /// [`crate::hf_config::load_model`]'s).
     pub fn load(path: &Path) -> Result<Self> {
-        if is_hf_config(path) {
-            return crate::hf_config::load(path);
-        }
         let spec: ModelSpec = crate::io::read_toml(path)?;
         spec.validate(&path.display().to_string())?;
         Ok(spec)

@@ -5,8 +5,9 @@ use crate::output::{ms, outln, print_json};
 use serde_json::json;
 use shardplan_scheduler::analytic::{AnalyticOptions, analytic_profile};
 use shardplan_scheduler::hardware::Catalog;
+use shardplan_scheduler::hf_config::load_model;
 use shardplan_scheduler::io::check_outputs_distinct;
-use shardplan_scheduler::model::{Attention, ModelSpec};
+use shardplan_scheduler::model::Attention;
 use shardplan_scheduler::profile::BytesPerParam;
 use shardplan_scheduler::size::format_bytes;
 
@@ -14,7 +15,7 @@ pub fn analytic(args: AnalyticArgs) -> anyhow::Result<()> {
     let mut inputs = vec![("--model", args.model.as_path())];
     inputs.extend(args.catalog.as_deref().map(|c| ("--catalog", c)));
     check_outputs_distinct(&[("--out", &args.out)], &inputs)?;
-    let model = ModelSpec::load(&args.model)?;
+    let model = load_model(&args.model)?;
     let catalog = match &args.catalog {
         Some(path) => Catalog::load(path)?,
         None => Catalog::bundled()?,
