@@ -60,9 +60,32 @@ struct Header {
 }
 
 impl Header {
-    /// The length of its JSON line (without the newline), as [`save`] writes it.
-    fn len_of_json(&self) -> usize {
-        serde_json::to_string(self).map_or(0, |j| j.len())
+    /// The header of a rank file whose first two lines are `magic` and `json` (without their
+    /// newlines), or why they are not one (`at` names the file).
+    fn parse(
+        magic: &[u8],
+        json: Option<&[u8]>,
+        at: &impl std::fmt::Display,
+    ) -> Result<Header, String> {
+        if magic != MAGIC.as_bytes() {
+            return Err(format!(
+                "{at}: not a shardplan checkpoint (no `{MAGIC}` line)"
+            ));
+        }
+        json.and_then(|line| serde_json::from_slice(line).ok())
+            .ok_or_else(|| format!("{at}: its header is torn or not JSON"))
+    }
+
+    /// Whether `data` bytes are the data the header describes, or why not.
+    fn check_length(&self, data: usize, at: &impl std::fmt::Display) -> Result<(), String> {
+        let expected = 4 * self.lengths.iter().sum::<usize>();
+        if data == expected {
+            Ok(())
+        } else {
+            Err(format!(
+                "{at}: truncated or torn: {data} bytes of data, {expected} expected"
+            ))
+        }
     }
 }
 
@@ -179,15 +202,7 @@ fn read_rank_file(
     let at = path.display();
     let bytes = std::fs::read(&path).map_err(|e| format!("{at}: cannot read: {e}"))?;
     let mut lines = bytes.splitn(3, |&b| b == b'\n');
-    if lines.next() != Some(MAGIC.as_bytes()) {
-        return Err(format!(
-            "{at}: not a shardplan checkpoint (no `{MAGIC}` line)"
-        ));
-    }
-    let header: Header = lines
-        .next()
-        .and_then(|line| serde_json::from_slice(line).ok())
-        .ok_or_else(|| format!("{at}: its header is torn or not JSON"))?;
+    let header = Header::parse(lines.next().unwrap_or_default(), lines.next(), &at)?;
     let data = lines.next().unwrap_or_default();
     if header.identity != *identity {
         return Err(format!(
@@ -206,13 +221,7 @@ fn read_rank_file(
             "{at}: holds other regions than this layout's (or another step)"
         ));
     }
-    let expected = 4 * lengths.iter().sum::<usize>();
-    if data.len() != expected {
-        return Err(format!(
-            "{at}: truncated or torn: {} bytes of data, {expected} expected",
-            data.len()
-        ));
-    }
+    header.check_length(data.len(), &at)?;
     if hex(&Sha256::digest(data)) != header.sha256 {
         return Err(format!("{at}: its data does not match its checksum"));
     }
@@ -235,15 +244,15 @@ fn others_problem(dir: &Path, step: usize, identity: &Identity) -> Option<String
                 return Some(format!("{at}: missing"));
             };
             let size = file.metadata().ok()?.len() as usize;
-            let mut lines = std::io::BufReader::new(file).lines();
-            let (magic, header) = (lines.next()?.ok()?, lines.next()?.ok()?);
-            let Ok(header) = serde_json::from_str::<Header>(&header) else {
-                return Some(format!("{at}: its header is torn or not JSON"));
-            };
-            let expected =
-                magic.len() + header.len_of_json() + 2 + 4 * header.lengths.iter().sum::<usize>();
-            (size != expected)
-                .then(|| format!("{at}: truncated or torn: {size} bytes, {expected} expected"))
+            let mut reader = std::io::BufReader::new(file);
+            let (mut magic, mut json) = (Vec::new(), Vec::new());
+            reader.read_until(b'\n', &mut magic).ok()?;
+            reader.read_until(b'\n', &mut json).ok()?;
+            let line = |l: &[u8]| l.strip_suffix(b"\n").unwrap_or(l).to_vec();
+            let header = Header::parse(&line(&magic), Some(&line(&json)), &at);
+            header
+                .and_then(|h| h.check_length(size - magic.len() - json.len(), &at))
+                .err()
         })
 }
 

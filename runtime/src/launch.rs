@@ -56,13 +56,7 @@ pub fn cuda_backend() -> Result<(Option<MpiUniverse>, CudaBackend)> {
 /// Ends this process and, in a job of several MPI ranks, every rank (MPI_Abort with `code`:
 /// mpirun ends the others); a process alone exits with `code`.
 pub fn end_job(code: i32) -> ! {
-    use mpi::topology::{Communicator, SimpleCommunicator};
-    if mpi::environment::is_initialized() {
-        let world = SimpleCommunicator::world();
-        if world.size() > 1 {
-            world.abort(code);
-        }
-    }
+    abort_peers(code);
     std::process::exit(code)
 }
 
@@ -73,13 +67,16 @@ pub fn job_rank(universe: &MpiUniverse) -> (usize, usize) {
     (world.rank() as usize, world.size() as usize)
 }
 
-/// Ends every rank of a job of more than one rank (MPI_Abort with `code`); returns when this
-/// rank is alone. For a rank that failed: its peers may wait in a collective it will never
-/// join, and MPI_Finalize would then wait for them. The caller reports the failure first.
-pub fn abort_peers(universe: &MpiUniverse, code: i32) {
-    use mpi::topology::Communicator;
-    let world = universe.world();
-    if world.size() > 1 {
-        world.abort(code);
+/// Ends every rank of a job of more than one MPI rank (MPI_Abort with `code`); returns when MPI
+/// is not initialised or this rank is alone. For a rank that failed: its peers may wait in a
+/// collective it will never join, and MPI_Finalize would then wait for them. The caller reports
+/// the failure first.
+pub fn abort_peers(code: i32) {
+    use mpi::topology::{Communicator, SimpleCommunicator};
+    if mpi::environment::is_initialized() {
+        let world = SimpleCommunicator::world();
+        if world.size() > 1 {
+            world.abort(code);
+        }
     }
 }

@@ -16,7 +16,7 @@ use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::Schedule;
 use shardplan_scheduler::sim::trace::{complete, thread_name, trace_file};
 use shardplan_scheduler::sim::{Simulation, simulate};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// What a run of a plan gives back on every rank.
 pub struct PlanRun {
@@ -147,14 +147,12 @@ pub fn run_plan<B: Backend, W: Train<B>>(
         Some(dir) => checkpoint::resume(&prepared.backend, kept, dir, &identity)?,
         None => Resumed::default(),
     };
-    if resumed.step > options.steps {
+    if let Some(from) = &resumed.from
+        && resumed.step > options.steps
+    {
         return Err(Error::Mismatch(format!(
             "{}: the checkpoint is after step {}, past --steps {}",
-            durability
-                .resume
-                .as_deref()
-                .unwrap_or(Path::new(""))
-                .display(),
+            from.display(),
             resumed.step,
             options.steps
         )));
@@ -162,7 +160,7 @@ pub fn run_plan<B: Backend, W: Train<B>>(
     let span = durability
         .checkpoints
         .as_ref()
-        .map_or(options.steps.max(1), |c| c.every.get());
+        .map_or(options.steps, |c| c.every.get());
     let mut report = RunReport::empty(&prepared.placement);
     let mut done = resumed.step;
     let mut checkpoints = 0;

@@ -66,7 +66,7 @@ pub(crate) fn end_job_on_failure<T>(
         if ranks > 1 {
             let failure = Failure::of(error);
             report_for_job(&failure, rank, json);
-            abort_peers(universe, failure.code.into());
+            abort_peers(failure.code.into());
         }
     }
     result

@@ -347,12 +347,13 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
                     continue;
                 }
                 let start = self.mark_if_tracing(stream)?;
+                let step = self.options.first_step + d as usize;
                 self.watch.enter(InFlight {
                     kind: b.kind,
                     unit: b.unit,
                     block: b.index,
                     blocks: self.layout(d as usize).units[b.unit].blocks,
-                    step: self.options.first_step + d as usize,
+                    step,
                     slot: g,
                 });
                 self.communicate_block(b, d as u32)?;
@@ -363,7 +364,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
                         stream,
                         what: b.kind.name(),
                         unit: b.unit,
-                        step: self.options.first_step + d as usize,
+                        step,
                         start,
                         end: end.clone(),
                     });
