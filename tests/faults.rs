@@ -6,8 +6,10 @@
 mod common;
 
 use common::{TwoRanks, run_plan, two_ranks};
+use shardplan_runtime::backend::{COMMUNICATION_THREAD, COMPUTE_THREAD};
 use shardplan_scheduler::baselines::BaselineKind;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 /// Under mpirun, `--json`'s failure is one JSON document on stdout (rank 0's), however many
 /// ranks fail: here all three, refused for a plan of two.
@@ -227,24 +229,25 @@ fn a_killed_run_resumes_from_its_checkpoint_bit_for_bit() {
 /// A rank stopped (SIGSTOP: a hung process, a stuck driver call, a paused node) mid-run with
 /// `--timeout 5`: the other rank's watchdog finds its collective overdue, names the slot, the
 /// collective and the peer it waits for, and ends the job (MPI_Abort) within the timeout + 10 s;
-/// no process is left behind. Each rank is stopped once, one early and one later in the run.
+/// no process is left behind. Rank 1 is stopped inside compute, rank 0 inside a collective: where
+/// the stopped rank's threads were is read from the kernel after the stop, and a stop that caught
+/// them elsewhere is undone (SIGCONT) and tried again.
 #[test]
 fn a_stopped_rank_ends_the_job_within_the_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let setup = two_ranks(dir.path(), BaselineKind::Fsdp1);
-    for (victim, after) in [(1usize, 1.5f64), (0, 3.0)] {
+    for (victim, inside) in [(1usize, Inside::Compute), (0, Inside::Collective)] {
         let mut child = setup
             .mpirun(&[], &["--steps", "1000000", "--timeout", "5"])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        std::thread::sleep(std::time::Duration::from_secs_f64(after));
+        std::thread::sleep(Duration::from_secs(1));
         let ranks = rank_processes(child.id());
         assert_eq!(ranks.len(), 2, "mpirun's ranks: {ranks:?}");
         let stopped = rank_of(&ranks, victim);
-        signal("-STOP", &stopped);
-        let stopped_at = std::time::Instant::now();
+        let stopped_at = stop_inside(&stopped, inside);
         let status = loop {
             if let Some(status) = child.try_wait().unwrap() {
                 break status;
@@ -252,30 +255,128 @@ fn a_stopped_rank_ends_the_job_within_the_timeout() {
             if stopped_at.elapsed().as_secs() >= 15 {
                 signal("-KILL", &stopped);
                 let _ = child.kill();
-                panic!("rank {victim} stopped: the job still runs 15 s later");
+                panic!("rank {victim} stopped inside {inside:?}: the job still runs 15 s later");
             }
-            std::thread::sleep(std::time::Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(100));
         };
         let took = stopped_at.elapsed().as_secs_f64();
         let mut stderr = String::new();
         std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-        assert!(!status.success(), "rank {victim} stopped: {stderr}");
+        let case = format!("rank {victim} stopped inside {inside:?}");
+        assert!(!status.success(), "{case}: {stderr}");
         for part in [
             "global slot",
             "did not complete within 5.0 s",
             "waiting for its peers, rank",
         ] {
-            assert!(
-                stderr.contains(part),
-                "rank {victim} stopped: `{part}` missing: {stderr}"
-            );
+            assert!(stderr.contains(part), "{case}: `{part}` missing: {stderr}");
         }
         let peer = format!("rank {victim} (stopped");
-        assert!(stderr.contains(&peer), "the peer named: {stderr}");
-        assert!(took < 15.0, "{took} s");
+        assert!(stderr.contains(&peer), "{case}: the peer named: {stderr}");
+        assert!(took < 15.0, "{case}: {took} s");
         let left = ranks.iter().filter(|pid| alive(pid)).count();
-        assert_eq!(left, 0, "rank {victim} stopped: processes left behind");
+        assert_eq!(left, 0, "{case}: processes left behind");
     }
+}
+
+/// Where a rank is stopped.
+#[derive(Debug, Clone, Copy)]
+enum Inside {
+    /// Its compute thread computing, its communication thread waiting for its next collective.
+    Compute,
+    /// Its communication thread inside a collective (in MPI, or pausing between its tests).
+    Collective,
+}
+
+/// The x86-64 and aarch64 numbers of futex (a thread waiting for an event) and of nanosleep and
+/// clock_nanosleep (a collective's wait pausing between tests).
+const FUTEX: &[&str] = if cfg!(target_arch = "aarch64") {
+    &["98"]
+} else {
+    &["202"]
+};
+const SLEEPS: &[&str] = if cfg!(target_arch = "aarch64") {
+    &["101", "115"]
+} else {
+    &["35", "230"]
+};
+
+impl Inside {
+    /// Whether the threads' first `/proc/<pid>/task/<tid>/syscall` words show this place: "running",
+    /// "-1" (stopped outside any system call: in user code) or the system call's number.
+    fn holds(self, compute: &str, communication: &str) -> bool {
+        let waiting = FUTEX.contains(&communication);
+        match self {
+            Inside::Compute => ["running", "-1"].contains(&compute) && waiting,
+            Inside::Collective => {
+                ["running", "-1"].contains(&communication) || SLEEPS.contains(&communication)
+            }
+        }
+    }
+}
+
+/// Stops process `pid` (SIGSTOP) where its threads are `inside`, read once it has stopped; a
+/// stop elsewhere is undone (SIGCONT, well within the run's timeout) and tried again, for at most
+/// 20 s. Returns when the stop that held happened.
+fn stop_inside(pid: &str, inside: Inside) -> Instant {
+    let began = Instant::now();
+    let mut tries = 0;
+    while began.elapsed() < Duration::from_secs(20) {
+        let (compute, communication) = threads(pid);
+        if !inside.holds(&compute, &communication) {
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
+        }
+        tries += 1;
+        send(pid, libc::SIGSTOP);
+        let stopped_at = Instant::now();
+        while !is_stopped(pid) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let (compute, communication) = threads(pid);
+        if inside.holds(&compute, &communication) {
+            return stopped_at;
+        }
+        send(pid, libc::SIGCONT);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("rank {pid} was not caught inside {inside:?} in 20 s ({tries} stops tried)");
+}
+
+/// Sends `signal` to `pid` at once (no `kill` process started between the reading and the stop).
+fn send(pid: &str, signal: i32) {
+    // SAFETY: kill has no memory preconditions; `pid` is one of the job's rank processes.
+    unsafe { libc::kill(pid.parse().unwrap(), signal) };
+}
+
+/// The first word of `/proc/<pid>/task/<tid>/syscall` for the rank's compute and communication
+/// threads (named by the runtime).
+fn threads(pid: &str) -> (String, String) {
+    let (mut compute, mut communication) = (String::new(), String::new());
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let task = task.unwrap().path();
+        let name = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        let syscall = std::fs::read_to_string(task.join("syscall")).unwrap_or_default();
+        let first = syscall.split_whitespace().next().unwrap_or("").to_string();
+        match name.trim() {
+            COMPUTE_THREAD => compute = first,
+            COMMUNICATION_THREAD => communication = first,
+            _ => {}
+        }
+    }
+    (compute, communication)
+}
+
+/// Whether every thread of `pid` has stopped (state T).
+fn is_stopped(pid: &str) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .all(|task| {
+            let stat =
+                std::fs::read_to_string(task.unwrap().path().join("stat")).unwrap_or_default();
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T'))
+        })
 }
 
 /// The rank processes mpirun `mpirun` started, in rank order (OMPI_COMM_WORLD_RANK).

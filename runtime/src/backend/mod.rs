@@ -178,6 +178,12 @@ pub trait Backend: Sync {
     /// Abandons the communicator before the job ends on a stalled collective (NCCL:
     /// `ncclCommAbort`, so no kernel waits for a peer that will not come); MPI has nothing to do.
     fn abort_communication(&self) {}
+    /// A failure the communicator has reported on its own, before any call returns it (NCCL's
+    /// asynchronous error: a peer's connection lost); the watchdog ends the job on it at once.
+    /// MPI reports its failures through its calls.
+    fn communication_failure(&self) -> Option<String> {
+        None
+    }
     /// Called first on the host thread that drives `stream`, before its first operation. The CPU
     /// backend lowers its compute threads' priority there (DESIGN §6.1); a backend whose threads
     /// only enqueue work has nothing to do.
@@ -185,6 +191,11 @@ pub trait Backend: Sync {
         Ok(())
     }
 }
+
+/// The names of the host threads [`on_both_streams`] runs (as `ps -L`, a debugger and
+/// `/proc/<pid>/task/*/comm` show them).
+pub const COMPUTE_THREAD: &str = "compute";
+pub const COMMUNICATION_THREAD: &str = "communication";
 
 /// One stream's host work for [`on_both_streams`]: what it runs, and what to do when it fails
 /// (abandon the events the other stream waits on, so that stream stops at its next wait).
@@ -223,13 +234,28 @@ where
         }
         result
     }
+    /// A stream thread's result: its work's, or why the thread did not start or finish.
+    fn joined<T>(
+        thread: &str,
+        spawned: std::io::Result<std::thread::ScopedJoinHandle<'_, Result<T>>>,
+    ) -> Result<T> {
+        let failed = |why: String| Error::Backend(format!("the {thread} thread {why}"));
+        spawned
+            .map_err(|e| failed(format!("could not start: {e}")))?
+            .join()
+            .map_err(|_| failed("panicked".into()))?
+    }
     std::thread::scope(|scope| {
-        let comm = scope.spawn(|| entered(backend, Stream::Communication, communication));
-        let computed = scope.spawn(|| entered(backend, Stream::Compute, compute));
-        let panicked = |thread: &str| Error::Backend(format!("the {thread} thread panicked"));
-        let computed = computed.join().map_err(|_| panicked("compute"));
-        let communicated = comm.join().map_err(|_| panicked("communication"));
-        (computed.and_then(|r| r), communicated.and_then(|r| r))
+        let named = |name: &str| std::thread::Builder::new().name(name.to_string());
+        let comm = named(COMMUNICATION_THREAD).spawn_scoped(scope, || {
+            entered(backend, Stream::Communication, communication)
+        });
+        let computed = named(COMPUTE_THREAD)
+            .spawn_scoped(scope, || entered(backend, Stream::Compute, compute));
+        (
+            joined(COMPUTE_THREAD, computed),
+            joined(COMMUNICATION_THREAD, comm),
+        )
     })
 }
 

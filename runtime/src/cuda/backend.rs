@@ -358,6 +358,9 @@ impl Backend for CudaBackend {
     fn abort_communication(&self) {
         self.nccl.abort();
     }
+    fn communication_failure(&self) -> Option<String> {
+        self.nccl.asynchronous_error()
+    }
     fn reached(&self, mark: &Arc<CudaEvent>) -> Result<bool> {
         mark.try_is_complete()
             .map_err(driver_error("querying an event"))

@@ -1,6 +1,12 @@
 //! NCCL on the communication stream: one communicator per process, created from a unique id that
 //! rank 0 makes and the launcher's other ranks receive (over MPI, as nccl-tests does), or alone
 //! for a single GPU.
+//!
+//! The communicator is non-blocking (`ncclConfig_t.blocking = 0`, DESIGN §6.8): a call that NCCL
+//! has not finished returns `ncclInProgress` and is waited for by polling
+//! `ncclCommGetAsyncError`, so no host thread is ever stuck inside NCCL where `ncclCommAbort`
+//! cannot reach it, and the watchdog reads the communicator's own errors (a peer's connection
+//! lost) as they happen.
 
 use crate::{Error, Result};
 use cudarc::driver::CudaStream;
@@ -8,6 +14,7 @@ use cudarc::nccl::{result, sys};
 use shardplan_scheduler::timeline::Collective;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// The bytes of an NCCL unique id.
 pub type UniqueId = [u8; 128];
@@ -32,7 +39,90 @@ pub fn unique_id() -> Result<UniqueId> {
 }
 
 fn nccl_error(what: &str) -> impl Fn(result::NcclError) -> Error + '_ {
-    move |e| Error::Backend(format!("NCCL: {what}: {e:?}"))
+    move |e| Error::Backend(format!("NCCL: {what}: {:?}", e.0))
+}
+
+/// `NCCL_CONFIG_INITIALIZER`'s magic, and its value for a field left to NCCL's default.
+const CONFIG_MAGIC: u32 = 0xcafe_beef;
+const CONFIG_UNDEF_INT: i32 = i32::MIN;
+/// `NCCL_VERSION(2, 30, 0)`: the header cudarc's `ncclConfig_t` was generated from. An older
+/// library reads the fields it knows (the struct's `size` tells it how many bytes there are).
+const CONFIG_VERSION: u32 = 2 * 10_000 + 30 * 100;
+
+/// `NCCL_CONFIG_INITIALIZER` with `blocking = 0`: every other field NCCL's default.
+fn non_blocking_config() -> sys::ncclConfig_t {
+    let undef = CONFIG_UNDEF_INT;
+    sys::ncclConfig_t {
+        size: std::mem::size_of::<sys::ncclConfig_t>(),
+        magic: CONFIG_MAGIC,
+        version: CONFIG_VERSION,
+        blocking: 0,
+        cgaClusterSize: undef,
+        minCTAs: undef,
+        maxCTAs: undef,
+        netName: std::ptr::null(),
+        splitShare: undef,
+        trafficClass: undef,
+        commName: std::ptr::null(),
+        collnetEnable: undef,
+        CTAPolicy: undef,
+        shrinkShare: undef,
+        nvlsCTAs: undef,
+        nChannelsPerNetPeer: undef,
+        nvlinkCentricSched: undef,
+        graphUsageMode: undef,
+        numRmaCtx: undef,
+        maxP2pPeers: undef,
+    }
+}
+
+/// How long dropping a communicator waits for `ncclCommFinalize` before it aborts instead.
+const FINALIZE_WAIT: Duration = Duration::from_secs(30);
+
+/// The communicator's state (`ncclCommGetAsyncError`): `ncclInProgress` while a call NCCL
+/// returned from early still runs, `ncclSuccess` once none does, or the error it ended in.
+fn state(comm: sys::ncclComm_t) -> Result<sys::ncclResult_t> {
+    let mut state = sys::ncclResult_t::ncclSuccess;
+    // SAFETY: `comm` is a communicator handle NCCL returned (valid from the moment
+    // ncclCommInitRankConfig returns, also while it is in progress) and not yet destroyed;
+    // `state` is a valid place for the result.
+    unsafe { sys::ncclCommGetAsyncError(comm, &mut state) }
+        .result()
+        .map_err(nccl_error("reading the communicator's state"))?;
+    Ok(state)
+}
+
+/// Waits until the communicator's call that returned `ncclInProgress` has finished, by
+/// polling its state; the error it ended in, or a timeout past `deadline`.
+fn settle(comm: sys::ncclComm_t, what: &str, deadline: Option<Instant>) -> Result<()> {
+    let mut pause = Duration::from_micros(1);
+    loop {
+        match state(comm)? {
+            sys::ncclResult_t::ncclSuccess => return Ok(()),
+            sys::ncclResult_t::ncclInProgress => {
+                if deadline.is_some_and(|d| Instant::now() > d) {
+                    return Err(Error::Timeout(format!(
+                        "NCCL: {what} did not finish in time"
+                    )));
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(1));
+            }
+            failed => return Err(Error::Backend(format!("NCCL: {what}: {failed:?}"))),
+        }
+    }
+}
+
+/// A call's result on a non-blocking communicator: finished, or waited for until it is.
+fn finished(
+    comm: sys::ncclComm_t,
+    what: &str,
+    called: std::result::Result<result::NcclStatus, result::NcclError>,
+) -> Result<()> {
+    match called.map_err(nccl_error(what))? {
+        result::NcclStatus::InProgress => settle(comm, what, None),
+        _ => Ok(()),
+    }
 }
 
 /// A communicator.
@@ -55,12 +145,29 @@ impl Nccl {
             internal: id.map(|b| b as std::ffi::c_char),
         };
         let mut comm = std::mem::MaybeUninit::uninit();
-        // SAFETY: `comm` is written by NCCL on success and read only then.
-        let comm = unsafe {
-            result::comm_init_rank(comm.as_mut_ptr(), size as i32, id, rank as i32)
-                .map_err(nccl_error("joining the communicator"))?;
-            comm.assume_init()
+        let mut config = non_blocking_config();
+        let joining = "joining the communicator";
+        // SAFETY: `config` is a complete `ncclConfig_t` that outlives the call; `comm` is a
+        // valid place for the handle.
+        let called = unsafe {
+            sys::ncclCommInitRankConfig(
+                comm.as_mut_ptr(),
+                size as i32,
+                id,
+                rank as i32,
+                &mut config,
+            )
         };
+        let status = called.result().map_err(nccl_error(joining))?;
+        // SAFETY: NCCL wrote the handle: the call returned ncclSuccess or ncclInProgress.
+        let comm = unsafe { comm.assume_init() };
+        if status == result::NcclStatus::InProgress
+            && let Err(e) = settle(comm, joining, None)
+        {
+            // SAFETY: the handle is valid and never used again.
+            let _ = unsafe { result::comm_abort(comm) };
+            return Err(e);
+        }
         Ok(Nccl {
             comm,
             rank,
@@ -85,6 +192,20 @@ impl Nccl {
 
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// An error the communicator has ended in on its own (`ncclCommGetAsyncError`: a peer's
+    /// connection lost, a remote error), which no call has returned yet; `None` while it is
+    /// healthy or once it was aborted.
+    pub fn asynchronous_error(&self) -> Option<String> {
+        if self.aborted.load(Ordering::SeqCst) {
+            return None;
+        }
+        match state(self.comm) {
+            Ok(sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress) => None,
+            Ok(failed) => Some(format!("NCCL's communicator failed: {failed:?}")),
+            Err(e) => Some(e.to_string()),
+        }
     }
 
     /// `send` from every rank into `recv` (size × as many floats), in rank order.
@@ -152,7 +273,7 @@ impl Nccl {
         // SAFETY: NCCL reads `count` (AllGather, AllReduce) or count·size (ReduceScatter) floats
         // of `send` and writes `expected_recv` floats of `recv`; the lengths were checked above,
         // and `DeviceFloats`' contract keeps both allocated until the stream has run it.
-        unsafe {
+        let called = unsafe {
             match op {
                 Collective::AllGather => {
                     result::all_gather(send_ptr, recv_ptr, count, float, self.comm, cu_stream)
@@ -164,9 +285,8 @@ impl Nccl {
                     result::all_reduce(send_ptr, recv_ptr, count, float, sum, self.comm, cu_stream)
                 }
             }
-        }
-        .map(drop)
-        .map_err(nccl_error(op.name()))
+        };
+        finished(self.comm, op.name(), called)
     }
 }
 
@@ -193,7 +313,20 @@ impl Drop for Nccl {
         if self.aborted.load(Ordering::SeqCst) {
             return;
         }
-        // SAFETY: created in `new`, destroyed once, after the owner synchronised its streams.
-        let _ = unsafe { result::comm_destroy(self.comm) };
+        // SAFETY: created in `new`, finalized and destroyed once, after the owner synchronised
+        // its streams; a finalize that does not finish (a peer gone) is aborted instead.
+        unsafe {
+            let finalizing = "finalizing the communicator";
+            let called = result::comm_finalize(self.comm);
+            let deadline = Some(Instant::now() + FINALIZE_WAIT);
+            let finalized = match called {
+                Ok(result::NcclStatus::InProgress) => settle(self.comm, finalizing, deadline),
+                other => other.map(drop).map_err(nccl_error(finalizing)),
+            };
+            let _ = match finalized {
+                Ok(()) => result::comm_destroy(self.comm),
+                Err(_) => result::comm_abort(self.comm),
+            };
+        }
     }
 }

@@ -39,7 +39,7 @@ use shardplan_scheduler::timeline::Level;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use watchdog::{InFlight, Watch, peers};
+use watchdog::{InFlight, Watch};
 
 /// How to run.
 #[derive(Debug, Clone)]
@@ -299,29 +299,11 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
         self.total * 4 + blocks * (self.options.steps + 2)
     }
 
-    /// The watchdog's thread: until `finished`, a collective in flight longer than the timeout
-    /// is reported to `on_stall` and ends the job.
+    /// The watchdog's thread: until `finished`, a collective in flight longer than the timeout,
+    /// or a failure the communicator reports on its own, goes to `on_stall` and ends the job.
     fn watch_over(&self, finished: &AtomicBool, on_stall: &OnStall) {
-        let (rank, world) = (self.backend.rank(), self.backend.world_size());
-        let timeout = self.options.timeout;
-        let describe = |c: InFlight| {
-            Error::Timeout(format!(
-                "the {} of {} (block {} of {}, step {}) launched in global slot {} did not complete within {:.1} s on rank {rank}: waiting for its peers, {} (stopped, hung or unreachable); ending the job",
-                c.kind.described(),
-                self.workload.unit_name(c.unit),
-                c.block + 1,
-                c.blocks,
-                c.step,
-                c.slot,
-                timeout.as_secs_f64(),
-                peers(rank, world),
-            ))
-        };
-        let reached = |mark: &B::Mark| self.backend.reached(mark).unwrap_or(true);
         self.watch
-            .guard(timeout, finished, reached, describe, &*on_stall.0, || {
-                self.backend.abort_communication()
-            });
+            .guard(self.options.timeout, finished, self, &*on_stall.0);
     }
 
     /// The communication stream failed: its signals will not come, so every wait of the compute

@@ -5,10 +5,14 @@
 //! device while the host thread enqueues on). Past the timeout it
 //! reports which collective waited for whom ([`RunOptions::on_stall`]) and ends the job
 //! ([`crate::launch::end_job`]: MPI_Abort, so mpirun ends every rank; NCCL's communicator is
-//! aborted first).
+//! aborted first). A failure the communicator reports on its own (NCCL's asynchronous error)
+//! ends the job the same way, without waiting for the timeout.
 
+use super::Walk;
 use super::program::Kind;
 use crate::Error;
+use crate::backend::Backend;
+use crate::train::Train;
 use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -99,26 +103,77 @@ impl<M> Watch<M> {
             .map(|l| l.collective)
     }
 
-    /// Until `finished`, checks every `timeout / 8` (at most 100 ms) whether the collective is
-    /// overdue; if it is, the error `describe` makes of it goes to `on_stall` and the job ends.
+    /// Until `finished`, checks every `timeout / 8` (at most 100 ms) whether the communicator
+    /// has failed or the oldest collective is overdue; if so, the error goes to `on_stall`, the
+    /// communicator is aborted and the job ends.
     pub fn guard(
         &self,
         timeout: Duration,
         finished: &AtomicBool,
-        reached: impl Fn(&M) -> bool,
-        describe: impl Fn(InFlight) -> Error,
+        communication: &impl Communication<M>,
         on_stall: &(dyn Fn(&Error) + Send + Sync),
-        abort_communication: impl Fn(),
     ) {
         let period = (timeout / 8).min(Duration::from_millis(100));
         while !finished.load(Ordering::Acquire) {
             std::thread::sleep(period);
-            if let Some(collective) = self.overdue(timeout, &reached) {
-                on_stall(&describe(collective));
-                abort_communication();
+            let failed = communication.failure().or_else(|| {
+                self.overdue(timeout, |mark| communication.reached(mark))
+                    .map(|collective| communication.overdue(collective, timeout))
+            });
+            if let Some(error) = failed {
+                on_stall(&error);
+                communication.abort();
                 crate::launch::end_job(1);
             }
         }
+    }
+}
+
+/// What the watchdog reads of, and does to, a rank's communication.
+pub(super) trait Communication<M> {
+    /// Whether the work before `mark` has completed (a mark that cannot be read counts as
+    /// reached: the stream reports its own error).
+    fn reached(&self, mark: &M) -> bool;
+    /// The error of a communicator that failed on its own, if it did.
+    fn failure(&self) -> Option<Error>;
+    /// The error naming `collective`, overdue past `timeout`, and the peers it waits for.
+    fn overdue(&self, collective: InFlight, timeout: Duration) -> Error;
+    /// Abandons the communicator before the job ends.
+    fn abort(&self);
+}
+
+impl<B: Backend, W: Train<B>> Communication<B::Mark> for Walk<'_, B, W> {
+    fn reached(&self, mark: &B::Mark) -> bool {
+        self.backend.reached(mark).unwrap_or(true)
+    }
+
+    fn failure(&self) -> Option<Error> {
+        let rank = self.backend.rank();
+        self.backend.communication_failure().map(|why| {
+            Error::Backend(format!(
+                "{why} on rank {rank} (its peers {}); ending the job",
+                peers(rank, self.backend.world_size())
+            ))
+        })
+    }
+
+    fn overdue(&self, c: InFlight, timeout: Duration) -> Error {
+        let rank = self.backend.rank();
+        Error::Timeout(format!(
+            "the {} of {} (block {} of {}, step {}) launched in global slot {} did not complete within {:.1} s on rank {rank}: waiting for its peers, {} (stopped, hung or unreachable); ending the job",
+            c.kind.described(),
+            self.workload.unit_name(c.unit),
+            c.block + 1,
+            c.blocks,
+            c.step,
+            c.slot,
+            timeout.as_secs_f64(),
+            peers(rank, self.backend.world_size()),
+        ))
+    }
+
+    fn abort(&self) {
+        self.backend.abort_communication();
     }
 }
 
