@@ -110,7 +110,7 @@ impl<M> Watch<M> {
         &self,
         timeout: Duration,
         finished: &AtomicBool,
-        communication: &impl Communication<M>,
+        communication: &(impl Communication<M> + Sync),
         on_stall: &(dyn Fn(&Error) + Send + Sync),
     ) {
         let period = (timeout / 8).min(Duration::from_millis(100));
@@ -122,11 +122,30 @@ impl<M> Watch<M> {
             });
             if let Some(error) = failed {
                 on_stall(&error);
-                communication.abort();
+                within(ABORT_WAIT, || communication.abort());
                 crate::launch::end_job(1);
             }
         }
     }
+}
+
+/// How long the watchdog waits for the communicator's abort before it ends the job regardless:
+/// an abort that waits for a device which never finishes must not keep the job alive.
+const ABORT_WAIT: Duration = Duration::from_secs(5);
+
+/// Runs `work` on a thread of its own and waits for it at most `limit`; past that the job ends
+/// with `work` still running.
+fn within(limit: Duration, work: impl FnOnce() + Send) {
+    std::thread::scope(|scope| {
+        let (done, finished) = std::sync::mpsc::channel();
+        scope.spawn(move || {
+            work();
+            let _ = done.send(());
+        });
+        if finished.recv_timeout(limit).is_err() {
+            crate::launch::end_job(1);
+        }
+    });
 }
 
 /// What the watchdog reads of, and does to, a rank's communication.
@@ -228,6 +247,18 @@ mod tests {
         assert!(watch.overdue(Duration::from_millis(1), reached).is_some());
         watch.state().launched[0].done = Some(true);
         assert!(watch.overdue(Duration::ZERO, reached).is_none());
+    }
+
+    /// Work that ends within the limit has run when `within` returns (past the limit the job
+    /// ends, which a test process cannot watch).
+    #[test]
+    fn work_within_its_limit_runs_to_the_end() {
+        let ran = std::sync::atomic::AtomicBool::new(false);
+        within(Duration::from_secs(5), || {
+            std::thread::sleep(Duration::from_millis(20));
+            ran.store(true, Ordering::SeqCst);
+        });
+        assert!(ran.load(Ordering::SeqCst));
     }
 
     /// A host far ahead of its device is not stalled while the device completes collectives:
