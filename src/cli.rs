@@ -469,7 +469,8 @@ pub struct RunArgs {
     pub model: PathBuf,
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub steps: u64,
-    /// GPT-2: the text file to train on, tokenized as bytes.
+    /// GPT-2: the data to train on: a text file (tokenized as bytes), or a token file as nanoGPT
+    /// (`.bin`, raw uint16) or llm.c (its 256-int32 header) write it, memory-mapped.
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// GPT-2: start from these weights (safetensors with transformers' names, fp32).

@@ -102,7 +102,7 @@ pub const KERNEL_SOURCES: [KernelSource; 2] = [mlp::cuda::KERNELS, gpt2::cuda_so
 pub enum Data<'a> {
     /// Synthetic tokens and the model's own initialisation: timing and layout depend on neither.
     Synthetic,
-    /// A text file (`--data`, required) and optionally initial weights (`--init-weights`).
+    /// A text or token file (`--data`, required) and optionally initial weights (`--init-weights`).
     Text {
         text: Option<&'a Path>,
         init_weights: Option<&'a Path>,
@@ -141,7 +141,9 @@ impl Model {
                 Data::Text { text, init_weights } => {
                     let text = text.ok_or_else(|| Error::Setting {
                         setting: "--data",
-                        expected: format!("a text file: {origin} is a GPT-2, which trains on text"),
+                        expected: format!(
+                            "a text or token file: {origin} is a GPT-2, which trains on tokens"
+                        ),
                     })?;
                     let tokens = gpt2::data::Tokens::load(
                         text,

@@ -23,6 +23,7 @@ pub mod data;
 pub mod kernels;
 pub mod launches;
 pub mod tensors;
+pub mod token_file;
 pub mod weights;
 
 use crate::backend::{Backend, Region};
