@@ -1,6 +1,7 @@
 //! Command-line grammar (clap). Sizes accept `40GiB`, `512MiB`, `80GB` or plain bytes.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use shardplan_runtime::cuda::ProductMath;
 use shardplan_runtime::dispatch::BackendKind;
 use shardplan_scheduler::baselines::BaselineKind;
 use shardplan_scheduler::sweep::Method;
@@ -403,19 +404,41 @@ pub enum BackendArg {
     Cuda,
 }
 
-impl From<BackendArg> for BackendKind {
-    fn from(arg: BackendArg) -> BackendKind {
-        match arg {
-            BackendArg::Cpu => BackendKind::Cpu,
-            BackendArg::Cuda => BackendKind::Cuda,
+/// The backend a command runs on, and how its products compute.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct BackendChoice {
+    #[arg(long, value_enum)]
+    pub backend: BackendArg,
+    /// CUDA: fp32 products on TF32 tensor cores (operands rounded to 10 mantissa bits, fp32
+    /// accumulation, as PyTorch's `allow_tf32`). Off by default, where the GPU's kernels match
+    /// the CPU backend's.
+    #[arg(long)]
+    pub tf32: bool,
+}
+
+impl BackendChoice {
+    /// The backend to start; `--tf32` without `--backend cuda` is refused.
+    pub fn kind(self) -> Result<BackendKind, shardplan_runtime::Error> {
+        let math = if self.tf32 {
+            ProductMath::Tf32
+        } else {
+            ProductMath::Fp32
+        };
+        match self.backend {
+            BackendArg::Cpu if self.tf32 => Err(shardplan_runtime::Error::Setting {
+                setting: "--tf32",
+                expected: "--backend cuda: the CPU backend's products are fp32".into(),
+            }),
+            BackendArg::Cpu => Ok(BackendKind::Cpu),
+            BackendArg::Cuda => Ok(BackendKind::Cuda { math }),
         }
     }
 }
 
 #[derive(Args, Debug)]
 pub struct MeasureArgs {
-    #[arg(long, value_enum)]
-    pub backend: BackendArg,
+    #[command(flatten)]
+    pub backend: BackendChoice,
     /// An MLP model (models/mlp-small.toml: trained as in `run`), or a zoo transformer
     /// (models/llama2-7b.toml: its units' matrix products replayed; CUDA backend only).
     #[arg(long)]
@@ -457,8 +480,8 @@ pub struct DoctorArgs {
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    #[arg(long, value_enum)]
-    pub backend: BackendArg,
+    #[command(flatten)]
+    pub backend: BackendChoice,
     #[arg(long)]
     pub profile: PathBuf,
     #[arg(long)]

@@ -401,6 +401,15 @@ fn cases(inputs: &Inputs) -> Vec<Case> {
             Some("--out"),
         ),
         case(
+            "tf32 on the cpu",
+            format!(
+                "run --backend cpu --tf32 --profile {profile} --plan {plan} --model models/mlp-small.toml --steps 1"
+            ),
+            2,
+            "--backend cuda: the CPU backend's products are fp32",
+            Some("--tf32"),
+        ),
+        case(
             "unknown flag",
             format!("{} --frobnicate", baseline(profile)),
             2,

@@ -8,8 +8,8 @@
 //! [`Model::run_on`], its kernel source in [`KERNEL_SOURCES`].
 
 use crate::backend::{Backend, CpuBackend, Loopback, Mpi, MpiUniverse};
-use crate::cuda::CudaBackend;
 use crate::cuda::module::KernelSource;
+use crate::cuda::{CudaBackend, ProductMath};
 use crate::gpt2::{self, Gpt2};
 use crate::launch::{cuda_backend, under_mpi};
 use crate::mlp::{self, Mlp, ReferenceCheck};
@@ -25,15 +25,17 @@ use std::path::Path;
 pub enum BackendKind {
     /// The CPU: MPI ranks under mpirun, else one rank alone.
     Cpu,
-    /// One GPU per process: NCCL ranks under mpirun, else one GPU alone.
-    Cuda,
+    /// One GPU per process: NCCL ranks under mpirun, else one GPU alone; its fp32 products in
+    /// `math`.
+    Cuda { math: ProductMath },
 }
 
 /// This rank's backend.
 pub enum AnyBackend {
     CpuRanks(CpuBackend<Mpi>),
     CpuAlone(CpuBackend<Loopback>),
-    Cuda(CudaBackend),
+    /// Boxed: a GPU's handles and buffers outweigh the CPU backends by far.
+    Cuda(Box<CudaBackend>),
 }
 
 /// Starts this rank's backend of `kind`. The MPI universe, when the launcher started several
@@ -45,9 +47,9 @@ pub fn start(kind: BackendKind) -> Result<(Option<MpiUniverse>, AnyBackend)> {
             (Some(universe), AnyBackend::CpuRanks(CpuBackend::new(mpi)))
         }
         BackendKind::Cpu => (None, AnyBackend::CpuAlone(CpuBackend::new(Loopback))),
-        BackendKind::Cuda => {
-            let (universe, backend) = cuda_backend()?;
-            (universe, AnyBackend::Cuda(backend))
+        BackendKind::Cuda { math } => {
+            let (universe, backend) = cuda_backend(math)?;
+            (universe, AnyBackend::Cuda(Box::new(backend)))
         }
     })
 }
@@ -81,14 +83,14 @@ impl AnyBackend {
         match self {
             AnyBackend::CpuRanks(b) => model.run_on(b, job),
             AnyBackend::CpuAlone(b) => model.run_on(b, job),
-            AnyBackend::Cuda(b) => model.run_on(b, job),
+            AnyBackend::Cuda(b) => model.run_on(*b, job),
         }
     }
 
     /// The GPU backend, for what only a GPU does (replaying a zoo transformer's products).
     pub fn into_cuda(self) -> Option<CudaBackend> {
         match self {
-            AnyBackend::Cuda(b) => Some(b),
+            AnyBackend::Cuda(b) => Some(*b),
             _ => None,
         }
     }

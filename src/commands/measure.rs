@@ -26,7 +26,7 @@ pub fn measure(args: MeasureArgs) -> anyhow::Result<()> {
         repeats: args.repeats as usize,
         block_size: args.block_size,
     };
-    let (universe, backend) = start(args.backend.into())?;
+    let (universe, backend) = start(args.backend.kind()?)?;
     let result = measure_model(backend, model, &origin, &options);
     let measured = end_job_on_failure(universe.as_ref(), result.map_err(Into::into), args.json)?;
     let Measured {

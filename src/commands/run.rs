@@ -42,7 +42,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     inputs.extend(args.init_weights.as_deref().map(|p| ("--init-weights", p)));
     check_outputs_distinct(&outputs, &inputs)?;
     let file = ModelFile::load(&args.model)?;
-    let (universe, backend) = start(args.backend.into())?;
+    let (universe, backend) = start(args.backend.kind()?)?;
     let origin = args.model.display().to_string();
     let data = Data::Text {
         text: args.data.as_deref(),

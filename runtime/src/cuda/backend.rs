@@ -30,6 +30,16 @@ struct StagingSlot {
     copied: Option<CudaEvent>,
 }
 
+/// How cuBLAS computes the fp32 products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProductMath {
+    /// fp32 arithmetic throughout (the default; the kernels match the CPU backend).
+    Fp32,
+    /// TF32 tensor cores (`CUBLAS_TF32_TENSOR_OP_MATH`): fp32 operands rounded to 10 mantissa
+    /// bits, fp32 accumulation, as PyTorch's `allow_tf32`. Opt-in (`--tf32`).
+    Tf32,
+}
+
 /// One GPU of one rank.
 pub struct CudaBackend {
     pub(super) ctx: Arc<CudaContext>,
@@ -46,6 +56,7 @@ pub struct CudaBackend {
     pub(super) workloads: WorkloadDevices,
     staging: Mutex<(usize, Vec<StagingSlot>)>,
     memory: DeviceMemory,
+    math: ProductMath,
 }
 
 // SAFETY: the cuBLAS handle is used only on the compute stream's host thread during the steps
@@ -55,9 +66,9 @@ unsafe impl Sync for CudaBackend {}
 unsafe impl Send for CudaBackend {}
 
 impl CudaBackend {
-    /// Opens GPU `ordinal`, creates both streams, cuBLAS on the compute stream, and NCCL on the
-    /// communication stream. Call [`super::libraries::prepare`] first.
-    pub fn new(ordinal: usize, setup: NcclSetup) -> Result<Self> {
+    /// Opens GPU `ordinal`, creates both streams, cuBLAS on the compute stream (its products in
+    /// `math`), and NCCL on the communication stream. Call [`super::libraries::prepare`] first.
+    pub fn new(ordinal: usize, setup: NcclSetup, math: ProductMath) -> Result<Self> {
         let count = CudaContext::device_count().map_err(driver_error("counting GPUs"))?;
         if ordinal >= count.max(0) as usize {
             return Err(Error::Backend(format!(
@@ -79,6 +90,13 @@ impl CudaBackend {
         unsafe {
             cublas::set_stream(blas, compute.cu_stream() as _)
                 .map_err(|e| Error::Backend(format!("cuBLAS: setting its stream: {e:?}")))?;
+        }
+        if math == ProductMath::Tf32 {
+            let tf32 = cublas_sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH;
+            // SAFETY: the handle was just created and is used by no other thread yet.
+            unsafe { cublas_sys::cublasSetMathMode(blas, tf32) }
+                .result()
+                .map_err(|e| Error::Backend(format!("cuBLAS: TF32 math: {e:?}")))?;
         }
         ctx.bind_to_thread()
             .map_err(driver_error("binding the context"))?;
@@ -104,6 +122,7 @@ impl CudaBackend {
             workloads: WorkloadDevices::default(),
             staging: Mutex::new((0, Vec::new())),
             memory,
+            math,
         })
     }
 
@@ -168,7 +187,10 @@ impl Backend for CudaBackend {
     type Mark = Arc<CudaEvent>;
 
     fn name(&self) -> &'static str {
-        "cuda"
+        match self.math {
+            ProductMath::Fp32 => "cuda",
+            ProductMath::Tf32 => "cuda (tf32 products)",
+        }
     }
     fn rank(&self) -> usize {
         self.nccl.rank()

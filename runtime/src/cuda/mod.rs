@@ -18,7 +18,7 @@ pub mod nvrtc;
 pub mod replay;
 pub mod work;
 
-pub use backend::CudaBackend;
+pub use backend::{CudaBackend, ProductMath};
 pub use nccl::{NcclSetup, unique_id};
 
 /// A driver error as the backend's, naming what was being done.
