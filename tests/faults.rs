@@ -46,26 +46,10 @@ fn a_killed_rank_ends_every_rank_with_an_error_within_30_seconds() {
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_secs(2));
-    let ranks = String::from_utf8(
-        Command::new("pgrep")
-            .args(["-P", &child.id().to_string()])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
-    let victim = ranks
-        .split_whitespace()
-        .next()
-        .expect("mpirun has rank processes");
+    let ranks = rank_processes(child.id());
+    let victim = &ranks.first().expect("mpirun has rank processes").1;
     let killed_at = std::time::Instant::now();
-    assert!(
-        Command::new("kill")
-            .args(["-9", victim])
-            .status()
-            .unwrap()
-            .success()
-    );
+    assert!(send(victim, libc::SIGKILL));
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
             break status;
@@ -168,7 +152,7 @@ fn a_killed_run_resumes_from_its_checkpoint_bit_for_bit() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let ranks = rank_processes(child.id());
-    signal("-KILL", &rank_of(&ranks, 1));
+    send(&rank_of(&ranks, 1), libc::SIGKILL);
     assert!(!child.wait().unwrap().success());
     let mut kept: Vec<usize> = std::fs::read_dir(&checkpoints)
         .unwrap()
@@ -253,7 +237,7 @@ fn a_stopped_rank_ends_the_job_within_the_timeout() {
                 break status;
             }
             if stopped_at.elapsed().as_secs() >= 15 {
-                signal("-KILL", &stopped);
+                send(&stopped, libc::SIGKILL);
                 let _ = child.kill();
                 panic!("rank {victim} stopped inside {inside:?}: the job still runs 15 s later");
             }
@@ -344,10 +328,12 @@ fn stop_inside(pid: &str, inside: Inside) -> Instant {
     panic!("rank {pid} was not caught inside {inside:?} in 20 s ({tries} stops tried)");
 }
 
-/// Sends `signal` to `pid` at once (no `kill` process started between the reading and the stop).
-fn send(pid: &str, signal: i32) {
+/// Sends `signal` to `pid` at once (kill(2): no `kill` process started between reading where a
+/// rank is and stopping it).
+/// Whether the signal was sent.
+fn send(pid: &str, signal: i32) -> bool {
     // SAFETY: kill has no memory preconditions; `pid` is one of the job's rank processes.
-    unsafe { libc::kill(pid.parse().unwrap(), signal) };
+    unsafe { libc::kill(pid.parse().unwrap(), signal) == 0 }
 }
 
 /// The first word of `/proc/<pid>/task/<tid>/syscall` for the rank's compute and communication
@@ -406,10 +392,6 @@ fn rank_processes(mpirun: u32) -> Vec<(usize, String)> {
 
 fn rank_of(ranks: &[(usize, String)], rank: usize) -> String {
     ranks.iter().find(|(r, _)| *r == rank).unwrap().1.clone()
-}
-
-fn signal(which: &str, pid: &str) {
-    let _ = Command::new("kill").args([which, pid]).status();
 }
 
 /// Whether process `pid` still runs (a zombie of mpirun's counts as gone).

@@ -2,7 +2,7 @@
 Hugging Face): token embedding, pre-norm blocks (causal one-head attention and MLP) and a head,
 as shardplan units `embedding`, `block.1..L`, `head`; its loss and a deterministic batch per
 rank; the `shardplan` binary run as a command (`SHARDPLAN_BIN`, else the repository's release
-build) and a free port for a process group."""
+build), alone or under mpirun, and a free port for a process group."""
 
 import os
 import pathlib
@@ -20,6 +20,16 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def launch(world, *args):
+    """Runs the binary with `args`, under `mpirun -np world` when world > 1; the finished
+    process (its code, stdout and stderr as text)."""
+    cmd = [BIN, *args]
+    if world > 1:
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(world), *cmd]
+    env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none")
+    return subprocess.run(cmd, capture_output=True, text=True, env=env)
 
 
 def shardplan(*args):

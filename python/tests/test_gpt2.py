@@ -8,9 +8,7 @@ Random plans (recompute, multi-slot launches, strict and relaxed) are checked ag
 DDP run by tests/gpt2.rs."""
 
 import json
-import os
 import pathlib
-import subprocess
 import tempfile
 import tomllib
 import unittest
@@ -20,9 +18,9 @@ from safetensors.torch import load_file
 from transformers import GPT2LMHeadModel
 
 from shardplan_torch.gpt2 import config, sample_text, train
+from shardplan_torch.testing import launch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-BIN = os.environ.get("SHARDPLAN_BIN", str(ROOT / "target" / "release" / "shardplan"))
 MODEL = ROOT / "models" / "gpt2-tiny.toml"
 STEPS = 3
 
@@ -32,13 +30,9 @@ def text():
 
 
 def shardplan(world, *args):
-    cmd = [BIN, *args]
-    if world > 1:
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(world), *cmd]
-    env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none")
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    result = launch(world, *args)
     if result.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed:\n{result.stderr}")
+        raise AssertionError(f"shardplan {' '.join(args)} at N = {world} failed:\n{result.stderr}")
     return result.stdout
 
 

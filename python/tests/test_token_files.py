@@ -6,7 +6,6 @@ refused naming the file and its position; and a file far larger than the run's m
 not read: the process's peak resident memory stays below the file's size."""
 
 import json
-import os
 import pathlib
 import subprocess
 import tempfile
@@ -19,7 +18,7 @@ import torch
 from transformers import GPT2LMHeadModel
 
 from shardplan_torch.gpt2 import config, train
-from shardplan_torch.testing import BIN, shardplan
+from shardplan_torch.testing import BIN, launch, shardplan
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 VOCAB, STEPS = 1000, 3
@@ -40,14 +39,6 @@ def structured_tokens(count):
     rng = np.random.default_rng(0)
     steps = rng.choice([1, 1, 1, 7, 500], size=count)
     return (np.cumsum(steps) % VOCAB).astype(np.uint16)
-
-
-def mpirun(world, *args):
-    cmd = [BIN, *args]
-    if world > 1:
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(world), *cmd]
-    env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none")
-    return subprocess.run(cmd, capture_output=True, text=True, env=env)
 
 
 class TokenFiles(unittest.TestCase):
@@ -82,7 +73,7 @@ class TokenFiles(unittest.TestCase):
 
     def run_on(self, data, world=1, steps=STEPS):
         profile, plan = self.plan(world)
-        return mpirun(world, "run", "--backend", "cpu", "--profile", str(profile), "--plan", str(plan),
+        return launch(world, "run", "--backend", "cpu", "--profile", str(profile), "--plan", str(plan),
                       "--model", str(self.model), "--steps", str(steps), "--data", str(data),
                       "--init-weights", str(self.init), "--json")
 

@@ -113,14 +113,16 @@ fn settle(comm: sys::ncclComm_t, what: &str, deadline: Option<Instant>) -> Resul
     }
 }
 
-/// A call's result on a non-blocking communicator: finished, or waited for until it is.
+/// A call's result on a non-blocking communicator: finished, or waited for until it is (until
+/// `deadline`, if given).
 fn finished(
     comm: sys::ncclComm_t,
     what: &str,
     called: std::result::Result<result::NcclStatus, result::NcclError>,
+    deadline: Option<Instant>,
 ) -> Result<()> {
     match called.map_err(nccl_error(what))? {
-        result::NcclStatus::InProgress => settle(comm, what, None),
+        result::NcclStatus::InProgress => settle(comm, what, deadline),
         _ => Ok(()),
     }
 }
@@ -161,9 +163,7 @@ impl Nccl {
         let status = called.result().map_err(nccl_error(joining))?;
         // SAFETY: NCCL wrote the handle: the call returned ncclSuccess or ncclInProgress.
         let comm = unsafe { comm.assume_init() };
-        if status == result::NcclStatus::InProgress
-            && let Err(e) = settle(comm, joining, None)
-        {
+        if let Err(e) = finished(comm, joining, Ok(status), None) {
             // SAFETY: the handle is valid and never used again.
             let _ = unsafe { result::comm_abort(comm) };
             return Err(e);
@@ -286,7 +286,7 @@ impl Nccl {
                 }
             }
         };
-        finished(self.comm, op.name(), called)
+        finished(self.comm, op.name(), called, None)
     }
 }
 
@@ -319,10 +319,7 @@ impl Drop for Nccl {
             let finalizing = "finalizing the communicator";
             let called = result::comm_finalize(self.comm);
             let deadline = Some(Instant::now() + FINALIZE_WAIT);
-            let finalized = match called {
-                Ok(result::NcclStatus::InProgress) => settle(self.comm, finalizing, deadline),
-                other => other.map(drop).map_err(nccl_error(finalizing)),
-            };
+            let finalized = finished(self.comm, finalizing, called, deadline);
             let _ = match finalized {
                 Ok(()) => result::comm_destroy(self.comm),
                 Err(_) => result::comm_abort(self.comm),
