@@ -213,8 +213,12 @@ pub struct AnalyticArgs {
     /// Data-parallel world size N (above 8: multi-node).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub world_size: u32,
+    /// Sequences per micro-batch (B).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1 << 16))]
     pub micro_batch: u64,
+    /// Micro-batches per optimizer step (K, gradient accumulation; DESIGN §3.10).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1 << 16))]
+    pub micro_batches: u32,
     /// Sequence length; defaults to the model's.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1 << 24))]
     pub seq_len: Option<u64>,

@@ -159,6 +159,23 @@ fn cases(inputs: &Inputs) -> Vec<Case> {
         let capped = format!("memory_cap_bytes = 1048576\n{text}");
         inputs.write("over-cap.toml", capped.as_bytes())
     };
+    let other_micro_batches = {
+        let text = std::fs::read_to_string(plan).unwrap();
+        inputs.write(
+            "other-k.toml",
+            format!("micro_batches = 4\n{text}").as_bytes(),
+        )
+    };
+    let tiny_in_four = inputs.write(
+        "tiny-k4.toml",
+        std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gpt2-tiny.toml"),
+        )
+        .unwrap()
+        .replacen("[training]", "[training]\nmicro_batches = 4", 1)
+        .as_bytes(),
+    );
+    let accumulating = inputs.profile_with("world_size = ", "micro_batches = 4\nworld_size = ", 1);
     let other_profile = {
         let text = std::fs::read_to_string(profile).unwrap();
         inputs.write(
@@ -408,6 +425,43 @@ fn cases(inputs: &Inputs) -> Vec<Case> {
             2,
             "--backend cuda: the CPU backend's products are fp32",
             Some("--tf32"),
+        ),
+        case(
+            "no micro-batches in a profile",
+            baseline(&inputs.profile_with("world_size = ", "micro_batches = 0\nworld_size = ", 1)),
+            2,
+            "an integer in 1..=65536, got 0",
+            Some("micro_batches"),
+        ),
+        case(
+            "a plan for another number of micro-batches",
+            format!("simulate --profile {profile} --plan {other_micro_batches}"),
+            2,
+            "made for another number of micro-batches",
+            Some("micro_batches"),
+        ),
+        case(
+            "a model file's micro-batches against the profile's",
+            format!(
+                "run --backend cpu --profile {profile} --plan {plan} --model {tiny_in_four} --data README.md --steps 1"
+            ),
+            2,
+            "expected 1 (the micro-batches per step of profile",
+            Some("training.micro_batches"),
+        ),
+        case(
+            "no-sync without micro-batches",
+            format!("baseline --profile {profile} --kind fsdp2-nosync --out {out}"),
+            2,
+            "gradient sync can only be skipped between micro-batches",
+            None,
+        ),
+        case(
+            "solving micro-batches",
+            format!("solve --profile {accumulating} --memory-cap 80GiB --out {out}"),
+            2,
+            "the ILP does not plan micro-batches yet",
+            None,
         ),
         case(
             "unknown flag",

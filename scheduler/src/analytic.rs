@@ -16,6 +16,8 @@ const CURVE_SIZES_LOG2: std::ops::RangeInclusive<u32> = 10..=32;
 pub struct AnalyticOptions {
     pub device: String,
     pub world_size: u32,
+    /// K, micro-batches per optimizer step (DESIGN §3.10).
+    pub micro_batches: u32,
     pub micro_batch: u64,
     /// Defaults to the model's sequence length.
     pub seq_len: Option<u64>,
@@ -37,6 +39,7 @@ impl AnalyticOptions {
         AnalyticOptions {
             device: device.to_string(),
             world_size,
+            micro_batches: 1,
             micro_batch: 1,
             seq_len: None,
             mfu: 0.5,
@@ -171,6 +174,7 @@ pub fn analytic_profile(
         name: format!("{} on {} x{}", model.name, opts.device, n),
         source,
         world_size: n,
+        micro_batches: opts.micro_batches,
         block_size_bytes,
         overlap_slowdown: opts.overlap_slowdown,
         overlap_slowdown_reduce_scatter: None,

@@ -2,11 +2,13 @@
 //!
 //! "Depth d" places a forward gather at F_{i−d} and a backward gather at B_{i+d}, walking back
 //! cyclically (past F_1 to E, then B_1, …) and clamped to the op's window; reductions go in the
-//! slot right after B_i; every op is launched whole (all blocks in one slot).
+//! slot right after B_i; every op is launched whole (all blocks in one slot). With K ≥ 2
+//! micro-batches (DESIGN §3.10) the inner boundary's ops take the same positions in their windows,
+//! and each baseline accumulates and keeps as its framework does by default.
 
 use crate::plan::{Plan, Producer, plan_with_prediction};
 use crate::profile::Profile;
-use crate::schedule::{Launch, Schedule, UnitSchedule};
+use crate::schedule::{Accumulation, Launch, Schedule, UnitSchedule, inner_ops};
 use crate::sim::Simulation;
 use crate::size::format_bytes;
 use crate::timeline::{Level, Op, Timeline};
@@ -25,6 +27,10 @@ pub enum BaselineKind {
     Fsdp2,
     Zero3,
     BestGrid,
+    /// DDP under `no_sync()` for the first K − 1 micro-batches (K ≥ 2).
+    DdpNoSync,
+    /// FSDP2 with `set_requires_gradient_sync(False)` until the last micro-batch (K ≥ 2).
+    Fsdp2NoSync,
 }
 
 impl BaselineKind {
@@ -36,6 +42,29 @@ impl BaselineKind {
         BaselineKind::Zero3,
         BaselineKind::BestGrid,
     ];
+
+    /// The baselines that exist only with micro-batches (K ≥ 2): the gradient-sync switches.
+    pub const NO_SYNC: [BaselineKind; 2] = [BaselineKind::DdpNoSync, BaselineKind::Fsdp2NoSync];
+
+    /// The baselines of `profile`: [`Self::ALL`], and [`Self::NO_SYNC`] when it has K ≥ 2.
+    pub fn of(profile: &Profile) -> Vec<BaselineKind> {
+        let mut kinds = Self::ALL.to_vec();
+        if profile.micro_batches >= 2 {
+            kinds.extend(Self::NO_SYNC);
+        }
+        kinds
+    }
+
+    /// (a, k) of DESIGN §3.10 as the framework does it by default with several micro-batches:
+    /// DDP, FSDP and ZeRO-3 reduce every micro-batch and re-gather; ZeRO-2 keeps its gathered
+    /// parameters; the no-sync variants accumulate unsharded gradients.
+    fn accumulation(self) -> (bool, bool) {
+        match self {
+            BaselineKind::DdpNoSync | BaselineKind::Fsdp2NoSync => (true, false),
+            BaselineKind::Zero2 => (false, true),
+            _ => (false, false),
+        }
+    }
 
     /// The name of the baseline with checkpointing on or off, as tables and reports write it
     /// (`fsdp2`, `fsdp2+ckpt`).
@@ -51,6 +80,8 @@ impl BaselineKind {
             BaselineKind::Fsdp2 => "fsdp2",
             BaselineKind::Zero3 => "zero3",
             BaselineKind::BestGrid => "best-grid",
+            BaselineKind::DdpNoSync => "ddp-nosync",
+            BaselineKind::Fsdp2NoSync => "fsdp2-nosync",
         }
     }
 }
@@ -58,15 +89,13 @@ impl BaselineKind {
 impl std::str::FromStr for BaselineKind {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        Self::ALL
-            .into_iter()
-            .find(|k| k.name() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown baseline `{s}` (expected one of: {})",
-                    Self::ALL.map(|k| k.name()).join(", ")
-                )
-            })
+        let every = || Self::ALL.into_iter().chain(Self::NO_SYNC);
+        every().find(|k| k.name() == s).ok_or_else(|| {
+            format!(
+                "unknown baseline `{s}` (expected one of: {})",
+                every().map(|k| k.name()).collect::<Vec<_>>().join(", ")
+            )
+        })
     }
 }
 
@@ -78,12 +107,15 @@ pub struct BaselinePlan {
     pub simulation: Simulation,
 }
 
-/// Builds a schedule from per-unit levels and per-unit gather depths (forward, backward).
+/// Builds a schedule from per-unit levels and per-unit gather depths (forward, backward); with
+/// micro-batches, every unit accumulates and keeps as `(accumulate, keep)` says (keep only where
+/// the unit is sharded) and its inner boundary's ops take their step positions.
 fn depth_schedule(
     profile: &Profile,
     levels: &[Level],
     depths: &[(usize, usize)],
     recompute: bool,
+    (accumulate, keep): (bool, bool),
 ) -> Result<Schedule> {
     let timeline = Timeline::new(profile.unit_count());
     let units = levels
@@ -115,10 +147,25 @@ fn depth_schedule(
                     )
                 })
                 .collect::<BTreeMap<_, _>>();
+            let accumulation = if profile.micro_batches >= 2 {
+                let keep = keep && level != Level::None;
+                let inner = inner_ops(level, accumulate, keep)
+                    .into_iter()
+                    .map(|op| (op, launches[&op].clone()))
+                    .collect();
+                Accumulation {
+                    accumulate,
+                    keep,
+                    inner,
+                }
+            } else {
+                Accumulation::default()
+            };
             UnitSchedule {
                 level,
                 recompute,
                 launches,
+                accumulation,
             }
         })
         .collect();
@@ -179,14 +226,21 @@ fn finish(
     }
 }
 
-/// One uniform grid point: (level, depth) for every unit.
-fn grid_point(profile: &Profile, level: Level, depth: usize, recompute: bool) -> Result<Schedule> {
+/// One uniform grid point: (level, depth) for every unit, and (accumulate, keep).
+fn grid_point(
+    profile: &Profile,
+    level: Level,
+    depth: usize,
+    recompute: bool,
+    accumulation: (bool, bool),
+) -> Result<Schedule> {
     let l = profile.unit_count();
     depth_schedule(
         profile,
         &levels(l, level, false),
         &vec![(depth, depth); l],
         recompute,
+        accumulation,
     )
 }
 
@@ -201,21 +255,34 @@ pub fn baseline(
     let l = profile.unit_count();
     let mut details =
         BTreeMap::from([("checkpoint".to_string(), toml::Value::Boolean(checkpoint))]);
+    if BaselineKind::NO_SYNC.contains(&kind) && profile.micro_batches < 2 {
+        return Err(Error::Mismatch(format!(
+            "{}: gradient sync can only be skipped between micro-batches, and the profile has \
+             micro_batches = 1 (there it is {})",
+            kind.name(),
+            kind.name().trim_end_matches("-nosync")
+        )));
+    }
+    let accumulation = kind.accumulation();
     let schedule = match kind {
-        BaselineKind::Ddp => grid_point(profile, Level::None, 1, checkpoint)?,
-        BaselineKind::Zero2 => grid_point(profile, Level::Sdp, 1, checkpoint)?,
-        BaselineKind::Fsdp1 => grid_point(profile, Level::Fsdp, 1, checkpoint)?,
-        BaselineKind::Fsdp2 => depth_schedule(
+        BaselineKind::Ddp | BaselineKind::DdpNoSync => {
+            grid_point(profile, Level::None, 1, checkpoint, accumulation)?
+        }
+        BaselineKind::Zero2 => grid_point(profile, Level::Sdp, 1, checkpoint, accumulation)?,
+        BaselineKind::Fsdp1 => grid_point(profile, Level::Fsdp, 1, checkpoint, accumulation)?,
+        BaselineKind::Fsdp2 | BaselineKind::Fsdp2NoSync => depth_schedule(
             profile,
             &levels(l, Level::Fsdp, true),
             &vec![(1, 1); l],
             checkpoint,
+            accumulation,
         )?,
         BaselineKind::Zero3 => depth_schedule(
             profile,
             &levels(l, Level::Fsdp, false),
             &zero3_depths(profile),
             checkpoint,
+            accumulation,
         )?,
         BaselineKind::BestGrid => {
             let (level, depth, schedule) = best_grid(profile, checkpoint, cap)?;
@@ -230,28 +297,39 @@ pub fn baseline(
     Ok(finish(profile, schedule, kind.name(), details, cap))
 }
 
-/// The fastest of {none} ∪ {sdp, fsdp} × {depth 1, 2, 3} whose strict peak fits `cap`.
+/// The fastest of {none} ∪ {sdp, fsdp} × {depth 1, 2, 3} whose strict peak fits `cap`; with
+/// micro-batches, each also with every (accumulate, keep).
 fn best_grid(
     profile: &Profile,
     checkpoint: bool,
     cap: Option<u64>,
 ) -> Result<(Level, usize, Schedule)> {
-    let mut candidates = vec![(Level::None, 1)];
+    let mut points = vec![(Level::None, 1)];
     for level in [Level::Sdp, Level::Fsdp] {
-        candidates.extend((1..=3).map(|d| (level, d)));
+        points.extend((1..=3).map(|d| (level, d)));
     }
+    let accumulations: &[(bool, bool)] = if profile.micro_batches >= 2 {
+        &[(false, false), (true, false), (false, true), (true, true)]
+    } else {
+        &[(false, false)]
+    };
     let mut best: Option<(f64, f64, Level, usize, Schedule)> = None;
     let mut smallest_peak = f64::INFINITY;
-    for (level, depth) in candidates {
-        let schedule = grid_point(profile, level, depth, checkpoint)?;
-        let sim = crate::sim::simulate(profile, &schedule, crate::sim::Semantics::Strict);
-        smallest_peak = smallest_peak.min(sim.peak_memory_bytes);
-        if cap.is_some_and(|c| sim.peak_memory_bytes > c as f64) {
-            continue;
-        }
-        let key = (sim.iteration_time_us, sim.peak_memory_bytes);
-        if best.as_ref().is_none_or(|b| key < (b.0, b.1)) {
-            best = Some((key.0, key.1, level, depth, schedule));
+    for (level, depth) in points {
+        for &accumulation in accumulations {
+            if level == Level::None && accumulation.1 {
+                continue;
+            }
+            let schedule = grid_point(profile, level, depth, checkpoint, accumulation)?;
+            let sim = crate::sim::simulate(profile, &schedule, crate::sim::Semantics::Strict);
+            smallest_peak = smallest_peak.min(sim.peak_memory_bytes);
+            if cap.is_some_and(|c| sim.peak_memory_bytes > c as f64) {
+                continue;
+            }
+            let key = (sim.iteration_time_us, sim.peak_memory_bytes);
+            if best.as_ref().is_none_or(|b| key < (b.0, b.1)) {
+                best = Some((key.0, key.1, level, depth, schedule));
+            }
         }
     }
     best.map(|(_, _, level, depth, schedule)| (level, depth, schedule))

@@ -84,6 +84,21 @@ pub struct TrainingSpec {
     /// Seed of the initial weights (GPT-2's initialisation) when none are given.
     #[serde(default)]
     pub seed: u64,
+    /// K, micro-batches of `batch_size` sequences per optimizer step (DESIGN §3.10); 1 when left
+    /// out.
+    #[serde(
+        default = "one_micro_batch",
+        skip_serializing_if = "is_one_micro_batch"
+    )]
+    pub micro_batches: u32,
+}
+
+fn one_micro_batch() -> u32 {
+    1
+}
+
+fn is_one_micro_batch(value: &u32) -> bool {
+    *value == 1
 }
 
 fn default_weight_decay() -> f32 {
@@ -114,6 +129,14 @@ impl TrainingSpec {
                 "training.batch_size",
                 "an integer in 1..=16777216",
                 self.batch_size.to_string(),
+            );
+        }
+        let most = crate::profile::MAX_MICRO_BATCHES;
+        if !(1..=most).contains(&self.micro_batches) {
+            return bad(
+                "training.micro_batches",
+                &format!("an integer in 1..={most}"),
+                self.micro_batches.to_string(),
             );
         }
         if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {

@@ -3,7 +3,7 @@
 //! rule of DESIGN §3.2 against the profile, and its launches carry their window positions.
 
 use crate::profile::Profile;
-use crate::timeline::{Level, Op, Timeline};
+use crate::timeline::{Level, Op, Timeline, Window};
 use crate::{Error, Result};
 use std::collections::BTreeMap;
 
@@ -20,8 +20,38 @@ pub struct UnitSchedule {
     pub level: Level,
     /// r_i: activation checkpointing (recompute in backward).
     pub recompute: bool,
-    /// Launches per op; ops of other levels are absent.
+    /// Launches per op at the step boundary (and AGB's in every micro-batch); ops of other
+    /// levels are absent.
     pub launches: BTreeMap<Op, Vec<Launch>>,
+    /// Gradient accumulation across the step's micro-batches (DESIGN §3.10); the default at K = 1.
+    pub accumulation: Accumulation,
+}
+
+/// A unit's choices across micro-batches (DESIGN §3.10).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Accumulation {
+    /// a_i: the unsharded gradient accumulates over the step and is reduced once.
+    pub accumulate: bool,
+    /// k_i (sdp, fsdp): gathered parameters stay from B^m_i to the end of F^{m+1}_i.
+    pub keep: bool,
+    /// Launches per op at the boundary between two micro-batches (slot index 2L is I), for the
+    /// ops that run there ([`inner_ops`]).
+    pub inner: BTreeMap<Op, Vec<Launch>>,
+}
+
+/// The ops of a unit that run at the boundary between two micro-batches: its reduction unless
+/// it accumulates, its forward gather unless it keeps the parameters.
+pub fn inner_ops(level: Level, accumulate: bool, keep: bool) -> Vec<Op> {
+    level
+        .ops()
+        .iter()
+        .copied()
+        .filter(|op| match op {
+            Op::AllReduce | Op::ReduceScatter => !accumulate,
+            Op::Gather | Op::GatherForward => !keep,
+            Op::GatherBackward => false,
+        })
+        .collect()
 }
 
 /// `blocks` blocks of an op launched at slot index `slot`, the `position`-th slot of the op's
@@ -37,12 +67,31 @@ pub struct Placed {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Schedule {
     units: Vec<UnitSchedule>,
+    /// K, the profile's micro-batches per step.
+    micro_batches: u32,
     /// Per unit and op of its level, the launches in window order.
     placed: Vec<BTreeMap<Op, Vec<Placed>>>,
+    /// Per unit and op of the inner boundary, its launches in window order (empty at K = 1).
+    inner_placed: Vec<BTreeMap<Op, Vec<Placed>>>,
 }
 
+/// Per unit and op, launches in window order.
+type PlacedOps = Vec<BTreeMap<Op, Vec<Placed>>>;
+
 /// Sort key of a queue entry: (reduction 0 / gather 1, urgency rank, unit).
-type QueueKey = (u8, usize, usize);
+pub(crate) type QueueKey = (u8, usize, usize);
+
+/// The canonical order of a slot's queue (DESIGN §3.7) as a key of a launch at window position
+/// `pos` of a window of `window_len` slots: reductions first, the older gradient (larger
+/// position) earlier; then gathers, the fewer slots left before the slot that needs them the
+/// earlier; ties by unit.
+pub(crate) fn queue_key(op: Op, pos: usize, window_len: usize, unit: usize) -> QueueKey {
+    if op.is_reduction() {
+        (0, usize::MAX - pos, unit)
+    } else {
+        (1, window_len - pos, unit)
+    }
+}
 
 /// One entry of a slot's communication queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,8 +105,24 @@ impl Schedule {
     /// The schedule of `units`, if every window, coverage and order rule holds against
     /// `profile`; the error names the unit, the op and the slot.
     pub fn new(profile: &Profile, units: Vec<UnitSchedule>) -> Result<Self> {
-        let placed = Self::place(profile, &units)?;
-        Ok(Schedule { units, placed })
+        let (placed, inner_placed) = Self::place(profile, &units)?;
+        Ok(Schedule {
+            units,
+            micro_batches: profile.micro_batches,
+            placed,
+            inner_placed,
+        })
+    }
+
+    /// K, micro-batches per step.
+    pub fn micro_batches(&self) -> u32 {
+        self.micro_batches
+    }
+
+    /// The launches of `op` of `unit` at the inner boundary, in window order; empty where the op
+    /// does not run there.
+    pub fn inner_launches(&self, unit: usize, op: Op) -> &[Placed] {
+        self.inner_placed[unit].get(&op).map_or(&[], Vec::as_slice)
     }
 
     /// Whether this schedule is valid for `profile` too (a hint made for another profile).
@@ -98,7 +163,7 @@ impl Schedule {
 
     /// Checks every window, coverage and order rule of DESIGN §3.2 and places each launch at
     /// its window position.
-    fn place(profile: &Profile, units: &[UnitSchedule]) -> Result<Vec<BTreeMap<Op, Vec<Placed>>>> {
+    fn place(profile: &Profile, units: &[UnitSchedule]) -> Result<(PlacedOps, PlacedOps)> {
         if units.len() != profile.unit_count() {
             return Err(Error::Mismatch(format!(
                 "the plan has {} units, the profile {}",
@@ -108,6 +173,7 @@ impl Schedule {
         }
         let timeline = Timeline::new(units.len());
         let mut placed = Vec::with_capacity(units.len());
+        let mut inner_placed = Vec::with_capacity(units.len());
         for (unit, u) in units.iter().enumerate() {
             let rule = |op: Op, slot: Option<usize>, why: String| Error::Rule {
                 unit: unit + 1,
@@ -118,6 +184,7 @@ impl Schedule {
                     .unwrap_or_default(),
                 rule: why,
             };
+            let ops_list = |ops: &[Op]| ops.iter().map(|o| o.key()).collect::<Vec<_>>().join(", ");
             for (&op, launches) in &u.launches {
                 if !u.level.ops().contains(&op) && !launches.is_empty() {
                     return Err(rule(
@@ -126,12 +193,7 @@ impl Schedule {
                         format!(
                             "not an op of level `{}` (its ops: {})",
                             u.level.name(),
-                            u.level
-                                .ops()
-                                .iter()
-                                .map(|o| o.key())
-                                .collect::<Vec<_>>()
-                                .join(", ")
+                            ops_list(u.level.ops())
                         ),
                     ));
                 }
@@ -151,51 +213,10 @@ impl Schedule {
                     ));
                 }
                 let launches = u.launches.get(&op).map(Vec::as_slice).unwrap_or_default();
-                let mut seen = std::collections::HashSet::new();
-                let mut total = 0u64;
-                let mut op_placed = Vec::with_capacity(launches.len());
-                for l in launches {
-                    if l.blocks == 0 {
-                        return Err(rule(
-                            op,
-                            Some(l.slot),
-                            "a launch must carry at least one block".into(),
-                        ));
-                    }
-                    let Some(position) = (l.slot < timeline.slot_count())
-                        .then(|| window.position(l.slot))
-                        .flatten()
-                    else {
-                        let first = timeline.slot(window.slot_at(0));
-                        let last = timeline.slot(window.slot_at(window.len - 1));
-                        return Err(rule(
-                            op,
-                            Some(l.slot.min(timeline.slot_count() - 1)),
-                            format!("outside its window {first}..{last}"),
-                        ));
-                    };
-                    if !seen.insert(l.slot) {
-                        return Err(rule(
-                            op,
-                            Some(l.slot),
-                            "the slot is listed twice; merge the launches".into(),
-                        ));
-                    }
-                    total += u64::from(l.blocks);
-                    op_placed.push(Placed {
-                        slot: l.slot,
-                        position,
-                        blocks: l.blocks,
-                    });
-                }
-                op_placed.sort_by_key(|l| l.position);
-                if total != u64::from(nb) {
-                    return Err(rule(
-                        op,
-                        None,
-                        format!("launches {total} blocks, the unit has {nb} (coverage)"),
-                    ));
-                }
+                let name = |s| timeline.slot(s);
+                let op_placed = place_op(timeline, window, launches, nb, name, |slot, why| {
+                    rule(op, slot, why)
+                })?;
                 unit_placed.insert(op, op_placed);
             }
             if let Some(last_rs) = unit_placed
@@ -218,6 +239,73 @@ impl Schedule {
                 }
             }
             placed.push(unit_placed);
+            inner_placed.push(Self::place_inner(profile, unit, u, |op, why| {
+                rule(op, None, why)
+            })?);
+        }
+        Ok((placed, inner_placed))
+    }
+
+    /// Checks a unit's choices across micro-batches (DESIGN §3.10) and places its inner
+    /// boundary's launches: only at K ≥ 2, `keep` only at sdp or fsdp, launches exactly for
+    /// [`inner_ops`], each inside its window (I in place of E) and covering the unit's blocks.
+    fn place_inner(
+        profile: &Profile,
+        unit: usize,
+        u: &UnitSchedule,
+        rule: impl Fn(Op, String) -> Error,
+    ) -> Result<BTreeMap<Op, Vec<Placed>>> {
+        let timeline = Timeline::new(profile.unit_count());
+        let a = &u.accumulation;
+        let first_op = u.level.ops()[0];
+        if profile.micro_batches == 1 {
+            if *a != Accumulation::default() {
+                return Err(rule(
+                    first_op,
+                    "accumulate, keep and inner launches need micro-batches: the profile has \
+                     micro_batches = 1"
+                        .into(),
+                ));
+            }
+            return Ok(BTreeMap::new());
+        }
+        if a.keep && u.level == Level::None {
+            return Err(rule(
+                first_op,
+                "keep = true needs sdp or fsdp: a replicated unit's parameters are never freed"
+                    .into(),
+            ));
+        }
+        let ops = inner_ops(u.level, a.accumulate, a.keep);
+        if let Some((&op, _)) = a
+            .inner
+            .iter()
+            .find(|(op, l)| !ops.contains(op) && !l.is_empty())
+        {
+            return Err(rule(
+                op,
+                format!(
+                    "does not run at the inner boundary (accumulate = {}, keep = {}: its inner ops are [{}])",
+                    a.accumulate,
+                    a.keep,
+                    ops.iter().map(|o| o.key()).collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        }
+        let nb = profile.blocks(unit);
+        let mut placed = BTreeMap::new();
+        for op in ops {
+            let window = timeline.window(unit, op.window_kind());
+            let launches = a.inner.get(&op).map(Vec::as_slice).unwrap_or_default();
+            let name = |s| timeline.inner_slot(s);
+            let op_placed = place_op(timeline, window, launches, nb, name, |slot, why| {
+                let at = slot.map(|s| format!(" at {}", timeline.inner_slot(s)));
+                rule(
+                    op,
+                    format!("inner boundary{}: {why}", at.unwrap_or_default()),
+                )
+            })?;
+            placed.insert(op, op_placed);
         }
         Ok(placed)
     }
@@ -232,14 +320,7 @@ impl Schedule {
             for (&op, launches) in ops {
                 let window = timeline.window(unit, op.window_kind());
                 for l in launches {
-                    let pos = l.position;
-                    // Reductions: the older the gradient (larger position) the earlier. Gathers: the
-                    // fewer slots left before the slot that needs them, the earlier.
-                    let key = if op.is_reduction() {
-                        (0, usize::MAX - pos, unit)
-                    } else {
-                        (1, window.len - pos, unit)
-                    };
+                    let key = queue_key(op, l.position, window.len, unit);
                     keyed[l.slot].push((
                         key,
                         Queued {
@@ -259,4 +340,58 @@ impl Schedule {
             })
             .collect()
     }
+}
+
+/// Places one op's launches at their window positions: each inside the window, each slot once,
+/// at least one block each, `nb` blocks in all; `rule` makes the error for a slot (or none).
+fn place_op(
+    timeline: Timeline,
+    window: Window,
+    launches: &[Launch],
+    nb: u32,
+    slot_name: impl Fn(usize) -> crate::timeline::Slot,
+    rule: impl Fn(Option<usize>, String) -> Error,
+) -> Result<Vec<Placed>> {
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0u64;
+    let mut placed = Vec::with_capacity(launches.len());
+    for l in launches {
+        if l.blocks == 0 {
+            return Err(rule(
+                Some(l.slot),
+                "a launch must carry at least one block".into(),
+            ));
+        }
+        let Some(position) = (l.slot < timeline.slot_count())
+            .then(|| window.position(l.slot))
+            .flatten()
+        else {
+            let first = slot_name(window.slot_at(0));
+            let last = slot_name(window.slot_at(window.len - 1));
+            return Err(rule(
+                Some(l.slot.min(timeline.slot_count() - 1)),
+                format!("outside its window {first}..{last}"),
+            ));
+        };
+        if !seen.insert(l.slot) {
+            return Err(rule(
+                Some(l.slot),
+                "the slot is listed twice; merge the launches".into(),
+            ));
+        }
+        total += u64::from(l.blocks);
+        placed.push(Placed {
+            slot: l.slot,
+            position,
+            blocks: l.blocks,
+        });
+    }
+    placed.sort_by_key(|l| l.position);
+    if total != u64::from(nb) {
+        return Err(rule(
+            None,
+            format!("launches {total} blocks, the unit has {nb} (coverage)"),
+        ));
+    }
+    Ok(placed)
 }

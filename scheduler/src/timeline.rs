@@ -136,6 +136,8 @@ pub enum Slot {
     B(usize),
     /// E, the iteration boundary.
     E,
+    /// I, the boundary between two micro-batches of a step (DESIGN §3.10): no compute.
+    I,
 }
 
 impl fmt::Display for Slot {
@@ -144,6 +146,7 @@ impl fmt::Display for Slot {
             Slot::F(i) => write!(f, "F{i}"),
             Slot::B(i) => write!(f, "B{i}"),
             Slot::E => f.write_str("E"),
+            Slot::I => f.write_str("I"),
         }
     }
 }
@@ -171,9 +174,11 @@ impl Serialize for Op {
 impl std::str::FromStr for Slot {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let expected = || format!("a slot written F<i>, B<i> or E (i >= 1), got `{s}`");
-        if s == "E" {
-            return Ok(Slot::E);
+        let expected = || format!("a slot written F<i>, B<i>, E or I (i >= 1), got `{s}`");
+        match s {
+            "E" => return Ok(Slot::E),
+            "I" => return Ok(Slot::I),
+            _ => {}
         }
         let (kind, number) = s.split_at_checked(1).ok_or_else(expected)?;
         let i: usize = number.parse().map_err(|_| expected())?;
@@ -276,6 +281,11 @@ impl Timeline {
     pub fn index(&self, slot: Slot) -> Result<usize, String> {
         match slot {
             Slot::E => Ok(self.end()),
+            Slot::I => Err(
+                "slot I is the boundary between micro-batches: only the inner boundary's launches \
+                 (`<op>_inner`) use it"
+                    .into(),
+            ),
             Slot::F(i) | Slot::B(i) if i > self.units => Err(format!(
                 "slot {slot} names unit {i}, but there are {} units",
                 self.units
@@ -285,11 +295,33 @@ impl Timeline {
         }
     }
 
+    /// The slot at an index of an inner boundary's window (DESIGN §3.10): I where the step's
+    /// window has E.
+    pub fn inner_slot(&self, index: usize) -> Slot {
+        match self.slot(index) {
+            Slot::E => Slot::I,
+            slot => slot,
+        }
+    }
+
+    /// Index of a slot of an inner boundary's window: I is at E's index, and E is not one.
+    pub fn inner_index(&self, slot: Slot) -> Result<usize, String> {
+        match slot {
+            Slot::I => Ok(self.end()),
+            Slot::E => Err(
+                "slot E ends the step: the inner boundary's launches use I, the boundary between \
+                 micro-batches"
+                    .into(),
+            ),
+            slot => self.index(slot),
+        }
+    }
+
     /// The unit (0-based) whose compute runs in a slot, None for E.
     pub fn compute_unit(&self, index: usize) -> Option<usize> {
         match self.slot(index) {
             Slot::F(i) | Slot::B(i) => Some(i - 1),
-            Slot::E => None,
+            Slot::E | Slot::I => None,
         }
     }
 

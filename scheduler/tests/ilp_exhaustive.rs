@@ -64,6 +64,7 @@ fn unit_options(profile: &Profile, unit: usize, recompute: bool) -> Vec<UnitSche
                 level: Level::None,
                 recompute: r,
                 launches,
+                accumulation: Default::default(),
             });
         }
         for rs in placements(nb, after) {
@@ -82,6 +83,7 @@ fn unit_options(profile: &Profile, unit: usize, recompute: bool) -> Vec<UnitSche
                     level: Level::Sdp,
                     recompute: r,
                     launches: sdp,
+                    accumulation: Default::default(),
                 });
                 for agb in placements(nb, between) {
                     let fsdp = BTreeMap::from([
@@ -102,6 +104,7 @@ fn unit_options(profile: &Profile, unit: usize, recompute: bool) -> Vec<UnitSche
                         level: Level::Fsdp,
                         recompute: r,
                         launches: fsdp,
+                        accumulation: Default::default(),
                     });
                 }
             }

@@ -24,6 +24,7 @@ pub fn run(args: BaselineArgs) -> anyhow::Result<()> {
             "iteration_time_us": sim.iteration_time_us,
             "peak_memory_bytes": whole_bytes(sim.peak_memory_bytes),
             "peak_slot": sim.peak_slot,
+            "peak_micro_batch": sim.peak_micro_batch,
             "fits_cap": fits,
         }));
     } else {
@@ -38,7 +39,7 @@ pub fn run(args: BaselineArgs) -> anyhow::Result<()> {
             kind.name(),
             ms(sim.iteration_time_us),
             format_bytes(sim.peak_memory_bytes),
-            sim.peak_slot
+            sim.peak_at()
         );
     }
     Ok(())

@@ -9,11 +9,7 @@ use shardplan_scheduler::size::{format_bytes, whole_bytes};
 pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     let (profile, plan, schedule) = super::load_plan(&args.profile, &args.plan)?;
     let sim = simulate(&profile, &schedule, Semantics::Strict);
-    let peak = sim
-        .slots
-        .iter()
-        .find(|s| s.slot == sim.peak_slot)
-        .expect("peak slot exists");
+    let peak = sim.peak();
     if args.json {
         print_json(&json!({
             "producer": plan.producer.name,
@@ -21,6 +17,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
             "iteration_time_us": sim.iteration_time_us,
             "peak_memory_bytes": whole_bytes(sim.peak_memory_bytes),
             "peak_slot": sim.peak_slot,
+            "peak_micro_batch": sim.peak_micro_batch,
             "peak_breakdown": peak.memory,
         }));
         return Ok(());
@@ -40,6 +37,10 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
             ("AG", &u.ag),
             ("AGF", &u.agf),
             ("AGB", &u.agb),
+            ("AR inner", &u.ar_inner),
+            ("RS inner", &u.rs_inner),
+            ("AG inner", &u.ag_inner),
+            ("AGF inner", &u.agf_inner),
         ]
         .into_iter()
         .filter(|(_, l)| !l.is_empty())
@@ -56,7 +57,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         table.row(vec![
             (k + 1).to_string(),
             u.name.clone(),
-            u.level.name().to_string(),
+            level_text(u),
             if u.recompute { "yes" } else { "no" }.to_string(),
             profile.blocks(k).to_string(),
             launches.join("; "),
@@ -73,7 +74,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     outln!(
         "memory peak {} at slot {}:",
         format_bytes(sim.peak_memory_bytes),
-        sim.peak_slot
+        sim.peak_at()
     );
     for (what, bytes) in [
         ("persistent", m.persistent),
@@ -85,4 +86,17 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         outln!("  {what:<11} {:>12}", format_bytes(bytes));
     }
     Ok(())
+}
+
+/// The level, with the choices across micro-batches that are on (DESIGN §3.10).
+fn level_text(u: &shardplan_scheduler::plan::UnitPlan) -> String {
+    let choices: Vec<&str> = [(u.accumulate, "accumulate"), (u.keep, "keep")]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect();
+    if choices.is_empty() {
+        u.level.name().to_string()
+    } else {
+        format!("{} ({})", u.level.name(), choices.join(", "))
+    }
 }

@@ -23,6 +23,7 @@ pub fn analytic(args: AnalyticArgs) -> anyhow::Result<()> {
     let options = AnalyticOptions {
         seq_len: args.seq_len,
         micro_batch: args.micro_batch,
+        micro_batches: args.micro_batches,
         mfu: args.mfu,
         attention: match args.attention {
             AttentionArg::Flash => Attention::Flash,

@@ -42,6 +42,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     inputs.extend(args.init_weights.as_deref().map(|p| ("--init-weights", p)));
     check_outputs_distinct(&outputs, &inputs)?;
     let file = ModelFile::load(&args.model)?;
+    let micro_batches = file.micro_batches();
     let (universe, backend) = start(args.backend.kind()?)?;
     let origin = args.model.display().to_string();
     let data = Data::Text {
@@ -56,6 +57,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                 PlanJob {
                     args: &args,
                     model: &model,
+                    micro_batches,
                 },
             )
         });
@@ -91,12 +93,14 @@ impl Throughput {
 struct PlanJob<'a> {
     args: &'a RunArgs,
     model: &'a Model,
+    /// The model file's `training.micro_batches`.
+    micro_batches: u32,
 }
 
 impl Job for PlanJob<'_> {
     type Output = anyhow::Result<()>;
     fn run<B: Backend, W: Train<B>>(self, backend: B, workload: &W) -> anyhow::Result<()> {
-        run_with(backend, workload, self.args, self.model)
+        run_with(backend, workload, self.args, self.model, self.micro_batches)
     }
 }
 
@@ -107,8 +111,21 @@ fn run_with<B: Backend, W: Train<B>>(
     workload: &W,
     args: &RunArgs,
     model: &Model,
+    micro_batches: u32,
 ) -> anyhow::Result<()> {
     let profile = Profile::load(&args.profile)?;
+    if profile.micro_batches != micro_batches {
+        return Err(shardplan_scheduler::Error::invalid(
+            args.model.display().to_string(),
+            "training.micro_batches",
+            format!(
+                "{} (the micro-batches per step of profile {}), got {micro_batches}",
+                profile.micro_batches,
+                args.profile.display()
+            ),
+        )
+        .into());
+    }
     let plan = Plan::load(&args.plan)?;
     let semantics = match args.semantics {
         SemanticsArg::Strict => Semantics::Strict,

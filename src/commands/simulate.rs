@@ -40,6 +40,8 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             "comm_slowdown_us": sim.comm_slowdown_us,
             "peak_memory_bytes": whole_bytes(sim.peak_memory_bytes),
             "peak_slot": sim.peak_slot,
+            "peak_micro_batch": sim.peak_micro_batch,
+            "micro_batches": profile.micro_batches,
             "memory_cap_bytes": plan.memory_cap_bytes,
             "fits_cap": fits,
             "slots": sim.slots,
@@ -60,7 +62,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         outln!(
             "  peak memory      {} at {}",
             format_bytes(sim.peak_memory_bytes),
-            sim.peak_slot
+            sim.peak_at()
         );
         if let (Some(cap), Some(fits)) = (plan.memory_cap_bytes, fits) {
             outln!(

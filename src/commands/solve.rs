@@ -118,7 +118,7 @@ fn report(args: &SolveArgs, solved: &Solved, packing: Option<&Packing>) {
             solved.report.status.name(),
             ms(sim.iteration_time_us),
             format_bytes(sim.peak_memory_bytes),
-            sim.peak_slot,
+            sim.peak_at(),
             r.gap,
             if args.objective == ObjectiveArg::Time {
                 ms(r.best_bound)

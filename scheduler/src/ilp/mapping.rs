@@ -102,6 +102,7 @@ pub(super) fn schedule_from_values(
                 level,
                 recompute: on(u.recompute),
                 launches,
+                accumulation: Default::default(),
             }
         })
         .collect();

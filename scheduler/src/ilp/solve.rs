@@ -34,6 +34,13 @@ fn best_baseline(profile: &Profile, options: &SolveOptions) -> Option<(String, S
 /// Solves for the plan that minimises the chosen objective. Errors with [`Error::Infeasible`]
 /// (naming the smallest feasible cap and what dominates it) when nothing fits the cap.
 pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
+    if profile.micro_batches >= 2 {
+        return Err(Error::Mismatch(format!(
+            "`{}` has micro_batches = {}: the ILP does not plan micro-batches yet (DESIGN §3.10); \
+             `baseline` and `simulate` do",
+            profile.name, profile.micro_batches
+        )));
+    }
     let started = Instant::now();
     let warm = best_baseline(profile, options);
     // Every feasible plan met so far, best first: each phase warm-starts from the best one its
@@ -173,17 +180,13 @@ fn explain_infeasible(profile: &Profile, options: &SolveOptions) -> Error {
     {
         Some(schedule) => {
             let sim = simulate(profile, &schedule, Semantics::Strict);
-            let peak = sim
-                .slots
-                .iter()
-                .find(|s| s.slot == sim.peak_slot)
-                .expect("peak slot exists");
+            let peak = sim.peak();
             let (what, bytes) = peak.memory.dominant();
             Error::Infeasible(format!(
                 "no {plan} fits {cap}: the smallest feasible cap is {} ({} bytes), peaking at slot {} where the largest part is {}, {}",
                 format_bytes(sim.peak_memory_bytes),
                 whole_bytes(sim.peak_memory_bytes),
-                sim.peak_slot,
+                sim.peak_at(),
                 what,
                 format_bytes(bytes)
             ))

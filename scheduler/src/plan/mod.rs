@@ -27,7 +27,7 @@
 //! ```
 
 use crate::profile::Profile;
-use crate::schedule::{Launch, Schedule, UnitSchedule};
+use crate::schedule::{Accumulation, Launch, Schedule, UnitSchedule};
 use crate::size::whole_bytes;
 use crate::timeline::{Level, Op, Slot, Timeline};
 use crate::{Error, Result};
@@ -65,6 +65,9 @@ pub struct Predicted {
     pub iteration_time_us: f64,
     pub peak_memory_bytes: u64,
     pub peak_slot: Slot,
+    /// The peak slot's micro-batch, when the step has several.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_micro_batch: Option<u32>,
 }
 
 impl Predicted {
@@ -74,6 +77,7 @@ impl Predicted {
             iteration_time_us: sim.iteration_time_us,
             peak_memory_bytes: whole_bytes(sim.peak_memory_bytes),
             peak_slot: sim.peak_slot,
+            peak_micro_batch: sim.peak_micro_batch,
         }
     }
 }
@@ -96,6 +100,33 @@ pub struct UnitPlan {
     pub agf: Vec<(Slot, u32)>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub agb: Vec<(Slot, u32)>,
+    /// a_i (DESIGN §3.10): reduce once per step.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub accumulate: bool,
+    /// k_i (DESIGN §3.10): keep gathered parameters between micro-batches.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub keep: bool,
+    /// The inner boundary's launches (slots F<i>, B<i>, I).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ar_inner: Vec<(Slot, u32)>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rs_inner: Vec<(Slot, u32)>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ag_inner: Vec<(Slot, u32)>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub agf_inner: Vec<(Slot, u32)>,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+
+fn is_one(value: &u32) -> bool {
+    *value == 1
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl UnitPlan {
@@ -106,6 +137,27 @@ impl UnitPlan {
             Op::Gather => &self.ag,
             Op::GatherForward => &self.agf,
             Op::GatherBackward => &self.agb,
+        }
+    }
+
+    /// The inner boundary's launches of `op` (AGB never runs there: none).
+    fn inner_launches(&self, op: Op) -> &[(Slot, u32)] {
+        match op {
+            Op::AllReduce => &self.ar_inner,
+            Op::ReduceScatter => &self.rs_inner,
+            Op::Gather => &self.ag_inner,
+            Op::GatherForward => &self.agf_inner,
+            Op::GatherBackward => &[],
+        }
+    }
+
+    fn inner_launches_mut(&mut self, op: Op) -> Option<&mut Vec<(Slot, u32)>> {
+        match op {
+            Op::AllReduce => Some(&mut self.ar_inner),
+            Op::ReduceScatter => Some(&mut self.rs_inner),
+            Op::Gather => Some(&mut self.ag_inner),
+            Op::GatherForward => Some(&mut self.agf_inner),
+            Op::GatherBackward => None,
         }
     }
 
@@ -130,6 +182,9 @@ pub struct Plan {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile_digest: Option<String>,
     pub world_size: u32,
+    /// K, micro-batches per step (the profile's; 1 when left out).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub micro_batches: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_cap_bytes: Option<u64>,
     #[serde(default)]
@@ -187,6 +242,17 @@ impl Plan {
                 ),
             ));
         }
+        if self.micro_batches != profile.micro_batches {
+            return Err(Error::invalid(
+                origin,
+                "micro_batches",
+                format!(
+                    "{} (the profile's micro-batches per step), got {}: the plan was made for \
+                     another number of micro-batches",
+                    profile.micro_batches, self.micro_batches
+                ),
+            ));
+        }
         if self.units.len() != profile.unit_count() {
             return Err(Error::invalid(
                 origin,
@@ -213,29 +279,40 @@ impl Plan {
                     ),
                 ));
             }
+            let convert =
+                |list: &[(Slot, u32)],
+                 field: String,
+                 index: &dyn Fn(Slot) -> std::result::Result<usize, String>| {
+                    list.iter()
+                        .map(|&(slot, blocks)| {
+                            index(slot)
+                                .map(|slot| Launch { slot, blocks })
+                                .map_err(|why| Error::invalid(origin, field.clone(), why))
+                        })
+                        .collect::<Result<Vec<_>>>()
+                };
             let mut launches = BTreeMap::new();
+            let mut inner = BTreeMap::new();
             for op in Op::ALL {
-                let list = u.launches(op);
-                if list.is_empty() {
-                    continue;
+                let (step, between) = (u.launches(op), u.inner_launches(op));
+                if !step.is_empty() {
+                    let field = format!("units[{k}].{}", op.key());
+                    launches.insert(op, convert(step, field, &|s| timeline.index(s))?);
                 }
-                let converted = list
-                    .iter()
-                    .map(|&(slot, blocks)| {
-                        timeline
-                            .index(slot)
-                            .map(|slot| Launch { slot, blocks })
-                            .map_err(|why| {
-                                Error::invalid(origin, format!("units[{k}].{}", op.key()), why)
-                            })
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                launches.insert(op, converted);
+                if !between.is_empty() {
+                    let field = format!("units[{k}].{}_inner", op.key());
+                    inner.insert(op, convert(between, field, &|s| timeline.inner_index(s))?);
+                }
             }
             units.push(UnitSchedule {
                 level: u.level,
                 recompute: u.recompute,
                 launches,
+                accumulation: Accumulation {
+                    accumulate: u.accumulate,
+                    keep: u.keep,
+                    inner,
+                },
             });
         }
         Schedule::new(profile, units)
@@ -264,12 +341,26 @@ impl Plan {
                     ag: vec![],
                     agf: vec![],
                     agb: vec![],
+                    accumulate: u.accumulation.accumulate,
+                    keep: u.accumulation.keep,
+                    ar_inner: vec![],
+                    rs_inner: vec![],
+                    ag_inner: vec![],
+                    agf_inner: vec![],
                 };
                 for (&op, launches) in &u.launches {
                     *plan.launches_mut(op) = launches
                         .iter()
                         .map(|l| (timeline.slot(l.slot), l.blocks))
                         .collect();
+                }
+                for (&op, launches) in &u.accumulation.inner {
+                    if let Some(list) = plan.inner_launches_mut(op) {
+                        *list = launches
+                            .iter()
+                            .map(|l| (timeline.inner_slot(l.slot), l.blocks))
+                            .collect();
+                    }
                 }
                 plan
             })
@@ -278,6 +369,7 @@ impl Plan {
             schema: PLAN_SCHEMA,
             profile_digest: Some(profile.digest()),
             world_size: profile.world_size,
+            micro_batches: profile.micro_batches,
             memory_cap_bytes,
             producer,
             predicted: Some(predicted),

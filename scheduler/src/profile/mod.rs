@@ -88,6 +88,17 @@ fn is_one(value: &u64) -> bool {
     *value == 1
 }
 
+fn one_pass() -> u32 {
+    1
+}
+
+fn is_one_pass(value: &u32) -> bool {
+    *value == 1
+}
+
+/// The most micro-batches per step a profile may ask for.
+pub const MAX_MICRO_BATCHES: u32 = 1 << 16;
+
 /// A number as written in an error: plain, or in scientific notation when huge.
 fn shown(value: f64) -> String {
     if value.abs() < 1e15 {
@@ -154,6 +165,10 @@ pub struct Profile {
     pub source: BTreeMap<String, String>,
     /// N.
     pub world_size: u32,
+    /// K: micro-batches per optimizer step (DESIGN §3.10), each of the units' measured or modelled
+    /// pass. 1, the default and left out of the file, is one pass per step.
+    #[serde(default = "one_pass", skip_serializing_if = "is_one_pass")]
+    pub micro_batches: u32,
     /// B: the unit of communication.
     pub block_size_bytes: u64,
     /// κ (κ_c): compute slowdown per µs of concurrent communication (of AllReduces, and of the
@@ -267,6 +282,15 @@ impl Profile {
         }
         if self.world_size == 0 {
             return bad("world_size".into(), "a positive integer, got 0".into());
+        }
+        if !(1..=MAX_MICRO_BATCHES).contains(&self.micro_batches) {
+            return bad(
+                "micro_batches".into(),
+                format!(
+                    "an integer in 1..={MAX_MICRO_BATCHES}, got {}",
+                    self.micro_batches
+                ),
+            );
         }
         if !(1..=1 << 20).contains(&self.shard_quantum_params) {
             return bad(

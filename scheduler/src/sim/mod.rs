@@ -3,16 +3,17 @@
 
 mod memory;
 mod relaxed;
+mod steps;
 mod strict;
 pub mod trace;
 
 pub use memory::{MemoryBreakdown, memory_by_slot};
 pub use trace::chrome_trace;
 
-use crate::cost::{Interference, block_time, block_time_us, compute_us};
+use crate::cost::{Interference, block_time, compute_us};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
-use crate::timeline::{Op, Slot};
+use crate::timeline::{Level, Op, Slot};
 use serde::Serialize;
 
 /// When compute and communication wait for each other.
@@ -38,6 +39,9 @@ impl Semantics {
 #[derive(Debug, Clone, Serialize)]
 pub struct SlotReport {
     pub slot: Slot,
+    /// The slot's micro-batch (1-based) when the step has several (DESIGN §3.10).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub micro_batch: Option<u32>,
     /// When the slot's blocks are launched (the compute stream reaches the slot).
     pub start_us: f64,
     pub compute_start_us: f64,
@@ -51,6 +55,21 @@ pub struct SlotReport {
     pub memory_bytes: f64,
 }
 
+impl SlotReport {
+    /// The slot's name with its micro-batch when the step has several: `F3`, `F3 [2]`.
+    pub fn label(&self) -> String {
+        labelled(self.slot, self.micro_batch)
+    }
+}
+
+/// `slot`, and `[m]` after it for micro-batch m of a step of several.
+fn labelled(slot: Slot, micro_batch: Option<u32>) -> String {
+    match micro_batch {
+        Some(m) => format!("{slot} [{m}]"),
+        None => slot.to_string(),
+    }
+}
+
 /// One communication block as it ran.
 #[derive(Debug, Clone, Serialize)]
 pub struct BlockEvent {
@@ -58,6 +77,8 @@ pub struct BlockEvent {
     pub op: Op,
     /// The slot at whose start the block was launched.
     pub slot: Slot,
+    /// That slot's micro-batch (1-based) when the step has several.
+    pub micro_batch: Option<u32>,
     pub start_us: f64,
     pub end_us: f64,
 }
@@ -81,61 +102,170 @@ pub struct Simulation {
     pub exposed_comm_us: f64,
     pub peak_memory_bytes: f64,
     pub peak_slot: Slot,
+    /// The peak slot's micro-batch (1-based) when the step has several.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_micro_batch: Option<u32>,
     pub slots: Vec<SlotReport>,
     #[serde(skip)]
     pub blocks: Vec<BlockEvent>,
+    /// The index of the peak slot in `slots`.
+    #[serde(skip)]
+    peak_index: usize,
 }
 
-/// Per-slot inputs both semantics share: compute, the queue of block times, memory.
-struct SlotInputs {
+impl BlockEvent {
+    /// The launch slot's name with its micro-batch when the step has several.
+    pub fn launched_at(&self) -> String {
+        labelled(self.slot, self.micro_batch)
+    }
+}
+
+impl Simulation {
+    /// The slot where memory peaks (the first of equals).
+    pub fn peak(&self) -> &SlotReport {
+        &self.slots[self.peak_index]
+    }
+
+    /// Where memory peaks, as messages write it: `B3`, or `B3 of micro-batch 2`.
+    pub fn peak_at(&self) -> String {
+        match self.peak_micro_batch {
+            Some(m) => format!("{} of micro-batch {m}", self.peak_slot),
+            None => self.peak_slot.to_string(),
+        }
+    }
+}
+
+/// One block in a slot's queue: its unit, op and op instance (what relaxed compute waits for),
+/// its time and the compute it costs the slot (L, DESIGN §3.4).
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    unit: usize,
+    op: Op,
+    instance: usize,
+    time_us: f64,
+    load_us: f64,
+}
+
+/// The slots of one step with what both semantics need: compute, the queues of blocks, memory,
+/// and for relaxed the op instance each slot's compute waits for. Built from the flat timeline at
+/// K = 1 and from the unrolled micro-batches at K ≥ 2 (`steps`).
+struct StepInputs {
+    /// Per slot: its name, and its micro-batch (1-based) when the step has several.
+    labels: Vec<(Slot, Option<u32>)>,
     compute_us: Vec<f64>,
-    /// Per slot: (unit, op, time) of every block, in plan order.
-    queue: Vec<Vec<(usize, Op, f64)>>,
+    /// Per slot: its blocks in the canonical order (DESIGN §3.7).
+    queue: Vec<Vec<Entry>>,
     comm_us: Vec<f64>,
     /// Per slot: the compute its communication-stream work costs, L_s (DESIGN §3.4).
     load_us: Vec<f64>,
     memory: Vec<MemoryBreakdown>,
+    /// Per slot: the op instance whose blocks its compute waits for (relaxed semantics).
+    needs: Vec<Option<usize>>,
+    /// Per slot: the op instances whose window opens there.
+    opens: Vec<Vec<usize>>,
+    instances: usize,
 }
 
-impl SlotInputs {
-    fn new(profile: &Profile, schedule: &Schedule) -> Self {
-        let timeline = schedule.timeline();
-        let compute_us = (0..timeline.slot_count())
-            .map(|s| compute_us(profile, timeline, s, |u| schedule.units()[u].recompute))
+impl StepInputs {
+    /// Sums each slot's queue into Q_s and L_s.
+    fn with_totals(mut self) -> Self {
+        self.comm_us = self
+            .queue
+            .iter()
+            .map(|q| q.iter().map(|e| e.time_us).sum())
             .collect();
-        let queue: Vec<Vec<(usize, Op, f64)>> = schedule
+        self.load_us = self
+            .queue
+            .iter()
+            .map(|q| q.iter().map(|e| e.load_us).sum())
+            .collect();
+        self
+    }
+
+    /// The event of `entry`, launched at slot `slot`, running from `start_us` to `end_us`.
+    fn event(&self, slot: usize, entry: &Entry, start_us: f64, end_us: f64) -> BlockEvent {
+        let (name, micro_batch) = self.labels[slot];
+        BlockEvent {
+            unit: entry.unit,
+            op: entry.op,
+            slot: name,
+            micro_batch,
+            start_us,
+            end_us,
+        }
+    }
+
+    /// The flat timeline of DESIGN §3 (K = 1): an op instance per unit and op.
+    fn flat(profile: &Profile, schedule: &Schedule) -> Self {
+        let timeline = schedule.timeline();
+        let slots = timeline.slot_count();
+        let instance = |unit: usize, op: Op| unit * Op::ALL.len() + op_index(op);
+        let interference = Interference::of(profile);
+        let queue = schedule
             .queues()
             .into_iter()
             .map(|q| {
                 q.into_iter()
                     .flat_map(|e| {
-                        let t = block_time_us(profile, e.unit, e.op);
-                        std::iter::repeat_n((e.unit, e.op, t), e.blocks as usize)
+                        let block = block_time(profile, e.unit, e.op);
+                        let entry = Entry {
+                            unit: e.unit,
+                            op: e.op,
+                            instance: instance(e.unit, e.op),
+                            time_us: block.total_us(),
+                            load_us: interference.load_us(e.op, block),
+                        };
+                        std::iter::repeat_n(entry, e.blocks as usize)
                     })
                     .collect()
             })
             .collect();
-        let comm_us = queue
-            .iter()
-            .map(|q: &Vec<(usize, Op, f64)>| q.iter().map(|b| b.2).sum())
-            .collect();
-        let interference = Interference::of(profile);
-        let load_us = queue
-            .iter()
-            .map(|q| {
-                q.iter()
-                    .map(|&(unit, op, _)| interference.load_us(op, block_time(profile, unit, op)))
-                    .sum()
+        let units = schedule.units();
+        let needs = (0..slots)
+            .map(|s| {
+                let unit = timeline.compute_unit(s)?;
+                let op = match (units[unit].level, s == timeline.forward(unit)) {
+                    (Level::None, true) => Op::AllReduce,
+                    (Level::Sdp, true) => Op::Gather,
+                    (Level::Fsdp, true) => Op::GatherForward,
+                    (Level::Fsdp, false) => Op::GatherBackward,
+                    (_, false) => return None,
+                };
+                Some(instance(unit, op))
             })
             .collect();
-        SlotInputs {
-            compute_us,
-            queue,
-            comm_us,
-            load_us,
-            memory: memory_by_slot(profile, schedule),
+        let mut opens = vec![Vec::new(); slots];
+        for unit in 0..units.len() {
+            for op in Op::ALL {
+                let w = timeline.window(unit, op.window_kind());
+                if w.len > 0 {
+                    opens[w.first].push(instance(unit, op));
+                }
+            }
         }
+        StepInputs {
+            labels: (0..slots).map(|s| (timeline.slot(s), None)).collect(),
+            compute_us: (0..slots)
+                .map(|s| compute_us(profile, timeline, s, |u| units[u].recompute))
+                .collect(),
+            queue,
+            comm_us: Vec::new(),
+            load_us: Vec::new(),
+            memory: memory_by_slot(profile, schedule),
+            needs,
+            opens,
+            instances: units.len() * Op::ALL.len(),
+        }
+        .with_totals()
     }
+}
+
+/// The index of `op` in [`Op::ALL`].
+fn op_index(op: Op) -> usize {
+    Op::ALL
+        .iter()
+        .position(|&o| o == op)
+        .expect("every op is in Op::ALL")
 }
 
 /// Slot timings produced by one semantics, from which the report is assembled.
@@ -147,22 +277,33 @@ struct Timing {
     blocks: Vec<BlockEvent>,
 }
 
-/// Simulates a validated schedule.
+/// Simulates a validated schedule: the flat timeline at K = 1, the unrolled micro-batches at
+/// K ≥ 2 (DESIGN §3.10).
 pub fn simulate(profile: &Profile, schedule: &Schedule, semantics: Semantics) -> Simulation {
-    let inputs = SlotInputs::new(profile, schedule);
+    let inputs = if schedule.micro_batches() >= 2 {
+        steps::unrolled(profile, schedule)
+    } else {
+        StepInputs::flat(profile, schedule)
+    };
+    simulate_inputs(profile, &inputs, semantics)
+}
+
+/// The simulation of a step's inputs under `semantics`.
+fn simulate_inputs(profile: &Profile, inputs: &StepInputs, semantics: Semantics) -> Simulation {
     let interference = Interference::of(profile);
     let timing = match semantics {
-        Semantics::Strict => strict::run(schedule, &inputs, interference),
-        Semantics::Relaxed => relaxed::run(schedule, &inputs, interference),
+        Semantics::Strict => strict::run(inputs, interference),
+        Semantics::Relaxed => relaxed::run(inputs, interference),
     };
-    let timeline = schedule.timeline();
+    let slot_count = inputs.labels.len();
     let totals = |v: &[f64]| v.iter().sum::<f64>();
     let compute = totals(&inputs.compute_us);
     let comm = totals(&inputs.comm_us);
     let load = totals(&inputs.load_us);
-    let slots: Vec<SlotReport> = (0..timeline.slot_count())
+    let slots: Vec<SlotReport> = (0..slot_count)
         .map(|s| SlotReport {
-            slot: timeline.slot(s),
+            slot: inputs.labels[s].0,
+            micro_batch: inputs.labels[s].1,
             start_us: timing.start_us[s],
             compute_start_us: timing.compute_start_us[s],
             compute_us: inputs.compute_us[s],
@@ -186,14 +327,16 @@ pub fn simulate(profile: &Profile, schedule: &Schedule, semantics: Semantics) ->
         comm_us: comm,
         overlap_slowdown_us: load,
         comm_slowdown_us: interference.comm
-            * (0..timeline.slot_count())
+            * (0..slot_count)
                 .filter(|&s| inputs.comm_us[s] > 0.0)
                 .map(|s| inputs.compute_us[s])
                 .sum::<f64>(),
         exposed_comm_us: (timing.iteration_time_us - compute - load).max(0.0),
         peak_memory_bytes: slots[peak].memory_bytes,
         peak_slot: slots[peak].slot,
+        peak_micro_batch: slots[peak].micro_batch,
         slots,
         blocks: timing.blocks,
+        peak_index: peak,
     }
 }

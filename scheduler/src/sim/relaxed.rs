@@ -10,50 +10,18 @@
 //! simulated until the iteration time is stationary; the last iteration is reported. Relaxed has
 //! a subset of strict's waits, hence T_relaxed ≤ T_strict for every plan.
 
-use super::{BlockEvent, SlotInputs, Timing};
+use super::{StepInputs, Timing};
 use crate::cost::Interference;
-use crate::schedule::Schedule;
-use crate::timeline::{Level, Op};
 
 /// Iterations after which a non-stationary (periodic) regime is averaged instead.
 const MAX_ITERATIONS: usize = 64;
 /// Relative change of the iteration time that counts as stationary.
 const STATIONARY: f64 = 1e-12;
 
-/// The blocks the compute of a slot must wait for: the unit's gathers, and for a replicated
-/// unit's forward its previous AllReduce (the optimizer step needs the reduced gradient).
-fn needed(schedule: &Schedule, slot: usize) -> Option<(usize, Op)> {
-    let timeline = schedule.timeline();
-    let unit = timeline.compute_unit(slot)?;
-    match (schedule.units()[unit].level, slot == timeline.forward(unit)) {
-        (Level::None, true) => Some((unit, Op::AllReduce)),
-        (Level::None, false) => None,
-        (Level::Sdp, true) => Some((unit, Op::Gather)),
-        (Level::Sdp, false) => None,
-        (Level::Fsdp, true) => Some((unit, Op::GatherForward)),
-        (Level::Fsdp, false) => Some((unit, Op::GatherBackward)),
-    }
-}
-
-pub(super) fn run(schedule: &Schedule, inputs: &SlotInputs, interference: Interference) -> Timing {
-    let timeline = schedule.timeline();
-    let slots = timeline.slot_count();
-    let units = schedule.units().len();
-    // Latest end of the blocks of (unit, op) launched since its window opened.
-    let op_index = |op: Op| Op::ALL.iter().position(|&o| o == op).expect("known op");
-    let mut ready = vec![[f64::NEG_INFINITY; 5]; units];
-    let window_opens: Vec<Vec<(usize, usize)>> = (0..slots)
-        .map(|s| {
-            (0..units)
-                .flat_map(|u| Op::ALL.map(|op| (u, op)))
-                .filter(|&(u, op)| {
-                    let w = timeline.window(u, op.window_kind());
-                    w.len > 0 && w.first == s
-                })
-                .map(|(u, op)| (u, op_index(op)))
-                .collect()
-        })
-        .collect();
+pub(super) fn run(inputs: &StepInputs, interference: Interference) -> Timing {
+    let slots = inputs.labels.len();
+    // Latest end of the blocks of an op instance launched since its window opened.
+    let mut ready = vec![f64::NEG_INFINITY; inputs.instances];
     let mut channel_free = 0.0f64;
     let mut compute_end = 0.0f64;
     let mut iteration_times: Vec<f64> = Vec::new();
@@ -64,28 +32,25 @@ pub(super) fn run(schedule: &Schedule, inputs: &SlotInputs, interference: Interf
         let mut compute_start_us = Vec::with_capacity(slots);
         let mut duration_us = Vec::with_capacity(slots);
         let mut blocks = Vec::new();
-        for (s, opening) in window_opens.iter().enumerate() {
+        for (s, opening) in inputs.opens.iter().enumerate() {
             let launch = compute_end;
-            for &(u, k) in opening {
-                ready[u][k] = f64::NEG_INFINITY;
+            for &instance in opening {
+                ready[instance] = f64::NEG_INFINITY;
             }
             let stretch = interference.comm_stretch(inputs.compute_us[s], inputs.comm_us[s]);
-            for &(unit, op, t) in &inputs.queue[s] {
-                let t = t * stretch;
+            for entry in &inputs.queue[s] {
+                let t = entry.time_us * stretch;
                 let start = channel_free.max(launch);
                 channel_free = start + t;
-                let k = op_index(op);
-                ready[unit][k] = ready[unit][k].max(channel_free);
-                blocks.push(BlockEvent {
-                    unit,
-                    op,
-                    slot: timeline.slot(s),
-                    start_us: start - iteration_start,
-                    end_us: channel_free - iteration_start,
-                });
+                ready[entry.instance] = ready[entry.instance].max(channel_free);
+                blocks.push(inputs.event(
+                    s,
+                    entry,
+                    start - iteration_start,
+                    channel_free - iteration_start,
+                ));
             }
-            let wait =
-                needed(schedule, s).map_or(f64::NEG_INFINITY, |(u, op)| ready[u][op_index(op)]);
+            let wait = inputs.needs[s].map_or(f64::NEG_INFINITY, |instance| ready[instance]);
             let compute_start = compute_end.max(wait);
             compute_end = compute_start + inputs.compute_us[s] + inputs.load_us[s];
             start_us.push(launch - iteration_start);

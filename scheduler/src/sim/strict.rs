@@ -2,13 +2,11 @@
 //! starts at the slot's start, serialised on the one channel, each stretched by the slot's
 //! compute as (Q_s + κ_q·c_s)/Q_s.
 
-use super::{BlockEvent, SlotInputs, Timing};
+use super::{StepInputs, Timing};
 use crate::cost::Interference;
-use crate::schedule::Schedule;
 
-pub(super) fn run(schedule: &Schedule, inputs: &SlotInputs, interference: Interference) -> Timing {
-    let timeline = schedule.timeline();
-    let slots = timeline.slot_count();
+pub(super) fn run(inputs: &StepInputs, interference: Interference) -> Timing {
+    let slots = inputs.labels.len();
     let mut start_us = Vec::with_capacity(slots);
     let mut duration_us = Vec::with_capacity(slots);
     let mut blocks = Vec::new();
@@ -17,15 +15,9 @@ pub(super) fn run(schedule: &Schedule, inputs: &SlotInputs, interference: Interf
         let (c, q) = (inputs.compute_us[s], inputs.comm_us[s]);
         let mut channel = now;
         let stretch = interference.comm_stretch(c, q);
-        for &(unit, op, t) in &inputs.queue[s] {
-            let t = t * stretch;
-            blocks.push(BlockEvent {
-                unit,
-                op,
-                slot: timeline.slot(s),
-                start_us: channel,
-                end_us: channel + t,
-            });
+        for entry in &inputs.queue[s] {
+            let t = entry.time_us * stretch;
+            blocks.push(inputs.event(s, entry, channel, channel + t));
             channel += t;
         }
         let d = interference.slot_duration(c, q, inputs.load_us[s]);

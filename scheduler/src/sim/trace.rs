@@ -36,13 +36,13 @@ pub fn chrome_trace(profile: &Profile, sim: &Simulation) -> Value {
         thread_name(COMM_TID, "communication"),
     ];
     for s in &sim.slots {
-        events.push(complete(s.slot.to_string(), SLOTS_TID, s.start_us, s.duration_us,
+        events.push(complete(s.label(), SLOTS_TID, s.start_us, s.duration_us,
             json!({"compute_us": s.compute_us, "comm_us": s.comm_us, "memory_bytes": s.memory_bytes})));
         if s.compute_us > 0.0 {
             let name = match s.slot {
-                Slot::E => "E".to_string(),
+                Slot::E | Slot::I => s.label(),
                 Slot::F(unit) | Slot::B(unit) => {
-                    format!("{} {}", s.slot, profile.units[unit - 1].name)
+                    format!("{} {}", s.label(), profile.units[unit - 1].name)
                 }
             };
             let busy = s.compute_us + profile.overlap_slowdown * s.comm_us;
@@ -67,7 +67,7 @@ pub fn chrome_trace(profile: &Profile, sim: &Simulation) -> Value {
             COMM_TID,
             b.start_us,
             b.end_us - b.start_us,
-            json!({"launched_at": b.slot}),
+            json!({"launched_at": b.launched_at()}),
         ));
     }
     trace_file(events)

@@ -77,6 +77,7 @@ pub fn profile(
             grad: bytes_per_param.1,
             optimizer: bytes_per_param.2,
         },
+        micro_batches: 1,
         shard_quantum_params: 1,
         units: units
             .iter()
@@ -109,10 +110,12 @@ pub fn profile(
 /// A plan file for `profile` whose `[[units]]` tables are `units_toml`.
 pub fn plan_toml(profile: &Profile, units_toml: &str) -> String {
     format!(
-        "schema = 1\nprofile_digest = \"{}\"\nworld_size = {}\n\n[producer]\nname = \"hand\"\n\n\
-         [predicted]\niteration_time_us = 0.0\npeak_memory_bytes = 0\npeak_slot = \"E\"\n\n{units_toml}",
+        "schema = 1\nprofile_digest = \"{}\"\nworld_size = {}\nmicro_batches = {}\n\n\
+         [producer]\nname = \"hand\"\n\n[predicted]\niteration_time_us = 0.0\n\
+         peak_memory_bytes = 0\npeak_slot = \"E\"\n\n{units_toml}",
         profile.digest(),
-        profile.world_size
+        profile.world_size,
+        profile.micro_batches
     )
 }
 
@@ -210,9 +213,11 @@ pub fn random_profile(rng: &mut Rng, units: usize, kappa: f64, max_params: u64) 
 }
 
 /// A random valid schedule: random levels (the last unit never fsdp), recompute flags, and
-/// each op's blocks spread over random slots of its window, reductions before gathers.
+/// each op's blocks spread over random slots of its window, reductions before gathers; with
+/// micro-batches, random accumulate and keep, and the inner boundary's ops spread over their
+/// whole windows (no order rule there).
 pub fn random_schedule(rng: &mut Rng, profile: &Profile) -> Schedule {
-    use shardplan_scheduler::schedule::{Launch, UnitSchedule};
+    use shardplan_scheduler::schedule::{Accumulation, Launch, UnitSchedule, inner_ops};
     use shardplan_scheduler::timeline::{Level, Op, Timeline};
     let l = profile.unit_count();
     let timeline = Timeline::new(l);
@@ -252,10 +257,21 @@ pub fn random_schedule(rng: &mut Rng, profile: &Profile) -> Schedule {
                 };
                 launches.insert(op, spread(rng, nb, positions, op, unit));
             }
+            let mut accumulation = Accumulation::default();
+            if profile.micro_batches >= 2 {
+                accumulation.accumulate = rng.coin();
+                accumulation.keep = level != Level::None && rng.coin();
+                for op in inner_ops(level, accumulation.accumulate, accumulation.keep) {
+                    let positions = 0..=timeline.window(unit, op.window_kind()).len - 1;
+                    let spread = spread(rng, nb, positions, op, unit);
+                    accumulation.inner.insert(op, spread);
+                }
+            }
             UnitSchedule {
                 level,
                 recompute: rng.coin(),
                 launches,
+                accumulation,
             }
         })
         .collect();

@@ -1,0 +1,301 @@
+//! The step of K ≥ 2 micro-batches unrolled (DESIGN §3.10): K copies of F_1 … F_L, B_L … B_1,
+//! each followed by its boundary (I between micro-batches, E after the last), K·(2L + 1) slots.
+//! Every op instance is placed by its assignment — the step boundary's `launches`, the inner
+//! boundaries' `accumulation.inner`, AGB's launches in every micro-batch — so the simulator needs
+//! no slot classes: it checks the ILP's compression instead of sharing it.
+
+use super::{Entry, MemoryBreakdown, StepInputs, op_index};
+use crate::cost::{Interference, block_bytes, block_time, compute_us, persistent_bytes};
+use crate::profile::Profile;
+use crate::schedule::{QueueKey, Schedule, queue_key};
+use crate::timeline::{Level, Op, Slot, Timeline, Window, WindowKind};
+
+/// Where things are in the unrolled step.
+#[derive(Clone, Copy)]
+struct Unrolled {
+    timeline: Timeline,
+    /// K.
+    micro_batches: usize,
+}
+
+impl Unrolled {
+    /// 2L + 1, the slots of one micro-batch with its boundary.
+    fn width(self) -> usize {
+        self.timeline.slot_count()
+    }
+
+    fn slot_count(self) -> usize {
+        self.micro_batches * self.width()
+    }
+
+    /// The unrolled index of flat slot `flat` of micro-batch `m` (0-based, taken cyclically).
+    fn at(self, m: usize, flat: usize) -> usize {
+        (m % self.micro_batches) * self.width() + flat
+    }
+
+    /// The unrolled index of window position `pos` of an op whose window ends before micro-batch
+    /// `boundary`'s forward (`AfterBackward`: its slots up to the boundary slot belong to the
+    /// micro-batch before) or lies inside micro-batch `boundary` (`BetweenPasses`).
+    fn position(self, window: Window, kind: WindowKind, boundary: usize, pos: usize) -> usize {
+        let flat = window.slot_at(pos);
+        match kind {
+            WindowKind::AfterBackward if flat >= window.first => {
+                self.at(boundary + self.micro_batches - 1, flat)
+            }
+            _ => self.at(boundary, flat),
+        }
+    }
+
+    /// Adds `bytes` of `part` to every unrolled slot from `first` to `last` inclusive, cyclically.
+    fn add(
+        self,
+        memory: &mut [MemoryBreakdown],
+        first: usize,
+        last: usize,
+        bytes: f64,
+        part: fn(&mut MemoryBreakdown) -> &mut f64,
+    ) {
+        let n = self.slot_count();
+        let mut s = first;
+        loop {
+            *part(&mut memory[s]) += bytes;
+            if s == last {
+                break;
+            }
+            s = (s + 1) % n;
+        }
+    }
+}
+
+fn gathered(m: &mut MemoryBreakdown) -> &mut f64 {
+    &mut m.gathered
+}
+
+fn gradient(m: &mut MemoryBreakdown) -> &mut f64 {
+    &mut m.gradient
+}
+
+fn activation(m: &mut MemoryBreakdown) -> &mut f64 {
+    &mut m.activation
+}
+
+/// One op instance: `op` of `unit` at boundary (or, for AGB, in micro-batch) `boundary`.
+#[derive(Clone, Copy)]
+struct Instance {
+    unit: usize,
+    op: Op,
+    boundary: usize,
+}
+
+/// The step's inputs, unrolled.
+pub(super) fn unrolled(profile: &Profile, schedule: &Schedule) -> StepInputs {
+    let timeline = schedule.timeline();
+    let k = schedule.micro_batches() as usize;
+    let step = Unrolled {
+        timeline,
+        micro_batches: k,
+    };
+    let (n, width, units) = (step.slot_count(), step.width(), schedule.units());
+    let id = |i: Instance| (i.boundary * units.len() + i.unit) * Op::ALL.len() + op_index(i.op);
+    let interference = Interference::of(profile);
+    let labels = (0..n)
+        .map(|s| {
+            let (m, flat) = (s / width, s % width);
+            let name = match timeline.slot(flat) {
+                Slot::E if m + 1 < k => Slot::I,
+                name => name,
+            };
+            (name, Some(m as u32 + 1))
+        })
+        .collect();
+    let compute = (0..n)
+        .map(|s| {
+            let (m, flat) = (s / width, s % width);
+            if flat == timeline.end() && m + 1 < k {
+                0.0
+            } else {
+                compute_us(profile, timeline, flat, |u| units[u].recompute)
+            }
+        })
+        .collect();
+    let mut memory = vec![MemoryBreakdown::default(); n];
+    let mut keyed: Vec<Vec<(QueueKey, Entry)>> = vec![Vec::new(); n];
+    let mut needs = vec![None; n];
+    let mut opens = vec![Vec::new(); n];
+    for (unit, u) in units.iter().enumerate() {
+        let (forward, backward) = (timeline.forward(unit), timeline.backward(unit));
+        let (accumulate, keep) = (u.accumulation.accumulate, u.accumulation.keep);
+        per_unit_memory(profile, schedule, step, unit, &mut memory);
+        for &op in u.level.ops() {
+            let kind = op.window_kind();
+            let window = timeline.window(unit, kind);
+            for boundary in 0..k {
+                let launches = if boundary == 0 || op == Op::GatherBackward {
+                    schedule.launches(unit, op)
+                } else {
+                    schedule.inner_launches(unit, op)
+                };
+                if launches.is_empty() {
+                    continue;
+                }
+                let instance = Instance { unit, op, boundary };
+                opens[step.position(window, kind, boundary, 0)].push(id(instance));
+                let mut block = block_time(profile, unit, op);
+                if boundary != 0 {
+                    // Only the step's reduction is followed by the optimizer step.
+                    block.update_us = 0.0;
+                }
+                let bytes = block_bytes(profile, unit, op);
+                for l in launches {
+                    let slot = step.position(window, kind, boundary, l.position);
+                    let key = queue_key(op, l.position, window.len, unit);
+                    let entry = Entry {
+                        unit,
+                        op,
+                        instance: id(instance),
+                        time_us: block.total_us(),
+                        load_us: interference.load_us(op, block),
+                    };
+                    keyed[slot].extend(std::iter::repeat_n((key, entry), l.blocks as usize));
+                    let amount = bytes * f64::from(l.blocks);
+                    let last = step.position(window, kind, boundary, window.len - 1);
+                    let reduced = boundary + k - 1;
+                    match op {
+                        Op::AllReduce => {}
+                        Op::ReduceScatter if accumulate => {
+                            // The accumulated gradient, from B^1_i to the launch slot.
+                            step.add(&mut memory, step.at(0, backward), slot, amount, gradient);
+                        }
+                        Op::ReduceScatter => {
+                            let from = step.at(reduced, backward);
+                            step.add(&mut memory, from, slot, amount, gradient);
+                        }
+                        Op::Gather | Op::GatherForward | Op::GatherBackward => {
+                            step.add(&mut memory, slot, last, amount, gathered);
+                            let (from, to) = match op {
+                                // ZeRO-2 with keep: gathered once, alive to the last B_i.
+                                Op::Gather if keep => (0, k - 1),
+                                _ => (boundary, boundary),
+                            };
+                            let (first_use, last_use) = match op {
+                                Op::Gather => (step.at(from, forward), step.at(to, backward)),
+                                Op::GatherForward => {
+                                    (step.at(from, forward), step.at(from, forward))
+                                }
+                                _ => (step.at(from, backward), step.at(from, backward)),
+                            };
+                            step.add(&mut memory, first_use, last_use, amount, gathered);
+                            if op == Op::GatherBackward && keep && boundary + 1 < k {
+                                // Kept from B^m_i to the end of F^{m+1}_i.
+                                let (after, until) = (
+                                    step.at(boundary, backward) + 1,
+                                    step.at(boundary + 1, forward),
+                                );
+                                step.add(&mut memory, after, until, amount, gathered);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for m in 0..k {
+            let needed = match u.level {
+                Level::None if m == 0 => Some(Op::AllReduce),
+                Level::Sdp if m == 0 || !keep => Some(Op::Gather),
+                Level::Fsdp if m == 0 || !keep => Some(Op::GatherForward),
+                _ => None,
+            };
+            needs[step.at(m, forward)] = needed.map(|op| {
+                id(Instance {
+                    unit,
+                    op,
+                    boundary: m,
+                })
+            });
+            if u.level == Level::Fsdp {
+                needs[step.at(m, backward)] = Some(id(Instance {
+                    unit,
+                    op: Op::GatherBackward,
+                    boundary: m,
+                }));
+            }
+        }
+    }
+    let queue = keyed
+        .into_iter()
+        .map(|mut q| {
+            q.sort_by_key(|(key, _)| *key);
+            q.into_iter().map(|(_, e)| e).collect()
+        })
+        .collect();
+    StepInputs {
+        labels,
+        compute_us: compute,
+        queue,
+        comm_us: Vec::new(),
+        load_us: Vec::new(),
+        memory,
+        needs,
+        opens,
+        instances: k * units.len() * Op::ALL.len(),
+    }
+    .with_totals()
+}
+
+/// A unit's memory that does not follow its launches: persistent state, saved activations and
+/// workspaces of every micro-batch, and a tied lender's extensions (DESIGN §3.9, §3.10).
+fn per_unit_memory(
+    profile: &Profile,
+    schedule: &Schedule,
+    step: Unrolled,
+    unit: usize,
+    memory: &mut [MemoryBreakdown],
+) {
+    let (timeline, k) = (step.timeline, step.micro_batches);
+    let u = &schedule.units()[unit];
+    let p = &profile.units[unit];
+    let (forward, backward) = (timeline.forward(unit), timeline.backward(unit));
+    let persistent = persistent_bytes(profile, unit, u.level);
+    for m in memory.iter_mut() {
+        m.persistent += persistent;
+    }
+    let saved = if u.recompute {
+        p.checkpoint_activation_bytes
+    } else {
+        p.activation_bytes
+    } as f64;
+    for m in 0..k {
+        let (f, b) = (step.at(m, forward), step.at(m, backward));
+        step.add(memory, f, b, saved, activation);
+        if u.recompute {
+            memory[b].activation += p.activation_bytes as f64;
+        }
+        memory[f].workspace += p.forward_workspace_bytes as f64;
+        memory[b].workspace += p.backward_workspace_bytes as f64;
+    }
+    let Some(borrower) = profile.borrower(unit) else {
+        return;
+    };
+    let laid_out = profile.laid_out_params(unit) as f64;
+    let borrower_backward = timeline.backward(borrower);
+    let bytes = profile.bytes_per_param;
+    for m in 0..k {
+        if u.level == Level::Fsdp {
+            // The forward's parameters stay until the borrower's backward: (F^m_i, B^m_j].
+            let (after, until) = (step.at(m, forward) + 1, step.at(m, borrower_backward));
+            step.add(
+                memory,
+                after,
+                until,
+                laid_out * bytes.param as f64,
+                gathered,
+            );
+        }
+        let accumulated_already = u.accumulation.accumulate && m > 0;
+        if u.level != Level::None && !accumulated_already {
+            // The full gradient is written from the borrower's backward: [B^m_j, B^m_i).
+            let (from, before) = (step.at(m, borrower_backward), step.at(m, backward) - 1);
+            step.add(memory, from, before, laid_out * bytes.grad as f64, gradient);
+        }
+    }
+}
