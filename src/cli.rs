@@ -37,7 +37,8 @@ pub enum Command {
     Comm(CommCommand),
     /// Execute a plan: one process per rank (under mpirun), real training of an MLP or GPT-2 model.
     Run(RunArgs),
-    /// Write the plan of a baseline (ddp, zero2, fsdp1, fsdp2, zero3, best-grid).
+    /// Write the plan of a baseline (ddp, zero2, fsdp1, fsdp2, zero3, best-grid; with micro-batches
+    /// also ddp-nosync, fsdp2-nosync).
     Baseline(BaselineArgs),
     /// Simulate a plan: iteration time, communication, per-slot memory, optional trace.
     Simulate(SimulateArgs),
@@ -386,7 +387,8 @@ pub struct SweepArgs {
     pub points: u64,
     #[arg(long)]
     pub out_dir: PathBuf,
-    /// Comma-separated: ilp, ddp, zero2, fsdp1, fsdp2, zero3, best-grid (default: all of them).
+    /// Comma-separated: ilp, ddp, zero2, fsdp1, fsdp2, zero3, best-grid, and with micro-batches
+    /// ddp-nosync, fsdp2-nosync (default: all of them).
     #[arg(long, value_parser = methods_arg)]
     pub methods: Option<MethodsArg>,
     /// Seconds per ILP solve, or `unlimited`.

@@ -164,7 +164,7 @@ fn ilp_beats_every_fitting_baseline_and_never_slows_as_the_cap_grows() {
             relative_gap: 1e-3,
             ..SolveOptions::default()
         };
-        let (low, high) = cap_range(&profile, &Method::all(), &template).unwrap();
+        let (low, high) = cap_range(&profile, &Method::all(&profile), &template).unwrap();
         let caps = even_caps(low, high, 9);
         let mut rows = ilp_rows(&profile, &caps, &template, &|| {}).unwrap();
         for &cap in &caps {

@@ -23,10 +23,10 @@ pub enum Method {
 }
 
 impl Method {
-    /// Every method: the ILP, then the baselines in [`BaselineKind::ALL`]'s order.
-    pub fn all() -> Vec<Method> {
+    /// Every method for `profile`: the ILP, then its baselines in [`BaselineKind::of`]'s order.
+    pub fn all(profile: &Profile) -> Vec<Method> {
         std::iter::once(Method::Ilp)
-            .chain(BaselineKind::ALL.map(Method::Baseline))
+            .chain(BaselineKind::of(profile).into_iter().map(Method::Baseline))
             .collect()
     }
 
@@ -232,7 +232,9 @@ pub fn ilp_rows(
 /// feasible cap (the memory objective's optimum, rounded up to a MiB) to the peak of the fastest
 /// plan when memory is unlimited (the zero2 or ddp plan, whichever is faster). Without it (no
 /// solve at all): from the smallest peak of any method's plan (checkpointing off or on) to the
-/// largest peak of each method's fastest plan, so every method fits the top cap.
+/// largest peak of each method's fastest plan, so every method fits the top cap. With
+/// micro-batches, whose ILP minimises time only, the ILP's range starts at the smallest peak of
+/// every baseline instead.
 pub fn cap_range(
     profile: &Profile,
     methods: &[Method],
@@ -246,20 +248,27 @@ pub fn cap_range(
             .map(|b| b.plan.simulation.peak_memory_bytes)
             .ok_or_else(|| Error::invalid("sweep", "methods", "baselines that build without a cap"))
     };
+    let smallest = Preference::Smallest {
+        max_iteration_time_us: None,
+    };
     let (low, high) = if methods.contains(&Method::Ilp) {
-        let memory = SolveOptions {
-            objective: Objective::Memory {
-                max_iteration_time_us: None,
-            },
-            memory_cap_bytes: None,
-            ..template.clone()
+        let low = if profile.micro_batches >= 2 {
+            peak_of(&BaselineKind::of(profile), smallest)?
+        } else {
+            let memory = SolveOptions {
+                objective: Objective::Memory {
+                    max_iteration_time_us: None,
+                },
+                memory_cap_bytes: None,
+                ..template.clone()
+            };
+            solve(profile, &memory)?.simulation.peak_memory_bytes
         };
-        let smallest = solve(profile, &memory)?;
-        let high = peak_of(
-            &[BaselineKind::Ddp, BaselineKind::Zero2],
-            Preference::Fastest,
-        )?;
-        (smallest.simulation.peak_memory_bytes, high)
+        let mut fastest = vec![BaselineKind::Ddp, BaselineKind::Zero2];
+        if profile.micro_batches >= 2 {
+            fastest.push(BaselineKind::DdpNoSync);
+        }
+        (low, peak_of(&fastest, Preference::Fastest)?)
     } else {
         let kinds: Vec<BaselineKind> = methods
             .iter()
@@ -268,9 +277,6 @@ pub fn cap_range(
                 Method::Ilp => None,
             })
             .collect();
-        let smallest = Preference::Smallest {
-            max_iteration_time_us: None,
-        };
         let low = peak_of(&kinds, smallest)?;
         let mut high: f64 = 0.0;
         for kind in kinds {

@@ -110,7 +110,6 @@ const OUTPUTS: [&str; 6] = [
 ];
 
 pub fn run(args: SweepArgs) -> anyhow::Result<()> {
-    let methods = args.methods.map_or_else(Method::all, |m| m.0);
     let outputs: Vec<_> = OUTPUTS.iter().map(|f| args.out_dir.join(f)).collect();
     check_outputs_distinct(
         &outputs
@@ -120,6 +119,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
         &[("--profile", &args.profile)],
     )?;
     let profile = Profile::load(&args.profile)?;
+    let methods = args.methods.map_or_else(|| Method::all(&profile), |m| m.0);
     std::fs::create_dir_all(&args.out_dir).map_err(|source| Error::Write {
         path: args.out_dir.clone(),
         source,

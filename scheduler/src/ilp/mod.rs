@@ -9,7 +9,7 @@
 //! met; `staged` runs the staged phases of large models, on two threads as two searches that
 //! share their plan and bound (`race`) through HiGHS' callbacks (`callback`); `solve` drives
 //! HiGHS, warm-starts from the best feasible baseline and checks every answer against the strict
-//! simulator.
+//! simulator. A profile of K ≥ 2 micro-batches is solved by `micro`'s MIP instead.
 
 mod bands;
 mod bound;
@@ -19,6 +19,7 @@ mod constraints;
 mod far;
 mod limits;
 mod mapping;
+mod micro;
 mod model;
 mod pool;
 mod race;
@@ -30,6 +31,7 @@ mod variables;
 
 pub use bound::{lp_relaxation_bound, priced_lp_bound};
 pub use limits::WindowLimits;
+pub use micro::rows_at as micro_rows_at;
 pub use refine::far_band_bound;
 pub use solve::solve;
 

@@ -35,11 +35,7 @@ fn best_baseline(profile: &Profile, options: &SolveOptions) -> Option<(String, S
 /// (naming the smallest feasible cap and what dominates it) when nothing fits the cap.
 pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     if profile.micro_batches >= 2 {
-        return Err(Error::Mismatch(format!(
-            "`{}` has micro_batches = {}: the ILP does not plan micro-batches yet (DESIGN §3.10); \
-             `baseline` and `simulate` do",
-            profile.name, profile.micro_batches
-        )));
+        return super::micro::solve(profile, options);
     }
     let started = Instant::now();
     let warm = best_baseline(profile, options);

@@ -1,0 +1,383 @@
+//! The ILP of K ≥ 2 micro-batches per step (DESIGN §4.8): `model` declares the configuration
+//! indicators, the launch columns of both boundary kinds and the rows of the step unrolled to
+//! first, steady and last micro-batch; `linear` reads its forms back at a solution. This module
+//! runs HiGHS, turns the solution into a schedule, checks the MIP's time against the simulator
+//! (which unrolls all K micro-batches) and reports the claim.
+
+mod linear;
+mod model;
+
+use super::limits::PLACEMENT_DEPTH;
+use super::model::highs_model;
+use super::{Objective, PhaseReport, SolveOptions, SolveReport, SolveStatus, Solved, WindowLimits};
+use crate::baselines::{BaselineKind, Preference, best_baseline};
+use crate::cost::Interference;
+use crate::profile::Profile;
+use crate::schedule::{Accumulation, Launch, Schedule, UnitSchedule, inner_ops};
+use crate::sim::{Semantics, simulate};
+use crate::size::format_bytes;
+use crate::timeline::{Level, Op, Timeline, WindowKind};
+use crate::{Error, Result};
+use highs::HighsModelStatus;
+use model::{Boundary, Built, Config, build};
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+/// Relative agreement required between the MIP's step time and the simulator's.
+const CONSISTENCY: f64 = 1e-6;
+
+/// The fastest plan of K ≥ 2 micro-batches under the cap, with HiGHS' proven gap.
+pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
+    if options.objective != Objective::Time {
+        return Err(Error::Mismatch(format!(
+            "`{}` has micro_batches = {}: with micro-batches the ILP minimises the step time \
+             only (DESIGN §4.8)",
+            profile.name, profile.micro_batches
+        )));
+    }
+    let started = Instant::now();
+    let limits = limits_for(profile, options);
+    let built = build(
+        profile,
+        limits,
+        options.allow_recompute,
+        options.memory_cap_bytes,
+    );
+    let objective = built
+        .durations
+        .iter()
+        .zip(&built.weights)
+        .fold(good_lp::Expression::from(0.0), |sum, (d, w)| {
+            sum + *w * d.var
+        });
+    let (variables, integer_variables) = (built.columns.count, built.columns.integer);
+    let constraints = built.constraints.len();
+    let Built {
+        columns,
+        units,
+        terms,
+        durations,
+        weights,
+        constraints: rows,
+    } = built;
+    let built_parts = Parts {
+        units: &units,
+        terms: &terms,
+        durations: &durations,
+        count: variables,
+    };
+    let mut model = highs_model(
+        columns.problem,
+        objective,
+        rows,
+        options,
+        options.time_limit_s,
+    )?;
+    // Warm start: the fastest baseline that fits (the answer is never slower than it).
+    let warm = best_baseline(
+        profile,
+        &BaselineKind::of(profile),
+        options.allow_recompute,
+        options.memory_cap_bytes,
+        Preference::Fastest,
+    );
+    if let Some(values) = warm
+        .as_ref()
+        .and_then(|chosen| values_of(profile, &built_parts, &chosen.plan.schedule))
+    {
+        model
+            .try_set_solution(Some(&values), None, None, None)
+            .map_err(|e| Error::Solver(format!("HiGHS warm start: {e:?}")))?;
+    }
+    let solved = model
+        .try_solve()
+        .map_err(|e| Error::Solver(format!("HiGHS failed: {e:?}")))?;
+    let status = solved.status();
+    if matches!(
+        status,
+        HighsModelStatus::Infeasible | HighsModelStatus::UnboundedOrInfeasible
+    ) {
+        return Err(infeasible(profile, options));
+    }
+    if solved.primal_solution_status() != highs::HighsSolutionStatus::Feasible {
+        return Err(Error::Infeasible(
+            "the time limit ended before any feasible plan was found".into(),
+        ));
+    }
+    let values = solved.get_solution().columns().to_vec();
+    let solution = schedule_from(profile, &units, &values)?;
+    let simulation = simulate(profile, &solution, Semantics::Strict);
+    let interference = Interference::of(profile);
+    let mip_time: f64 = terms
+        .iter()
+        .zip(&weights)
+        .map(|((c, q, l), w)| {
+            let (c, q, l) = (c.eval(&values), q.eval(&values), l.eval(&values));
+            w * interference.slot_duration(c, q, l)
+        })
+        .sum();
+    let solved_time = simulation.iteration_time_us;
+    if (mip_time - solved_time).abs() > CONSISTENCY * solved_time.max(1.0) {
+        return Err(Error::Solver(format!(
+            "the micro-batch MIP's step time {mip_time:.6} µs disagrees with the simulator's \
+             {solved_time:.6} µs"
+        )));
+    }
+    // A time limit can stop HiGHS above its warm start: the baseline is then the answer.
+    let warm_time = warm.as_ref().map(|c| c.plan.simulation.iteration_time_us);
+    let (schedule, simulation) = match &warm {
+        Some(chosen) if warm_time < Some(solved_time) => {
+            (chosen.plan.schedule.clone(), chosen.plan.simulation.clone())
+        }
+        _ => (solution, simulation),
+    };
+    let time = simulation.iteration_time_us;
+    let gap = solved.mip_gap();
+    let bound = solved
+        .double_info_value(c"mip_dual_bound")
+        .unwrap_or(f64::NEG_INFINITY)
+        .min(time);
+    let status = match status {
+        HighsModelStatus::Optimal if gap <= 1e-9 || !gap.is_finite() => SolveStatus::Optimal,
+        HighsModelStatus::Optimal => SolveStatus::GapLimit,
+        _ => SolveStatus::TimeLimit,
+    };
+    let gap = if bound > 0.0 {
+        ((time - bound) / time).max(0.0)
+    } else {
+        f64::INFINITY
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    let phase = PhaseReport {
+        window_depth: limits,
+        relaxation: None,
+        status,
+        objective: time,
+        best_bound: bound,
+        gap,
+        seconds,
+        variables,
+        integer_variables,
+        constraints,
+    };
+    Ok(Solved {
+        schedule,
+        simulation,
+        report: SolveReport {
+            status,
+            objective: time,
+            best_bound: bound,
+            gap,
+            solve_seconds: seconds,
+            variables,
+            integer_variables,
+            constraints,
+            warm_start: warm.map(|c| (c.label(), c.plan.simulation.iteration_time_us)),
+            window_depth: limits,
+            phases: vec![phase],
+        },
+    })
+}
+
+/// The MIP's own account of `schedule` (tests compare it with the simulator): its step time and
+/// the memory of each slot of the first, steady (K ≥ 3) and last micro-batch; None where the
+/// MIP cannot express the schedule.
+pub fn rows_at(profile: &Profile, schedule: &Schedule) -> Option<(f64, Vec<f64>)> {
+    let built = build(profile, WindowLimits::FULL, true, None);
+    let parts = Parts {
+        units: &built.units,
+        terms: &built.terms,
+        durations: &built.durations,
+        count: built.columns.count,
+    };
+    let values = values_of(profile, &parts, schedule)?;
+    let time = built
+        .durations
+        .iter()
+        .zip(&built.weights)
+        .map(|(d, w)| w * values[d.index])
+        .sum();
+    let memory = model::memory(profile, &built.units)
+        .iter()
+        .map(|m| m.eval(&values))
+        .collect();
+    Some((time, memory))
+}
+
+/// What a warm start's values are made of.
+struct Parts<'a> {
+    units: &'a [model::UnitCols],
+    terms: &'a [(linear::Linear, linear::Linear, linear::Linear)],
+    durations: &'a [crate::ilp::variables::Col],
+    count: usize,
+}
+
+/// The column values of `schedule`: its configurations, recompute flags, launches and their
+/// running sums, the step's RS→FG boundary after its last reduction block, and each slot's
+/// duration at its terms; None for a schedule the MIP cannot express.
+fn values_of(profile: &Profile, parts: &Parts, schedule: &Schedule) -> Option<Vec<f64>> {
+    let mut values = vec![0.0; parts.count];
+    for (u, unit) in parts.units.iter().zip(schedule.units()) {
+        let a = &unit.accumulation;
+        let config = Config {
+            level: unit.level,
+            accumulate: a.accumulate,
+            keep: a.keep,
+        };
+        let (_, y) = u.configs.iter().find(|(c, _)| *c == config)?;
+        values[y.index] = 1.0;
+        match u.recompute {
+            Some(r) => values[r.index] = f64::from(u8::from(unit.recompute)),
+            None if unit.recompute => return None,
+            None => {}
+        }
+        // Puts an op's launches on its columns; false where one lies outside the limits.
+        let mut put = |op: Op, boundary: Boundary, launches: &[Launch]| {
+            let l = u.launches(model_op(op), boundary);
+            let (mut running, mut placed) = (0.0, 0);
+            for ((&pos, x), c) in l.positions.iter().zip(&l.x).zip(&l.running) {
+                let slot = l.window.slot_at(pos);
+                let blocks = launches
+                    .iter()
+                    .find(|k| k.slot == slot)
+                    .map_or(0, |k| k.blocks);
+                values[x.index] = f64::from(blocks);
+                running += f64::from(blocks);
+                values[c.index] = running;
+                placed += blocks;
+            }
+            placed == launches.iter().map(|k| k.blocks).sum::<u32>()
+        };
+        let step = unit.launches.iter().map(|(op, l)| (op, Boundary::Step, l));
+        let inner = a.inner.iter().map(|(op, l)| (op, Boundary::Inner, l));
+        for (op, boundary, launches) in step.chain(inner) {
+            if !put(*op, boundary, launches) {
+                return None;
+            }
+        }
+        let rs = u.launches(Op::ReduceScatter, Boundary::Step);
+        let last_rs = (0..rs.x.len())
+            .rev()
+            .find(|&k| values[rs.x[k].index] > 0.0)
+            .map(|k| rs.positions[k]);
+        for (p, z) in u.order.iter().enumerate() {
+            values[z.index] = f64::from(u8::from(last_rs.is_none_or(|b| p >= b)));
+        }
+    }
+    let interference = Interference::of(profile);
+    for ((c, q, l), d) in parts.terms.iter().zip(parts.durations) {
+        let (c, q, l) = (c.eval(&values), q.eval(&values), l.eval(&values));
+        values[d.index] = interference.slot_duration(c, q, l);
+    }
+    Some(values)
+}
+
+/// The schedule a solution describes: each unit's configuration, recompute flag and launches.
+fn schedule_from(profile: &Profile, units: &[model::UnitCols], values: &[f64]) -> Result<Schedule> {
+    let on = |col: crate::ilp::variables::Col| values[col.index] > 0.5;
+    let units = units
+        .iter()
+        .map(|u| {
+            let config: Config = u
+                .configs
+                .iter()
+                .find(|&&(_, col)| on(col))
+                .map(|&(c, _)| c)
+                .expect("one configuration per unit");
+            let placed = |op: Op, boundary: Boundary| {
+                let l = u.launches(model_op(op), boundary);
+                l.positions
+                    .iter()
+                    .zip(&l.x)
+                    .filter_map(|(&pos, x)| {
+                        let blocks = values[x.index].round() as u32;
+                        (blocks > 0).then(|| Launch {
+                            slot: l.window.slot_at(pos),
+                            blocks,
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let launches: BTreeMap<Op, Vec<Launch>> = config
+                .level
+                .ops()
+                .iter()
+                .map(|&op| (op, placed(op, Boundary::Step)))
+                .collect();
+            let inner = inner_ops(config.level, config.accumulate, config.keep)
+                .into_iter()
+                .map(|op| (op, placed(op, Boundary::Inner)))
+                .collect();
+            UnitSchedule {
+                level: config.level,
+                recompute: u.recompute.is_some_and(on),
+                launches,
+                accumulation: Accumulation {
+                    accumulate: config.accumulate,
+                    keep: config.keep && config.level != Level::None,
+                    inner,
+                },
+            }
+        })
+        .collect();
+    Schedule::new(profile, units)
+}
+
+/// Launch columns above which the MIP searches within [`PLACEMENT_DEPTH`] instead of the whole
+/// windows (the full MIP of a 70B model, ~50,000 of them, made no progress in a minute).
+const FULL_WINDOW_COLUMNS: usize = 10_000;
+
+/// The window limits of a solve: the user's, or depth 4 for a large model (the claim then holds
+/// within them).
+fn limits_for(profile: &Profile, options: &SolveOptions) -> WindowLimits {
+    if !options.limits.is_full() {
+        return options.limits;
+    }
+    let timeline = Timeline::new(profile.unit_count());
+    let columns: usize = (0..profile.unit_count())
+        .map(|i| {
+            let after = timeline.window(i, WindowKind::AfterBackward).len;
+            let between = timeline.window(i, WindowKind::BetweenPasses).len;
+            6 * after + between
+        })
+        .sum();
+    if columns > FULL_WINDOW_COLUMNS {
+        WindowLimits::depth(PLACEMENT_DEPTH)
+    } else {
+        WindowLimits::FULL
+    }
+}
+
+/// The MIP's op for a schedule's: AG and AGF share the forward gather's columns.
+fn model_op(op: Op) -> Op {
+    match op {
+        Op::GatherForward => Op::Gather,
+        op => op,
+    }
+}
+
+/// Why nothing fits: the smallest peak of the micro-batch baselines, as a hint.
+fn infeasible(profile: &Profile, options: &SolveOptions) -> Error {
+    let cap = options.memory_cap_bytes.unwrap_or(u64::MAX);
+    let smallest = best_baseline(
+        profile,
+        &BaselineKind::of(profile),
+        true,
+        None,
+        Preference::Smallest {
+            max_iteration_time_us: None,
+        },
+    );
+    let hint = smallest.map_or(String::new(), |b| {
+        format!(
+            "; the smallest baseline, {}, peaks at {}",
+            b.label(),
+            format_bytes(b.plan.simulation.peak_memory_bytes)
+        )
+    });
+    Error::Infeasible(format!(
+        "no plan of {} micro-batches fits the memory cap of {} ({cap} bytes){hint}",
+        profile.micro_batches,
+        format_bytes(cap as f64)
+    ))
+}
