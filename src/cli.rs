@@ -316,6 +316,9 @@ pub struct DemoArgs {
     /// Write each plan and the traces into this directory.
     #[arg(long)]
     pub out_dir: Option<PathBuf>,
+    /// Micro-batches per optimizer step (K, gradient accumulation; DESIGN §3.10).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1 << 16))]
+    pub micro_batches: u32,
     #[arg(long)]
     pub json: bool,
 }
@@ -379,6 +382,9 @@ pub struct SolveArgs {
 pub struct SweepArgs {
     #[arg(long)]
     pub profile: PathBuf,
+    /// Micro-batches per optimizer step (K; DESIGN §3.10) in place of the profile's.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1 << 16))]
+    pub micro_batches: Option<u32>,
     /// `LOW..HIGH` (e.g. 20GiB..80GiB, with --points) or a list (24GiB,32GiB,48GiB). Default: from
     /// the smallest feasible cap to the peak of the fastest unconstrained plan.
     #[arg(long, value_parser = caps_arg)]

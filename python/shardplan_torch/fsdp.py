@@ -9,6 +9,10 @@ before sharding). The model itself is then wrapped as the root, and each unit's 
 backward prefetch lists are set from the plan's gather slots, each unit named by its group's
 FSDP module. FSDP2 gathers a unit whole and reduces right after its backward; the export lists
 what that rounds (`approximations`).
+
+With several micro-batches per step (`micro_batches` in the export), call `start_micro_batch`
+before each: a unit that accumulates skips gradient sync, and a unit that keeps its parameters
+skips resharding after backward, on every micro-batch but the last.
 """
 
 import json
@@ -21,14 +25,19 @@ from torch.distributed.fsdp import fully_shard
 from .units import check
 
 
+def _load(plan):
+    if isinstance(plan, dict):
+        return plan
+    with open(plan) as f:
+        return json.load(f)
+
+
 def apply_plan(model, units, plan):
     """Shards `model` in place per `plan` (a path to the exported JSON, or its dict); `units` is
     the unit map the profile was made with (`shardplan_torch.units(model)`, `Unit`s, or
     (name, module) pairs). The plan, the process group and the units are checked before anything
     is sharded. Returns the model."""
-    if not isinstance(plan, dict):
-        with open(plan) as f:
-            plan = json.load(f)
+    plan = _load(plan)
     world = dist.get_world_size()
     if plan["world_size"] != world:
         raise ValueError(f"the plan is for {plan['world_size']} ranks, this process group has {world}")
@@ -59,3 +68,20 @@ def apply_plan(model, units, plan):
         if u["backward_prefetch"]:
             module.set_modules_to_backward_prefetch([fsdp_module[n] for n in u["backward_prefetch"]])
     return model
+
+
+def start_micro_batch(model, units, plan, index):
+    """Sets FSDP2's switches for micro-batch `index` (0-based) of a step of the plan's
+    `micro_batches` on `model` sharded by `apply_plan`: a unit whose gradients accumulate
+    (`requires_gradient_sync` false) reduces only in the last micro-batch, a unit that keeps its
+    parameters (`reshard_after_backward` false) reshards only after the last backward."""
+    plan = _load(plan)
+    count = plan.get("micro_batches", 1)
+    if not 0 <= index < count:
+        raise ValueError(f"micro-batch {index} of a step of {count}")
+    last = index + 1 == count
+    by_name = {u.name: u for u in check(model, units)}
+    for u in plan["units"]:
+        module = by_name[u["name"]].modules[0]
+        module.set_requires_gradient_sync(last or u["requires_gradient_sync"], recurse=False)
+        module.set_reshard_after_backward(last or u["reshard_after_backward"], recurse=False)

@@ -15,6 +15,12 @@
 //! - reductions: FSDP2 reduce-scatters (or all-reduces) right after the unit's backward, i.e. in
 //!   the slot after B_i, whatever the plan says.
 //!
+//! - micro-batches (DESIGN §3.10): a unit that accumulates skips gradient sync
+//!   (`set_requires_gradient_sync(False)`) on every micro-batch but the last, one that keeps its
+//!   parameters skips resharding after backward (`set_reshard_after_backward(False)`) likewise;
+//!   FSDP2 prefetches alike in every micro-batch, so an inner boundary launching elsewhere than
+//!   the step's is rounded to the step's.
+//!
 //! A plan is exactly expressible when every op launches whole in one slot, forward gathers in
 //! F_1 … F_{i−1} (or implicitly at F_i's start, depth 1 in FSDP2's own order), backward gathers in
 //! B_L … B_{i+1}, and reductions in the slot right after B_i.
@@ -39,6 +45,12 @@ pub struct Fsdp2Unit {
     pub forward_prefetch: Vec<String>,
     /// Units whose all-gather starts when this unit's backward starts.
     pub backward_prefetch: Vec<String>,
+    /// Whether gradients are reduced after every micro-batch's backward (false: only the last's,
+    /// the unsharded gradient accumulating before; FSDP2's `set_requires_gradient_sync`).
+    pub requires_gradient_sync: bool,
+    /// Whether parameters are resharded after every micro-batch's backward (false: kept until
+    /// the next micro-batch's forward, resharded after the last; `set_reshard_after_backward`).
+    pub reshard_after_backward: bool,
 }
 
 /// The exported plan.
@@ -46,6 +58,8 @@ pub struct Fsdp2Unit {
 pub struct Fsdp2Plan {
     pub schema: u32,
     pub world_size: u32,
+    /// K, micro-batches per optimizer step.
+    pub micro_batches: u32,
     pub profile_digest: String,
     /// Units in forward order.
     pub units: Vec<Fsdp2Unit>,
@@ -133,11 +147,29 @@ pub fn fsdp2(profile: &Profile, schedule: &Schedule) -> Fsdp2Plan {
             recompute: u.recompute,
             forward_prefetch: std::mem::take(&mut forward_prefetch[i]),
             backward_prefetch: std::mem::take(&mut backward_prefetch[i]),
+            requires_gradient_sync: !u.accumulation.accumulate,
+            reshard_after_backward: !u.accumulation.keep,
         })
         .collect();
+    for i in 0..l {
+        for (op, inner) in &schedule.units()[i].accumulation.inner {
+            let step = &schedule.units()[i].launches[op];
+            if inner.first().map(|l| l.slot) != step.first().map(|l| l.slot) {
+                notes.push(format!(
+                    "{}: {} launched at {} between micro-batches; FSDP2 issues it as in the \
+                     step's, at {}",
+                    name(i),
+                    op,
+                    timeline.inner_slot(inner[0].slot),
+                    timeline.slot(step[0].slot)
+                ));
+            }
+        }
+    }
     Fsdp2Plan {
         schema: 1,
         world_size: profile.world_size,
+        micro_batches: schedule.micro_batches(),
         profile_digest: profile.digest(),
         units,
         exact: notes.is_empty(),

@@ -17,7 +17,8 @@ const DEMO_PROFILE: &str = include_str!("../../profiles/llama2-70b-h100-n64.toml
 const DEMO_ORIGIN: &str = "<bundled profiles/llama2-70b-h100-n64.toml>";
 
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
-    let profile = Profile::from_toml(DEMO_PROFILE, DEMO_ORIGIN)?;
+    let mut profile = Profile::from_toml(DEMO_PROFILE, DEMO_ORIGIN)?;
+    profile.micro_batches = args.micro_batches;
     let cap: u64 = profile
         .source
         .get("device_memory_bytes")
@@ -41,7 +42,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     };
     let mut rows = Vec::new();
     let mut baselines = Vec::new();
-    for kind in BaselineKind::ALL {
+    for kind in BaselineKind::of(&profile) {
         for checkpoint in [false, true] {
             let result = match baseline(&profile, kind, checkpoint, Some(cap)) {
                 Ok(r) => r,

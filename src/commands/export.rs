@@ -14,15 +14,6 @@ pub fn fsdp2(args: ExportFsdp2Args) -> anyhow::Result<()> {
         &[("--profile", &args.profile), ("--plan", &args.plan)],
     )?;
     let (profile, plan, schedule) = super::load_plan(&args.profile, &args.plan)?;
-    if profile.micro_batches >= 2 {
-        return Err(shardplan_scheduler::Error::Mismatch(format!(
-            "{}: the profile has micro_batches = {}: the FSDP2 export does not yet set gradient \
-             sync and resharding per micro-batch (DESIGN §3.10)",
-            args.profile.display(),
-            profile.micro_batches
-        ))
-        .into());
-    }
     if let Some(cap) = plan.memory_cap_bytes {
         let peak = simulate(&profile, &schedule, Semantics::Strict).peak_memory_bytes;
         if peak > cap as f64 && !args.force {

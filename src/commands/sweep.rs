@@ -118,7 +118,10 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
             .collect::<Vec<_>>(),
         &[("--profile", &args.profile)],
     )?;
-    let profile = Profile::load(&args.profile)?;
+    let mut profile = Profile::load(&args.profile)?;
+    if let Some(k) = args.micro_batches {
+        profile.micro_batches = k;
+    }
     let methods = args.methods.map_or_else(|| Method::all(&profile), |m| m.0);
     std::fs::create_dir_all(&args.out_dir).map_err(|source| Error::Write {
         path: args.out_dir.clone(),
