@@ -105,25 +105,9 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
         ));
     }
     let values = solved.get_solution().columns().to_vec();
-    let solution = schedule_from(profile, &units, &values)?;
-    let simulation = simulate(profile, &solution, Semantics::Strict);
-    let interference = Interference::of(profile);
-    let mip_time: f64 = terms
-        .iter()
-        .zip(&weights)
-        .map(|((c, q, l), w)| {
-            let (c, q, l) = (c.eval(&values), q.eval(&values), l.eval(&values));
-            w * interference.slot_duration(c, q, l)
-        })
-        .sum();
-    let solved_time = simulation.iteration_time_us;
-    if (mip_time - solved_time).abs() > CONSISTENCY * solved_time.max(1.0) {
-        return Err(Error::Solver(format!(
-            "the micro-batch MIP's step time {mip_time:.6} µs disagrees with the simulator's \
-             {solved_time:.6} µs"
-        )));
-    }
+    let (solution, simulation) = checked(profile, &units, (&terms, &weights), &values)?;
     // A time limit can stop HiGHS above its warm start: the baseline is then the answer.
+    let solved_time = simulation.iteration_time_us;
     let warm_time = warm.as_ref().map(|c| c.plan.simulation.iteration_time_us);
     let (schedule, simulation) = match &warm {
         Some(chosen) if warm_time < Some(solved_time) => {
@@ -132,13 +116,12 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
         _ => (solution, simulation),
     };
     let time = simulation.iteration_time_us;
-    let gap = solved.mip_gap();
     let bound = solved
         .double_info_value(c"mip_dual_bound")
         .unwrap_or(f64::NEG_INFINITY)
         .min(time);
     let status = match status {
-        HighsModelStatus::Optimal if gap <= 1e-9 || !gap.is_finite() => SolveStatus::Optimal,
+        HighsModelStatus::Optimal if solved.mip_gap() <= 1e-9 => SolveStatus::Optimal,
         HighsModelStatus::Optimal => SolveStatus::GapLimit,
         _ => SolveStatus::TimeLimit,
     };
@@ -177,6 +160,35 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
             phases: vec![phase],
         },
     })
+}
+
+/// The schedule of a solution and its strict simulation, once the MIP's step time at the
+/// solution (Σ weight·max(c + L, Q + κ_q·c) over its slots) agrees with the simulator's.
+fn checked(
+    profile: &Profile,
+    units: &[model::UnitCols],
+    (terms, weights): (&[(linear::Linear, linear::Linear, linear::Linear)], &[f64]),
+    values: &[f64],
+) -> Result<(Schedule, crate::sim::Simulation)> {
+    let schedule = schedule_from(profile, units, values)?;
+    let simulation = simulate(profile, &schedule, Semantics::Strict);
+    let interference = Interference::of(profile);
+    let mip_time: f64 = terms
+        .iter()
+        .zip(weights)
+        .map(|((c, q, l), w)| {
+            let (c, q, l) = (c.eval(values), q.eval(values), l.eval(values));
+            w * interference.slot_duration(c, q, l)
+        })
+        .sum();
+    let time = simulation.iteration_time_us;
+    if (mip_time - time).abs() > CONSISTENCY * time.max(1.0) {
+        return Err(Error::Solver(format!(
+            "the micro-batch MIP's step time {mip_time:.6} µs disagrees with the simulator's \
+             {time:.6} µs"
+        )));
+    }
+    Ok((schedule, simulation))
 }
 
 /// The MIP's own account of `schedule` (tests compare it with the simulator): its step time and
