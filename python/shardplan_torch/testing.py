@@ -92,3 +92,17 @@ def batch(rank, world):
     g = torch.Generator().manual_seed(1234)
     tokens = torch.randint(0, VOCAB, (BATCH * world, SEQ + 1), generator=g)
     return tokens[rank * BATCH:(rank + 1) * BATCH]
+
+
+def tiny_profile(directory, tokens, out, name="tiny gpt x2"):
+    """Profiles a fresh TinyGPT (seed 0) on `tokens` into `out` for 2 ranks, with the collective
+    curves of the catalog's H100s (16 KiB blocks); returns the model."""
+    from .profiler import profile
+
+    comm = pathlib.Path(directory) / "comm.toml"
+    shardplan("profile", "analytic", "--model", str(ROOT / "models/gpt2-small.toml"), "--device", "h100-sxm",
+              "--world-size", "2", "--block-size", "16KiB", "--out", str(comm))
+    torch.manual_seed(0)
+    model = TinyGPT()
+    profile(model, model.units(), tokens, loss_fn, comm, out, name=name)
+    return model

@@ -18,8 +18,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
-from shardplan_torch import apply_plan, profile, start_micro_batch
-from shardplan_torch.testing import ROOT, SEQ, VOCAB, TinyGPT, free_port, loss_fn, shardplan
+from shardplan_torch import apply_plan, start_micro_batch
+from shardplan_torch.testing import SEQ, VOCAB, TinyGPT, free_port, loss_fn, shardplan, tiny_profile
 
 MICRO_BATCHES = 4
 STEPS = 2
@@ -87,13 +87,8 @@ class MicroBatches(unittest.TestCase):
         expected = reference()
         with tempfile.TemporaryDirectory() as d:
             d = pathlib.Path(d)
-            comm = d / "comm.toml"
-            shardplan("profile", "analytic", "--model", str(ROOT / "models/gpt2-small.toml"), "--device", "h100-sxm",
-                      "--world-size", "2", "--block-size", "16KiB", "--out", str(comm))
-            torch.manual_seed(0)
-            model = TinyGPT()
             one = d / "one.toml"
-            profile(model, model.units(), micro_batch(0, 0, 0, 1), loss_fn, comm, one, name="tiny gpt x2")
+            tiny_profile(d, micro_batch(0, 0, 0, 1), one)
             text = one.read_text()
             prof = d / "tiny.toml"
             prof.write_text(re.sub(r"^world_size = ", f"micro_batches = {MICRO_BATCHES}\nworld_size = ", text, count=1, flags=re.M))

@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from shardplan_torch import apply_plan, profile
-from shardplan_torch.testing import ROOT, TinyGPT, batch, free_port, loss_fn, shardplan
+from shardplan_torch import apply_plan
+from shardplan_torch.testing import TinyGPT, batch, free_port, loss_fn, shardplan, tiny_profile
 
 
 
@@ -44,13 +44,8 @@ class RoundTrip(unittest.TestCase):
     def test_profile_solve_export_apply_train(self):
         with tempfile.TemporaryDirectory() as d:
             d = pathlib.Path(d)
-            comm = d / "comm.toml"
-            shardplan("profile", "analytic", "--model", str(ROOT / "models/gpt2-small.toml"), "--device", "h100-sxm",
-                      "--world-size", "2", "--block-size", "16KiB", "--out", str(comm))
-            torch.manual_seed(0)
-            model = TinyGPT()
             prof = d / "tiny.toml"
-            profile(model, model.units(), batch(0, 1), loss_fn, comm, prof, name="tiny gpt x2")
+            model = tiny_profile(d, batch(0, 1), prof)
             with open(prof, "rb") as f:
                 units = tomllib.load(f)["units"]
             self.assertEqual([u["name"] for u in units], [n for n, _ in model.units()])

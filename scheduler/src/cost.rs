@@ -159,6 +159,17 @@ pub fn most_compute_us(profile: &Profile, timeline: Timeline, slot: usize) -> f6
         .fold(0.0, f64::max)
 }
 
+/// saved_i: the bytes a unit keeps from F_i to B_i, its activations or (recomputed) its
+/// checkpoint (DESIGN §3.5).
+pub fn saved_bytes(profile: &Profile, unit: usize, recompute: bool) -> f64 {
+    let p = &profile.units[unit];
+    if recompute {
+        p.checkpoint_activation_bytes as f64
+    } else {
+        p.activation_bytes as f64
+    }
+}
+
 /// persistent_i: Ψ'_i(p+g+o), divided by N when sharded (Ψ'_i = [`Profile::laid_out_params`]).
 pub fn persistent_bytes(profile: &Profile, unit: usize, level: Level) -> f64 {
     let b = profile.bytes_per_param;

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{Rng, random_profile};
+use common::{Rng, every_schedule, launches, placements, random_profile};
 use shardplan_scheduler::Error;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::ilp::{
@@ -15,35 +15,12 @@ use shardplan_scheduler::ilp::{
     solve,
 };
 use shardplan_scheduler::profile::Profile;
-use shardplan_scheduler::schedule::{Launch, Schedule, UnitSchedule};
+use shardplan_scheduler::schedule::UnitSchedule;
 use shardplan_scheduler::sim::{Semantics, simulate};
 use shardplan_scheduler::size::whole_bytes;
 use shardplan_scheduler::timeline::{Level, Op, Timeline};
 use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
-
-/// Every way to put `nb` blocks on positions 0..len (nb ≤ 2), as sorted position lists.
-fn placements(nb: u32, len: usize) -> Vec<Vec<usize>> {
-    match nb {
-        1 => (0..len).map(|p| vec![p]).collect(),
-        2 => (0..len)
-            .flat_map(|a| (a..len).map(move |b| vec![a, b]))
-            .collect(),
-        _ => unreachable!("tiny instances have at most 2 blocks per unit"),
-    }
-}
-
-fn launches(timeline: Timeline, unit: usize, op: Op, positions: &[usize]) -> Vec<Launch> {
-    let window = timeline.window(unit, op.window_kind());
-    let mut counts = BTreeMap::new();
-    for &p in positions {
-        *counts.entry(window.slot_at(p)).or_insert(0) += 1;
-    }
-    counts
-        .into_iter()
-        .map(|(slot, blocks)| Launch { slot, blocks })
-        .collect()
-}
 
 /// Every valid choice for one unit.
 fn unit_options(profile: &Profile, unit: usize, recompute: bool) -> Vec<UnitSchedule> {
@@ -57,7 +34,7 @@ fn unit_options(profile: &Profile, unit: usize, recompute: bool) -> Vec<UnitSche
     } else {
         vec![false]
     } {
-        for ar in placements(nb, after) {
+        for ar in placements(nb, 0, after) {
             let launches =
                 BTreeMap::from([(Op::AllReduce, launches(timeline, unit, Op::AllReduce, &ar))]);
             options.push(UnitSchedule {
@@ -67,8 +44,8 @@ fn unit_options(profile: &Profile, unit: usize, recompute: bool) -> Vec<UnitSche
                 accumulation: Default::default(),
             });
         }
-        for rs in placements(nb, after) {
-            for ag in placements(nb, after)
+        for rs in placements(nb, 0, after) {
+            for ag in placements(nb, 0, after)
                 .into_iter()
                 .filter(|ag| ag[0] >= *rs.last().unwrap())
             {
@@ -85,7 +62,7 @@ fn unit_options(profile: &Profile, unit: usize, recompute: bool) -> Vec<UnitSche
                     launches: sdp,
                     accumulation: Default::default(),
                 });
-                for agb in placements(nb, between) {
+                for agb in placements(nb, 0, between) {
                     let fsdp = BTreeMap::from([
                         (
                             Op::ReduceScatter,
@@ -119,31 +96,13 @@ fn enumerate(profile: &Profile, recompute: bool, limits: WindowLimits) -> Vec<(f
         .map(|u| unit_options(profile, u, recompute))
         .collect();
     let mut results = Vec::new();
-    let mut index = vec![0usize; per_unit.len()];
-    loop {
-        let units = index
-            .iter()
-            .zip(&per_unit)
-            .map(|(&k, o)| o[k].clone())
-            .collect();
-        let schedule = Schedule::new(profile, units).expect("enumerated options are valid");
+    every_schedule(profile, &per_unit, |schedule| {
         if limits.admit(&schedule) {
             let sim = simulate(profile, &schedule, Semantics::Strict);
             results.push((sim.iteration_time_us, sim.peak_memory_bytes));
         }
-        let mut u = 0;
-        loop {
-            if u == index.len() {
-                return results;
-            }
-            index[u] += 1;
-            if index[u] < per_unit[u].len() {
-                break;
-            }
-            index[u] = 0;
-            u += 1;
-        }
-    }
+    });
+    results
 }
 
 /// Whole-byte caps: below the smallest peak, between distinct peaks (tight above the smallest, a

@@ -6,37 +6,14 @@
 
 mod common;
 
-use common::{Rng, random_profile};
+use common::{Rng, every_schedule, launches, placements, random_profile};
 use shardplan_scheduler::Error;
 use shardplan_scheduler::ilp::{SolveOptions, solve};
 use shardplan_scheduler::profile::Profile;
-use shardplan_scheduler::schedule::{Accumulation, Launch, Schedule, UnitSchedule, inner_ops};
+use shardplan_scheduler::schedule::{Accumulation, Launch, UnitSchedule, inner_ops};
 use shardplan_scheduler::sim::{Semantics, simulate};
 use shardplan_scheduler::timeline::{Level, Op, Timeline};
 use std::collections::BTreeMap;
-
-/// Every way to put `nb` blocks (1 or 2) on the positions `from..len` of an op's window.
-fn placements(nb: u32, from: usize, len: usize) -> Vec<Vec<usize>> {
-    match nb {
-        1 => (from..len).map(|p| vec![p]).collect(),
-        2 => (from..len)
-            .flat_map(|a| (a..len).map(move |b| vec![a, b]))
-            .collect(),
-        _ => unreachable!("tiny instances have at most 2 blocks per unit"),
-    }
-}
-
-fn launches(timeline: Timeline, unit: usize, op: Op, positions: &[usize]) -> Vec<Launch> {
-    let window = timeline.window(unit, op.window_kind());
-    let mut counts = BTreeMap::new();
-    for &p in positions {
-        *counts.entry(window.slot_at(p)).or_insert(0) += 1;
-    }
-    counts
-        .into_iter()
-        .map(|(slot, blocks)| Launch { slot, blocks })
-        .collect()
-}
 
 /// Every assignment of blocks to `ops`, each op over its whole window (`order`: a forward
 /// gather at or after the last reduction block, the step boundary's rule).
@@ -124,29 +101,11 @@ fn enumerate(profile: &Profile, recompute: bool) -> Vec<(f64, f64)> {
         .map(|u| unit_options(profile, u, recompute))
         .collect();
     let mut results = Vec::new();
-    let mut index = vec![0usize; per_unit.len()];
-    loop {
-        let units = index
-            .iter()
-            .zip(&per_unit)
-            .map(|(&k, o)| o[k].clone())
-            .collect();
-        let schedule = Schedule::new(profile, units).expect("enumerated options are valid");
+    every_schedule(profile, &per_unit, |schedule| {
         let sim = simulate(profile, &schedule, Semantics::Strict);
         results.push((sim.iteration_time_us, sim.peak_memory_bytes));
-        let mut u = 0;
-        loop {
-            if u == index.len() {
-                return results;
-            }
-            index[u] += 1;
-            if index[u] < per_unit[u].len() {
-                break;
-            }
-            index[u] = 0;
-            u += 1;
-        }
-    }
+    });
+    results
 }
 
 #[test]

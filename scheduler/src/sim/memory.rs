@@ -2,7 +2,7 @@
 //! M_s = Σ persistent_i + Σ gathered_i(s) + Σ grad_i(s) + Σ_{F_i ≤ s ≤ B_i} saved_i + ws(s),
 //! with a lent unit's buffers extended to its borrower's backward B_j (DESIGN §3.9).
 
-use crate::cost::{block_bytes, persistent_bytes};
+use crate::cost::{block_bytes, persistent_bytes, saved_bytes};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
 use crate::timeline::{Level, Op};
@@ -50,11 +50,7 @@ pub fn memory_by_slot(profile: &Profile, schedule: &Schedule) -> Vec<MemoryBreak
         for m in memory.iter_mut() {
             m.persistent += persistent;
         }
-        let saved = if u.recompute {
-            p.checkpoint_activation_bytes
-        } else {
-            p.activation_bytes
-        } as f64;
+        let saved = saved_bytes(profile, unit, u.recompute);
         for m in &mut memory[forward..=backward] {
             m.activation += saved;
         }

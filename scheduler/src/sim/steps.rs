@@ -5,7 +5,9 @@
 //! no slot classes: it checks the ILP's compression instead of sharing it.
 
 use super::{Entry, MemoryBreakdown, StepInputs, op_index};
-use crate::cost::{Interference, block_bytes, block_time, compute_us, persistent_bytes};
+use crate::cost::{
+    Interference, block_bytes, block_time, compute_us, persistent_bytes, saved_bytes,
+};
 use crate::profile::Profile;
 use crate::schedule::{QueueKey, Schedule, queue_key};
 use crate::timeline::{Level, Op, Slot, Timeline, Window, WindowKind};
@@ -259,11 +261,7 @@ fn per_unit_memory(
     for m in memory.iter_mut() {
         m.persistent += persistent;
     }
-    let saved = if u.recompute {
-        p.checkpoint_activation_bytes
-    } else {
-        p.activation_bytes
-    } as f64;
+    let saved = saved_bytes(profile, unit, u.recompute);
     for m in 0..k {
         let (f, b) = (step.at(m, forward), step.at(m, backward));
         step.add(memory, f, b, saved, activation);

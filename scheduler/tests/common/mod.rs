@@ -277,3 +277,63 @@ pub fn random_schedule(rng: &mut Rng, profile: &Profile) -> Schedule {
         .collect();
     Schedule::new(profile, units).expect("generated schedules are valid")
 }
+
+/// Every way to put `nb` blocks (1 or 2) on the window positions `from..len`, as sorted position
+/// lists (the exhaustive searches' tiny instances).
+pub fn placements(nb: u32, from: usize, len: usize) -> Vec<Vec<usize>> {
+    match nb {
+        1 => (from..len).map(|p| vec![p]).collect(),
+        2 => (from..len)
+            .flat_map(|a| (a..len).map(move |b| vec![a, b]))
+            .collect(),
+        _ => unreachable!("tiny instances have at most 2 blocks per unit"),
+    }
+}
+
+/// The launches of blocks at window `positions` of `op` of `unit`, one per slot.
+pub fn launches(
+    timeline: shardplan_scheduler::timeline::Timeline,
+    unit: usize,
+    op: shardplan_scheduler::timeline::Op,
+    positions: &[usize],
+) -> Vec<shardplan_scheduler::schedule::Launch> {
+    let window = timeline.window(unit, op.window_kind());
+    let mut counts = BTreeMap::new();
+    for &p in positions {
+        *counts.entry(window.slot_at(p)).or_insert(0) += 1;
+    }
+    counts
+        .into_iter()
+        .map(|(slot, blocks)| shardplan_scheduler::schedule::Launch { slot, blocks })
+        .collect()
+}
+
+/// Every schedule made of one option per unit (`per_unit[u]`: the options of unit u), each
+/// handed to `visit`.
+pub fn every_schedule(
+    profile: &Profile,
+    per_unit: &[Vec<shardplan_scheduler::schedule::UnitSchedule>],
+    mut visit: impl FnMut(Schedule),
+) {
+    let mut index = vec![0usize; per_unit.len()];
+    loop {
+        let units = index
+            .iter()
+            .zip(per_unit)
+            .map(|(&k, o)| o[k].clone())
+            .collect();
+        visit(Schedule::new(profile, units).expect("enumerated options are valid"));
+        let mut u = 0;
+        loop {
+            if u == index.len() {
+                return;
+            }
+            index[u] += 1;
+            if index[u] < per_unit[u].len() {
+                break;
+            }
+            index[u] = 0;
+            u += 1;
+        }
+    }
+}
