@@ -321,7 +321,7 @@ fn plans_are_bound_to_their_profile_and_checked_against_the_rules() {
     let (code, msg) = fails(&["simulate", "--profile", &small, "--plan", &bad_path]);
     assert_eq!(code, 2);
     assert!(
-        msg.contains("bad.toml:") && msg.contains("F<i>, B<i> or E"),
+        msg.contains("bad.toml:") && msg.contains("F<i>, B<i>, E or I"),
         "{msg}"
     );
 }

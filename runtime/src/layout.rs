@@ -363,8 +363,15 @@ pub fn check_profile(workload: &dyn Workload, profile: &Profile) -> Result<()> {
 
 /// Places a validated schedule's buffers for `workload` on the profile's ranks, each unit's
 /// parameters in the profile's padded blocks ([`Profile::block_params`]), as the model counts
-/// them.
+/// them. One micro-batch per step: a schedule of several is refused.
 pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) -> Result<Placement> {
+    if schedule.micro_batches() >= 2 {
+        return Err(Error::Mismatch(format!(
+            "the plan has {} micro-batches per step; the runtime lays out and runs one so far \
+             (DESIGN §3.10)",
+            schedule.micro_batches()
+        )));
+    }
     check_profile(workload, profile)?;
     let world = profile.world_size as usize;
     let timeline = schedule.timeline();

@@ -62,13 +62,6 @@ impl<B: Backend> Prepared<B> {
         steps: usize,
     ) -> Result<Self> {
         let schedule = plan.schedule(profile, origin)?;
-        if schedule.micro_batches() >= 2 {
-            return Err(Error::Mismatch(format!(
-                "{origin}: the plan has {} micro-batches per step; the runtime runs one so far \
-                 (DESIGN §3.10)",
-                schedule.micro_batches()
-            )));
-        }
         let world = backend.world_size();
         if plan.world_size as usize != world {
             return Err(Error::Mismatch(format!(

@@ -25,6 +25,12 @@
 //! agf = [["E", 1]]
 //! agb = [["B3", 1]]
 //! ```
+//!
+//! With micro-batches (DESIGN §3.10) the file also carries `micro_batches = K` (the profile's),
+//! and a unit `accumulate = true` (reduce once per step), `keep = true` (keep gathered parameters
+//! between micro-batches) and the inner boundary's launches `ar_inner`, `rs_inner`, `ag_inner`,
+//! `agf_inner` (slots F<i>, B<i> and I, the boundary between micro-batches), each present
+//! exactly where the op runs there.
 
 use crate::profile::Profile;
 use crate::schedule::{Accumulation, Launch, Schedule, UnitSchedule};
