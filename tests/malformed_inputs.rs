@@ -457,10 +457,10 @@ fn cases(inputs: &Inputs) -> Vec<Case> {
             None,
         ),
         case(
-            "the smallest peak with micro-batches",
-            format!("solve --profile {accumulating} --objective memory --out {out}"),
-            2,
-            "with micro-batches the ILP minimises the step time only",
+            "an impossible cap with micro-batches",
+            format!("solve --profile {accumulating} --memory-cap 1MiB --out {out}"),
+            3,
+            "no plan of 4 micro-batches fits the memory cap of 1.00 MiB: the smallest feasible cap is",
             None,
         ),
         case(

@@ -232,9 +232,7 @@ pub fn ilp_rows(
 /// feasible cap (the memory objective's optimum, rounded up to a MiB) to the peak of the fastest
 /// plan when memory is unlimited (the zero2 or ddp plan, whichever is faster). Without it (no
 /// solve at all): from the smallest peak of any method's plan (checkpointing off or on) to the
-/// largest peak of each method's fastest plan, so every method fits the top cap. With
-/// micro-batches, whose ILP minimises time only, the ILP's range starts at the smallest peak of
-/// every baseline instead.
+/// largest peak of each method's fastest plan, so every method fits the top cap.
 pub fn cap_range(
     profile: &Profile,
     methods: &[Method],
@@ -252,18 +250,14 @@ pub fn cap_range(
         max_iteration_time_us: None,
     };
     let (low, high) = if methods.contains(&Method::Ilp) {
-        let low = if profile.micro_batches >= 2 {
-            peak_of(&BaselineKind::of(profile), smallest)?
-        } else {
-            let memory = SolveOptions {
-                objective: Objective::Memory {
-                    max_iteration_time_us: None,
-                },
-                memory_cap_bytes: None,
-                ..template.clone()
-            };
-            solve(profile, &memory)?.simulation.peak_memory_bytes
+        let memory = SolveOptions {
+            objective: Objective::Memory {
+                max_iteration_time_us: None,
+            },
+            memory_cap_bytes: None,
+            ..template.clone()
         };
+        let low = solve(profile, &memory)?.simulation.peak_memory_bytes;
         let mut fastest = vec![BaselineKind::Ddp, BaselineKind::Zero2];
         if profile.micro_batches >= 2 {
             fastest.push(BaselineKind::DdpNoSync);

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{Rng, every_schedule, launches, placements, random_profile};
+use common::{Rng, every_schedule, launches, placements, random_profile, reported_minimum};
 use shardplan_scheduler::Error;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::ilp::{
@@ -133,17 +133,6 @@ fn fastest_within(results: &[(f64, f64)], cap: f64) -> f64 {
         .filter(|r| r.1 <= cap)
         .map(|r| r.0)
         .fold(f64::INFINITY, f64::min)
-}
-
-/// The smallest feasible cap an infeasible solve names: `(N bytes)`.
-fn reported_minimum(message: &str) -> u64 {
-    let end = message
-        .find(" bytes)")
-        .expect("the message names a cap in bytes");
-    let start = message[..end].rfind('(').expect("an opening parenthesis") + 1;
-    message[start..end]
-        .parse()
-        .expect("a whole number of bytes")
 }
 
 #[test]

@@ -6,12 +6,13 @@
 
 mod common;
 
-use common::{Rng, every_schedule, launches, placements, random_profile};
+use common::{Rng, every_schedule, launches, placements, random_profile, reported_minimum};
 use shardplan_scheduler::Error;
-use shardplan_scheduler::ilp::{SolveOptions, solve};
+use shardplan_scheduler::ilp::{Objective, SolveOptions, solve};
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::{Accumulation, Launch, UnitSchedule, inner_ops};
 use shardplan_scheduler::sim::{Semantics, simulate};
+use shardplan_scheduler::size::whole_bytes;
 use shardplan_scheduler::timeline::{Level, Op, Timeline};
 use std::collections::BTreeMap;
 
@@ -110,7 +111,7 @@ fn enumerate(profile: &Profile, recompute: bool) -> Vec<(f64, f64)> {
 
 #[test]
 fn micro_batch_optimum_equals_exhaustive_search() {
-    let (mut solves, mut infeasible, mut schedules) = (0, 0, 0);
+    let (mut solves, mut infeasible, mut schedules, mut memory_solves) = (0, 0, 0, 0);
     for seed in 0..18u64 {
         let mut rng = Rng(seed * 104_729 + 7);
         let units = 1 + (seed % 2) as usize;
@@ -139,6 +140,36 @@ fn micro_batch_optimum_equals_exhaustive_search() {
             caps.push(peaks[k].ceil());
         }
         caps.push((peaks[peaks.len() - 1] * 1.01).ceil());
+        // The memory objective: the smallest peak of every schedule, and under a ceiling of the
+        // median time the smallest peak of the schedules that meet it.
+        let mut times: Vec<f64> = results.iter().map(|r| r.0).collect();
+        times.sort_by(f64::total_cmp);
+        let ceiling = times[times.len() / 2];
+        for max_iteration_time_us in [None, Some(ceiling)] {
+            let smallest = results
+                .iter()
+                .filter(|r| max_iteration_time_us.is_none_or(|t| r.0 <= t))
+                .map(|r| r.1)
+                .fold(f64::INFINITY, f64::min);
+            let options = SolveOptions {
+                objective: Objective::Memory {
+                    max_iteration_time_us,
+                },
+                memory_cap_bytes: None,
+                relative_gap: 0.0,
+                allow_recompute: recompute,
+                ..SolveOptions::default()
+            };
+            let solved = solve(&profile, &options).unwrap();
+            let peak = solved.report.objective;
+            assert!(
+                (peak - smallest).abs() <= 1e-6 * smallest,
+                "seed {seed}, ceiling {max_iteration_time_us:?}: the MIP's smallest peak {peak}, the search's {smallest}"
+            );
+            if max_iteration_time_us.is_none() {
+                memory_solves += 1;
+            }
+        }
         for cap in caps {
             let best = results
                 .iter()
@@ -165,18 +196,22 @@ fn micro_batch_optimum_equals_exhaustive_search() {
                         "{what}: over the cap"
                     );
                 }
-                Err(Error::Infeasible(_)) => {
+                Err(Error::Infeasible(message)) => {
                     infeasible += 1;
                     assert!(
                         best.is_infinite(),
                         "{what}: infeasible, but the search found {best}"
                     );
+                    // It names the smallest feasible cap, the smallest peak of every schedule.
+                    let named = reported_minimum(&message);
+                    assert_eq!(named, whole_bytes(peaks[0]), "{what}: {message}");
                 }
                 Err(e) => panic!("{what}: {e}"),
             }
         }
     }
     println!("{solves} solves ({infeasible} infeasible) over {schedules} schedules");
+    assert!(memory_solves == 18);
     assert!(infeasible >= 18 && solves > 100);
 }
 

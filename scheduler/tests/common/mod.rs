@@ -337,3 +337,14 @@ pub fn every_schedule(
         }
     }
 }
+
+/// The smallest feasible cap an infeasible solve names: `(N bytes)`.
+pub fn reported_minimum(message: &str) -> u64 {
+    let end = message
+        .find(" bytes)")
+        .expect("the message names a cap in bytes");
+    let start = message[..end].rfind('(').expect("an opening parenthesis") + 1;
+    message[start..end]
+        .parse()
+        .expect("a whole number of bytes")
+}

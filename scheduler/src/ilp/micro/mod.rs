@@ -8,9 +8,9 @@ mod linear;
 mod model;
 
 use super::limits::PLACEMENT_DEPTH;
-use super::model::highs_model;
+use super::model::{highs_model, memory_scale};
 use super::{Objective, PhaseReport, SolveOptions, SolveReport, SolveStatus, Solved, WindowLimits};
-use crate::baselines::{BaselineKind, Preference, best_baseline};
+use crate::baselines::{BaselineKind, best_baseline};
 use crate::cost::Interference;
 use crate::profile::Profile;
 use crate::schedule::{Accumulation, Launch, Schedule, UnitSchedule, inner_ops};
@@ -18,6 +18,7 @@ use crate::sim::{Semantics, simulate};
 use crate::size::format_bytes;
 use crate::timeline::{Level, Op, Timeline, WindowKind};
 use crate::{Error, Result};
+use good_lp::constraint;
 use highs::HighsModelStatus;
 use model::{Boundary, Built, Config, build};
 use std::collections::BTreeMap;
@@ -26,44 +27,60 @@ use std::time::Instant;
 /// Relative agreement required between the MIP's step time and the simulator's.
 const CONSISTENCY: f64 = 1e-6;
 
-/// The fastest plan of K ≥ 2 micro-batches under the cap, with HiGHS' proven gap.
+/// The best plan of K ≥ 2 micro-batches for the objective (the fastest under the cap, or the
+/// smallest peak under a time ceiling), with HiGHS' proven gap.
 pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
-    if options.objective != Objective::Time {
-        return Err(Error::Mismatch(format!(
-            "`{}` has micro_batches = {}: with micro-batches the ILP minimises the step time \
-             only (DESIGN §4.8)",
-            profile.name, profile.micro_batches
-        )));
-    }
     let started = Instant::now();
     let limits = limits_for(profile, options);
+    let peak_scale = match options.objective {
+        Objective::Time => None,
+        Objective::Memory { .. } => Some(memory_scale(profile, options)),
+    };
     let built = build(
         profile,
         limits,
         options.allow_recompute,
-        options.memory_cap_bytes,
+        (options.memory_cap_bytes, peak_scale),
     );
-    let objective = built
+    // T = Σ weight·d_s: the step time.
+    let step_time = built
         .durations
         .iter()
         .zip(&built.weights)
         .fold(good_lp::Expression::from(0.0), |sum, (d, w)| {
             sum + *w * d.var
         });
-    let (variables, integer_variables) = (built.columns.count, built.columns.integer);
-    let constraints = built.constraints.len();
     let Built {
         columns,
         units,
         terms,
         durations,
         weights,
-        constraints: rows,
+        memory: _,
+        peak,
+        constraints: mut rows,
     } = built;
+    let objective = match (options.objective, peak) {
+        (
+            Objective::Memory {
+                max_iteration_time_us,
+            },
+            Some((peak, _)),
+        ) => {
+            if let Some(ceiling) = max_iteration_time_us {
+                rows.push(constraint!(step_time <= ceiling));
+            }
+            good_lp::Expression::from(peak.var)
+        }
+        _ => step_time,
+    };
+    let (variables, integer_variables) = (columns.count, columns.integer);
+    let constraints = rows.len();
     let built_parts = Parts {
         units: &units,
         terms: &terms,
         durations: &durations,
+        peak,
         count: variables,
     };
     let mut model = highs_model(
@@ -73,13 +90,13 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
         options,
         options.time_limit_s,
     )?;
-    // Warm start: the fastest baseline that fits (the answer is never slower than it).
+    // Warm start: the best baseline that fits (the answer is never worse than it).
     let warm = best_baseline(
         profile,
         &BaselineKind::of(profile),
         options.allow_recompute,
         options.memory_cap_bytes,
-        Preference::Fastest,
+        options.objective.preference(),
     );
     if let Some(values) = warm
         .as_ref()
@@ -107,18 +124,20 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
     let values = solved.get_solution().columns().to_vec();
     let (solution, simulation) = checked(profile, &units, (&terms, &weights), &values)?;
     // A time limit can stop HiGHS above its warm start: the baseline is then the answer.
-    let solved_time = simulation.iteration_time_us;
-    let warm_time = warm.as_ref().map(|c| c.plan.simulation.iteration_time_us);
+    let value_of = |s: &crate::sim::Simulation| options.objective.value_of(s);
+    let warm_value = warm.as_ref().map(|c| value_of(&c.plan.simulation));
     let (schedule, simulation) = match &warm {
-        Some(chosen) if warm_time < Some(solved_time) => {
+        Some(chosen) if warm_value < Some(value_of(&simulation)) => {
             (chosen.plan.schedule.clone(), chosen.plan.simulation.clone())
         }
         _ => (solution, simulation),
     };
-    let time = simulation.iteration_time_us;
-    let bound = solved
+    let time = value_of(&simulation);
+    let scale = peak.map_or(1.0, |(_, scale)| scale);
+    let bound = (solved
         .double_info_value(c"mip_dual_bound")
         .unwrap_or(f64::NEG_INFINITY)
+        * scale)
         .min(time);
     let status = match status {
         HighsModelStatus::Optimal if solved.mip_gap() <= 1e-9 => SolveStatus::Optimal,
@@ -195,11 +214,12 @@ fn checked(
 /// the memory of each slot of the first, steady (K ≥ 3) and last micro-batch; None where the
 /// MIP cannot express the schedule.
 pub fn rows_at(profile: &Profile, schedule: &Schedule) -> Option<(f64, Vec<f64>)> {
-    let built = build(profile, WindowLimits::FULL, true, None);
+    let built = build(profile, WindowLimits::FULL, true, (None, None));
     let parts = Parts {
         units: &built.units,
         terms: &built.terms,
         durations: &built.durations,
+        peak: None,
         count: built.columns.count,
     };
     let values = values_of(profile, &parts, schedule)?;
@@ -209,10 +229,7 @@ pub fn rows_at(profile: &Profile, schedule: &Schedule) -> Option<(f64, Vec<f64>)
         .zip(&built.weights)
         .map(|(d, w)| w * values[d.index])
         .sum();
-    let memory = model::memory(profile, &built.units)
-        .iter()
-        .map(|m| m.eval(&values))
-        .collect();
+    let memory = built.memory.iter().map(|m| m.eval(&values)).collect();
     Some((time, memory))
 }
 
@@ -221,6 +238,8 @@ struct Parts<'a> {
     units: &'a [model::UnitCols],
     terms: &'a [(linear::Linear, linear::Linear, linear::Linear)],
     durations: &'a [crate::ilp::variables::Col],
+    /// The memory objective's peak column and its scale.
+    peak: Option<(crate::ilp::variables::Col, f64)>,
     count: usize,
 }
 
@@ -280,6 +299,11 @@ fn values_of(profile: &Profile, parts: &Parts, schedule: &Schedule) -> Option<Ve
     for ((c, q, l), d) in parts.terms.iter().zip(parts.durations) {
         let (c, q, l) = (c.eval(&values), q.eval(&values), l.eval(&values));
         values[d.index] = interference.slot_duration(c, q, l);
+    }
+    if let Some((peak, scale)) = parts.peak {
+        // A hair above the schedule's peak, so that rounding does not cut the start off.
+        let highest = simulate(profile, schedule, Semantics::Strict).peak_memory_bytes;
+        values[peak.index] = highest / scale * (1.0 + 1e-12);
     }
     Some(values)
 }
@@ -368,27 +392,34 @@ fn model_op(op: Op) -> Op {
     }
 }
 
-/// Why nothing fits: the smallest peak of the micro-batch baselines, as a hint.
+/// Why nothing fits: the smallest feasible cap (the memory objective's optimum), its peak slot
+/// and what dominates there.
 fn infeasible(profile: &Profile, options: &SolveOptions) -> Error {
     let cap = options.memory_cap_bytes.unwrap_or(u64::MAX);
-    let smallest = best_baseline(
-        profile,
-        &BaselineKind::of(profile),
-        true,
-        None,
-        Preference::Smallest {
+    let smallest = SolveOptions {
+        objective: Objective::Memory {
             max_iteration_time_us: None,
         },
-    );
-    let hint = smallest.map_or(String::new(), |b| {
-        format!(
-            "; the smallest baseline, {}, peaks at {}",
-            b.label(),
-            format_bytes(b.plan.simulation.peak_memory_bytes)
-        )
-    });
+        memory_cap_bytes: None,
+        ..options.clone()
+    };
+    let why = match solve(profile, &smallest) {
+        Ok(solved) => {
+            let sim = &solved.simulation;
+            let (what, bytes) = sim.peak().memory.dominant();
+            format!(
+                ": the smallest feasible cap is {} ({} bytes), peaking at slot {} where the \
+                 largest part is {what}, {}",
+                format_bytes(sim.peak_memory_bytes),
+                crate::size::whole_bytes(sim.peak_memory_bytes),
+                sim.peak_at(),
+                format_bytes(bytes)
+            )
+        }
+        Err(_) => String::new(),
+    };
     Error::Infeasible(format!(
-        "no plan of {} micro-batches fits the memory cap of {} ({cap} bytes){hint}",
+        "no plan of {} micro-batches fits the memory cap of {}{why}",
         profile.micro_batches,
         format_bytes(cap as f64)
     ))

@@ -197,15 +197,20 @@ pub(super) struct Built {
     pub durations: Vec<Col>,
     /// Per slot: its weight in the objective (1, or K − 2 for the steady micro-batch).
     pub weights: Vec<f64>,
+    /// Per slot: M_s.
+    pub memory: Vec<Linear>,
+    /// The peak column of the memory objective (M_s / scale ≤ peak), and its scale.
+    pub peak: Option<(Col, f64)>,
     pub constraints: Vec<Constraint>,
 }
 
-/// Declares the columns (launches at the positions `limits` allow) and builds every row family.
+/// Declares the columns (launches at the positions `limits` allow) and builds every row family;
+/// with `peak_scale`, a peak column above every slot's memory in units of that scale.
 pub(super) fn build(
     profile: &Profile,
     limits: WindowLimits,
     allow_recompute: bool,
-    cap: Option<u64>,
+    (cap, peak_scale): (Option<u64>, Option<f64>),
 ) -> Built {
     let timeline = Timeline::new(profile.unit_count());
     let k = profile.micro_batches as usize;
@@ -245,10 +250,18 @@ pub(super) fn build(
         let comm = q.expression() + interference.comm * c.expression();
         constraints.push(constraint!(d.var >= comm));
     }
+    let memory = memory_rows(profile, step, &units);
     if let Some(cap) = cap {
-        for m in memory_rows(profile, step, &units) {
+        for m in &memory {
             // M_s ≤ M, in units of the cap.
             constraints.push(constraint!(m.expression() * (1.0 / cap as f64) <= 1.0));
+        }
+    }
+    let peak = peak_scale.map(|scale| (columns.continuous(), scale));
+    if let Some((peak, scale)) = peak {
+        for m in &memory {
+            // M_s ≤ peak, in units of the scale.
+            constraints.push(constraint!(m.expression() * (1.0 / scale) <= peak.var));
         }
     }
     let width = timeline.slot_count();
@@ -264,6 +277,8 @@ pub(super) fn build(
         terms,
         durations,
         weights,
+        memory,
+        peak,
         constraints,
     }
 }
@@ -411,15 +426,6 @@ fn slot_terms(
         }
     }
     terms
-}
-
-/// M_s of every unrolled slot, as [`memory_rows`] builds them for `units`.
-pub(super) fn memory(profile: &Profile, units: &[UnitCols]) -> Vec<Linear> {
-    let step = Unrolled {
-        timeline: Timeline::new(profile.unit_count()),
-        micro_batches: (profile.micro_batches as usize).min(3),
-    };
-    memory_rows(profile, step, units)
 }
 
 /// M_s of every unrolled slot (DESIGN §3.5, §3.9, §3.10), linear in y, r and C.
