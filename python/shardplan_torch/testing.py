@@ -106,3 +106,18 @@ def tiny_profile(directory, tokens, out, name="tiny gpt x2"):
     model = TinyGPT()
     profile(model, model.units(), tokens, loss_fn, comm, out, name=name)
     return model
+
+
+def sharded_tiny_gpt(rank, world, plan, port):
+    """In a spawned process: joins a gloo group of `world` on 127.0.0.1:`port` as `rank` and
+    returns a fresh TinyGPT (seed 0) sharded by the exported `plan`."""
+    import torch.distributed as dist
+
+    from .fsdp import apply_plan
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = TinyGPT()
+    apply_plan(model, model.units(), plan)
+    return model

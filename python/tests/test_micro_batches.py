@@ -7,7 +7,6 @@ four micro-batches with `start_micro_batch`; every plan's losses equal unsharded
 accumulates the same micro-batches (each loss divided by 4)."""
 
 import json
-import os
 import pathlib
 import re
 import tempfile
@@ -18,8 +17,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
-from shardplan_torch import apply_plan, start_micro_batch
-from shardplan_torch.testing import SEQ, VOCAB, TinyGPT, free_port, loss_fn, shardplan, tiny_profile
+from shardplan_torch import start_micro_batch
+from shardplan_torch.testing import (SEQ, VOCAB, TinyGPT, free_port, loss_fn, shardplan, sharded_tiny_gpt,
+                                     tiny_profile)
 
 MICRO_BATCHES = 4
 STEPS = 2
@@ -34,11 +34,7 @@ def micro_batch(step, m, rank, world):
 
 
 def worker(rank, world, plan_path, result_path, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.manual_seed(0)
-    model = TinyGPT()
-    apply_plan(model, model.units(), plan_path)
+    model = sharded_tiny_gpt(rank, world, plan_path, port)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses, reduced_early = [], None
     for step in range(STEPS):

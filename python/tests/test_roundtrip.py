@@ -3,7 +3,6 @@ by `shardplan solve` at 1% above the smallest feasible cap, exported with `shard
 FSDP2 at world size 2 (gloo), and trained a step; the loss equals unsharded training's."""
 
 import json
-import os
 import pathlib
 import tempfile
 import tomllib
@@ -13,17 +12,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from shardplan_torch import apply_plan
-from shardplan_torch.testing import TinyGPT, batch, free_port, loss_fn, shardplan, tiny_profile
+from shardplan_torch.testing import TinyGPT, batch, free_port, loss_fn, shardplan, sharded_tiny_gpt, tiny_profile
 
 
 
 def worker(rank, world, plan_path, result_path, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.manual_seed(0)
-    model = TinyGPT()
-    apply_plan(model, model.units(), plan_path)
+    model = sharded_tiny_gpt(rank, world, plan_path, port)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses = []
     for _ in range(2):

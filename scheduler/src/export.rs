@@ -152,9 +152,10 @@ pub fn fsdp2(profile: &Profile, schedule: &Schedule) -> Fsdp2Plan {
         })
         .collect();
     for i in 0..l {
-        for (op, inner) in &schedule.units()[i].accumulation.inner {
-            let step = &schedule.units()[i].launches[op];
-            if inner.first().map(|l| l.slot) != step.first().map(|l| l.slot) {
+        for (op, step) in schedule.ops(i) {
+            // Placed launches, in window order: the first is the earliest.
+            let inner = schedule.inner_launches(i, op);
+            if !inner.is_empty() && inner[0].slot != step[0].slot {
                 notes.push(format!(
                     "{}: {} launched at {} between micro-batches; FSDP2 issues it as in the \
                      step's, at {}",

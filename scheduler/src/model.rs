@@ -87,18 +87,10 @@ pub struct TrainingSpec {
     /// K, micro-batches of `batch_size` sequences per optimizer step (DESIGN §3.10); 1 when left
     /// out.
     #[serde(
-        default = "one_micro_batch",
-        skip_serializing_if = "is_one_micro_batch"
+        default = "crate::profile::one_micro_batch",
+        skip_serializing_if = "crate::profile::is_one_micro_batch"
     )]
     pub micro_batches: u32,
-}
-
-fn one_micro_batch() -> u32 {
-    1
-}
-
-fn is_one_micro_batch(value: &u32) -> bool {
-    *value == 1
 }
 
 fn default_weight_decay() -> f32 {

@@ -184,7 +184,6 @@ impl Schedule {
                     .unwrap_or_default(),
                 rule: why,
             };
-            let ops_list = |ops: &[Op]| ops.iter().map(|o| o.key()).collect::<Vec<_>>().join(", ");
             for (&op, launches) in &u.launches {
                 if !u.level.ops().contains(&op) && !launches.is_empty() {
                     return Err(rule(
@@ -193,7 +192,7 @@ impl Schedule {
                         format!(
                             "not an op of level `{}` (its ops: {})",
                             u.level.name(),
-                            ops_list(u.level.ops())
+                            op_keys(u.level.ops())
                         ),
                     ));
                 }
@@ -239,7 +238,7 @@ impl Schedule {
                 }
             }
             placed.push(unit_placed);
-            inner_placed.push(Self::place_inner(profile, unit, u, |op, why| {
+            inner_placed.push(Self::place_inner(profile, timeline, unit, u, |op, why| {
                 rule(op, None, why)
             })?);
         }
@@ -251,11 +250,11 @@ impl Schedule {
     /// [`inner_ops`], each inside its window (I in place of E) and covering the unit's blocks.
     fn place_inner(
         profile: &Profile,
+        timeline: Timeline,
         unit: usize,
         u: &UnitSchedule,
         rule: impl Fn(Op, String) -> Error,
     ) -> Result<BTreeMap<Op, Vec<Placed>>> {
-        let timeline = Timeline::new(profile.unit_count());
         let a = &u.accumulation;
         let first_op = u.level.ops()[0];
         if profile.micro_batches == 1 {
@@ -288,7 +287,7 @@ impl Schedule {
                     "does not run at the inner boundary (accumulate = {}, keep = {}: its inner ops are [{}])",
                     a.accumulate,
                     a.keep,
-                    ops.iter().map(|o| o.key()).collect::<Vec<_>>().join(", ")
+                    op_keys(&ops)
                 ),
             ));
         }
@@ -394,4 +393,9 @@ fn place_op(
         ));
     }
     Ok(placed)
+}
+
+/// Ops as plan files name them: `rs, ag`.
+fn op_keys(ops: &[Op]) -> String {
+    ops.iter().map(|o| o.key()).collect::<Vec<_>>().join(", ")
 }

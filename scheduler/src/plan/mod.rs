@@ -127,14 +127,6 @@ fn is_false(value: &bool) -> bool {
     !*value
 }
 
-fn is_one(value: &u32) -> bool {
-    *value == 1
-}
-
-fn one() -> u32 {
-    1
-}
-
 impl UnitPlan {
     fn launches(&self, op: Op) -> &[(Slot, u32)] {
         match op {
@@ -189,7 +181,10 @@ pub struct Plan {
     pub profile_digest: Option<String>,
     pub world_size: u32,
     /// K, micro-batches per step (the profile's; 1 when left out).
-    #[serde(default = "one", skip_serializing_if = "is_one")]
+    #[serde(
+        default = "crate::profile::one_micro_batch",
+        skip_serializing_if = "crate::profile::is_one_micro_batch"
+    )]
     pub micro_batches: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_cap_bytes: Option<u64>,

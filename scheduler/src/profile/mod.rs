@@ -88,11 +88,13 @@ fn is_one(value: &u64) -> bool {
     *value == 1
 }
 
-fn one_pass() -> u32 {
+/// K = 1, the default of every `micro_batches` field (profile, plan, `[training]`).
+pub(crate) fn one_micro_batch() -> u32 {
     1
 }
 
-fn is_one_pass(value: &u32) -> bool {
+/// Whether a `micro_batches` field holds the default, which files leave out.
+pub(crate) fn is_one_micro_batch(value: &u32) -> bool {
     *value == 1
 }
 
@@ -167,7 +169,10 @@ pub struct Profile {
     pub world_size: u32,
     /// K: micro-batches per optimizer step (DESIGN §3.10), each of the units' measured or modelled
     /// pass. 1, the default and left out of the file, is one pass per step.
-    #[serde(default = "one_pass", skip_serializing_if = "is_one_pass")]
+    #[serde(
+        default = "one_micro_batch",
+        skip_serializing_if = "is_one_micro_batch"
+    )]
     pub micro_batches: u32,
     /// B: the unit of communication.
     pub block_size_bytes: u64,

@@ -148,20 +148,20 @@ pub(super) fn unrolled(profile: &Profile, schedule: &Schedule) -> StepInputs {
                     block.update_us = 0.0;
                 }
                 let bytes = block_bytes(profile, unit, op);
+                let entry = Entry {
+                    unit,
+                    op,
+                    instance: id(instance),
+                    time_us: block.total_us(),
+                    load_us: interference.load_us(op, block),
+                };
+                let last = step.position(window, kind, boundary, window.len - 1);
+                let reduced = boundary + k - 1;
                 for l in launches {
                     let slot = step.position(window, kind, boundary, l.position);
                     let key = queue_key(op, l.position, window.len, unit);
-                    let entry = Entry {
-                        unit,
-                        op,
-                        instance: id(instance),
-                        time_us: block.total_us(),
-                        load_us: interference.load_us(op, block),
-                    };
                     keyed[slot].extend(std::iter::repeat_n((key, entry), l.blocks as usize));
                     let amount = bytes * f64::from(l.blocks);
-                    let last = step.position(window, kind, boundary, window.len - 1);
-                    let reduced = boundary + k - 1;
                     match op {
                         Op::AllReduce => {}
                         Op::ReduceScatter if accumulate => {
