@@ -8,6 +8,7 @@ mod common;
 
 use common::{
     Rng, assert_relaxed_is_strict_with_slow_communication, gpt2_tiny as gpt2,
+    gpt2_tiny_accumulating, gpt2_tiny_accumulating_path, gpt2_tiny_accumulating_profile,
     gpt2_tiny_path as model_path, gpt2_tiny_profile as profile, random_schedule, run_plan,
 };
 use shardplan_runtime::layout::{Placement, place};
@@ -25,16 +26,34 @@ const STEPS: usize = 3;
 struct Setup {
     dir: tempfile::TempDir,
     data: PathBuf,
+    /// gpt2-tiny's model file, with `micro_batches` per step.
+    model: PathBuf,
+    micro_batches: u32,
 }
 
 fn setup() -> Setup {
+    setup_accumulating(1)
+}
+
+/// gpt2-tiny with K = `micro_batches` micro-batches per step (its model file written where the
+/// test's files go when K ≥ 2).
+fn setup_accumulating(micro_batches: u32) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data.txt");
     let mut text =
         std::fs::read(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
     text.extend(0..=255u8);
     std::fs::write(&data, text).unwrap();
-    Setup { dir, data }
+    let model = match micro_batches {
+        1 => model_path(),
+        k => gpt2_tiny_accumulating_path(dir.path(), k),
+    };
+    Setup {
+        dir,
+        data,
+        model,
+        micro_batches,
+    }
 }
 
 impl Setup {
@@ -75,7 +94,7 @@ impl Setup {
             &s(&dump),
             "--json",
         ];
-        let out = run_plan(world, profile, plan, &model_path(), STEPS as u64, &extra);
+        let out = run_plan(world, profile, plan, &self.model, STEPS as u64, &extra);
         assert!(
             out.status.success(),
             "{name} {semantics} N={world}: {}",
@@ -112,8 +131,8 @@ struct Reference {
 
 impl Setup {
     fn reference(&self) -> Reference {
-        let g = gpt2(1);
-        let p1 = profile(1);
+        let g = gpt2_tiny_accumulating(1, self.micro_batches);
+        let p1 = gpt2_tiny_accumulating_profile(1, self.micro_batches);
         let ddp = baseline(&p1, BaselineKind::Ddp, false, None)
             .unwrap()
             .schedule;
@@ -193,6 +212,35 @@ fn random_plans_at_one_two_and_four_ranks_train_like_ddp_on_one() {
         "the plans exercise recompute ({recomputed}) and multi-slot launches ({multi_slot})"
     );
     eprintln!("worst relative update difference from DDP at N = 1: {worst:.2e}");
+}
+
+/// K = 4 micro-batches per step: random plans that accumulate or reduce every micro-batch, keep
+/// or re-gather, with inner-boundary launches spread over several slots, at N = 1, 2 and 4,
+/// strict and relaxed, train like DDP at N = 1 with K = 4 (which python/tests/test_gpt2.py
+/// checks against transformers accumulating four passes per AdamW step).
+#[test]
+fn accumulating_random_plans_train_like_ddp_on_one() {
+    let s = setup_accumulating(4);
+    let reference = s.reference();
+    let (mut worst, mut accumulating, mut keeping) = (0.0f64, 0, 0);
+    for (world, plans) in [(1usize, 2u64), (2, 3), (4, 2)] {
+        let profile = gpt2_tiny_accumulating_profile(world, 4);
+        let mut rng = Rng(world as u64 * 104_729 + 3);
+        for k in 0..plans {
+            let schedule = random_schedule(&mut rng, &profile);
+            let units = schedule.units();
+            accumulating += units.iter().filter(|u| u.accumulation.accumulate).count();
+            keeping += units.iter().filter(|u| u.accumulation.keep).count();
+            let name = format!("accumulating{k}-n{world}");
+            let (error, _) = s.train_like(&reference, (world, &name), &profile, &schedule);
+            worst = worst.max(error);
+        }
+    }
+    assert!(
+        accumulating > 0 && keeping > 0,
+        "the plans accumulate ({accumulating} units) and keep ({keeping})"
+    );
+    eprintln!("K = 4: worst relative update difference from DDP at N = 1: {worst:.2e}");
 }
 
 #[test]

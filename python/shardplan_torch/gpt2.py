@@ -51,16 +51,24 @@ def batches(data, seq, batch, steps):
 
 
 def train(model, spec, data, steps):
-    """Trains `model` `steps` AdamW steps on `data`'s batches; the loss before each step."""
+    """Trains `model` `steps` AdamW steps on `data`'s batches: K = `[training] micro_batches`
+    forward and backward passes per step, micro-batch m of step k on batch k·K + m, each loss
+    divided by K before its backward (gradients average over the step's K·B sequences); the
+    mean loss of each step's micro-batches."""
     t = spec["training"]
+    k = t.get("micro_batches", 1)
     opt = adamw(model, t)
     losses = []
-    for x, y in batches(data, spec["seq_len"], t["batch_size"], steps):
-        logits = model(input_ids=x).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        losses.append(loss.item())
+    micro = batches(data, spec["seq_len"], t["batch_size"], steps * k)
+    for step in range(steps):
         opt.zero_grad()
-        loss.backward()
+        total = 0.0
+        for x, y in micro[step * k:(step + 1) * k]:
+            logits = model(input_ids=x).logits
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+            total += loss.item()
+            (loss / k).backward()
+        losses.append(total / k)
         opt.step()
     return losses
 

@@ -4,8 +4,11 @@
 the byte-tokenized batches `shardplan run --data` takes; `shardplan run --init-weights` trains
 the same weights under baseline plans at N = 1, 2 and 4 (mpirun). Per-step losses must agree to
 1e-4 relative and the trained weights' update to 1e-2 relative (‖W_ours − W_hf‖ / ‖W_hf − W_0‖).
-Random plans (recompute, multi-slot launches, strict and relaxed) are checked against the N = 1
-DDP run by tests/gpt2.rs."""
+With K = 4 micro-batches per step (`[training] micro_batches = 4`), transformers runs four
+forward/backward passes per AdamW step, each loss divided by 4, and every K-aware baseline
+(reduce every micro-batch, accumulate, keep) must match it the same way. Random plans
+(recompute, multi-slot launches, accumulate and keep, strict and relaxed) are checked against the
+N = 1 DDP run by tests/gpt2.rs."""
 
 import json
 import pathlib
@@ -37,11 +40,18 @@ def shardplan(world, *args):
 
 
 class Gpt2AgainstTransformers(unittest.TestCase):
+    MICRO_BATCHES = 1
+
     @classmethod
     def setUpClass(cls):
         cls.dir = tempfile.TemporaryDirectory()
         d = pathlib.Path(cls.dir.name)
-        cls.spec = tomllib.loads(MODEL.read_text())
+        cls.model = MODEL
+        if cls.MICRO_BATCHES > 1:
+            cls.model = d / "gpt2-tiny-k.toml"
+            cls.model.write_text(MODEL.read_text().replace(
+                "[training]\n", f"[training]\nmicro_batches = {cls.MICRO_BATCHES}\n"))
+        cls.spec = tomllib.loads(cls.model.read_text())
         torch.manual_seed(0)
         model = GPT2LMHeadModel(config(cls.spec)).float()
         model.save_pretrained(d / "init", safe_serialization=True)
@@ -57,14 +67,14 @@ class Gpt2AgainstTransformers(unittest.TestCase):
         tag = f"{kind}{'-ckpt' if checkpoint else ''}-{semantics}-n{world}"
         profile, plan, out = d / f"p{world}.toml", d / f"{tag}.plan.toml", d / f"{tag}.safetensors"
         if not profile.exists():
-            shardplan(1, "profile", "measure", "--backend", "cpu", "--model", str(MODEL),
+            shardplan(1, "profile", "measure", "--backend", "cpu", "--model", str(self.model),
                       "--world-size", str(world), "--device", "h100-sxm", "--repeats", "1",
                       "--out", str(profile))
         shardplan(1, "baseline", "--profile", str(profile), "--kind", kind,
                   *(["--checkpoint"] if checkpoint else []), "--out", str(plan))
         report = json.loads(shardplan(
             world, "run", "--backend", "cpu", "--profile", str(profile), "--plan", str(plan),
-            "--model", str(MODEL), "--steps", str(STEPS), "--data", str(self.data),
+            "--model", str(self.model), "--steps", str(STEPS), "--data", str(self.data),
             "--init-weights", str(self.init), "--save-weights", str(out),
             "--semantics", semantics, "--json"))
         for ours, theirs in zip(report["losses"], self.hf_losses, strict=True):
@@ -105,6 +115,31 @@ class Gpt2AgainstTransformers(unittest.TestCase):
         for name, value in written.items():
             self.assertTrue(torch.equal(loaded[name], value), name)
         self.assertTrue(torch.equal(loaded["lm_head.weight"], written["transformer.wte.weight"]))
+
+
+class Gpt2AccumulatingAgainstTransformers(Gpt2AgainstTransformers):
+    """The same checks at K = 4 micro-batches per optimizer step, and the K-aware baselines."""
+
+    MICRO_BATCHES = 4
+
+    def test_single_rank_ddp(self):
+        report = self.check(1, "ddp")
+        self.assertEqual(report["arena_bytes"], report["predicted_peak_memory_bytes"])
+        self.check(1, "ddp-nosync", True)
+
+    def test_two_ranks_every_level(self):
+        for kind, checkpoint in [("fsdp2", False), ("fsdp2-nosync", True), ("zero2", False),
+                                 ("ddp-nosync", False), ("ddp", True), ("zero3", True)]:
+            with self.subTest(kind=kind, checkpoint=checkpoint):
+                report = self.check(2, kind, checkpoint)
+                self.assertEqual(report["arena_bytes"], report["predicted_peak_memory_bytes"])
+
+    def test_four_ranks_relaxed(self):
+        self.check(4, "fsdp2-nosync", False, "relaxed")
+        self.check(4, "zero2", True, "relaxed")
+
+    # The weights file's format does not depend on K.
+    test_saved_weights_load_in_transformers = None
 
 
 if __name__ == "__main__":

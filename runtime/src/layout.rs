@@ -24,8 +24,9 @@ use crate::backend::Region;
 use crate::workload::{Pass, Workload};
 use crate::{Error, Result};
 use shardplan_scheduler::profile::Profile;
-use shardplan_scheduler::schedule::{Placed, Schedule};
+use shardplan_scheduler::schedule::Schedule;
 use shardplan_scheduler::timeline::{Level, Op};
+use shardplan_scheduler::unrolled::{Instance, Unrolled};
 
 /// Where a unit keeps what its forward saves besides `saved`.
 #[derive(Debug, Clone, Copy)]
@@ -180,12 +181,23 @@ pub struct Placement {
     pub regions: Vec<(Region, Request)>,
     /// The layout of even data steps, then that of odd ones where they differ.
     steps: Vec<Layout>,
+    /// The same for micro-batches after a step's first: an fsdp unit that keeps its parameters
+    /// reads them in its forward from the backward's gathered buffer (DESIGN §3.10).
+    later_micro_batches: Vec<Layout>,
 }
 
 impl Placement {
     /// The layout of data step `step`.
     pub fn for_step(&self, step: usize) -> &Layout {
         &self.steps[step % self.steps.len()]
+    }
+
+    /// The layout of micro-batch `micro_batch` (0-based) of data step `step`.
+    pub fn for_micro_batch(&self, step: usize, micro_batch: usize) -> &Layout {
+        match micro_batch {
+            0 => self.for_step(step),
+            _ => &self.later_micro_batches[step % self.steps.len()],
+        }
     }
 
     /// 1 where every data step has the same layout, 2 where even and odd steps alternate.
@@ -247,48 +259,62 @@ impl Builder {
         self.requests.len() - 1
     }
 
+    /// No slot alive.
+    fn none(&self) -> Vec<bool> {
+        vec![false; self.slots]
+    }
+
     /// State kept from step to step, alive throughout.
     fn add_kept(&mut self, name: String, elements: usize) -> usize {
         let request = Request::whole(name, 4 * elements as u64, vec![true; self.slots]);
         self.push(request, Tenure::Kept, false)
     }
 
-    /// A buffer of one step's contents, born in slot `birth` of the step's iteration.
+    /// A buffer of one step's contents, born in slot `birth` of the step's iteration, alive in
+    /// `spans` (cyclic, inclusive).
     fn add(
         &mut self,
         name: String,
         elements: usize,
         birth: usize,
-        alive: impl Fn(usize) -> bool,
+        spans: &[(usize, usize)],
     ) -> usize {
-        let alive = (0..self.slots).map(alive).collect();
+        let mut alive = self.none();
+        for &(first, last) in spans {
+            mark(&mut alive, first, last);
+        }
         let request = Request::whole(name, 4 * elements as u64, alive);
         self.push(request, Tenure::Step { birth }, false)
     }
 
-    /// A buffer of `launches`' blocks in launch order, each launch's blocks alive in the slots
-    /// `alive(s, position)` accepts for the launch's window position.
-    fn add_launched(
+    /// A buffer of an op's blocks, block j alive in `alive[j]`; neighbouring blocks alive in the
+    /// same slots form one part.
+    fn add_blocks(
         &mut self,
         name: String,
-        (block_elements, launches): (usize, &[Placed]),
+        block_elements: usize,
+        alive: Vec<Vec<bool>>,
         birth: Birth,
-        alive: impl Fn(usize, usize) -> bool,
     ) -> usize {
-        let parts = launches
-            .iter()
-            .map(|l| Part {
-                bytes: 4 * (l.blocks as usize * block_elements) as u64,
-                alive: (0..self.slots).map(|s| alive(s, l.position)).collect(),
-            })
-            .collect();
+        let mut parts: Vec<Part> = Vec::new();
+        for block in alive {
+            let bytes = 4 * block_elements as u64;
+            match parts.last_mut() {
+                Some(part) if part.alive == block => part.bytes += bytes,
+                _ => parts.push(Part {
+                    bytes,
+                    alive: block,
+                }),
+            }
+        }
         let tenure = Tenure::Step { birth: birth.slot };
         self.push(Request { name, parts }, tenure, birth.previous_iteration)
     }
 
     /// Packs the requests (by parity where one layout misses the live peak) and resolves each
-    /// data step parity's layout from the units' request indices.
-    fn place(self, pending: &[UnitLayout<usize>]) -> Placement {
+    /// data step parity's layout from the units' request indices; `kept_fsdp` marks the fsdp
+    /// units whose later micro-batches read the backward's gathered parameters.
+    fn place(self, pending: &[UnitLayout<usize>], kept_fsdp: &[bool]) -> Placement {
         let packed = pack_by_parity(self.requests, &self.tenures);
         let offsets = &packed.arena.offsets;
         let region_of = |k: usize, request: &Request| Region {
@@ -297,7 +323,7 @@ impl Builder {
         };
         let region = |k: usize| region_of(k, &packed.requests[k]);
         let largest_block = pending.iter().map(|u| u.block_elements).max().unwrap_or(0);
-        let steps = (0..packed.parities())
+        let steps: Vec<Layout> = (0..packed.parities())
             .map(|parity| {
                 // Data step d's contents are born in iteration d or d − 1.
                 let copy = |k: usize| {
@@ -313,6 +339,18 @@ impl Builder {
                 }
             })
             .collect();
+        let later_micro_batches = steps
+            .iter()
+            .map(|layout| {
+                let mut later = layout.clone();
+                for (u, kept) in later.units.iter_mut().zip(kept_fsdp) {
+                    if *kept {
+                        u.gathered_forward = u.gathered_backward;
+                    }
+                }
+                later
+            })
+            .collect();
         let regions = (packed.requests.into_iter().enumerate())
             .map(|(k, request)| (region_of(k, &request), request))
             .collect();
@@ -320,7 +358,21 @@ impl Builder {
             arena: packed.arena,
             regions,
             steps,
+            later_micro_batches,
         }
+    }
+}
+
+/// Marks slots `first` … `last` alive, cyclically.
+fn mark(alive: &mut [bool], first: usize, last: usize) {
+    let n = alive.len();
+    let mut s = first;
+    loop {
+        alive[s] = true;
+        if s == last {
+            break;
+        }
+        s = (s + 1) % n;
     }
 }
 
@@ -363,29 +415,32 @@ pub fn check_profile(workload: &dyn Workload, profile: &Profile) -> Result<()> {
 
 /// Places a validated schedule's buffers for `workload` on the profile's ranks, each unit's
 /// parameters in the profile's padded blocks ([`Profile::block_params`]), as the model counts
-/// them. One micro-batch per step: a schedule of several is refused.
+/// them, over the step's K micro-batches unrolled ([`Unrolled`]): a buffer of one micro-batch's
+/// contents is alive in each micro-batch's span and sits at one offset for all of them.
 pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) -> Result<Placement> {
-    if schedule.micro_batches() >= 2 {
+    check_profile(workload, profile)?;
+    if schedule.micro_batches() as usize != workload.micro_batches() {
         return Err(Error::Mismatch(format!(
-            "the plan has {} micro-batches per step; the runtime lays out and runs one so far \
-             (DESIGN §3.10)",
-            schedule.micro_batches()
+            "the plan has {} micro-batches per step; the model `{}` trains {} (`[training] \
+             micro_batches`)",
+            schedule.micro_batches(),
+            workload.name(),
+            workload.micro_batches()
         )));
     }
-    check_profile(workload, profile)?;
     let world = profile.world_size as usize;
-    let timeline = schedule.timeline();
-    let slots = timeline.slot_count();
+    let step = Unrolled::of(schedule);
+    let (timeline, k) = (step.timeline, step.micro_batches);
+    let slots = step.slot_count();
     let mut b = Builder {
         slots,
         requests: Vec::new(),
         tenures: Vec::new(),
         born_before_step: Vec::new(),
     };
-    // The backward slot of the unit that borrows each unit's parameters, if any (the profile's
-    // `reads_params_of`, which `check_profile` found equal to the workload's).
-    let borrower_backward = |lender: usize| profile.borrower(lender).map(|u| timeline.backward(u));
+    let instances = step.instances(schedule);
     let mut pending = Vec::new();
+    let mut kept_fsdp = Vec::new();
     for (i, u) in schedule.units().iter().enumerate() {
         let nb = profile.blocks(i) as usize;
         let block_elements = profile.block_params(i) as usize;
@@ -401,31 +456,59 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
         let adam_m = b.add_kept(format!("{name} adam m"), persistent);
         let adam_v = b.add_kept(format!("{name} adam v"), persistent);
         let (f, bw) = (timeline.forward(i), timeline.backward(i));
-        let first_use = borrower_backward(i).unwrap_or(bw);
-        let after = timeline.window(i, Op::ReduceScatter.window_kind());
-        // The launches of one of the unit's ops in window order (a valid schedule launches every
-        // block of every op of the unit's level).
-        let launches = |op: Op| match schedule.launches(i, op) {
-            [] => Err(Error::Mismatch(format!(
-                "{name}: the schedule launches no {op}"
-            ))),
-            launched => Ok(launched),
+        // The backward of the unit that borrows this unit's parameters, if any (the profile's
+        // `reads_params_of`, which `check_profile` found equal to the workload's), writes its
+        // gradient first and reads its forward parameters last.
+        let borrower = profile.borrower(i).map(|j| timeline.backward(j));
+        let first_use = borrower.unwrap_or(bw);
+        let (accumulate, keep) = (u.accumulation.accumulate, u.accumulation.keep);
+        // Per block of op `op`, the slots alive: `spans(instance, launch slot)` per launch.
+        let blocks_alive = |op: Op, spans: &dyn Fn(Instance, usize) -> Vec<(usize, usize)>| {
+            let mut alive = vec![vec![false; slots]; nb];
+            let mut first_launch = None;
+            for (instance, launches) in instances.iter().filter(|(x, _)| x.unit == i && x.op == op)
+            {
+                let mut block = 0;
+                for l in *launches {
+                    let (slot, iteration) = step.place(*instance, l.position);
+                    if instance.boundary == 0 && first_launch.is_none() {
+                        first_launch = Some(Birth {
+                            slot,
+                            previous_iteration: iteration < 0,
+                        });
+                    }
+                    for _ in 0..l.blocks {
+                        for (first, last) in spans(*instance, slot) {
+                            mark(&mut alive[block], first, last);
+                        }
+                        block += 1;
+                    }
+                }
+            }
+            first_launch
+                .map(|birth| (alive, birth))
+                .ok_or_else(|| Error::Mismatch(format!("{name}: the schedule launches no {op}")))
         };
         let full_grad = if u.level == Level::None {
             None
         } else {
-            let reductions = launches(Op::ReduceScatter)?;
+            let (alive, _) = blocks_alive(Op::ReduceScatter, &|instance, launch| {
+                let from = if accumulate {
+                    0
+                } else {
+                    instance.micro_batch(k)
+                };
+                vec![(step.at(from, first_use), launch)]
+            })?;
             let birth = Birth {
-                slot: first_use,
+                slot: step.at(0, first_use),
                 previous_iteration: false,
             };
-            Some(b.add_launched(
+            Some(b.add_blocks(
                 format!("{name} full gradient"),
-                (block_elements, reductions),
+                block_elements,
+                alive,
                 birth,
-                |s, launch| {
-                    (first_use..=bw).contains(&s) || after.position(s).is_some_and(|p| p <= launch)
-                },
             ))
         };
         let gather_op = if u.level == Level::Sdp {
@@ -436,42 +519,37 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
         let gathered_forward = if u.level == Level::None {
             None
         } else {
-            let gathers = launches(gather_op)?;
-            let until = match (u.level, borrower_backward(i)) {
-                (Level::Sdp, _) => bw,
-                (_, Some(borrower)) => borrower,
-                _ => f,
-            };
-            // A gather launched after B_i (window slots above it) serves the next step.
-            let birth = Birth {
-                slot: gathers[0].slot,
-                previous_iteration: gathers[0].slot > bw,
-            };
-            Some(b.add_launched(
-                format!("{name} gathered"),
-                (block_elements, gathers),
-                birth,
-                |s, launch| {
-                    (f..=until).contains(&s) || after.position(s).is_some_and(|p| p >= launch)
-                },
-            ))
+            let (alive, birth) = blocks_alive(gather_op, &|instance, launch| {
+                let m = instance.boundary;
+                let until = match u.level {
+                    Level::Sdp if keep => step.at(k - 1, bw),
+                    Level::Sdp => step.at(m, bw),
+                    _ => step.at(m, borrower.unwrap_or(f)),
+                };
+                vec![(launch, until)]
+            })?;
+            Some(b.add_blocks(format!("{name} gathered"), block_elements, alive, birth))
         };
         let gathered_backward = if u.level == Level::Fsdp {
-            let between = timeline.window(i, Op::GatherBackward.window_kind());
-            let gathers = launches(Op::GatherBackward)?;
-            let birth = Birth {
-                slot: gathers[0].slot,
-                previous_iteration: false,
-            };
-            Some(b.add_launched(
+            let (alive, birth) = blocks_alive(Op::GatherBackward, &|instance, launch| {
+                let m = instance.boundary;
+                let mut spans = vec![(launch, step.at(m, bw))];
+                if keep && m + 1 < k {
+                    // Kept from B^m_i to the end of F^{m+1}_i.
+                    spans.push((step.at(m, bw) + 1, step.at(m + 1, f)));
+                }
+                spans
+            })?;
+            Some(b.add_blocks(
                 format!("{name} gathered for backward"),
-                (block_elements, gathers),
+                block_elements,
+                alive,
                 birth,
-                |s, launch| s == bw || between.position(s).is_some_and(|p| p >= launch),
             ))
         } else {
             None
         };
+        kept_fsdp.push(u.level == Level::Fsdp && keep);
         let sizes = workload.buffers(i);
         if u.recompute && sizes.forward_workspace < sizes.internals {
             return Err(Error::Mismatch(format!(
@@ -479,27 +557,32 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
                 sizes.internals, sizes.forward_workspace
             )));
         }
-        let saved = b.add(format!("{name} saved"), sizes.saved, f, |s| {
-            (f..=bw).contains(&s)
-        });
+        // Each micro-batch's span from slot `first` to `last` of the flat timeline.
+        let every = |first: usize, last: usize| -> Vec<(usize, usize)> {
+            (0..k)
+                .map(|m| (step.at(m, first), step.at(m, last)))
+                .collect()
+        };
+        let saved = b.add(format!("{name} saved"), sizes.saved, f, &every(f, bw));
         let activations = if u.recompute {
             let elements = sizes.saved + sizes.internals;
-            Activations::Recomputed(b.add(format!("{name} recomputed"), elements, bw, |s| s == bw))
+            let name = format!("{name} recomputed");
+            Activations::Recomputed(b.add(name, elements, bw, &every(bw, bw)))
         } else {
-            let alive = |s: usize| (f..=bw).contains(&s);
-            Activations::Kept(b.add(format!("{name} internals"), sizes.internals, f, alive))
+            let name = format!("{name} internals");
+            Activations::Kept(b.add(name, sizes.internals, f, &every(f, bw)))
         };
         let forward_workspace = b.add(
             format!("{name} forward workspace"),
             sizes.forward_workspace,
             f,
-            |s| s == f,
+            &every(f, f),
         );
         let backward_workspace = b.add(
             format!("{name} backward workspace"),
             sizes.backward_workspace,
             bw,
-            |s| s == bw,
+            &every(bw, bw),
         );
         let input_gradient = (i > 0).then(|| {
             let previous = timeline.backward(i - 1);
@@ -507,7 +590,7 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
                 format!("{name} input gradient"),
                 sizes.input_gradient,
                 bw,
-                |s| s == bw || s == previous,
+                &every(bw, previous),
             )
         });
         pending.push(UnitLayout {
@@ -529,5 +612,5 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
             input_gradient,
         });
     }
-    Ok(b.place(&pending))
+    Ok(b.place(&pending, &kept_fsdp))
 }

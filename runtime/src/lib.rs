@@ -21,6 +21,7 @@ pub mod executor;
 pub mod fit;
 pub mod gemm;
 pub mod gpt2;
+pub mod gradients;
 pub mod launch;
 pub mod layout;
 pub mod measure;

@@ -75,7 +75,7 @@ impl<B: Backend> Prepared<B> {
         backend.allocate(Allocation {
             arena_elements: (placement.arena.size_bytes / 4) as usize,
             largest_block: placement.for_step(0).largest_block,
-            loss_slots: steps,
+            loss_slots: steps * workload.micro_batches(),
         })?;
         // State kept from step to step sits where every step's layout puts it.
         initialise(&backend, workload, placement.for_step(0))?;

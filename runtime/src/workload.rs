@@ -42,6 +42,10 @@ pub trait Workload: Sync {
     fn borrows_params_of(&self, _unit: usize) -> Option<usize> {
         None
     }
+    /// K, the micro-batches of one optimizer step (DESIGN §3.10).
+    fn micro_batches(&self) -> usize {
+        1
+    }
     /// The profile's `reads_params_of` of the unit: the name of the unit it borrows from.
     fn reads_params_of(&self, unit: usize) -> Option<String> {
         self.borrows_params_of(unit)

@@ -19,8 +19,8 @@ extern "C" void run_relu(unsigned g, unsigned t, float* x, long long n) {
 extern "C" void run_relu_mask(unsigned g, unsigned t, float* grad, const float* out, long long n) {
     grid(g, t, [&] { relu_mask(grad, out, n); });
 }
-extern "C" void run_column_sums(unsigned g, unsigned t, float* out, const float* x, int rows, int cols) {
-    grid(g, t, [&] { column_sums(out, x, rows, cols); });
+extern "C" void run_column_sums_add(unsigned g, unsigned t, float* out, const float* x, int rows, int cols) {
+    grid(g, t, [&] { column_sums_add(out, x, rows, cols); });
 }
 extern "C" void run_mse(unsigned g, unsigned t, unsigned pg, unsigned pt, const float* z,
                         const float* y, float* grad, float scale, long long n, long long parts,
@@ -119,11 +119,13 @@ fn layer_kernels_equal_the_cpu_backend() {
     assert_eq!(out, expected, "bias rows + ReLU");
     assert!(expected.contains(&0.0) && expected.iter().any(|&v| v > 0.0));
 
-    // Backward: mask dZ by the output, then the bias gradient is dZ's column sums.
+    // Backward: mask dZ by the output, then dZ's column sums are added into the bias gradient
+    // (which holds an earlier micro-batch's).
     let output = values(rows * dout, 3);
     let grad_out = values(rows * dout, 4);
     let mut cpu_grad_out = grad_out.clone();
-    let mut cpu_grads = vec![0.0f32; dout * din + dout];
+    let earlier = values(dout * din + dout, 6);
+    let mut cpu_grads = earlier.clone();
     let params = values(dout * din + dout, 5);
     mlp::linear_backward(
         &x,
@@ -137,7 +139,7 @@ fn layer_kernels_equal_the_cpu_backend() {
         true,
     );
     let mut masked = grad_out.clone();
-    let mut sums = vec![f32::NAN; dout];
+    let mut sums = earlier[dout * din..].to_vec();
     let (gc, tc) = grid(dout);
     // SAFETY: as above.
     unsafe {
@@ -149,7 +151,7 @@ fn layer_kernels_equal_the_cpu_backend() {
             output.as_ptr(),
             (rows * dout) as i64,
         );
-        let column_sums: libloading::Symbol<Fill> = lib.get(b"run_column_sums").unwrap();
+        let column_sums: libloading::Symbol<Fill> = lib.get(b"run_column_sums_add").unwrap();
         column_sums(
             gc,
             tc,

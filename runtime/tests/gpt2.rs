@@ -8,6 +8,7 @@ mod common;
 
 use common::{
     Rng, assert_relaxed_is_strict_with_slow_communication, gpt2_tiny as gpt2,
+    gpt2_tiny_accumulating as gpt2_k, gpt2_tiny_accumulating_profile as profile_k,
     gpt2_tiny_profile as profile, random_schedule,
 };
 use shardplan_runtime::backend::CpuBackend;
@@ -17,26 +18,25 @@ use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::plan::{Producer, plan_with_prediction};
 use shardplan_scheduler::sim::{Semantics, simulate};
 
-/// The arena's live peak (the most bytes alive in a slot, what an optimal packing reaches) is the
-/// predicted peak up to 64-byte alignment per region, tied head included, for every baseline and
-/// random plans (blocks launched over several slots); the packed arena is within 2% of the live
-/// peak, and at it for most plans (65 of these 72; 53 and up to 3.6% above before the skyline
-/// search of `arena::skyline`; the figures are in docs/runtime-results.md).
-#[test]
-fn arena_is_the_predicted_peak_for_every_plan() {
+/// Places every baseline (each with and without checkpointing) and `randoms` random plans of
+/// gpt2-tiny with K = `micro_batches` at N = 1, 2, 4: the arena's live peak is the predicted peak
+/// up to 64-byte alignment per region, and the packed arena within 2% of it. Returns (plans packed
+/// at their live peak, plans, the worst arena / live peak).
+fn arenas_against_predicted_peaks(micro_batches: u32, randoms: usize) -> (usize, usize, f64) {
     let (mut exact, mut plans, mut worst) = (0, 0, 1.0f64);
     for world in [1usize, 2, 4] {
-        let profile = profile(world);
-        let g = gpt2(world);
-        let mut rng = Rng(world as u64 * 31 + 5);
-        let baselines = BaselineKind::ALL
+        let profile = profile_k(world, micro_batches);
+        let g = gpt2_k(world, micro_batches);
+        let mut rng = Rng(world as u64 * 31 + 5 + u64::from(micro_batches - 1));
+        let baselines = BaselineKind::of(&profile)
             .into_iter()
             .flat_map(|kind| [false, true].map(|checkpoint| (kind, checkpoint)))
             .map(|(kind, checkpoint)| {
                 let b = baseline(&profile, kind, checkpoint, None).unwrap();
                 (format!("{} ckpt={checkpoint}", kind.name()), b.schedule)
             });
-        let random = (0..12).map(|k| (format!("random{k}"), random_schedule(&mut rng, &profile)));
+        let random =
+            (0..randoms).map(|k| (format!("random{k}"), random_schedule(&mut rng, &profile)));
         for (name, schedule) in baselines.chain(random) {
             let l = place(&g, &profile, &schedule).unwrap();
             let predicted = simulate(&profile, &schedule, Semantics::Strict).peak_memory_bytes;
@@ -44,21 +44,46 @@ fn arena_is_the_predicted_peak_for_every_plan() {
             let alignment = 64.0 * l.regions.len() as f64;
             assert!(
                 live >= predicted && live <= predicted.ceil() + alignment,
-                "N={world} {name}: live peak {live} vs predicted {predicted}"
+                "K={micro_batches} N={world} {name}: live peak {live} vs predicted {predicted}"
             );
             let packed = l.arena.size_bytes as f64 / live;
             assert!(
                 packed <= 1.02,
-                "N={world} {name}: arena {packed} × live peak"
+                "K={micro_batches} N={world} {name}: arena {packed} × live peak"
             );
             exact += usize::from(packed == 1.0);
             worst = worst.max(packed);
             plans += 1;
         }
     }
-    eprintln!("{exact} of {plans} plans packed at their live peak; the worst at {worst:.4}×");
+    eprintln!(
+        "K = {micro_batches}: {exact} of {plans} plans packed at their live peak; the worst at {worst:.4}×"
+    );
+    (exact, plans, worst)
+}
+
+/// The arena's live peak (the most bytes alive in a slot, what an optimal packing reaches) is the
+/// predicted peak up to 64-byte alignment per region, tied head included, for every baseline and
+/// random plans (blocks launched over several slots); the packed arena is within 2% of the live
+/// peak, and at it for most plans (65 of these 72; 53 and up to 3.6% above before the skyline
+/// search of `arena::skyline`; the figures are in docs/runtime-results.md).
+#[test]
+fn arena_is_the_predicted_peak_for_every_plan() {
+    let (exact, plans, _) = arenas_against_predicted_peaks(1, 12);
     assert!(
         exact >= 60,
+        "{exact} of {plans} plans packed at their live peak"
+    );
+}
+
+/// The same at K = 4 micro-batches (DESIGN §3.10): every K-aware baseline, no-sync ones
+/// included, and random plans that accumulate, keep and launch at the inner boundary, over the
+/// step unrolled to 4·(2L + 1) slots.
+#[test]
+fn arena_is_the_predicted_peak_for_every_accumulating_plan() {
+    let (exact, plans, _) = arenas_against_predicted_peaks(4, 8);
+    assert!(
+        exact * 4 >= plans * 3,
         "{exact} of {plans} plans packed at their live peak"
     );
 }
@@ -70,11 +95,29 @@ fn arena_is_the_predicted_peak_for_every_plan() {
 /// region missed the second of them.)
 #[test]
 fn relaxed_runs_with_slow_communication_never_reuse_memory_in_flight() {
+    let shared_regions = relaxed_against_strict(1, [3, 4, 3]);
+    assert!(
+        shared_regions > 0,
+        "some plans share a region between buffers"
+    );
+}
+
+/// The same at K = 4 micro-batches: the next micro-batch's gradient preparation waits for the
+/// previous micro-batch's reduction, and inner gathers feed later micro-batches' forwards.
+#[test]
+fn accumulating_relaxed_runs_with_slow_communication_never_reuse_memory_in_flight() {
+    relaxed_against_strict(4, [2, 3, 2]);
+}
+
+/// Runs `plans[w]` random plans at N = 1, 2, 4 (w = 0, 1, 2) with K = `micro_batches` relaxed
+/// and strict under slow communication (the CPU arena refuses a borrow of memory in flight);
+/// returns how many buffers shared an arena region with an earlier one.
+fn relaxed_against_strict(micro_batches: u32, plans: [usize; 3]) -> usize {
     let mut shared_regions = 0;
-    for (world, plans) in [(1usize, 3), (2, 4), (4, 3)] {
-        let g = gpt2(world);
-        let profile = profile(world);
-        let mut rng = Rng(world as u64 * 7919 + 1);
+    for (world, plans) in [1usize, 2, 4].into_iter().zip(plans) {
+        let g = gpt2_k(world, micro_batches);
+        let profile = profile_k(world, micro_batches);
+        let mut rng = Rng(world as u64 * 7919 + 1 + u64::from(micro_batches - 1));
         for k in 0..plans {
             let schedule = random_schedule(&mut rng, &profile);
             let l = place(&g, &profile, &schedule).unwrap();
@@ -84,14 +127,11 @@ fn relaxed_runs_with_slow_communication_never_reuse_memory_in_flight() {
                 .enumerate()
                 .filter(|(i, (r, _))| l.regions[..*i].iter().any(|(q, _)| q == r))
                 .count();
-            let name = format!("random{k}-n{world}");
+            let name = format!("random{k}-n{world}-k{micro_batches}");
             assert_relaxed_is_strict_with_slow_communication(world, &name, &profile, &schedule);
         }
     }
-    assert!(
-        shared_regions > 0,
-        "some plans share a region between buffers"
-    );
+    shared_regions
 }
 
 /// A plan whose buffers fit its memory cap but whose packed arena does not is refused before any

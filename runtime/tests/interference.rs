@@ -85,6 +85,12 @@ impl Backend for KnownInterference {
     fn losses(&self, steps: usize) -> Result<Vec<f32>> {
         self.inner.losses(steps)
     }
+    fn zero(&self, region: Region) -> Result<()> {
+        self.inner.zero(region)
+    }
+    fn copy(&self, from: Region, to: Region) -> Result<()> {
+        self.inner.copy(from, to)
+    }
     fn all_gather(&self, shard: Region, full: Region) -> Result<()> {
         self.collective(full.len, || self.inner.all_gather(shard, full))
     }

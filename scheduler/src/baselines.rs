@@ -109,7 +109,8 @@ pub struct BaselinePlan {
 
 /// Builds a schedule from per-unit levels and per-unit gather depths (forward, backward); with
 /// micro-batches, every unit accumulates and keeps as `(accumulate, keep)` says (keep only where
-/// the unit is sharded) and its inner boundary's ops take their step positions.
+/// the unit is sharded and, at fsdp, lends no parameters) and its inner boundary's ops take their
+/// step positions.
 fn depth_schedule(
     profile: &Profile,
     levels: &[Level],
@@ -148,7 +149,9 @@ fn depth_schedule(
                 })
                 .collect::<BTreeMap<_, _>>();
             let accumulation = if profile.micro_batches >= 2 {
-                let keep = keep && level != Level::None;
+                // An fsdp unit whose parameters another unit reads never keeps (DESIGN §3.10).
+                let lender = level == Level::Fsdp && profile.borrower(unit).is_some();
+                let keep = keep && level != Level::None && !lender;
                 let inner = inner_ops(level, accumulate, keep)
                     .into_iter()
                     .map(|op| (op, launches[&op].clone()))

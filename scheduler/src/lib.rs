@@ -24,5 +24,6 @@ pub mod size;
 #[cfg(feature = "solver")]
 pub mod sweep;
 pub mod timeline;
+pub mod unrolled;
 
 pub use error::{Error, Result};

@@ -79,13 +79,13 @@ pub struct Schedule {
 type PlacedOps = Vec<BTreeMap<Op, Vec<Placed>>>;
 
 /// Sort key of a queue entry: (reduction 0 / gather 1, urgency rank, unit).
-pub(crate) type QueueKey = (u8, usize, usize);
+pub type QueueKey = (u8, usize, usize);
 
 /// The canonical order of a slot's queue (DESIGN §3.7) as a key of a launch at window position
 /// `pos` of a window of `window_len` slots: reductions first, the older gradient (larger
 /// position) earlier; then gathers, the fewer slots left before the slot that needs them the
 /// earlier; ties by unit.
-pub(crate) fn queue_key(op: Op, pos: usize, window_len: usize, unit: usize) -> QueueKey {
+pub fn queue_key(op: Op, pos: usize, window_len: usize, unit: usize) -> QueueKey {
     if op.is_reduction() {
         (0, usize::MAX - pos, unit)
     } else {
@@ -273,6 +273,21 @@ impl Schedule {
                 first_op,
                 "keep = true needs sdp or fsdp: a replicated unit's parameters are never freed"
                     .into(),
+            ));
+        }
+        if let Some(reader) = profile
+            .borrower(unit)
+            .filter(|_| a.keep && u.level == Level::Fsdp)
+        {
+            return Err(rule(
+                first_op,
+                format!(
+                    "keep = true is not available to an fsdp unit whose parameters unit {} \
+                     (`{}`) reads: it would read the kept parameters while the backward gather \
+                     rewrites them (DESIGN §3.10); use sdp with keep, or keep = false",
+                    reader + 1,
+                    profile.units[reader].name
+                ),
             ));
         }
         let ops = inner_ops(u.level, a.accumulate, a.keep);

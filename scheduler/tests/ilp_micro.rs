@@ -56,6 +56,7 @@ fn unit_options(profile: &Profile, unit: usize, recompute: bool) -> Vec<UnitSche
     let timeline = Timeline::new(profile.unit_count());
     let nb = profile.blocks(unit);
     let last = unit + 1 == profile.unit_count();
+    let lender = profile.borrower(unit).is_some();
     let mut options = Vec::new();
     for level in Level::ALL {
         if last && level == Level::Fsdp {
@@ -63,7 +64,7 @@ fn unit_options(profile: &Profile, unit: usize, recompute: bool) -> Vec<UnitSche
         }
         for accumulate in [false, true] {
             for keep in [false, true] {
-                if keep && level == Level::None {
+                if keep && (level == Level::None || (lender && level == Level::Fsdp)) {
                     continue;
                 }
                 let step = assignments(timeline, unit, nb, level.ops(), true);

@@ -115,6 +115,59 @@ fn a_unit_reducing_every_micro_batch() {
     );
 }
 
+/// Relaxed: with a = 0 the backward that writes u1's gradient in micro-batch 2 (B1.2) prepares
+/// the buffer micro-batch 1's ReduceScatter reads and writes, so it starts when that reduction
+/// ends; with a slow RS (202 µs, launched at I.1) the wait binds, while F1.2 (u1 keeps its
+/// gathered parameters) starts with I.1 and F2.2, B2.2 follow without waiting.
+#[test]
+fn the_next_micro_batch_waits_for_the_reduction_its_gradient_buffer_prepares() {
+    let mut p = two_micro_batches();
+    p.comm.reduce_scatter = affine(200.0, 100.0);
+    let plan_text = r#"
+        [[units]]
+        name = "u1"
+        level = "sdp"
+        keep = true
+        rs = [["E", 1]]
+        ag = [["E", 1]]
+        rs_inner = [["I", 1]]
+        [[units]]
+        name = "u2"
+        level = "none"
+        ar = [["B1", 1]]
+        ar_inner = [["B1", 1]]
+        "#;
+    let s = schedule(&p, plan_text).unwrap();
+    let relaxed = simulate(&p, &s, Semantics::Relaxed);
+    let slot = |name: &str| {
+        let i = names(&relaxed).iter().position(|n| n == name).unwrap();
+        &relaxed.slots[i]
+    };
+    let inner_rs = relaxed
+        .blocks
+        .iter()
+        .find(|b| b.unit == 0 && b.op.is_reduction() && b.launched_at() == "I [1]")
+        .expect("u1's inner ReduceScatter at I.1");
+    close(inner_rs.end_us - inner_rs.start_us, 202.0, "RS time");
+    close(
+        slot("F1.2").compute_start_us,
+        slot("I.1").start_us,
+        "F1.2 waits for nothing",
+    );
+    close(
+        slot("B2.2").compute_start_us,
+        slot("F2.2").compute_start_us + 30.0,
+        "B2.2",
+    );
+    assert!(slot("B2.2").compute_start_us + 60.0 < inner_rs.end_us);
+    close(
+        slot("B1.2").compute_start_us,
+        inner_rs.end_us,
+        "B1.2 waits for the inner RS",
+    );
+    assert!(relaxed.iteration_time_us <= simulate(&p, &s, Semantics::Strict).iteration_time_us);
+}
+
 /// u1 sdp accumulates and keeps: one RS and one AG a step, both at E; u2 accumulates its
 /// AllReduce to micro-batch 2's B1. Nothing runs at I. Strict: F1 10, F2 30, B2 60, B1 20, I 0,
 /// F1 10, F2 30, B2 60, B1 20, E 15: 255, relaxed alike (no compute waits).
@@ -343,6 +396,21 @@ fn bad_accumulating_plans_are_refused() {
             "[[units]]\nname = \"u1\"\nlevel = \"sdp\"\nkeep = true\nrs = [[\"E\", 1]]\nag = [[\"E\", 1]]\nrs_inner = [[\"E\", 1]]\n{u2}"
         ),
         "units[0].rs_inner",
+    );
+    // An fsdp lender that keeps: its borrower would read the parameters AGB rewrites.
+    let mut tied = p.clone();
+    tied.units[1].reads_params_of = Some("u1".into());
+    let e = schedule(
+        &tied,
+        &format!(
+            "[[units]]\nname = \"u1\"\nlevel = \"fsdp\"\nkeep = true\naccumulate = true\nrs = [[\"E\", 1]]\nagf = [[\"E\", 1]]\nagb = [[\"F2\", 1]]\n{u2}"
+        ),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("keep = true is not available to an fsdp unit whose parameters unit 2 (`u2`)"),
+        "{e}"
     );
     // A plan for another K, and accumulation at K = 1.
     let mut one = p.clone();

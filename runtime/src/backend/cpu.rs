@@ -245,6 +245,20 @@ impl<C: Collectives> Backend for CpuBackend<C> {
             ))
         })
     }
+    fn zero(&self, region: Region) -> Result<()> {
+        self.write(region)?.fill(0.0);
+        Ok(())
+    }
+    fn copy(&self, from: Region, to: Region) -> Result<()> {
+        if from.len != to.len {
+            return Err(Error::Backend(format!(
+                "a copy of {} elements into {}",
+                from.len, to.len
+            )));
+        }
+        self.write(to)?.copy_from_slice(&self.read(from)?);
+        Ok(())
+    }
     fn all_gather(&self, shard: Region, full: Region) -> Result<()> {
         self.collectives
             .all_gather(&self.read(shard)?, &mut self.write(full)?);

@@ -139,6 +139,10 @@ pub trait Backend: Sync {
     fn download(&self, region: Region, out: &mut [f32]) -> Result<()>;
     /// The first `steps` loss slots (after every stream's work has completed).
     fn losses(&self, steps: usize) -> Result<Vec<f32>>;
+    /// Zeros `region` (compute stream).
+    fn zero(&self, region: Region) -> Result<()>;
+    /// Copies `from` into `to`, regions of one length that do not overlap (compute stream).
+    fn copy(&self, from: Region, to: Region) -> Result<()>;
     /// Every rank's `shard` concatenated in rank order into `full`.
     fn all_gather(&self, shard: Region, full: Region) -> Result<()>;
     /// The sum over ranks of `full`, this rank's part into `shard`.

@@ -323,6 +323,29 @@ impl Backend for CudaBackend {
             .map_err(driver_error("copying the losses"))?;
         Ok(all[..steps].to_vec())
     }
+    fn zero(&self, region: Region) -> Result<()> {
+        let dst = self.ptr(region)?;
+        // SAFETY: `ptr` checked the region against the arena; the executor orders every access.
+        unsafe {
+            driver::memset_d8_async(dst, 0, 4 * region.len, self.compute.cu_stream())
+                .map_err(driver_error("zeroing device memory"))
+        }
+    }
+    fn copy(&self, from: Region, to: Region) -> Result<()> {
+        if from.len != to.len || from.overlaps(to) {
+            return Err(Error::Backend(format!(
+                "a copy of {} elements into {} overlapping or of another length",
+                from.len, to.len
+            )));
+        }
+        let (src, dst) = (self.ptr(from)?, self.ptr(to)?);
+        // SAFETY: both regions were checked against the arena and are disjoint; the executor
+        // orders every access.
+        unsafe {
+            driver::memcpy_dtod_async(dst, src, 4 * from.len, self.compute.cu_stream())
+                .map_err(driver_error("copying device memory"))
+        }
+    }
     fn all_gather(&self, shard: Region, full: Region) -> Result<()> {
         let (send, recv) = (self.floats(shard)?, self.floats(full)?);
         self.nccl.all_gather(send, recv, &self.communication)

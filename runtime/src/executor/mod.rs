@@ -28,6 +28,7 @@ mod watchdog;
 
 use crate::backend::{Backend, Region, Stream, StreamWork, on_both_streams};
 use crate::event::Event;
+use crate::gradients::{GradientStart, first_written_by};
 use crate::layout::{Layout, Placement};
 use crate::train::Train;
 use crate::workload::{Pass, Workload};
@@ -242,7 +243,9 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
         placement: &'a Placement,
         options: &'a RunOptions,
     ) -> Self {
-        let program = program(schedule, placement);
+        let program = program(schedule, placement, &|unit| {
+            first_written_by(workload, unit)
+        });
         let units = placement.for_step(0).units.len();
         let event = || Event::spinning(backend.host_wait_spin());
         Walk {
@@ -382,8 +385,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
                 backend.all_gather(part(u.params), sharded(u.gathered_backward)?)?
             }
         }
-        let reduction = matches!(b.kind, Kind::AllReduce | Kind::ReduceScatter);
-        if reduction && b.index + 1 == u.blocks {
+        if b.step_reduction && b.index + 1 == u.blocks {
             let trained = self.options.first_step as u32 + step + 1;
             self.workload.optimize(backend, layout, b.unit, trained)?;
         }
@@ -402,8 +404,8 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
             }),
             Semantics::Relaxed if computing => {
                 for n in &self.program.needs[s] {
-                    let blocks = self.layout(iter as usize).units[n.unit].blocks as u64;
-                    let target = (iter + n.shift).max(0) as u64 * blocks;
+                    let per_step = self.program.per_step[n.unit * Kind::COUNT + n.kind.index()];
+                    let target = (iter + n.shift).max(0) as u64 * per_step + n.through;
                     self.wait(stream, self.event(n.unit, n.kind), target, &|| {
                         format!(
                             "{} of {} for step {iter}",
@@ -444,17 +446,18 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
                 }
             }
             self.slot_started.signal(started);
-            let Some(i) = timeline.compute_unit(s) else {
+            let (m, flat) = self.program.unrolled.split(s);
+            let Some(i) = timeline.compute_unit(flat) else {
                 continue;
             };
             if iter < 0 || iter as usize >= steps {
                 continue;
             }
             let step = iter as usize;
-            let layout = self.layout(step);
-            let data = self.options.first_step + step;
+            let layout = self.placement.for_micro_batch(step, m);
+            let data = (self.options.first_step + step) * self.program.unrolled.micro_batches + m;
             let start = self.mark_if_tracing(stream)?;
-            let forward = s == timeline.forward(i);
+            let forward = flat == timeline.forward(i);
             if forward {
                 self.workload
                     .forward(backend, layout, i, data, Pass::Forward)?;
@@ -463,6 +466,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
                     self.workload
                         .forward(backend, layout, i, data, Pass::Recompute)?;
                 }
+                self.prepare_gradients(layout, i, m)?;
                 self.workload.backward(backend, layout, i, data)?;
             }
             if let Some(start) = start {
@@ -470,7 +474,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
                     stream,
                     what: if forward { "F" } else { "B" },
                     unit: i,
-                    step: data,
+                    step: self.options.first_step + step,
                     start,
                     end: backend.mark(stream)?,
                 });
@@ -479,7 +483,20 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
         Ok(Computed { step_marks, spans })
     }
 
-    /// The losses (summed over ranks), step times and spans, once both streams are done.
+    /// Before unit `unit`'s backward in micro-batch `micro_batch`, the gradient buffers it writes
+    /// first (DESIGN §6.10).
+    fn prepare_gradients(&self, layout: &Layout, unit: usize, micro_batch: usize) -> Result<()> {
+        let rank = self.backend.rank();
+        for w in first_written_by(self.workload, unit) {
+            let u = &self.schedule.units()[w];
+            let start = GradientStart::of(u.level, u.accumulation.accumulate, micro_batch, rank);
+            start.prepare(self.backend, &layout.units[w])?;
+        }
+        Ok(())
+    }
+
+    /// The losses (summed over ranks and over each step's micro-batches), step times and spans,
+    /// once both streams are done.
     fn report(
         &self,
         origin: &B::Mark,
@@ -488,9 +505,11 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
     ) -> Result<RunReport> {
         let (backend, steps) = (self.backend, self.options.steps);
         backend.synchronize()?;
-        let first = self.options.first_step;
-        let mut losses = backend.losses(first + steps)?.split_off(first);
-        backend.all_reduce_host(&mut losses)?;
+        let (first, k) = (self.options.first_step, self.program.unrolled.micro_batches);
+        let mut partial = backend.losses(k * (first + steps))?.split_off(k * first);
+        backend.all_reduce_host(&mut partial)?;
+        // Each micro-batch's loss is scaled by 1/K: their sum is the step's mean.
+        let losses = partial.chunks(k).map(|c| c.iter().sum()).collect();
         let marks = &computed.step_marks;
         let step_us = marks
             .windows(2)

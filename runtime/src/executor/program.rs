@@ -3,8 +3,9 @@
 //! and its buffer-reuse fences.
 
 use crate::layout::Placement;
-use shardplan_scheduler::schedule::Schedule;
-use shardplan_scheduler::timeline::{Level, Op, Timeline};
+use shardplan_scheduler::schedule::{QueueKey, Schedule, queue_key};
+use shardplan_scheduler::timeline::{Level, Op};
+use shardplan_scheduler::unrolled::Unrolled;
 
 /// The communication kinds of the executor (RS serves both sharded levels; FG is AG or AGF).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,30 +48,81 @@ impl Kind {
     }
 }
 
+/// The kinds in index order.
+const KINDS: [Kind; Kind::COUNT] = [
+    Kind::AllReduce,
+    Kind::ReduceScatter,
+    Kind::ForwardGather,
+    Kind::BackwardGather,
+];
+
 /// One block on the communication stream's queue for a slot.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Block {
     pub(super) unit: usize,
     pub(super) kind: Kind,
+    /// The block's index in its op instance (0 … nb − 1).
     pub(super) index: usize,
     /// Data step = iteration + offset.
     pub(super) offset: i64,
+    /// The step's last reduction of the unit, which the optimizer step follows.
+    pub(super) step_reduction: bool,
 }
 
-/// A wait of the compute stream before a slot: event (unit, kind) must reach `per_step`·(step +
-/// `shift`) blocks, or (fences) the count of blocks launched before the slot.
+/// A wait of the compute stream before a slot of data step d: event (unit, kind) must reach
+/// `per_step`·(d + shift) + `through` blocks (every block of the steps before, then the step's
+/// instances up to the one needed).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Need {
     pub(super) unit: usize,
     pub(super) kind: Kind,
     pub(super) shift: i64,
+    pub(super) through: u64,
 }
 
-/// The static program: per slot its queue, the relaxed waits and the fences.
+/// Per unit and kind, the op instances of one step in the order the communication stream runs
+/// them (the micro-batch each serves), as block counts.
+struct Counts {
+    /// Per (unit, kind): the micro-batches served, ascending.
+    served: Vec<Vec<usize>>,
+    blocks: Vec<u64>,
+}
+
+impl Counts {
+    fn new(unrolled: Unrolled, schedule: &Schedule, blocks: &[u64]) -> Counts {
+        let mut served = vec![Vec::new(); blocks.len() * Kind::COUNT];
+        for (instance, _) in unrolled.instances(schedule) {
+            let k = instance.unit * Kind::COUNT + Kind::of(instance.op).index();
+            served[k].push(instance.micro_batch(unrolled.micro_batches));
+        }
+        served.iter_mut().for_each(|s| s.sort_unstable());
+        Counts {
+            served,
+            blocks: blocks.to_vec(),
+        }
+    }
+
+    /// Blocks of (unit, kind) per step.
+    fn per_step(&self, unit: usize, kind: Kind) -> u64 {
+        self.served[unit * Kind::COUNT + kind.index()].len() as u64 * self.blocks[unit]
+    }
+
+    /// Blocks of (unit, kind) in a step up to and including the instance serving `micro_batch`.
+    fn through(&self, unit: usize, kind: Kind, micro_batch: usize) -> u64 {
+        let served = &self.served[unit * Kind::COUNT + kind.index()];
+        let before = served.iter().filter(|&&m| m <= micro_batch).count() as u64;
+        before * self.blocks[unit]
+    }
+}
+
+/// The static program: per slot of the unrolled step its queue, the relaxed waits and the fences.
 pub(super) struct Program {
+    pub(super) unrolled: Unrolled,
     pub(super) slots: usize,
     pub(super) queues: Vec<Vec<Block>>,
     pub(super) needs: Vec<Vec<Need>>,
+    /// Per (unit, kind), blocks per step.
+    pub(super) per_step: Vec<u64>,
     /// Per slot of an even iteration, then (where the arena alternates layouts) of an odd one,
     /// the units whose reductions must have completed as far as launched.
     pub(super) fences: Vec<Vec<usize>>,
@@ -78,85 +130,106 @@ pub(super) struct Program {
     pub(super) parities: usize,
 }
 
-pub(super) fn program(schedule: &Schedule, placement: &Placement) -> Program {
-    let timeline: Timeline = schedule.timeline();
-    let slots = timeline.slot_count();
-    let mut queues = vec![Vec::new(); slots];
-    for (s, queue) in schedule.queues().into_iter().enumerate() {
-        for q in queue {
-            // Blocks of this op launched at earlier window positions come first.
-            let first: u32 = schedule
-                .launches(q.unit, q.op)
-                .iter()
-                .take_while(|l| l.slot != s)
-                .map(|l| l.blocks)
-                .sum();
-            let (f, b) = (timeline.forward(q.unit), timeline.backward(q.unit));
-            let offset = match Kind::of(q.op) {
-                Kind::AllReduce | Kind::ReduceScatter => {
-                    if s > b {
-                        0
-                    } else {
-                        -1
-                    }
-                }
-                Kind::ForwardGather => {
-                    if s < f {
-                        0
-                    } else {
-                        1
-                    }
-                }
-                Kind::BackwardGather => 0,
-            };
-            for k in 0..q.blocks {
-                queues[s].push(Block {
-                    unit: q.unit,
-                    kind: Kind::of(q.op),
-                    index: (first + k) as usize,
-                    offset,
-                });
+/// The program of `schedule` over its unrolled step (DESIGN §6.3, §6.10): each op instance's
+/// blocks queued at their launch slots in the canonical order, with the data step they serve.
+pub(super) fn program(
+    schedule: &Schedule,
+    placement: &Placement,
+    prepared_at: &dyn Fn(usize) -> Vec<usize>,
+) -> Program {
+    let unrolled = Unrolled::of(schedule);
+    let timeline = unrolled.timeline;
+    let slots = unrolled.slot_count();
+    let units = schedule.units();
+    let layout = placement.for_step(0);
+    let blocks: Vec<u64> = layout.units.iter().map(|u| u.blocks as u64).collect();
+    let counts = Counts::new(unrolled, schedule, &blocks);
+    let mut keyed: Vec<Vec<(QueueKey, Block)>> = vec![Vec::new(); slots];
+    for (instance, launches) in unrolled.instances(schedule) {
+        let window = timeline.window(instance.unit, instance.op.window_kind());
+        let mut index = 0;
+        for l in launches {
+            let (slot, iteration) = unrolled.place(instance, l.position);
+            let key = queue_key(instance.op, l.position, window.len, instance.unit);
+            for _ in 0..l.blocks {
+                let block = Block {
+                    unit: instance.unit,
+                    kind: Kind::of(instance.op),
+                    index,
+                    offset: -iteration,
+                    step_reduction: instance.is_step_reduction(),
+                };
+                keyed[slot].push((key, block));
+                index += 1;
             }
         }
     }
-    let needs = (0..slots)
-        .map(|s| match timeline.compute_unit(s) {
-            None => vec![],
-            Some(i) => match (schedule.units()[i].level, s == timeline.forward(i)) {
-                (Level::None, true) => vec![Need {
-                    unit: i,
-                    kind: Kind::AllReduce,
-                    shift: 0,
-                }],
-                (Level::None, false) | (Level::Sdp, false) => vec![],
-                (_, true) => vec![Need {
-                    unit: i,
-                    kind: Kind::ForwardGather,
-                    shift: 1,
-                }],
-                (Level::Fsdp, false) => vec![Need {
-                    unit: i,
-                    kind: Kind::BackwardGather,
-                    shift: 1,
-                }],
-            },
+    let queues = keyed
+        .into_iter()
+        .map(|mut q| {
+            q.sort_by_key(|(key, _)| *key);
+            q.into_iter().map(|(_, b)| b).collect()
         })
         .collect();
-    let (units, parities) = (placement.for_step(0).requests.len(), placement.parities());
+    let need = |unit: usize, kind: Kind, shift: i64, micro_batch: Option<usize>| Need {
+        unit,
+        kind,
+        shift,
+        through: micro_batch.map_or(0, |m| counts.through(unit, kind, m)),
+    };
+    let needs = (0..slots)
+        .map(|s| {
+            let (m, flat) = unrolled.split(s);
+            let Some(i) = timeline.compute_unit(flat) else {
+                return vec![];
+            };
+            let u = &units[i];
+            let keep = u.accumulation.keep;
+            let mut needs = Vec::new();
+            if flat == timeline.forward(i) {
+                match u.level {
+                    Level::None if m == 0 => needs.push(need(i, Kind::AllReduce, 0, None)),
+                    Level::Sdp | Level::Fsdp if m == 0 || !keep => {
+                        needs.push(need(i, Kind::ForwardGather, 0, Some(m)));
+                    }
+                    _ => {}
+                }
+                return needs;
+            }
+            if u.level == Level::Fsdp {
+                needs.push(need(i, Kind::BackwardGather, 0, Some(m)));
+            }
+            // The previous micro-batch's reduction of each gradient this slot prepares.
+            for w in prepared_at(i) {
+                let level = units[w].level;
+                if m > 0 && !units[w].accumulation.accumulate {
+                    let kind = Kind::of(level.ops()[0]);
+                    needs.push(need(w, kind, 0, Some(m - 1)));
+                }
+            }
+            needs
+        })
+        .collect();
+    let per_step = (0..units.len() * Kind::COUNT)
+        .map(|x| counts.per_step(x / Kind::COUNT, KINDS[x % Kind::COUNT]))
+        .collect();
+    let parities = placement.parities();
     // A unit's full gradients: one region, or one per parity of the step it holds.
     let full_grads =
         |u: usize| (0..parities).filter_map(move |p| placement.for_step(p).requests[u].full_grad);
     let fences = (0..parities * slots)
         .map(|s| {
-            (0..units)
-                .filter(|&u| full_grads(u).any(|k| placement.lent_in(k, s)))
+            (0..units.len())
+                .filter(|&u| full_grads(u).any(|r| placement.lent_in(r, s)))
                 .collect()
         })
         .collect();
     Program {
+        unrolled,
         slots,
         queues,
         needs,
+        per_step,
         fences,
         parities,
     }

@@ -43,7 +43,6 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
     ) -> Result<()> {
         let [wte, wpe] = carve(grads, shape.embedding_params());
         let mut dwpe = self.write(wpe)?;
-        dwpe.fill(0.0);
         let (t, g) = (self.read(tokens)?, self.read(grad_out)?);
         k::embedding_backward(
             &t,
@@ -103,7 +102,6 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
         let weights = each(block_params(shape, regions.params), |r| self.read(r))?;
         let [ln1w, _, wqkv, _, wproj, _, ln2w, _, wfc, _, wfp, _] =
             weights.each_ref().map(|w| &**w);
-        self.write(regions.grads)?.fill(0.0);
         let mut grad_parts = each(block_params(shape, regions.grads), |r| self.write(r))?;
         let [
             dln1w,
@@ -182,7 +180,6 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
     fn head_backward(&self, shape: &Shape, head: &Head, out: &HeadGrads, scale: f32) -> Result<()> {
         let (rows, c, v) = (shape.rows(), shape.hidden, shape.vocab);
         let w = self.read(carve(head.params, [c])[0])?;
-        self.write(out.grads)?.fill(0.0);
         let [mut dw, mut db] = each(carve(out.grads, [c, c]), |r| self.write(r))?;
         let [lnf, mean, rstd, mut probs] =
             each(carve(head.internals, shape.head_internals()), |r| {
@@ -190,7 +187,6 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
             })?;
         k::cross_entropy_backward_inplace(&mut probs, &self.read(head.targets)?, v, scale);
         let (mut dlnf, mut dwte) = (self.write(out.workspace)?, self.write(out.wte_grad)?);
-        dwte.fill(0.0);
         let wte = self.read(head.wte)?;
         k::tied_logits_backward(&probs, &lnf, &wte, &mut dlnf, &mut dwte, rows, c, v);
         let mut dx = self.write(out.grad_in)?;

@@ -3,8 +3,8 @@
 //!
 //! Activations are row-major `[rows, width]` with rows = batch × seq (token-major within a
 //! sequence). Linear weights are stored as transformers' `Conv1D` stores them: `in × out`, so a
-//! layer is `y = x·W + b`. Backward kernels *accumulate* into parameter gradients (callers zero
-//! them first) and *write* input gradients unless the name says `add`.
+//! layer is `y = x·W + b`. Backward kernels *accumulate* into parameter gradients (the executor
+//! prepares them, DESIGN §6.10) and *write* input gradients unless the name says `add`.
 
 use crate::gemm::Gemm;
 use multiversion::multiversion;

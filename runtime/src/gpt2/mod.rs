@@ -215,6 +215,8 @@ pub struct Gpt2 {
     hp: AdamW,
     /// Sequences per step over all ranks.
     global_batch: usize,
+    /// K, micro-batches of `global_batch` sequences per optimizer step.
+    micro_batches: usize,
     rank: usize,
     world: usize,
     units: Vec<Vec<Tensor>>,
@@ -299,6 +301,7 @@ impl Gpt2 {
                 weight_decay: training.weight_decay,
             },
             global_batch,
+            micro_batches: training.micro_batches as usize,
             rank,
             world,
             units,
@@ -336,9 +339,9 @@ impl Gpt2 {
         self.shape.layers + 1
     }
 
-    /// 1 / (tokens in the global batch): the mean over every position.
+    /// 1 / (tokens in the step's K micro-batches): the mean over every position of the step.
     fn loss_scale(&self) -> f32 {
-        1.0 / (self.global_batch * self.shape.seq) as f32
+        1.0 / (self.micro_batches * self.global_batch * self.shape.seq) as f32
     }
 
     /// The output of unit `unit` (the next unit's input).
@@ -432,6 +435,9 @@ impl Workload for Gpt2 {
     }
     fn borrows_params_of(&self, unit: usize) -> Option<usize> {
         (unit == self.head()).then_some(0)
+    }
+    fn micro_batches(&self) -> usize {
+        self.micro_batches
     }
 }
 

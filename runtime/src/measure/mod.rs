@@ -105,7 +105,7 @@ pub fn workload_profile(
             grad: 4,
             optimizer: 8,
         },
-        micro_batches: 1,
+        micro_batches: workload.micro_batches() as u32,
         shard_quantum_params: SHARD_QUANTUM_PARAMS,
         units,
         comm,

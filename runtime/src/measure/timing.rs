@@ -5,6 +5,7 @@
 use super::{DataSteps, UnitTime, UnitTimes, median, sizes};
 use crate::Result;
 use crate::backend::{Allocation, Backend, Region, Stream, StreamWork, on_both_streams};
+use crate::gradients::{GradientStart, first_written_by};
 use crate::layout::Layout;
 use crate::train::Train;
 use crate::workload::Pass;
@@ -79,7 +80,8 @@ pub fn measurement_allocation(
 }
 
 /// The compute of slot `s` of a step without communication: unit s's forward for s < L, then the
-/// backwards in reverse, unit 2L − 1 − s's; slot 0 takes the next of `steps`.
+/// backwards in reverse, unit 2L − 1 − s's, each with the gradient zeroing the executor does
+/// before it (DESIGN §6.10); slot 0 takes the next of `steps`.
 pub fn compute_slot<B: Backend, W: Train<B>>(
     backend: &B,
     workload: &W,
@@ -92,7 +94,11 @@ pub fn compute_slot<B: Backend, W: Train<B>>(
     if s < l {
         workload.forward(backend, layout, s, step, Pass::Forward)
     } else {
-        workload.backward(backend, layout, 2 * l - 1 - s, step)
+        let unit = 2 * l - 1 - s;
+        for written in first_written_by(workload, unit) {
+            GradientStart::Zero.prepare(backend, &layout.units[written])?;
+        }
+        workload.backward(backend, layout, unit, step)
     }
 }
 

@@ -33,12 +33,12 @@ extern "C" __global__ void relu_mask(float* grad, const float* output, long long
     if (k < n && output[k] <= 0.0f) grad[k] = 0.0f;
 }
 
-extern "C" __global__ void column_sums(float* out, const float* x, int rows, int cols) {
+extern "C" __global__ void column_sums_add(float* out, const float* x, int rows, int cols) {
     int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= cols) return;
     float sum = 0.0f;
     for (int r = 0; r < rows; ++r) sum += x[(long long)r * cols + j];
-    out[j] = sum;
+    out[j] += sum;
 }
 
 extern "C" __global__ void mse_grad(const float* z, const float* y, float* grad, float scale,
@@ -182,7 +182,7 @@ impl MlpKernels for CudaBackend {
         self.product(
             &weight_grad.dense(),
             [grad_out.offset, x.offset, grads.offset],
-            0.0,
+            1.0,
         )?;
         let bias_grad = Region {
             offset: grads.offset + dout * din,
@@ -194,7 +194,13 @@ impl MlpKernels for CudaBackend {
             Int32(rows as i32),
             Int32(dout as i32),
         ];
-        self.launch(&device.kernels, "column_sums", &sums, dout, Stream::Compute)?;
+        self.launch(
+            &device.kernels,
+            "column_sums_add",
+            &sums,
+            dout,
+            Stream::Compute,
+        )?;
         if let Some(grad_in) = grad_in {
             let operands = [grad_out.offset, params.offset, grad_in.offset];
             self.product(&input_grad.dense(), operands, 0.0)?;

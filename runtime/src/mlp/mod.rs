@@ -173,8 +173,9 @@ pub fn linear_forward(
 }
 
 /// Backward of one unit. `grad_out` (rows × out) holds dL/d(output) and is turned into dL/dz in
-/// place (masked by `output > 0` when `relu`); writes the parameter gradient (W then bias) into
-/// `grads` and, when given, dL/dx into `grad_in` (rows × in).
+/// place (masked by `output > 0` when `relu`); adds the parameter gradient (W then bias) into
+/// `grads` (the executor prepares it, DESIGN §6.10) and writes dL/dx, when given, into `grad_in`
+/// (rows × in).
 #[allow(clippy::too_many_arguments)]
 pub fn linear_backward(
     x: &[f32],
@@ -196,9 +197,9 @@ pub fn linear_backward(
     }
     let (gw, gb) = grads.split_at_mut(dout * din);
     let [input_grad, weight_grad] = Gemm::linear(rows, din, dout).backward();
-    weight_grad.host(1.0, grad_out, x, 0.0, gw);
+    weight_grad.host(1.0, grad_out, x, 1.0, gw);
     for (j, g) in gb.iter_mut().take(dout).enumerate() {
-        *g = (0..rows).map(|r| grad_out[r * dout + j]).sum();
+        *g += (0..rows).map(|r| grad_out[r * dout + j]).sum::<f32>();
     }
     if let Some(gx) = grad_in {
         input_grad.host(1.0, grad_out, params, 0.0, gx);

@@ -118,7 +118,8 @@ pub trait MlpKernels: Backend {
         relu: bool,
     ) -> Result<()>;
     /// The gradients of `linear_forward` from `grad_out` (turned into dL/dz in place, masked by
-    /// `output > 0` when `relu`): W's then b's into `grads`, the input's into `grad_in` if given.
+    /// `output > 0` when `relu`): W's then b's added into `grads`, the input's written into
+    /// `grad_in` if given.
     #[allow(clippy::too_many_arguments)]
     fn linear_backward(
         &self,

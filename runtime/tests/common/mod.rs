@@ -24,8 +24,24 @@ pub fn gpt2_tiny_path() -> std::path::PathBuf {
 
 /// gpt2-tiny as rank 0 of `world` lays it out (synthetic tokens, the model's initialisation).
 pub fn gpt2_tiny(world: usize) -> shardplan_runtime::gpt2::Gpt2 {
-    let model = shardplan_scheduler::model::ModelSpec::load(&gpt2_tiny_path()).unwrap();
+    gpt2_tiny_accumulating(world, 1)
+}
+
+/// gpt2-tiny with `micro_batches` micro-batches per optimizer step (`[training]
+/// micro_batches`), as rank 0 of `world` lays it out.
+pub fn gpt2_tiny_accumulating(world: usize, micro_batches: u32) -> shardplan_runtime::gpt2::Gpt2 {
+    let mut model = shardplan_scheduler::model::ModelSpec::load(&gpt2_tiny_path()).unwrap();
+    model.training.as_mut().unwrap().micro_batches = micro_batches;
     shardplan_runtime::gpt2::Gpt2::synthetic(&model, "gpt2-tiny", 0, world).unwrap()
+}
+
+/// models/gpt2-tiny.toml with `micro_batches = k` in its `[training]` table, written into `dir`.
+pub fn gpt2_tiny_accumulating_path(dir: &Path, micro_batches: u32) -> PathBuf {
+    let text = std::fs::read_to_string(gpt2_tiny_path()).unwrap();
+    let path = dir.join(format!("gpt2-tiny-k{micro_batches}.toml"));
+    let training = format!("[training]\nmicro_batches = {micro_batches}\n");
+    std::fs::write(&path, text.replace("[training]\n", &training)).unwrap();
+    path
 }
 
 /// The runtime's own profile of `workload` on `world` ranks with blocks of `block_size_bytes`,
@@ -66,7 +82,16 @@ pub fn runtime_profile(
 /// ~25 blocks, so launches spread over several slots); times are arbitrary (they only shape
 /// random plans).
 pub fn gpt2_tiny_profile(world: usize) -> Profile {
-    runtime_profile(&gpt2_tiny(world), world as u32, 32 << 10)
+    gpt2_tiny_accumulating_profile(world, 1)
+}
+
+/// [`gpt2_tiny_profile`] with `micro_batches` micro-batches per step.
+pub fn gpt2_tiny_accumulating_profile(world: usize, micro_batches: u32) -> Profile {
+    runtime_profile(
+        &gpt2_tiny_accumulating(world, micro_batches),
+        world as u32,
+        32 << 10,
+    )
 }
 
 /// Rank 0 of `size` ranks that all hold the same data, with collectives that take a millisecond
@@ -114,7 +139,7 @@ pub fn assert_relaxed_is_strict_with_slow_communication(
     profile: &Profile,
     schedule: &Schedule,
 ) {
-    let g = gpt2_tiny(world);
+    let g = gpt2_tiny_accumulating(world, profile.micro_batches);
     let producer = Producer {
         name: name.into(),
         details: Default::default(),

@@ -159,8 +159,8 @@ struct StepInputs {
     /// Per slot: the compute its communication-stream work costs, L_s (DESIGN §3.4).
     load_us: Vec<f64>,
     memory: Vec<MemoryBreakdown>,
-    /// Per slot: the op instance whose blocks its compute waits for (relaxed semantics).
-    needs: Vec<Option<usize>>,
+    /// Per slot: the op instances whose blocks its compute waits for (relaxed semantics).
+    needs: Vec<Vec<usize>>,
     /// Per slot: the op instances whose window opens there.
     opens: Vec<Vec<usize>>,
     instances: usize,
@@ -233,6 +233,7 @@ impl StepInputs {
                 };
                 Some(instance(unit, op))
             })
+            .map(|need| need.into_iter().collect())
             .collect();
         let mut opens = vec![Vec::new(); slots];
         for unit in 0..units.len() {

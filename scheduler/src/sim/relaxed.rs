@@ -50,7 +50,10 @@ pub(super) fn run(inputs: &StepInputs, interference: Interference) -> Timing {
                     channel_free - iteration_start,
                 ));
             }
-            let wait = inputs.needs[s].map_or(f64::NEG_INFINITY, |instance| ready[instance]);
+            let wait = inputs.needs[s]
+                .iter()
+                .map(|&instance| ready[instance])
+                .fold(f64::NEG_INFINITY, f64::max);
             let compute_start = compute_end.max(wait);
             compute_end = compute_start + inputs.compute_us[s] + inputs.load_us[s];
             start_us.push(launch - iteration_start);

@@ -10,62 +10,26 @@ use crate::cost::{
 };
 use crate::profile::Profile;
 use crate::schedule::{QueueKey, Schedule, queue_key};
-use crate::timeline::{Level, Op, Slot, Timeline, Window, WindowKind};
+use crate::timeline::{Level, Op, Slot};
+use crate::unrolled::{Instance, Unrolled, first_gradient_writer};
 
-/// Where things are in the unrolled step.
-#[derive(Clone, Copy)]
-struct Unrolled {
-    timeline: Timeline,
-    /// K.
-    micro_batches: usize,
-}
-
-impl Unrolled {
-    /// 2L + 1, the slots of one micro-batch with its boundary.
-    fn width(self) -> usize {
-        self.timeline.slot_count()
-    }
-
-    fn slot_count(self) -> usize {
-        self.micro_batches * self.width()
-    }
-
-    /// The unrolled index of flat slot `flat` of micro-batch `m` (0-based, taken cyclically).
-    fn at(self, m: usize, flat: usize) -> usize {
-        (m % self.micro_batches) * self.width() + flat
-    }
-
-    /// The unrolled index of window position `pos` of an op whose window ends before micro-batch
-    /// `boundary`'s forward (`AfterBackward`: its slots up to the boundary slot belong to the
-    /// micro-batch before) or lies inside micro-batch `boundary` (`BetweenPasses`).
-    fn position(self, window: Window, kind: WindowKind, boundary: usize, pos: usize) -> usize {
-        let flat = window.slot_at(pos);
-        match kind {
-            WindowKind::AfterBackward if flat >= window.first => {
-                self.at(boundary + self.micro_batches - 1, flat)
-            }
-            _ => self.at(boundary, flat),
+/// Adds `bytes` of `part` to every unrolled slot from `first` to `last` inclusive, cyclically.
+fn add(
+    step: Unrolled,
+    memory: &mut [MemoryBreakdown],
+    first: usize,
+    last: usize,
+    bytes: f64,
+    part: fn(&mut MemoryBreakdown) -> &mut f64,
+) {
+    let n = step.slot_count();
+    let mut s = first;
+    loop {
+        *part(&mut memory[s]) += bytes;
+        if s == last {
+            break;
         }
-    }
-
-    /// Adds `bytes` of `part` to every unrolled slot from `first` to `last` inclusive, cyclically.
-    fn add(
-        self,
-        memory: &mut [MemoryBreakdown],
-        first: usize,
-        last: usize,
-        bytes: f64,
-        part: fn(&mut MemoryBreakdown) -> &mut f64,
-    ) {
-        let n = self.slot_count();
-        let mut s = first;
-        loop {
-            *part(&mut memory[s]) += bytes;
-            if s == last {
-                break;
-            }
-            s = (s + 1) % n;
-        }
+        s = (s + 1) % n;
     }
 }
 
@@ -81,22 +45,11 @@ fn activation(m: &mut MemoryBreakdown) -> &mut f64 {
     &mut m.activation
 }
 
-/// One op instance: `op` of `unit` at boundary (or, for AGB, in micro-batch) `boundary`.
-#[derive(Clone, Copy)]
-struct Instance {
-    unit: usize,
-    op: Op,
-    boundary: usize,
-}
-
 /// The step's inputs, unrolled.
 pub(super) fn unrolled(profile: &Profile, schedule: &Schedule) -> StepInputs {
     let timeline = schedule.timeline();
     let k = schedule.micro_batches() as usize;
-    let step = Unrolled {
-        timeline,
-        micro_batches: k,
-    };
+    let step = Unrolled::of(schedule);
     let (n, width, units) = (step.slot_count(), step.width(), schedule.units());
     let id = |i: Instance| (i.boundary * units.len() + i.unit) * Op::ALL.len() + op_index(i.op);
     let interference = Interference::of(profile);
@@ -122,7 +75,7 @@ pub(super) fn unrolled(profile: &Profile, schedule: &Schedule) -> StepInputs {
         .collect();
     let mut memory = vec![MemoryBreakdown::default(); n];
     let mut keyed: Vec<Vec<(QueueKey, Entry)>> = vec![Vec::new(); n];
-    let mut needs = vec![None; n];
+    let mut needs = vec![Vec::new(); n];
     let mut opens = vec![Vec::new(); n];
     for (unit, u) in units.iter().enumerate() {
         let (forward, backward) = (timeline.forward(unit), timeline.backward(unit));
@@ -166,14 +119,21 @@ pub(super) fn unrolled(profile: &Profile, schedule: &Schedule) -> StepInputs {
                         Op::AllReduce => {}
                         Op::ReduceScatter if accumulate => {
                             // The accumulated gradient, from B^1_i to the launch slot.
-                            step.add(&mut memory, step.at(0, backward), slot, amount, gradient);
+                            add(
+                                step,
+                                &mut memory,
+                                step.at(0, backward),
+                                slot,
+                                amount,
+                                gradient,
+                            );
                         }
                         Op::ReduceScatter => {
                             let from = step.at(reduced, backward);
-                            step.add(&mut memory, from, slot, amount, gradient);
+                            add(step, &mut memory, from, slot, amount, gradient);
                         }
                         Op::Gather | Op::GatherForward | Op::GatherBackward => {
-                            step.add(&mut memory, slot, last, amount, gathered);
+                            add(step, &mut memory, slot, last, amount, gathered);
                             let (from, to) = match op {
                                 // ZeRO-2 with keep: gathered once, alive to the last B_i.
                                 Op::Gather if keep => (0, k - 1),
@@ -186,20 +146,22 @@ pub(super) fn unrolled(profile: &Profile, schedule: &Schedule) -> StepInputs {
                                 }
                                 _ => (step.at(from, backward), step.at(from, backward)),
                             };
-                            step.add(&mut memory, first_use, last_use, amount, gathered);
+                            add(step, &mut memory, first_use, last_use, amount, gathered);
                             if op == Op::GatherBackward && keep && boundary + 1 < k {
                                 // Kept from B^m_i to the end of F^{m+1}_i.
                                 let (after, until) = (
                                     step.at(boundary, backward) + 1,
                                     step.at(boundary + 1, forward),
                                 );
-                                step.add(&mut memory, after, until, amount, gathered);
+                                add(step, &mut memory, after, until, amount, gathered);
                             }
                         }
                     }
                 }
             }
         }
+        let reduction = u.level.ops()[0];
+        let writer = timeline.backward(first_gradient_writer(profile, unit));
         for m in 0..k {
             let needed = match u.level {
                 Level::None if m == 0 => Some(Op::AllReduce),
@@ -207,19 +169,17 @@ pub(super) fn unrolled(profile: &Profile, schedule: &Schedule) -> StepInputs {
                 Level::Fsdp if m == 0 || !keep => Some(Op::GatherForward),
                 _ => None,
             };
-            needs[step.at(m, forward)] = needed.map(|op| {
-                id(Instance {
-                    unit,
-                    op,
-                    boundary: m,
-                })
-            });
+            let instance = |op, boundary| id(Instance { unit, op, boundary });
+            if let Some(op) = needed {
+                needs[step.at(m, forward)].push(instance(op, m));
+            }
             if u.level == Level::Fsdp {
-                needs[step.at(m, backward)] = Some(id(Instance {
-                    unit,
-                    op: Op::GatherBackward,
-                    boundary: m,
-                }));
+                needs[step.at(m, backward)].push(instance(Op::GatherBackward, m));
+            }
+            if m > 0 && !accumulate {
+                // The gradient's first writer in micro-batch m prepares the buffer the previous
+                // micro-batch's reduction reads and writes (DESIGN §6.10).
+                needs[step.at(m, writer)].push(instance(reduction, m));
             }
         }
     }
@@ -264,7 +224,7 @@ fn per_unit_memory(
     let saved = saved_bytes(profile, unit, u.recompute);
     for m in 0..k {
         let (f, b) = (step.at(m, forward), step.at(m, backward));
-        step.add(memory, f, b, saved, activation);
+        add(step, memory, f, b, saved, activation);
         if u.recompute {
             memory[b].activation += p.activation_bytes as f64;
         }
@@ -281,7 +241,8 @@ fn per_unit_memory(
         if u.level == Level::Fsdp {
             // The forward's parameters stay until the borrower's backward: (F^m_i, B^m_j].
             let (after, until) = (step.at(m, forward) + 1, step.at(m, borrower_backward));
-            step.add(
+            add(
+                step,
                 memory,
                 after,
                 until,
@@ -293,7 +254,14 @@ fn per_unit_memory(
         if u.level != Level::None && !accumulated_already {
             // The full gradient is written from the borrower's backward: [B^m_j, B^m_i).
             let (from, before) = (step.at(m, borrower_backward), step.at(m, backward) - 1);
-            step.add(memory, from, before, laid_out * bytes.grad as f64, gradient);
+            add(
+                step,
+                memory,
+                from,
+                before,
+                laid_out * bytes.grad as f64,
+                gradient,
+            );
         }
     }
 }

@@ -260,7 +260,8 @@ pub fn random_schedule(rng: &mut Rng, profile: &Profile) -> Schedule {
             let mut accumulation = Accumulation::default();
             if profile.micro_batches >= 2 {
                 accumulation.accumulate = rng.coin();
-                accumulation.keep = level != Level::None && rng.coin();
+                let kept_fsdp_lender = level == Level::Fsdp && profile.borrower(unit).is_some();
+                accumulation.keep = level != Level::None && !kept_fsdp_lender && rng.coin();
                 for op in inner_ops(level, accumulation.accumulate, accumulation.keep) {
                     let positions = 0..=timeline.window(unit, op.window_kind()).len - 1;
                     let spread = spread(rng, nb, positions, op, unit);

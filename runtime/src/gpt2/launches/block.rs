@@ -3,8 +3,8 @@
 
 use super::{Arg, Shape};
 use super::{
-    Launch, add, copy, fill, int, kernel, layernorm_backward_add, layernorm_forward,
-    linear_backward, linear_forward, product,
+    Launch, add, copy, int, kernel, layernorm_backward_add, layernorm_forward, linear_backward,
+    linear_forward, product,
 };
 use crate::backend::Region;
 use crate::gpt2::BlockBackward;
@@ -156,7 +156,7 @@ pub fn block_backward(shape: &Shape, regions: &BlockBackward) -> Vec<Launch> {
     let [ln1, m1, r1, qkv, probs, atty, res1, ln2, m2, r2, fch, gelu] =
         carve(internals, shape.block_internals());
     let [d_ff, d_h, d_res1, d_qkv, d_probs] = carve(workspace, shape.block_workspace());
-    let mut l = vec![fill(grads, 0.0)];
+    let mut l = Vec::new();
     // MLP: out = res1 + gelu(ln2·Wfc + bfc)·Wfp + bfp.
     l.extend(linear_backward(
         grad_out,

@@ -230,7 +230,6 @@ pub fn embedding_backward(
     let (rows, h, seq) = (shape.rows(), shape.hidden, shape.seq);
     let slices = TOKEN_SLICES.min(shape.vocab);
     vec![
-        fill(dwpe, 0.0),
         kernel(
             "embedding_backward_tokens",
             slices * h,
@@ -318,7 +317,6 @@ pub fn head_backward(shape: &Shape, head: &Head, out: &HeadGrads, scale: f32) ->
     let [lnf, mean, rstd, probs] = carve(head.internals, shape.head_internals());
     let [input_grad, weight_grad] = Gemm::linear(rows, c, v).backward();
     let mut l = vec![
-        fill(out.grads, 0.0),
         kernel(
             "cross_entropy_backward",
             rows * v,
@@ -330,7 +328,6 @@ pub fn head_backward(shape: &Shape, head: &Head, out: &HeadGrads, scale: f32) ->
                 Arg::Float(scale),
             ],
         ),
-        fill(out.wte_grad, 0.0),
         product(
             input_grad.dense(),
             probs.offset,

@@ -19,8 +19,9 @@ pub(super) struct Config {
 }
 
 impl Config {
-    /// Every configuration of a unit; the last unit is never fsdp.
-    fn all(last: bool) -> Vec<Config> {
+    /// Every configuration of a unit; the last unit is never fsdp, and an fsdp unit whose
+    /// parameters another unit reads never keeps them (DESIGN §3.10).
+    fn all(last: bool, lender: bool) -> Vec<Config> {
         let mut all = Vec::new();
         for level in Level::ALL {
             if last && level == Level::Fsdp {
@@ -28,7 +29,10 @@ impl Config {
             }
             for accumulate in [false, true] {
                 for keep in [false, true] {
-                    if !(keep && level == Level::None) {
+                    // keep needs a sharded level, and an fsdp lender never keeps.
+                    let kept_unsharded = level == Level::None;
+                    let kept_fsdp_lender = lender && level == Level::Fsdp;
+                    if !(keep && (kept_unsharded || kept_fsdp_lender)) {
                         all.push(Config {
                             level,
                             accumulate,
@@ -292,7 +296,8 @@ fn declare(
     allow_recompute: bool,
 ) -> UnitCols {
     let last = i + 1 == profile.unit_count();
-    let configs = Config::all(last)
+    let lender = profile.borrower(i).is_some();
+    let configs = Config::all(last, lender)
         .into_iter()
         .map(|c| (c, columns.binary()))
         .collect();

@@ -1,0 +1,113 @@
+//! How a unit's gradient buffer starts each micro-batch's backward (DESIGN §6.10). Backward
+//! kernels add into parameter gradients; before the first backward that writes a unit's gradient
+//! in a micro-batch (its own, or the tied head's for a lender), the executor prepares the buffer
+//! so that the step's reductions deliver the sum over all ranks and micro-batches:
+//!
+//! | level | accumulate | micro-batch 1 | later micro-batches |
+//! |---|---|---|---|
+//! | any | yes | zero | keep (the unreduced gradient adds up) |
+//! | sdp, fsdp | no | zero | seed: zero, then this rank's reduced shard into its own segment |
+//! | none | no | zero | rank 0 keeps the reduced sum, the others zero |
+//!
+//! A ReduceScatter writes Σ_r full_r[segment q] into rank q's shard; with rank q's shard (the sum
+//! so far) seeded into its own segment, the result is the sum so far plus this micro-batch's. An
+//! AllReduce of a buffer that holds the reduced sum on one rank only adds it once. Both need the
+//! previous micro-batch's reduction done (its instance is a wait of the preparing slot).
+
+use crate::Result;
+use crate::backend::Backend;
+use crate::layout::UnitLayout;
+use crate::workload::Workload;
+use shardplan_scheduler::timeline::Level;
+
+/// The units whose gradient `unit`'s backward writes first: its own unless another unit borrows
+/// its parameters (that unit's backward comes first), and its lender's.
+pub fn first_written_by(workload: &dyn Workload, unit: usize) -> Vec<usize> {
+    let borrowed = (0..workload.unit_count()).any(|u| workload.borrows_params_of(u) == Some(unit));
+    (!borrowed)
+        .then_some(unit)
+        .into_iter()
+        .chain(workload.borrows_params_of(unit))
+        .collect()
+}
+
+/// What a gradient buffer holds when a micro-batch's backward starts writing it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GradientStart {
+    /// Zeros.
+    Zero,
+    /// What it holds: the gradient accumulated over earlier micro-batches.
+    Keep,
+    /// Zeros, and this rank's reduced shard in its own segment of every block.
+    Seed,
+}
+
+impl GradientStart {
+    /// The start of micro-batch `micro_batch` (0-based) for a unit at `level` that accumulates
+    /// (or not), on rank `rank`.
+    pub fn of(level: Level, accumulate: bool, micro_batch: usize, rank: usize) -> GradientStart {
+        match (micro_batch, accumulate, level) {
+            (0, _, _) => GradientStart::Zero,
+            (_, true, _) => GradientStart::Keep,
+            (_, false, Level::None) if rank == 0 => GradientStart::Keep,
+            (_, false, Level::None) => GradientStart::Zero,
+            (_, false, _) => GradientStart::Seed,
+        }
+    }
+
+    /// Prepares `unit`'s full gradient buffer on the compute stream.
+    pub fn prepare<B: Backend>(self, backend: &B, unit: &UnitLayout) -> Result<()> {
+        let full = unit.backward_grads();
+        match self {
+            GradientStart::Keep => Ok(()),
+            GradientStart::Zero => backend.zero(full),
+            GradientStart::Seed => {
+                backend.zero(full)?;
+                let (rank, world) = (backend.rank(), backend.world_size());
+                (0..unit.blocks).try_for_each(|j| {
+                    let segment = full.part(j, unit.blocks).part(rank, world);
+                    backend.copy(unit.grads.part(j, unit.blocks), segment)
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_micro_batch_always_starts_from_zero() {
+        for level in Level::ALL {
+            for accumulate in [false, true] {
+                for rank in 0..3 {
+                    assert_eq!(
+                        GradientStart::of(level, accumulate, 0, rank),
+                        GradientStart::Zero
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn later_micro_batches_keep_seed_or_leave_the_sum_on_rank_zero() {
+        assert_eq!(
+            GradientStart::of(Level::Fsdp, true, 2, 1),
+            GradientStart::Keep
+        );
+        assert_eq!(
+            GradientStart::of(Level::Sdp, false, 1, 1),
+            GradientStart::Seed
+        );
+        assert_eq!(
+            GradientStart::of(Level::None, false, 1, 0),
+            GradientStart::Keep
+        );
+        assert_eq!(
+            GradientStart::of(Level::None, false, 1, 1),
+            GradientStart::Zero
+        );
+    }
+}
