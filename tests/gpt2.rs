@@ -328,11 +328,19 @@ fn bad_inputs_are_refused_naming_what_is_wrong() {
 /// run of 6 straight, bit for bit.
 #[test]
 fn a_resumed_run_trains_like_an_uninterrupted_one() {
-    let s = setup();
-    let profile = profile(2);
-    let schedule = baseline(&profile, BaselineKind::Fsdp2, true, None)
-        .unwrap()
-        .schedule;
+    resumed_like_uninterrupted(setup(), BaselineKind::Fsdp2);
+}
+
+/// The same with K = 4 micro-batches per step: a resumed step reads the micro-batches of its
+/// index (zero2 keeps gathered parameters and reduces every micro-batch).
+#[test]
+fn a_resumed_accumulating_run_trains_like_an_uninterrupted_one() {
+    resumed_like_uninterrupted(setup_accumulating(4), BaselineKind::Zero2);
+}
+
+fn resumed_like_uninterrupted(s: Setup, kind: BaselineKind) {
+    let profile = gpt2_tiny_accumulating_profile(2, s.micro_batches);
+    let schedule = baseline(&profile, kind, true, None).unwrap().schedule;
     let (profile_path, plan) = s.save("resumed", &profile, &schedule);
     let checkpoints = s.path("checkpoints");
     let data = s.data.to_str().unwrap().to_string();
@@ -346,7 +354,7 @@ fn a_resumed_run_trains_like_an_uninterrupted_one() {
             saved.to_str().unwrap(),
         ];
         args.extend_from_slice(extra);
-        let out = run_plan(2, &profile_path, &plan, &model_path(), steps, &args);
+        let out = run_plan(2, &profile_path, &plan, &s.model, steps, &args);
         assert!(
             out.status.success(),
             "{}",

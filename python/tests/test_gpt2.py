@@ -129,14 +129,16 @@ class Gpt2AccumulatingAgainstTransformers(Gpt2AgainstTransformers):
 
     def test_two_ranks_every_level(self):
         for kind, checkpoint in [("fsdp2", False), ("fsdp2-nosync", True), ("zero2", False),
-                                 ("ddp-nosync", False), ("ddp", True), ("zero3", True)]:
+                                 ("ddp-nosync", False), ("ddp", True), ("zero3", True),
+                                 ("fsdp1", False), ("best-grid", True)]:
             with self.subTest(kind=kind, checkpoint=checkpoint):
                 report = self.check(2, kind, checkpoint)
                 self.assertEqual(report["arena_bytes"], report["predicted_peak_memory_bytes"])
 
     def test_four_ranks_relaxed(self):
-        self.check(4, "fsdp2-nosync", False, "relaxed")
-        self.check(4, "zero2", True, "relaxed")
+        for kind, checkpoint in [("fsdp2-nosync", False), ("zero2", True), ("fsdp1", True)]:
+            with self.subTest(kind=kind, checkpoint=checkpoint):
+                self.check(4, kind, checkpoint, "relaxed")
 
     # The weights file's format does not depend on K.
     test_saved_weights_load_in_transformers = None

@@ -1,22 +1,24 @@
 //! The executor (DESIGN §6): a compute stream and a communication stream per rank, each driven by
-//! a host thread, synchronised by events at the plan's points, walking the plan's slots for K
-//! steps.
+//! a host thread, synchronised by events at the plan's points, walking the plan's slots for the
+//! run's steps. A step of K micro-batches is walked as the simulator unrolls it, K·(2L + 1) slots
+//! (DESIGN §6.10); S below is the step's slot count.
 //!
-//! The timeline is cyclic, so the walk covers global slots g = 0 … (K+2)·S−1: iteration −1 (the
-//! prologue: only the gathers that the plan launches in the previous iteration's backward for
-//! step 0), steps 0 … K−1, and iteration K (the epilogue: only the reductions of step K−1 that the
-//! plan launches in the next iteration's forward). Each launch belongs to a data step: a
-//! reduction launched before F_i serves the previous step, a forward gather launched after B_i the
-//! next. Everything done for data step d reads d's layout (`Placement::for_step`: the same for
-//! every step, or alternating by parity, DESIGN §6.5).
+//! The timeline is cyclic, so the walk covers global slots g = 0 … (n+2)·S−1 for n steps:
+//! iteration −1 (the prologue: only the gathers that the plan launches in the previous
+//! iteration's backward for step 0), steps 0 … n−1, and iteration n (the epilogue: only the
+//! reductions of step n−1 that the plan launches in the next iteration's forward). Each launch
+//! belongs to a data step: a reduction launched before F_i serves the previous step, a forward
+//! gather launched after B_i the next. Everything done for data step d reads d's layout
+//! (`Placement::for_step`: the same for every step, or alternating by parity, DESIGN §6.5).
 //!
 //! Communication stream, per global slot: wait until compute has reached the slot, then run its
-//! blocks in plan order; after a unit's last reduction block, the optimizer step on its shard (or
-//! the whole unit when replicated); count every block on the (unit, op) event.
+//! blocks in plan order; after a unit's last block of the step's reduction, the optimizer step on
+//! its shard (or the whole unit when replicated); count every block on the (unit, op) event.
 //! Compute stream, per global slot: strict — wait until all communication of earlier slots is
 //! done; relaxed — wait only for the blocks this slot needs (its unit's gathers; a replicated
 //! unit's previous AllReduce and update before its forward) and for reductions whose freed
-//! gradient buffer the arena reuses for a buffer alive now. Then signal the slot and compute.
+//! gradient buffer the arena reuses for a buffer alive now. Then signal the slot and compute (a
+//! backward after preparing the gradients it writes first, `gradients`).
 //!
 //! Every signal carries the backend's mark of the signalling stream, and every wait ends with the
 //! waiting stream waiting on that mark: on the CPU (synchronous operations) the host wait is the
@@ -24,19 +26,21 @@
 //! event. Step times and trace spans are measured between marks.
 
 mod program;
+mod state;
 mod watchdog;
+
+pub use state::{final_params, initialise};
 
 use crate::backend::{Backend, Region, Stream, StreamWork, on_both_streams};
 use crate::event::Event;
 use crate::gradients::{GradientStart, first_written_by};
 use crate::layout::{Layout, Placement};
 use crate::train::Train;
-use crate::workload::{Pass, Workload};
+use crate::workload::Pass;
 use crate::{Error, Result};
 use program::{Block, Kind, Program, program};
 use shardplan_scheduler::schedule::Schedule;
 use shardplan_scheduler::sim::Semantics;
-use shardplan_scheduler::timeline::Level;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -223,7 +227,7 @@ struct Walk<'a, B: Backend, W> {
     placement: &'a Placement,
     options: &'a RunOptions,
     program: Program,
-    /// Global slots walked: (K + 2)·S.
+    /// Global slots walked: (steps + 2)·S.
     total: usize,
     /// Per (unit, kind), one signal per block done.
     done: Vec<Event<B::Mark>>,
@@ -551,54 +555,4 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
             spans,
         })
     }
-}
-
-/// Initialises every rank's persistent state: full parameters for replicated units, this rank's
-/// shard of every block for sharded ones (gradients and Adam state start at zero).
-pub fn initialise<B: Backend>(backend: &B, workload: &dyn Workload, layout: &Layout) -> Result<()> {
-    let (rank, world) = (backend.rank(), backend.world_size());
-    for (i, u) in layout.units.iter().enumerate() {
-        let mut full = workload.initial_params(i)?;
-        full.resize(u.blocks * u.block_elements, 0.0);
-        if u.level == Level::None {
-            backend.upload(u.params, &full)?;
-        } else {
-            let shard = u.block_elements / world;
-            for j in 0..u.blocks {
-                let start = j * u.block_elements + rank * shard;
-                backend.upload(u.params.part(j, u.blocks), &full[start..start + shard])?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The trained parameters of every unit (Ψ entries), gathered from the shards (collective: every
-/// rank must call it).
-pub fn final_params<B: Backend>(
-    backend: &B,
-    workload: &dyn Workload,
-    layout: &Layout,
-) -> Result<Vec<Vec<f32>>> {
-    layout
-        .units
-        .iter()
-        .enumerate()
-        .map(|(i, u)| {
-            let full = match u.gathered_forward {
-                None => u.params,
-                Some(gathered) => {
-                    for j in 0..u.blocks {
-                        backend
-                            .all_gather(u.params.part(j, u.blocks), gathered.part(j, u.blocks))?;
-                    }
-                    gathered
-                }
-            };
-            let mut out = vec![0.0; full.len];
-            backend.download(full, &mut out)?;
-            out.truncate(workload.params(i));
-            Ok(out)
-        })
-        .collect()
 }

@@ -236,13 +236,14 @@ pub(super) fn program(
 }
 
 impl Program {
-    /// Global slot g of a walk as (iteration, slot): iteration −1 is the prologue, K the
-    /// epilogue.
+    /// Global slot g of a walk of n steps as (iteration, slot): iteration −1 is the prologue, n
+    /// the epilogue.
     pub(super) fn split(&self, g: usize) -> (i64, usize) {
         ((g / self.slots) as i64 - 1, g % self.slots)
     }
 
-    /// The relaxed fences of a K-step walk with their targets, global slot by global slot.
+    /// The relaxed fences of a walk of `steps` steps with their targets, global slot by global
+    /// slot.
     pub(super) fn fence_walk(&self, steps: usize, units: usize) -> FenceWalk<'_> {
         FenceWalk {
             program: self,

@@ -1,0 +1,277 @@
+//! Which buffers a plan needs on a rank and when each is alive (DESIGN §3 lifetimes), placed in
+//! the static arena.
+//!
+//! Per unit i (flat parameters padded to nb_i blocks of blk_i elements, blk_i a multiple of N):
+//! persistent parameters, gradients and Adam m, v (full for `none`, the rank's shard of every
+//! block for `sdp`/`fsdp`); for sharded units the full gradient (B_i to the last RS launch) and
+//! the gathered parameters (first gather launch to F_i for fsdp's forward, to B_i for sdp; first
+//! AGB launch to B_i for fsdp's backward); then the workload's activation and workspace buffers
+//! ([`crate::workload`]). A gathered or full-gradient buffer is contiguous but alive in parts: the
+//! blocks of each launch from that launch on (gathers) or until it (reductions), as the simulator
+//! counts them, so the arena may lend a later launch's blocks to a buffer alive before it.
+//!
+//! Each buffer but the kept state (parameters, gradients, Adam moments) holds one data
+//! step's contents, born at its first write; where one offset per buffer cannot reach the live
+//! peak, such buffers get one offset per parity of the iteration their contents are born in
+//! ([`crate::arena::pack_by_parity`]).
+//!
+//! A unit that borrows an earlier unit's parameters (GPT-2's tied head) extends the lender's
+//! lifetimes: the lender's full gradient is alive from the borrower's backward (which writes it
+//! first), and an `fsdp` lender's forward gather stays until the borrower's backward.
+//!
+//! With K micro-batches per step the lifetimes are over the step unrolled to K·(2L + 1) slots
+//! (DESIGN §6.10): a buffer of one micro-batch's contents is alive in every micro-batch's span
+//! and sits at one offset (`place`).
+
+mod place;
+
+pub use place::place;
+
+use crate::arena::{Arena, Request};
+use crate::backend::Region;
+use crate::workload::{Pass, Workload};
+use crate::{Error, Result};
+use shardplan_scheduler::profile::Profile;
+use shardplan_scheduler::timeline::Level;
+
+/// Where a unit keeps what its forward saves besides `saved`.
+#[derive(Debug, Clone, Copy)]
+pub enum Activations<R = Region> {
+    /// Without recompute: the internals buffer, alive from F_i to B_i.
+    Kept(R),
+    /// With recompute: a buffer of saved + internals elements alive at B_i only (what the model
+    /// counts); the recomputation writes its internals after the first `saved` elements and
+    /// rewrites `saved` itself with the same values.
+    Recomputed(R),
+}
+
+/// One unit's sizes and buffers; `R` is the buffer handle (an arena request index while the
+/// layout is built, a [`Region`] after packing).
+#[derive(Debug, Clone)]
+pub struct UnitLayout<R = Region> {
+    pub level: Level,
+    pub recompute: bool,
+    pub blocks: usize,
+    /// Elements per block (a multiple of N).
+    pub block_elements: usize,
+    pub params: R,
+    pub grads: R,
+    pub adam_m: R,
+    pub adam_v: R,
+    pub full_grad: Option<R>,
+    pub gathered_forward: Option<R>,
+    pub gathered_backward: Option<R>,
+    pub saved: R,
+    pub activations: Activations<R>,
+    pub forward_workspace: R,
+    pub backward_workspace: R,
+    pub input_gradient: Option<R>,
+}
+
+impl<R: Copy> UnitLayout<R> {
+    fn map<S>(self, f: impl Fn(R) -> S) -> UnitLayout<S> {
+        UnitLayout {
+            level: self.level,
+            recompute: self.recompute,
+            blocks: self.blocks,
+            block_elements: self.block_elements,
+            params: f(self.params),
+            grads: f(self.grads),
+            adam_m: f(self.adam_m),
+            adam_v: f(self.adam_v),
+            full_grad: self.full_grad.map(&f),
+            gathered_forward: self.gathered_forward.map(&f),
+            gathered_backward: self.gathered_backward.map(&f),
+            saved: f(self.saved),
+            activations: match self.activations {
+                Activations::Kept(r) => Activations::Kept(f(r)),
+                Activations::Recomputed(r) => Activations::Recomputed(f(r)),
+            },
+            forward_workspace: f(self.forward_workspace),
+            backward_workspace: f(self.backward_workspace),
+            input_gradient: self.input_gradient.map(&f),
+        }
+    }
+}
+
+impl UnitLayout {
+    /// The full parameters compute reads in the forward (gathered or replicated).
+    pub fn forward_params(&self) -> Region {
+        self.gathered_forward.unwrap_or(self.params)
+    }
+
+    /// The full parameters compute reads in the backward.
+    pub fn backward_params(&self) -> Region {
+        self.gathered_backward
+            .or(self.gathered_forward)
+            .unwrap_or(self.params)
+    }
+
+    /// Where the backward writes the full gradient.
+    pub fn backward_grads(&self) -> Region {
+        self.full_grad.unwrap_or(self.grads)
+    }
+
+    /// The full parameters compute reads in a forward of `pass`: a recomputation runs at B_i.
+    pub fn params_for(&self, pass: Pass) -> Region {
+        match pass {
+            Pass::Forward => self.forward_params(),
+            Pass::Recompute => self.backward_params(),
+        }
+    }
+
+    /// Where a forward of `pass` writes what it saves besides `saved`: the internals buffer; with
+    /// recompute, the forward workspace in the step's own forward (nothing of it is kept) and the
+    /// recomputed buffer past its copy of `saved` in the recomputation.
+    pub fn forward_internals(&self, pass: Pass) -> Region {
+        match (self.activations, pass) {
+            (Activations::Recomputed(_), Pass::Forward) => self.forward_workspace,
+            _ => self.backward_internals(),
+        }
+    }
+
+    /// Where the backward reads the internals.
+    pub fn backward_internals(&self) -> Region {
+        match self.activations {
+            Activations::Kept(internals) => internals,
+            Activations::Recomputed(r) => Region {
+                offset: r.offset + self.saved.len,
+                len: r.len - self.saved.len,
+            },
+        }
+    }
+}
+
+/// The regions a rank's workload reads for one data step.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub units: Vec<UnitLayout>,
+    /// Each unit's buffers as indices into [`Placement::regions`] (two buffers alive at different
+    /// slots may share a region, so a region does not name its buffer).
+    pub requests: Vec<UnitLayout<usize>>,
+    /// The largest block, for the AllReduce scratch buffer.
+    pub largest_block: usize,
+}
+
+impl Layout {
+    /// dL/d(output) of unit `unit` below the last: the next unit's input gradient.
+    pub fn output_gradient(&self, unit: usize) -> Region {
+        self.units[unit + 1]
+            .input_gradient
+            .expect("units after the first pass an input gradient")
+    }
+
+    /// The same layout `elements` further into the arena: a second set of the same buffers.
+    pub fn shifted(&self, elements: usize) -> Layout {
+        let shift = |r: Region| Region {
+            offset: r.offset + elements,
+            ..r
+        };
+        Layout {
+            units: self.units.iter().map(|u| u.clone().map(shift)).collect(),
+            ..self.clone()
+        }
+    }
+}
+
+/// A plan's buffers placed in the static arena (DESIGN §6.5): one layout for every data step,
+/// or, where that cannot reach the live peak, one for even and one for odd data steps (a buffer
+/// holding one step's contents sits where the parity of the iteration its contents are born in
+/// puts it; state kept from step to step sits at one offset in both).
+#[derive(Debug, Clone)]
+pub struct Placement {
+    pub arena: Arena,
+    /// Every region with its parts' lifetimes (what the arena packed), in request order: over one
+    /// iteration's slots, or with two layouts over two iterations' (slot p·S + s is slot s of an
+    /// iteration of parity p), each per-step buffer twice.
+    pub regions: Vec<(Region, Request)>,
+    /// The layout of even data steps, then that of odd ones where they differ.
+    steps: Vec<Layout>,
+    /// The same for micro-batches after a step's first: an fsdp unit that keeps its parameters
+    /// reads them in its forward from the backward's gathered buffer (DESIGN §3.10).
+    later_micro_batches: Vec<Layout>,
+}
+
+impl Placement {
+    /// The layout of data step `step`.
+    pub fn for_step(&self, step: usize) -> &Layout {
+        &self.steps[step % self.steps.len()]
+    }
+
+    /// The layout of micro-batch `micro_batch` (0-based) of data step `step`.
+    pub fn for_micro_batch(&self, step: usize, micro_batch: usize) -> &Layout {
+        match micro_batch {
+            0 => self.for_step(step),
+            _ => &self.later_micro_batches[step % self.steps.len()],
+        }
+    }
+
+    /// 1 where every data step has the same layout, 2 where even and odd steps alternate.
+    pub fn parities(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// The parts of region `k` as regions with the slots each is alive in.
+    pub fn parts(&self, k: usize) -> impl Iterator<Item = (Region, &[bool])> {
+        let (region, request) = &self.regions[k];
+        // The last part's padding is not part of the region.
+        request.extents().map(|(start, end, alive)| {
+            let region = Region {
+                offset: region.offset + (start / 4) as usize,
+                len: ((end.min(request.bytes()) - start) / 4) as usize,
+            };
+            (region, alive)
+        })
+    }
+
+    /// Whether, in slot `s` of `regions`' lifetimes, a part of region `k` that is not alive
+    /// shares an element with a part of another region that is: the arena has lent that memory
+    /// to another buffer.
+    pub fn lent_in(&self, k: usize, s: usize) -> bool {
+        self.parts(k)
+            .filter(|(_, alive)| !alive[s])
+            .any(|(mine, _)| {
+                (0..self.regions.len())
+                    .filter(|&other| other != k)
+                    .flat_map(|other| self.parts(other))
+                    .any(|(theirs, alive)| alive[s] && theirs.overlaps(mine))
+            })
+    }
+}
+
+/// Checks that the profile describes `workload`: the same units, names and parameter counts.
+pub fn check_profile(workload: &dyn Workload, profile: &Profile) -> Result<()> {
+    if profile.unit_count() != workload.unit_count() {
+        return Err(Error::Mismatch(format!(
+            "the profile has {} units, the model `{}` {}: the profile was made for another model",
+            profile.unit_count(),
+            workload.name(),
+            workload.unit_count()
+        )));
+    }
+    for u in 0..workload.unit_count() {
+        let lender = workload.reads_params_of(u);
+        if profile.units[u].reads_params_of != lender {
+            return Err(Error::Mismatch(format!(
+                "profile unit {} (`{}`) has reads_params_of = {:?}; the model's unit reads the parameters of {:?}: measure the profile again",
+                u + 1,
+                profile.units[u].name,
+                profile.units[u].reads_params_of,
+                lender
+            )));
+        }
+        if profile.units[u].params != workload.params(u) as u64
+            || profile.units[u].name != workload.unit_name(u)
+        {
+            return Err(Error::Mismatch(format!(
+                "profile unit {} is `{}` with {} parameters; the model's is `{}` with {}",
+                u + 1,
+                profile.units[u].name,
+                profile.units[u].params,
+                workload.unit_name(u),
+                workload.params(u)
+            )));
+        }
+    }
+    Ok(())
+}
