@@ -214,19 +214,26 @@ fn steady_median(step_us: &[f64]) -> f64 {
     median(tail.to_vec())
 }
 
-/// The Chrome/Perfetto trace of a run's spans: one track per stream.
+/// The Chrome/Perfetto trace of a run's spans: one track per stream; with several micro-batches
+/// per step, each name carries its micro-batch (1-based) as the simulator's trace labels slots.
 pub fn chrome_trace(workload: &dyn Workload, spans: &[Span]) -> serde_json::Value {
     let mut events: Vec<_> = Stream::BOTH
         .iter()
         .map(|&s| thread_name(s.track(), s.name()))
         .collect();
+    let several = workload.micro_batches() > 1;
     events.extend(spans.iter().map(|s| {
+        let micro_batch = if several {
+            format!(" [{}]", s.micro_batch + 1)
+        } else {
+            String::new()
+        };
         complete(
-            format!("{} {}", s.what, workload.unit_name(s.unit)),
+            format!("{}{micro_batch} {}", s.what, workload.unit_name(s.unit)),
             s.stream.track(),
             s.start_us,
             s.end_us - s.start_us,
-            serde_json::json!({"step": s.step}),
+            serde_json::json!({"step": s.step, "micro_batch": s.micro_batch + 1}),
         )
     }));
     trace_file(events)

@@ -93,6 +93,8 @@ pub struct Span {
     pub what: &'static str,
     pub unit: usize,
     pub step: usize,
+    /// The micro-batch (0-based) the operation serves.
+    pub micro_batch: usize,
     pub start_us: f64,
     pub end_us: f64,
 }
@@ -155,6 +157,7 @@ struct PendingSpan<M> {
     what: &'static str,
     unit: usize,
     step: usize,
+    micro_batch: usize,
     start: M,
     end: M,
 }
@@ -354,6 +357,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
                         what: b.kind.name(),
                         unit: b.unit,
                         step,
+                        micro_batch: b.micro_batch,
                         start,
                         end: end.clone(),
                     });
@@ -479,6 +483,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
                     what: if forward { "F" } else { "B" },
                     unit: i,
                     step: self.options.first_step + step,
+                    micro_batch: m,
                     start,
                     end: backend.mark(stream)?,
                 });
@@ -529,6 +534,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
                     what: s.what,
                     unit: s.unit,
                     step: s.step,
+                    micro_batch: s.micro_batch,
                     start_us: backend.elapsed_us(origin, &s.start)?,
                     end_us: backend.elapsed_us(origin, &s.end)?,
                 })

@@ -67,6 +67,8 @@ pub(super) struct Block {
     pub(super) offset: i64,
     /// The step's last reduction of the unit, which the optimizer step follows.
     pub(super) step_reduction: bool,
+    /// The micro-batch (0-based) the block's instance serves.
+    pub(super) micro_batch: usize,
 }
 
 /// A wait of the compute stream before a slot of data step d: event (unit, kind) must reach
@@ -158,6 +160,7 @@ pub(super) fn program(
                     index,
                     offset: -iteration,
                     step_reduction: instance.is_step_reduction(),
+                    micro_batch: instance.micro_batch(unrolled.micro_batches),
                 };
                 keyed[slot].push((key, block));
                 index += 1;
