@@ -176,6 +176,13 @@ fn cases(inputs: &Inputs) -> Vec<Case> {
         .as_bytes(),
     );
     let accumulating = inputs.profile_with("world_size = ", "micro_batches = 4\nworld_size = ", 1);
+    let three_per_node = {
+        let text = std::fs::read_to_string(profile).unwrap();
+        inputs.write(
+            "nodes-of-3.toml",
+            format!("{text}\n[topology]\ngpus_per_node = 3\n").as_bytes(),
+        )
+    };
     let other_profile = {
         let text = std::fs::read_to_string(profile).unwrap();
         inputs.write(
@@ -432,6 +439,22 @@ fn cases(inputs: &Inputs) -> Vec<Case> {
             2,
             "an integer in 1..=65536, got 0",
             Some("micro_batches"),
+        ),
+        case(
+            "a node size that does not divide the world",
+            baseline(&three_per_node),
+            2,
+            "a positive divisor of world_size 8, got 3",
+            Some("topology.gpus_per_node"),
+        ),
+        case(
+            "an analytic node size that does not divide the world",
+            format!(
+                "profile analytic --model models/gpt2-tiny.toml --device h100-sxm --world-size 8 --gpus-per-node 3 --out {out}"
+            ),
+            2,
+            "a positive divisor of the world size 8, got 3",
+            Some("gpus_per_node"),
         ),
         case(
             "a plan for another number of micro-batches",

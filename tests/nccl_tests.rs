@@ -3,6 +3,7 @@
 //! profile.
 
 use shardplan_scheduler::nccl_tests::{Imported, parse};
+use shardplan_scheduler::profile::{Link, Profile};
 use shardplan_scheduler::timeline::Collective;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -262,6 +263,86 @@ fn comm_import_replaces_curves_and_recomputes_the_block_size() {
         std::fs::read(fixtures.join("all-reduce-8ranks.txt")).unwrap(),
         before
     );
+}
+
+/// `--link`: a 4-rank all_gather_perf run becomes the curves of the topology's group of 4 ranks
+/// across nodes (32 ranks as 4 nodes of 8: the replica groups of the 8-rank shard groups); the
+/// world's curves and the block size stay. Refused naming `--link`: a profile without a topology,
+/// a group it does not have (4 ranks inside a node), a file that does not say its rank count.
+#[test]
+fn comm_import_into_a_topology_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_shardplan");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let analytic = |name: &str, extra: &[&str]| {
+        let path = dir.path().join(name);
+        let status = Command::new(bin)
+            .current_dir(root)
+            .args(["profile", "analytic", "--model", "models/llama2-7b.toml"])
+            .args(["--device", "h100-sxm", "--world-size", "32", "--out"])
+            .arg(&path)
+            .args(extra)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        path
+    };
+    let nodes = analytic("nodes.toml", &["--gpus-per-node", "catalog"]);
+    let flat = analytic("flat.toml", &[]);
+    let fixtures = root.join("tests/fixtures/nccl-tests");
+    let out = dir.path().join("out.toml");
+    let import = |into: &Path, (flag, file): (&str, &str), link: &str| {
+        Command::new(bin)
+            .args(["comm", "import", flag])
+            .arg(fixtures.join(file))
+            .arg("--into")
+            .arg(into)
+            .arg("--out")
+            .arg(&out)
+            .args(["--link", link])
+            .output()
+            .unwrap()
+    };
+    let four = ("--all-gather", "current-layout-na-and-logs.txt");
+    let done = import(&nodes, four, "inter");
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let before = Profile::load(&nodes).unwrap();
+    let after = Profile::load(&out).unwrap();
+    let expected = import_curve(four.1, AllGather);
+    let group = |p: &Profile| {
+        p.topology
+            .as_ref()
+            .unwrap()
+            .curves(4, Link::Inter)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(group(&after).all_gather, expected);
+    assert_ne!(group(&before).all_gather, expected);
+    assert_eq!(group(&after).all_reduce, group(&before).all_reduce);
+    assert_eq!(
+        (&after.comm, after.block_size_bytes),
+        (&before.comm, before.block_size_bytes)
+    );
+    let refused = |out: std::process::Output, fragment: &str| {
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("--link") && err.contains(fragment), "{err}");
+    };
+    refused(import(&flat, four, "inter"), "a profile with a topology");
+    refused(import(&nodes, four, "intra"), "got 4 ranks intra");
+    refused(
+        import(&nodes, ("--all-reduce", "all-reduce-8ranks.txt"), "intra"),
+        "says its rank count",
+    );
+}
+
+fn import_curve(name: &str, collective: Collective) -> shardplan_scheduler::curve::CommCurve {
+    import(name, collective).curve
 }
 
 #[test]

@@ -2,9 +2,12 @@
 //! appendix formulas (FLOPs / (peak × MFU), activation bytes, α–β collective curves).
 
 use crate::curve::CommCurve;
-use crate::hardware::{Catalog, Interconnect};
+use crate::hardware::{Catalog, Device, Interconnect};
 use crate::model::{Attention, ModelSpec};
-use crate::profile::{BytesPerParam, CommCurves, PROFILE_SCHEMA, Profile, UnitProfile};
+use crate::profile::{
+    BytesPerParam, CommCurves, GroupCurves, Link, PROFILE_SCHEMA, Profile, Topology, UnitProfile,
+    offered_groups,
+};
 use crate::{Error, Result};
 use std::collections::BTreeMap;
 
@@ -31,6 +34,9 @@ pub struct AnalyticOptions {
     /// κ_q, in [0, 1].
     pub comm_slowdown: f64,
     pub iteration_extra_us: f64,
+    /// Ranks per node G, where the profile carries a topology (DESIGN §3.11): `Some(None)` takes
+    /// the device's node size from the catalog.
+    pub topology: Option<Option<u32>>,
 }
 
 impl AnalyticOptions {
@@ -53,6 +59,7 @@ impl AnalyticOptions {
             overlap_slowdown: 0.0,
             comm_slowdown: 0.0,
             iteration_extra_us: 0.0,
+            topology: None,
         }
     }
 }
@@ -93,6 +100,54 @@ pub fn comm_curves(catalog: &Catalog, device: &str, world_size: u32) -> Result<C
         all_gather: analytic_curve(ic.all_gather_busbw_gbps, ic, n, false),
         reduce_scatter: analytic_curve(ic.reduce_scatter_busbw_gbps, ic, n, false),
         all_reduce: analytic_curve(ic.all_reduce_busbw_gbps, ic, n, true),
+    })
+}
+
+/// The α–β curves of the three collectives for groups of `ranks` ranks of catalog device `device`
+/// on `link`: the catalog's intra-node interconnect inside a node, its inter-node one across.
+pub fn group_curves(device: &Device, catalog: &Catalog, ranks: u32, link: Link) -> CommCurves {
+    let key = match link {
+        Link::Intra => &device.intra_node,
+        Link::Inter => &device.inter_node,
+    };
+    let ic = &catalog.interconnects[key];
+    CommCurves {
+        all_gather: analytic_curve(ic.all_gather_busbw_gbps, ic, ranks, false),
+        reduce_scatter: analytic_curve(ic.reduce_scatter_busbw_gbps, ic, ranks, false),
+        all_reduce: analytic_curve(ic.all_reduce_busbw_gbps, ic, ranks, true),
+    }
+}
+
+/// The topology of `world` ranks of catalog device `device` on nodes of `node` ranks (the
+/// catalog's `gpus_per_node`, at most `world`, when `None`): every group the plan space offers
+/// ([`offered_groups`]) with its analytic curves.
+pub fn analytic_topology(
+    catalog: &Catalog,
+    device: &str,
+    world: u32,
+    node: Option<u32>,
+) -> Result<Topology> {
+    let device = catalog.device(device)?;
+    // A world smaller than the catalog's node fills part of one node.
+    let node = node.unwrap_or(device.gpus_per_node.min(world));
+    if node == 0 || !world.is_multiple_of(node) {
+        return Err(Error::invalid(
+            "--gpus-per-node",
+            "gpus_per_node",
+            format!("a positive divisor of the world size {world}, got {node}"),
+        ));
+    }
+    let groups = offered_groups(world, node)
+        .into_iter()
+        .map(|g| GroupCurves {
+            ranks: g.ranks,
+            link: g.link,
+            comm: group_curves(device, catalog, g.ranks, g.link),
+        })
+        .collect();
+    Ok(Topology {
+        gpus_per_node: node,
+        groups,
     })
 }
 
@@ -186,6 +241,10 @@ pub fn analytic_profile(
         shard_quantum_params: 1,
         units,
         comm,
+        topology: opts
+            .topology
+            .map(|node| analytic_topology(catalog, &opts.device, n, node))
+            .transpose()?,
     };
     profile.validate("analytic profile")?;
     Ok(profile)

@@ -1,12 +1,12 @@
 //! `shardplan comm import`: nccl-tests measurements into a profile.
 
-use crate::cli::CommImportArgs;
+use crate::cli::{CommImportArgs, LinkArg};
 use crate::failure::flag_error;
 use crate::output::{outln, print_json};
 use serde_json::json;
 use shardplan_scheduler::io::{check_outputs_distinct, read_text};
 use shardplan_scheduler::nccl_tests::{Imported, parse};
-use shardplan_scheduler::profile::Profile;
+use shardplan_scheduler::profile::{CommCurves, Link, Profile};
 use shardplan_scheduler::size::format_bytes;
 use shardplan_scheduler::timeline::Collective;
 use std::path::Path;
@@ -37,6 +37,10 @@ pub fn import(args: CommImportArgs) -> anyhow::Result<()> {
     let inputs: Vec<(&str, &Path)> = files.iter().map(|&(_, flag, f)| (flag, f)).collect();
     check_outputs_distinct(&[(out_flag, out)], &inputs)?;
     let mut profile = Profile::load(&args.into)?;
+    let link = args.link.map(|l| match l {
+        LinkArg::Intra => Link::Intra,
+        LinkArg::Inter => Link::Inter,
+    });
     let mut imported = serde_json::Map::new();
     for (op, _, path) in files {
         let Imported {
@@ -44,12 +48,18 @@ pub fn import(args: CommImportArgs) -> anyhow::Result<()> {
             ranks,
             mut notes,
         } = parse(&read_text(path)?, &path.display().to_string(), op)?;
-        if let Some(ranks) = ranks.filter(|&r| r != u64::from(profile.world_size)) {
-            notes.push(format!(
-                "measured on {ranks} ranks, the profile is for {}: its times stand for that world size",
-                profile.world_size
-            ));
-        }
+        let into = match link {
+            None => {
+                if let Some(ranks) = ranks.filter(|&r| r != u64::from(profile.world_size)) {
+                    notes.push(format!(
+                        "measured on {ranks} ranks, the profile is for {}: its times stand for that world size",
+                        profile.world_size
+                    ));
+                }
+                &mut profile.comm
+            }
+            Some(link) => group_curves(&mut profile, ranks, link, path)?,
+        };
         let name = op.test_name();
         imported.insert(
             name.to_string(),
@@ -63,15 +73,18 @@ pub fn import(args: CommImportArgs) -> anyhow::Result<()> {
             }),
         );
         let slot = match op {
-            Collective::AllGather => &mut profile.comm.all_gather,
-            Collective::ReduceScatter => &mut profile.comm.reduce_scatter,
-            Collective::AllReduce => &mut profile.comm.all_reduce,
+            Collective::AllGather => &mut into.all_gather,
+            Collective::ReduceScatter => &mut into.reduce_scatter,
+            Collective::AllReduce => &mut into.all_reduce,
         };
         *slot = curve;
-        profile.source.insert(
-            format!("{name}_curve"),
-            format!("nccl-tests: {}", path.display()),
-        );
+        let key = match link {
+            None => format!("{name}_curve"),
+            Some(link) => format!("{name}_curve_{}", link.name()),
+        };
+        profile
+            .source
+            .insert(key, format!("nccl-tests: {}", path.display()));
     }
     profile.block_size_bytes = args.block_size.unwrap_or_else(|| profile.comm.block_size());
     profile.validate(&out.display().to_string())?;
@@ -98,4 +111,50 @@ pub fn import(args: CommImportArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The curves of the topology's group of the file's `ranks` ranks on `link`; the error names
+/// `--link` and what the profile offers.
+fn group_curves<'a>(
+    profile: &'a mut Profile,
+    ranks: Option<u64>,
+    link: Link,
+    path: &Path,
+) -> anyhow::Result<&'a mut CommCurves> {
+    let Some(topology) = profile.topology.as_mut() else {
+        return Err(flag_error(
+            "--link",
+            "a profile with a topology (profile analytic --gpus-per-node); this one has a single link",
+        ));
+    };
+    let Some(ranks) = ranks else {
+        return Err(flag_error(
+            "--link",
+            format!(
+                "a file that says its rank count (nccl-tests' `nranks`); {} does not",
+                path.display()
+            ),
+        ));
+    };
+    let offered: Vec<String> = topology
+        .groups
+        .iter()
+        .map(|g| format!("{} ranks {}", g.ranks, g.link.name()))
+        .collect();
+    topology
+        .groups
+        .iter_mut()
+        .find(|g| u64::from(g.ranks) == ranks && g.link == link)
+        .map(|g| &mut g.comm)
+        .ok_or_else(|| {
+            flag_error(
+                "--link",
+                format!(
+                    "a group of the profile's topology ({}), got {ranks} ranks {} (from {})",
+                    offered.join(", "),
+                    link.name(),
+                    path.display()
+                ),
+            )
+        })
 }

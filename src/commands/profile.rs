@@ -37,6 +37,7 @@ pub fn analytic(args: AnalyticArgs) -> anyhow::Result<()> {
         block_size_bytes: args.block_size,
         overlap_slowdown: args.overlap_slowdown,
         comm_slowdown: args.comm_slowdown,
+        topology: args.gpus_per_node.map(|g| g.ranks()),
         ..AnalyticOptions::new(&args.device, args.world_size)
     };
     let profile = analytic_profile(&model, &catalog, &options)?;

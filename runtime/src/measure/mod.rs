@@ -109,6 +109,7 @@ pub fn workload_profile(
         shard_quantum_params: SHARD_QUANTUM_PARAMS,
         units,
         comm,
+        topology: None,
     };
     profile.validate("measured profile")?;
     Ok(profile)

@@ -1,6 +1,10 @@
 //! The profile: everything the cost model needs about one training setup (DESIGN §3 inputs),
 //! as a versioned, human-editable TOML file whose field names carry their units.
 
+mod topology;
+
+pub use topology::{Group, GroupCurves, Link, Topology, offered_groups};
+
 use crate::curve::{CommCurve, MAX_TIME_US};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -203,7 +207,12 @@ pub struct Profile {
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub shard_quantum_params: u64,
     pub units: Vec<UnitProfile>,
+    /// The world's curves (and, without a topology, every collective's).
     pub comm: CommCurves,
+    /// G ranks per node and the curves of the groups besides the world (DESIGN §3.11). Absent
+    /// (and not written): one link, the model of §3.1–3.10, digests unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<Topology>,
 }
 
 impl Profile {
@@ -478,6 +487,11 @@ impl Profile {
             if let Err(why) = curve.check() {
                 return bad(format!("comm.{op}.points"), why);
             }
+        }
+        if let Some(Err((field, expected))) =
+            self.topology.as_ref().map(|t| t.check(self.world_size))
+        {
+            return bad(field, expected);
         }
         Ok(())
     }

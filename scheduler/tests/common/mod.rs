@@ -102,6 +102,7 @@ pub fn profile(
             reduce_scatter,
             all_reduce,
         },
+        topology: None,
     };
     profile.validate("test profile").unwrap();
     profile

@@ -1,12 +1,19 @@
 //! Command-line grammar (clap). Sizes accept `40GiB`, `512MiB`, `80GB` or plain bytes.
 
+mod values;
+
+pub use values::{CapsArg, MemoryCap, MethodsArg, NodeSize, bytes_arg};
+
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use shardplan_runtime::cuda::ProductMath;
 use shardplan_runtime::dispatch::BackendKind;
 use shardplan_scheduler::baselines::BaselineKind;
-use shardplan_scheduler::sweep::Method;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
+use values::{
+    caps_arg, comm_slowdown_arg, gap_arg, memory_cap_arg, methods_arg, mfu_arg, node_size_arg,
+    seconds_arg, slowdown_arg, time_limit_arg,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -80,129 +87,6 @@ pub enum ProfileCommand {
     Measure(MeasureArgs),
 }
 
-/// Parses a byte size for clap.
-pub fn bytes_arg(text: &str) -> Result<u64, String> {
-    shardplan_scheduler::size::parse_bytes(text)
-}
-
-/// A per-rank memory cap: bytes, or no cap at all.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MemoryCap {
-    Bytes(u64),
-    Unlimited,
-}
-
-impl MemoryCap {
-    /// The cap in bytes; None when unlimited.
-    pub fn bytes(self) -> Option<u64> {
-        match self {
-            MemoryCap::Bytes(bytes) => Some(bytes),
-            MemoryCap::Unlimited => None,
-        }
-    }
-}
-
-/// `80GiB`, `85899345920`, `1.5e15`, … or `unlimited`.
-fn memory_cap_arg(text: &str) -> Result<MemoryCap, String> {
-    if text.trim().eq_ignore_ascii_case("unlimited") {
-        return Ok(MemoryCap::Unlimited);
-    }
-    bytes_arg(text)
-        .map(MemoryCap::Bytes)
-        .map_err(|e| format!("{e} (or `unlimited`)"))
-}
-
-/// A number for clap that must be finite and within `range` (`what` says the range in words).
-fn number_in(
-    text: &str,
-    range: impl std::ops::RangeBounds<f64>,
-    what: &str,
-) -> Result<f64, String> {
-    match text.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && range.contains(&v) => Ok(v),
-        _ => Err(format!("expected {what}, got `{text}`")),
-    }
-}
-
-/// Seconds > 0 (time limits, timeouts).
-fn seconds_arg(text: &str) -> Result<f64, String> {
-    number_in(
-        text,
-        f64::MIN_POSITIVE..=1e9,
-        "a positive number of seconds",
-    )
-}
-
-/// A solver's time limit: seconds > 0, however many (a huge limit means none), or `unlimited`.
-fn time_limit_arg(text: &str) -> Result<f64, String> {
-    if text.trim().eq_ignore_ascii_case("unlimited") {
-        return Ok(f64::INFINITY);
-    }
-    number_in(
-        text,
-        f64::MIN_POSITIVE..,
-        "a positive number of seconds or `unlimited`",
-    )
-}
-
-/// A relative MIP gap in [0, 1).
-fn gap_arg(text: &str) -> Result<f64, String> {
-    number_in(text, 0.0..1.0, "a relative gap in [0, 1)")
-}
-
-/// A model FLOP utilisation in (0, 1].
-fn mfu_arg(text: &str) -> Result<f64, String> {
-    number_in(text, f64::MIN_POSITIVE..=1.0, "a utilisation in (0, 1]")
-}
-
-/// κ, a finite slowdown factor ≥ 0.
-fn slowdown_arg(text: &str) -> Result<f64, String> {
-    number_in(text, 0.0..=1e6, "a finite number >= 0")
-}
-
-fn comm_slowdown_arg(text: &str) -> Result<f64, String> {
-    number_in(text, 0.0..=1.0, "a number from 0 to 1")
-}
-
-/// The caps of a sweep: `LOW..HIGH` (spread over --points) or a list.
-#[derive(Debug, Clone)]
-pub enum CapsArg {
-    Range { low: u64, high: u64 },
-    List(Vec<u64>),
-}
-
-fn caps_arg(text: &str) -> Result<CapsArg, String> {
-    if let Some((low, high)) = text.split_once("..") {
-        let (low, high) = (bytes_arg(low)?, bytes_arg(high)?);
-        if low >= high {
-            return Err(format!("LOW..HIGH with LOW < HIGH, got `{text}`"));
-        }
-        return Ok(CapsArg::Range { low, high });
-    }
-    let mut caps = text
-        .split(',')
-        .map(bytes_arg)
-        .collect::<Result<Vec<u64>, String>>()?;
-    caps.sort_unstable();
-    caps.dedup();
-    Ok(CapsArg::List(caps))
-}
-
-/// The methods of a sweep, comma-separated.
-#[derive(Debug, Clone)]
-pub struct MethodsArg(pub Vec<Method>);
-
-fn methods_arg(text: &str) -> Result<MethodsArg, String> {
-    let mut methods = Vec::new();
-    for name in text.split(',') {
-        let method: Method = name.trim().parse()?;
-        if !methods.contains(&method) {
-            methods.push(method);
-        }
-    }
-    Ok(MethodsArg(methods))
-}
-
 #[derive(Args, Debug)]
 pub struct AnalyticArgs {
     /// Model spec, e.g. models/llama2-7b.toml.
@@ -246,6 +130,10 @@ pub struct AnalyticArgs {
     /// Communication slowdown κ_q (communication µs lost per µs of concurrent compute, 0 to 1).
     #[arg(long, default_value_t = 0.0, value_parser = comm_slowdown_arg)]
     pub comm_slowdown: f64,
+    /// Ranks per node G, or `catalog` for the device's: writes the topology, with the curves of
+    /// every group of ranks the plan space offers (DESIGN §3.11).
+    #[arg(long, value_parser = node_size_arg)]
+    pub gpus_per_node: Option<NodeSize>,
     /// Hardware catalog; defaults to the bundled models/hardware.toml.
     #[arg(long)]
     pub catalog: Option<PathBuf>,
@@ -571,8 +459,19 @@ pub struct CommImportArgs {
     /// Keep this block size instead of recomputing it from the curves.
     #[arg(long, value_parser = bytes_arg)]
     pub block_size: Option<u64>,
+    /// The curves are of a group of the profile's topology on this link (its size: the files'
+    /// rank count), not of the world (DESIGN §3.11).
+    #[arg(long, value_enum)]
+    pub link: Option<LinkArg>,
     #[arg(long)]
     pub json: bool,
+}
+
+/// The link of `comm import --link`.
+#[derive(ValueEnum, Clone, Copy, Debug)]
+pub enum LinkArg {
+    Intra,
+    Inter,
 }
 
 #[derive(Subcommand, Debug)]
