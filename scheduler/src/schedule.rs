@@ -93,6 +93,17 @@ pub fn queue_key(op: Op, pos: usize, window_len: usize, unit: usize) -> QueueKey
     }
 }
 
+/// Each slot's entries sorted by their keys (stably: the canonical order, DESIGN §3.7).
+pub fn in_canonical_order<T>(keyed: Vec<Vec<(QueueKey, T)>>) -> Vec<Vec<T>> {
+    keyed
+        .into_iter()
+        .map(|mut q| {
+            q.sort_by_key(|(key, _)| *key);
+            q.into_iter().map(|(_, entry)| entry).collect()
+        })
+        .collect()
+}
+
 /// One entry of a slot's communication queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Queued {

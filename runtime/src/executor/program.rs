@@ -3,7 +3,7 @@
 //! and its buffer-reuse fences.
 
 use crate::layout::Placement;
-use shardplan_scheduler::schedule::{QueueKey, Schedule, queue_key};
+use shardplan_scheduler::schedule::{QueueKey, Schedule, in_canonical_order, queue_key};
 use shardplan_scheduler::timeline::{Level, Op};
 use shardplan_scheduler::unrolled::Unrolled;
 
@@ -167,13 +167,7 @@ pub(super) fn program(
             }
         }
     }
-    let queues = keyed
-        .into_iter()
-        .map(|mut q| {
-            q.sort_by_key(|(key, _)| *key);
-            q.into_iter().map(|(_, b)| b).collect()
-        })
-        .collect();
+    let queues = in_canonical_order(keyed);
     let need = |unit: usize, kind: Kind, shift: i64, micro_batch: Option<usize>| Need {
         unit,
         kind,

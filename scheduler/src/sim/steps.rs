@@ -9,7 +9,7 @@ use crate::cost::{
     Interference, block_bytes, block_time, compute_us, persistent_bytes, saved_bytes,
 };
 use crate::profile::Profile;
-use crate::schedule::{QueueKey, Schedule, queue_key};
+use crate::schedule::{QueueKey, Schedule, in_canonical_order, queue_key};
 use crate::timeline::{Level, Op, Slot};
 use crate::unrolled::{Instance, Unrolled, first_gradient_writer};
 
@@ -183,13 +183,7 @@ pub(super) fn unrolled(profile: &Profile, schedule: &Schedule) -> StepInputs {
             }
         }
     }
-    let queue = keyed
-        .into_iter()
-        .map(|mut q| {
-            q.sort_by_key(|(key, _)| *key);
-            q.into_iter().map(|(_, e)| e).collect()
-        })
-        .collect();
+    let queue = in_canonical_order(keyed);
     StepInputs {
         labels,
         compute_us: compute,
