@@ -413,7 +413,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
             Semantics::Relaxed if computing => {
                 for n in &self.program.needs[s] {
                     let per_step = self.program.per_step[n.unit * Kind::COUNT + n.kind.index()];
-                    let target = (iter + n.shift).max(0) as u64 * per_step + n.through;
+                    let target = iter as u64 * per_step + n.through;
                     self.wait(stream, self.event(n.unit, n.kind), target, &|| {
                         format!(
                             "{} of {} for step {iter}",

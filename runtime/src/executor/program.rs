@@ -72,13 +72,12 @@ pub(super) struct Block {
 }
 
 /// A wait of the compute stream before a slot of data step d: event (unit, kind) must reach
-/// `per_step`·(d + shift) + `through` blocks (every block of the steps before, then the step's
-/// instances up to the one needed).
+/// `per_step`·d + `through` blocks (every block of the steps before, then the step's instances up
+/// to the one needed).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Need {
     pub(super) unit: usize,
     pub(super) kind: Kind,
-    pub(super) shift: i64,
     pub(super) through: u64,
 }
 
@@ -168,10 +167,9 @@ pub(super) fn program(
         }
     }
     let queues = in_canonical_order(keyed);
-    let need = |unit: usize, kind: Kind, shift: i64, micro_batch: Option<usize>| Need {
+    let need = |unit: usize, kind: Kind, micro_batch: Option<usize>| Need {
         unit,
         kind,
-        shift,
         through: micro_batch.map_or(0, |m| counts.through(unit, kind, m)),
     };
     let needs = (0..slots)
@@ -185,23 +183,23 @@ pub(super) fn program(
             let mut needs = Vec::new();
             if flat == timeline.forward(i) {
                 match u.level {
-                    Level::None if m == 0 => needs.push(need(i, Kind::AllReduce, 0, None)),
+                    Level::None if m == 0 => needs.push(need(i, Kind::AllReduce, None)),
                     Level::Sdp | Level::Fsdp if m == 0 || !keep => {
-                        needs.push(need(i, Kind::ForwardGather, 0, Some(m)));
+                        needs.push(need(i, Kind::ForwardGather, Some(m)));
                     }
                     _ => {}
                 }
                 return needs;
             }
             if u.level == Level::Fsdp {
-                needs.push(need(i, Kind::BackwardGather, 0, Some(m)));
+                needs.push(need(i, Kind::BackwardGather, Some(m)));
             }
             // The previous micro-batch's reduction of each gradient this slot prepares.
             for w in prepared_at(i) {
                 let level = units[w].level;
                 if m > 0 && !units[w].accumulation.accumulate {
                     let kind = Kind::of(level.ops()[0]);
-                    needs.push(need(w, kind, 0, Some(m - 1)));
+                    needs.push(need(w, kind, Some(m - 1)));
                 }
             }
             needs
