@@ -136,18 +136,18 @@ fn group_curves<'a>(
             ),
         ));
     };
-    let offered: Vec<String> = topology
-        .groups
+    let groups = &mut topology.groups;
+    match groups
         .iter()
-        .map(|g| format!("{} ranks {}", g.ranks, g.link.name()))
-        .collect();
-    topology
-        .groups
-        .iter_mut()
-        .find(|g| u64::from(g.ranks) == ranks && g.link == link)
-        .map(|g| &mut g.comm)
-        .ok_or_else(|| {
-            flag_error(
+        .position(|g| u64::from(g.ranks) == ranks && g.link == link)
+    {
+        Some(k) => Ok(&mut groups[k].comm),
+        None => {
+            let offered: Vec<String> = groups
+                .iter()
+                .map(|g| format!("{} ranks {}", g.ranks, g.link.name()))
+                .collect();
+            Err(flag_error(
                 "--link",
                 format!(
                     "a group of the profile's topology ({}), got {ranks} ranks {} (from {})",
@@ -155,6 +155,7 @@ fn group_curves<'a>(
                     link.name(),
                     path.display()
                 ),
-            )
-        })
+            ))
+        }
+    }
 }

@@ -250,10 +250,9 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
         placement: &'a Placement,
         options: &'a RunOptions,
     ) -> Self {
-        let program = program(schedule, placement, &|unit| {
-            first_written_by(workload, unit)
-        });
         let units = placement.for_step(0).units.len();
+        let first_written = (0..units).map(|u| first_written_by(workload, u)).collect();
+        let program = program(schedule, placement, first_written);
         let event = || Event::spinning(backend.host_wait_spin());
         Walk {
             total: (options.steps + 2) * program.slots,
@@ -496,7 +495,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
     /// first (DESIGN §6.10).
     fn prepare_gradients(&self, layout: &Layout, unit: usize, micro_batch: usize) -> Result<()> {
         let rank = self.backend.rank();
-        for w in first_written_by(self.workload, unit) {
+        for &w in &self.program.first_written[unit] {
             let u = &self.schedule.units()[w];
             let start = GradientStart::of(u.level, u.accumulation.accumulate, micro_batch, rank);
             start.prepare(self.backend, &layout.units[w])?;

@@ -48,14 +48,6 @@ impl Kind {
     }
 }
 
-/// The kinds in index order.
-const KINDS: [Kind; Kind::COUNT] = [
-    Kind::AllReduce,
-    Kind::ReduceScatter,
-    Kind::ForwardGather,
-    Kind::BackwardGather,
-];
-
 /// One block on the communication stream's queue for a slot.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Block {
@@ -103,9 +95,11 @@ impl Counts {
         }
     }
 
-    /// Blocks of (unit, kind) per step.
-    fn per_step(&self, unit: usize, kind: Kind) -> u64 {
-        self.served[unit * Kind::COUNT + kind.index()].len() as u64 * self.blocks[unit]
+    /// Blocks per step of each (unit, kind), indexed unit·[`Kind::COUNT`] + kind.
+    fn per_step(&self) -> Vec<u64> {
+        (self.served.iter().enumerate())
+            .map(|(x, served)| served.len() as u64 * self.blocks[x / Kind::COUNT])
+            .collect()
     }
 
     /// Blocks of (unit, kind) in a step up to and including the instance serving `micro_batch`.
@@ -124,6 +118,9 @@ pub(super) struct Program {
     pub(super) needs: Vec<Vec<Need>>,
     /// Per (unit, kind), blocks per step.
     pub(super) per_step: Vec<u64>,
+    /// Per unit, the units whose gradient its backward writes first (`gradients`): the ones it
+    /// prepares, and whose previous reduction it waits for.
+    pub(super) first_written: Vec<Vec<usize>>,
     /// Per slot of an even iteration, then (where the arena alternates layouts) of an odd one,
     /// the units whose reductions must have completed as far as launched.
     pub(super) fences: Vec<Vec<usize>>,
@@ -136,7 +133,7 @@ pub(super) struct Program {
 pub(super) fn program(
     schedule: &Schedule,
     placement: &Placement,
-    prepared_at: &dyn Fn(usize) -> Vec<usize>,
+    first_written: Vec<Vec<usize>>,
 ) -> Program {
     let unrolled = Unrolled::of(schedule);
     let timeline = unrolled.timeline;
@@ -195,7 +192,7 @@ pub(super) fn program(
                 needs.push(need(i, Kind::BackwardGather, Some(m)));
             }
             // The previous micro-batch's reduction of each gradient this slot prepares.
-            for w in prepared_at(i) {
+            for &w in &first_written[i] {
                 let level = units[w].level;
                 if m > 0 && !units[w].accumulation.accumulate {
                     let kind = Kind::of(level.ops()[0]);
@@ -205,9 +202,7 @@ pub(super) fn program(
             needs
         })
         .collect();
-    let per_step = (0..units.len() * Kind::COUNT)
-        .map(|x| counts.per_step(x / Kind::COUNT, KINDS[x % Kind::COUNT]))
-        .collect();
+    let per_step = counts.per_step();
     let parities = placement.parities();
     // A unit's full gradients: one region, or one per parity of the step it holds.
     let full_grads =
@@ -225,6 +220,7 @@ pub(super) fn program(
         queues,
         needs,
         per_step,
+        first_written,
         fences,
         parities,
     }

@@ -1,13 +1,34 @@
 //! Between schedules and column values: a schedule as a warm start, a solution as a schedule,
 //! and the ILP's own evaluation of an integer solution (for the consistency check).
 
-use super::variables::{OpVars, UnitVars};
+use super::variables::{Col, OpVars, UnitVars};
 use crate::Result;
 use crate::cost::{Interference, compute_us};
 use crate::profile::Profile;
 use crate::schedule::{Launch, Schedule, UnitSchedule};
-use crate::timeline::{Level, Op, Timeline};
+use crate::timeline::{Level, Op, Timeline, Window};
 use std::collections::BTreeMap;
+
+/// The launches a solution's block columns describe: `columns[k]` blocks (rounded) at position
+/// `positions[k]` of `window`, where any launch (the flat and the micro-batch models alike).
+pub(super) fn launches_of(
+    window: Window,
+    positions: &[usize],
+    columns: &[Col],
+    values: &[f64],
+) -> Vec<Launch> {
+    positions
+        .iter()
+        .zip(columns)
+        .filter_map(|(&pos, x)| {
+            let blocks = values[x.index].round() as u32;
+            (blocks > 0).then(|| Launch {
+                slot: window.slot_at(pos),
+                blocks,
+            })
+        })
+        .collect()
+}
 
 /// The ILP op that carries a schedule op.
 fn op_vars(u: &UnitVars, op: Op) -> Option<&OpVars> {
@@ -83,19 +104,10 @@ pub(super) fn schedule_from_values(
                 .iter()
                 .map(|&op| {
                     let vars = op_vars(u, op).expect("the level's ops have variables");
-                    let list = vars
-                        .positions
-                        .iter()
-                        .zip(&vars.launches)
-                        .filter_map(|(&pos, x)| {
-                            let blocks = values[x.index].round() as u32;
-                            (blocks > 0).then(|| Launch {
-                                slot: vars.window.slot_at(pos),
-                                blocks,
-                            })
-                        })
-                        .collect();
-                    (op, list)
+                    (
+                        op,
+                        launches_of(vars.window, &vars.positions, &vars.launches, values),
+                    )
                 })
                 .collect::<BTreeMap<_, _>>();
             UnitSchedule {

@@ -8,6 +8,7 @@ mod linear;
 mod model;
 
 use super::limits::PLACEMENT_DEPTH;
+use super::mapping::launches_of;
 use super::model::{highs_model, memory_scale};
 use super::{Objective, PhaseReport, SolveOptions, SolveReport, SolveStatus, Solved, WindowLimits};
 use crate::baselines::{BaselineKind, best_baseline};
@@ -322,17 +323,7 @@ fn schedule_from(profile: &Profile, units: &[model::UnitCols], values: &[f64]) -
                 .expect("one configuration per unit");
             let placed = |op: Op, boundary: Boundary| {
                 let l = u.launches(model_op(op), boundary);
-                l.positions
-                    .iter()
-                    .zip(&l.x)
-                    .filter_map(|(&pos, x)| {
-                        let blocks = values[x.index].round() as u32;
-                        (blocks > 0).then(|| Launch {
-                            slot: l.window.slot_at(pos),
-                            blocks,
-                        })
-                    })
-                    .collect::<Vec<_>>()
+                launches_of(l.window, &l.positions, &l.x, values)
             };
             let launches: BTreeMap<Op, Vec<Launch>> = config
                 .level
