@@ -5,7 +5,10 @@ one): `fsdp` → `fully_shard(modules, reshard_after_forward=True)`; `sdp` → t
 `none` → `fully_shard` over a (world, 1) mesh, i.e. HSDP with shard groups of one: full
 parameters on every rank and gradients all-reduced, which is DDP for that unit; recompute →
 activation checkpointing of each of the unit's compute modules (composable `checkpoint`, applied
-before sharding). The model itself is then wrapped as the root, and each unit's forward and
+before sharding). On nodes (DESIGN §3.11) a unit with a `shard_group` S is sharded over the 2-D
+(world/S, S) replicate × shard mesh (HSDP: shard groups of S consecutive ranks, replicated across
+them), and one with a `secondary_group` H reshards after forward to H ranks
+(`reshard_after_forward=H`, hpZ). The model itself is then wrapped as the root, and each unit's forward and
 backward prefetch lists are set from the plan's gather slots, each unit named by its group's
 FSDP module. FSDP2 gathers a unit whole and reduces right after its backward; the export lists
 what that rounds (`approximations`).
@@ -49,14 +52,20 @@ def apply_plan(model, units, plan):
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     shard_mesh = init_device_mesh(device, (world,))
     replicate_mesh = init_device_mesh(device, (world, 1), mesh_dim_names=("replicate", "shard"))
+    hsdp_meshes = {}
     for u in plan["units"]:
         unit = by_name[u["name"]]
         if u["recompute"]:
             for module in unit.compute:
                 checkpoint(module)
         group = unit.modules if len(unit.modules) > 1 else unit.modules[0]
+        s = u.get("shard_group")
+        if s is not None and s not in hsdp_meshes:
+            hsdp_meshes[s] = init_device_mesh(device, (world // s, s), mesh_dim_names=("replicate", "shard"))
         if u["sharded"]:
-            fully_shard(group, mesh=shard_mesh, reshard_after_forward=u["reshard_after_forward"])
+            reshard = u.get("secondary_group") or u["reshard_after_forward"]
+            mesh = shard_mesh if s is None else hsdp_meshes[s]
+            fully_shard(group, mesh=mesh, reshard_after_forward=reshard)
         else:
             fully_shard(group, mesh=replicate_mesh)
     fully_shard(model, mesh=shard_mesh)

@@ -131,12 +131,23 @@ def _toml_value(v):
     raise TypeError(f"cannot write {type(v)} to TOML")
 
 
+def _curves(table, comm):
+    """The TOML lines of the three collective curves of `comm` under `table`."""
+    lines = []
+    for op in ["all_gather", "reduce_scatter", "all_reduce"]:
+        points = [[int(b), float(t)] for b, t in comm[op]["points"]]
+        lines += ["", f"[{table}.{op}]", f"points = {_toml_value(points)}"]
+    return lines
+
+
 def profile(model, units, sample_batch, loss_fn, comm_profile, out, *, name="pytorch model",
             bytes_per_param=(4, 4, 8), warmup=2, repeats=5):
     """Measures `units` (`Unit`s, or (name, module) pairs, in forward order; every parameter of
     `model` in exactly one) of `model` running `loss_fn(model, sample_batch)` (a scalar loss) and
     writes a shardplan profile to `out`.
-    Collective curves, block size and world size are taken from the profile at `comm_profile`.
+    Collective curves, block size and world size are taken from the profile at `comm_profile`,
+    and its topology (ranks per node, the groups' curves, the communicators' bytes) where it has
+    one.
     `bytes_per_param` is (gathered parameter, gradient, optimizer state) bytes per parameter."""
     units = check(model, units)
     with open(comm_profile, "rb") as f:
@@ -179,9 +190,15 @@ def profile(model, units, sample_batch, loss_fn, comm_profile, out, *, name="pyt
             lines.append(f"{key} = {int(median[key])}")
         if unit.reads_params_of is not None:
             lines.append(f"reads_params_of = {_toml_value(unit.reads_params_of)}")
-    for op in ["all_gather", "reduce_scatter", "all_reduce"]:
-        points = [[int(b), float(t)] for b, t in base["comm"][op]["points"]]
-        lines += ["", f"[comm.{op}]", f"points = {_toml_value(points)}"]
+    lines += _curves("comm", base["comm"])
+    topology = base.get("topology")
+    if topology is not None:
+        lines += ["", "[topology]", f"gpus_per_node = {int(topology['gpus_per_node'])}",
+                  f"communicator_bytes = {int(topology.get('communicator_bytes', 0))}"]
+        for group in topology.get("groups", []):
+            lines += ["", "[[topology.groups]]", f"ranks = {int(group['ranks'])}",
+                      f"link = {_toml_value(group['link'])}"]
+            lines += _curves("topology.groups.comm", group["comm"])
     with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")
     return out

@@ -94,14 +94,16 @@ def batch(rank, world):
     return tokens[rank * BATCH:(rank + 1) * BATCH]
 
 
-def tiny_profile(directory, tokens, out, name="tiny gpt x2"):
-    """Profiles a fresh TinyGPT (seed 0) on `tokens` into `out` for 2 ranks, with the collective
-    curves of the catalog's H100s (16 KiB blocks); returns the model."""
+def tiny_profile(directory, tokens, out, name="tiny gpt x2", world=2, gpus_per_node=None):
+    """Profiles a fresh TinyGPT (seed 0) on `tokens` into `out` for `world` ranks (on nodes of
+    `gpus_per_node`, where given), with the collective curves of the catalog's H100s (16 KiB
+    blocks); returns the model."""
     from .profiler import profile
 
     comm = pathlib.Path(directory) / "comm.toml"
+    nodes = [] if gpus_per_node is None else ["--gpus-per-node", str(gpus_per_node)]
     shardplan("profile", "analytic", "--model", str(ROOT / "models/gpt2-small.toml"), "--device", "h100-sxm",
-              "--world-size", "2", "--block-size", "16KiB", "--out", str(comm))
+              "--world-size", str(world), "--block-size", "16KiB", *nodes, "--out", str(comm))
     torch.manual_seed(0)
     model = TinyGPT()
     profile(model, model.units(), tokens, loss_fn, comm, out, name=name)

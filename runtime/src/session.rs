@@ -43,6 +43,25 @@ pub struct PlanRun {
     pub checkpoints_written: usize,
 }
 
+/// Refuses a plan with shard groups or secondary groups (DESIGN §3.11): the planner models them,
+/// the runtime's sub-communicators do not exist yet, so such a plan would not run as planned.
+fn refuse_hierarchical(schedule: &Schedule, profile: &Profile, origin: &str) -> Result<()> {
+    let hierarchical = schedule
+        .units()
+        .iter()
+        .zip(&profile.units)
+        .find(|(u, _)| u.shard_group.is_some() || u.secondary_group.is_some());
+    match hierarchical {
+        Some((_, unit)) => Err(Error::Mismatch(format!(
+            "{origin}: unit `{}` has a shard_group or secondary_group (DESIGN §3.11): the runtime \
+             runs plans over the world's communicator only; re-plan without a topology \
+             (`profile analytic` without --gpus-per-node) to run it",
+            unit.name
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// A plan ready to run: checked against the profile and the ranks, its layout packed, the arena
 /// allocated and initialised.
 pub struct Prepared<B> {
@@ -62,6 +81,7 @@ impl<B: Backend> Prepared<B> {
         steps: usize,
     ) -> Result<Self> {
         let schedule = plan.schedule(profile, origin)?;
+        refuse_hierarchical(&schedule, profile, origin)?;
         let world = backend.world_size();
         if plan.world_size as usize != world {
             return Err(Error::Mismatch(format!(

@@ -148,8 +148,15 @@ pub fn analytic_topology(
     Ok(Topology {
         gpus_per_node: node,
         groups,
+        communicator_bytes: NCCL_COMMUNICATOR_BYTES,
     })
 }
+
+/// The device memory one NCCL communicator holds, estimated from NCCL's documented defaults
+/// (DESIGN §3.11): per channel, a send and a receive connection to its ring neighbours, each with
+/// the Simple protocol's `NCCL_BUFFSIZE` (4 MiB), LL128's (4 MiB) and LL's (256 KiB) buffers, on
+/// 16 channels: 2·16·(4 + 4 + 0.25) MiB = 264 MiB.
+pub const NCCL_COMMUNICATOR_BYTES: u64 = 2 * 16 * (8 * 1024 * 1024 + 256 * 1024);
 
 /// Builds the analytic profile of `model` under `opts`.
 pub fn analytic_profile(

@@ -6,6 +6,7 @@
 //! micro-batches (DESIGN §3.10) the inner boundary's ops take the same positions in their windows,
 //! and each baseline accumulates and keeps as its framework does by default.
 
+use crate::groups::{secondary_group, whole_node_groups};
 use crate::plan::{Plan, Producer, plan_with_prediction};
 use crate::profile::Profile;
 use crate::schedule::{Accumulation, Launch, Schedule, UnitSchedule, inner_ops};
@@ -31,6 +32,12 @@ pub enum BaselineKind {
     DdpNoSync,
     /// FSDP2 with `set_requires_gradient_sync(False)` until the last micro-batch (K ≥ 2).
     Fsdp2NoSync,
+    /// ZeRO++ hpZ, FSDP2's `reshard_after_forward=G`: fsdp2 with every fsdp unit keeping a
+    /// node-local secondary shard (DESIGN §3.11; on a profile whose topology offers it).
+    Hpz,
+    /// FSDP2's HSDP (a 2-D replicate × shard mesh): fsdp2 over the smallest shard group of
+    /// whole nodes that fits (DESIGN §3.11).
+    Hsdp,
 }
 
 impl BaselineKind {
@@ -46,11 +53,21 @@ impl BaselineKind {
     /// The baselines that exist only with micro-batches (K ≥ 2): the gradient-sync switches.
     pub const NO_SYNC: [BaselineKind; 2] = [BaselineKind::DdpNoSync, BaselineKind::Fsdp2NoSync];
 
-    /// The baselines of `profile`: [`Self::ALL`], and [`Self::NO_SYNC`] when it has K ≥ 2.
+    /// The baselines that need a topology's groups (DESIGN §3.11).
+    pub const HIERARCHICAL: [BaselineKind; 2] = [BaselineKind::Hsdp, BaselineKind::Hpz];
+
+    /// The baselines of `profile`: [`Self::ALL`], [`Self::NO_SYNC`] when it has K ≥ 2, and
+    /// [`Self::HIERARCHICAL`] when its topology offers a secondary group.
     pub fn of(profile: &Profile) -> Vec<BaselineKind> {
         let mut kinds = Self::ALL.to_vec();
         if profile.micro_batches >= 2 {
             kinds.extend(Self::NO_SYNC);
+        }
+        if !whole_node_groups(profile).is_empty() {
+            kinds.push(BaselineKind::Hsdp);
+        }
+        if secondary_group(profile).is_some() {
+            kinds.push(BaselineKind::Hpz);
         }
         kinds
     }
@@ -82,6 +99,8 @@ impl BaselineKind {
             BaselineKind::BestGrid => "best-grid",
             BaselineKind::DdpNoSync => "ddp-nosync",
             BaselineKind::Fsdp2NoSync => "fsdp2-nosync",
+            BaselineKind::Hpz => "hpz",
+            BaselineKind::Hsdp => "hsdp",
         }
     }
 }
@@ -89,7 +108,12 @@ impl BaselineKind {
 impl std::str::FromStr for BaselineKind {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        let every = || Self::ALL.into_iter().chain(Self::NO_SYNC);
+        let every = || {
+            Self::ALL
+                .into_iter()
+                .chain(Self::NO_SYNC)
+                .chain(Self::HIERARCHICAL)
+        };
         every().find(|k| k.name() == s).ok_or_else(|| {
             format!(
                 "unknown baseline `{s}` (expected one of: {})",
@@ -107,13 +131,23 @@ pub struct BaselinePlan {
     pub simulation: Simulation,
 }
 
-/// Builds a schedule from per-unit levels and per-unit gather depths (forward, backward); with
-/// micro-batches, every unit accumulates and keeps as `(accumulate, keep)` says (keep only where
-/// the unit is sharded and, at fsdp, lends no parameters) and its inner boundary's ops take their
-/// step positions.
+/// The groups of ranks a baseline shards its units over (DESIGN §3.11): a shard group S < N for
+/// every sharded unit whose window (B_i, F_i) holds RS, RA and a gather (the others stay over the
+/// world), a secondary group for every fsdp unit.
+#[derive(Debug, Clone, Copy, Default)]
+struct Groups {
+    shard: Option<u32>,
+    secondary: Option<u32>,
+}
+
+/// Builds a schedule from per-unit levels and per-unit gather depths (forward, backward) over
+/// `groups` (a shard group's forward gathers at least two slots after its RS, RA between);
+/// with micro-batches, every unit accumulates and keeps as `(accumulate, keep)` says (keep only
+/// where the unit is sharded and, at fsdp, lends no parameters) and its inner boundary's ops take
+/// their step positions.
 fn depth_schedule(
     profile: &Profile,
-    levels: &[Level],
+    (levels, groups): (&[Level], Groups),
     depths: &[(usize, usize)],
     recompute: bool,
     (accumulate, keep): (bool, bool),
@@ -124,6 +158,9 @@ fn depth_schedule(
         .enumerate()
         .map(|(unit, &level)| {
             let nb = profile.blocks(unit);
+            let after = timeline.window(unit, Op::ReduceScatter.window_kind()).len;
+            let shard_group = groups.shard.filter(|_| level != Level::None && after >= 3);
+            let gap = if shard_group.is_some() { 2 } else { 0 };
             let launches = level
                 .ops()
                 .iter()
@@ -131,13 +168,10 @@ fn depth_schedule(
                     let window = timeline.window(unit, op.window_kind());
                     let pos = if op.is_reduction() {
                         0
+                    } else if op == Op::GatherBackward {
+                        window.len.saturating_sub(depths[unit].1)
                     } else {
-                        let depth = if op == Op::GatherBackward {
-                            depths[unit].1
-                        } else {
-                            depths[unit].0
-                        };
-                        window.len.saturating_sub(depth)
+                        window.len.saturating_sub(depths[unit].0).max(gap)
                     };
                     (
                         op,
@@ -169,6 +203,8 @@ fn depth_schedule(
                 recompute,
                 launches,
                 accumulation,
+                shard_group,
+                secondary_group: groups.secondary.filter(|_| level == Level::Fsdp),
             }
         })
         .collect();
@@ -240,7 +276,7 @@ fn grid_point(
     let l = profile.unit_count();
     depth_schedule(
         profile,
-        &levels(l, level, false),
+        (&levels(l, level, false), Groups::default()),
         &vec![(depth, depth); l],
         recompute,
         accumulation,
@@ -275,14 +311,41 @@ pub fn baseline(
         BaselineKind::Fsdp1 => grid_point(profile, Level::Fsdp, 1, checkpoint, accumulation)?,
         BaselineKind::Fsdp2 | BaselineKind::Fsdp2NoSync => depth_schedule(
             profile,
-            &levels(l, Level::Fsdp, true),
+            (&levels(l, Level::Fsdp, true), Groups::default()),
             &vec![(1, 1); l],
             checkpoint,
             accumulation,
         )?,
+        BaselineKind::Hpz => {
+            let h = secondary_group(profile).ok_or_else(|| {
+                Error::Mismatch(
+                    "hpz: the profile offers no secondary group (it needs a [topology] whose \
+                     world spans nodes, with the node group's curves, and micro_batches = 1; \
+                     `profile analytic --gpus-per-node G` writes one)"
+                        .into(),
+                )
+            })?;
+            details.insert("secondary_group".into(), toml::Value::Integer(h.into()));
+            let groups = Groups {
+                shard: None,
+                secondary: Some(h),
+            };
+            depth_schedule(
+                profile,
+                (&levels(l, Level::Fsdp, true), groups),
+                &vec![(1, 1); l],
+                checkpoint,
+                accumulation,
+            )?
+        }
+        BaselineKind::Hsdp => {
+            let (s, schedule) = hsdp(profile, checkpoint, cap)?;
+            details.insert("shard_group".into(), toml::Value::Integer(s.into()));
+            schedule
+        }
         BaselineKind::Zero3 => depth_schedule(
             profile,
-            &levels(l, Level::Fsdp, false),
+            (&levels(l, Level::Fsdp, false), Groups::default()),
             &zero3_depths(profile),
             checkpoint,
             accumulation,
@@ -298,6 +361,51 @@ pub fn baseline(
         }
     };
     Ok(finish(profile, schedule, kind.name(), details, cap))
+}
+
+/// FSDP2's HSDP: fsdp2's plan with every sharded unit over the smallest shard group of whole
+/// nodes (S = G·2^j < N, with curves in the profile) whose plan fits `cap` (without a cap, the
+/// node); the shard group and the schedule.
+fn hsdp(profile: &Profile, checkpoint: bool, cap: Option<u64>) -> Result<(u32, Schedule)> {
+    let candidates = whole_node_groups(profile);
+    if candidates.is_empty() {
+        return Err(Error::Mismatch(
+            "hsdp: the profile offers no shard group of whole nodes smaller than the world (it \
+             needs a [topology] whose world spans nodes, with the shard and replica groups' \
+             curves, and micro_batches = 1; `profile analytic --gpus-per-node G` writes one)"
+                .into(),
+        ));
+    }
+    let l = profile.unit_count();
+    let mut smallest_peak = f64::INFINITY;
+    for &s in &candidates {
+        let groups = Groups {
+            shard: Some(s),
+            secondary: None,
+        };
+        let schedule = depth_schedule(
+            profile,
+            (&levels(l, Level::Fsdp, true), groups),
+            &vec![(1, 1); l],
+            checkpoint,
+            (false, false),
+        )?;
+        let sim = crate::sim::simulate(profile, &schedule, crate::sim::Semantics::Strict);
+        if cap.is_none_or(|c| sim.peak_memory_bytes <= c as f64) {
+            return Ok((s, schedule));
+        }
+        smallest_peak = smallest_peak.min(sim.peak_memory_bytes);
+    }
+    Err(Error::Infeasible(format!(
+        "hsdp: no shard group of whole nodes ({}) fits the memory cap of {}; the smallest peak is {}",
+        candidates
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        format_bytes(cap.unwrap_or(0) as f64),
+        format_bytes(smallest_peak)
+    )))
 }
 
 /// The fastest of {none} ∪ {sdp, fsdp} × {depth 1, 2, 3} whose strict peak fits `cap`; with

@@ -39,6 +39,11 @@ pub struct Fsdp2Unit {
     pub sharded: bool,
     /// FSDP2's `reshard_after_forward` (None for replicated units).
     pub reshard_after_forward: Option<bool>,
+    /// S, the shard group of an HSDP unit (DESIGN §3.11): `fully_shard` over the 2-D (N/S, S)
+    /// replicate × shard mesh; None: over the world.
+    pub shard_group: Option<u32>,
+    /// H, an hpZ unit's secondary group: FSDP2's `reshard_after_forward=H` in place of true.
+    pub secondary_group: Option<u32>,
     /// Activation checkpointing (wrap the unit with `torch.utils.checkpoint`).
     pub recompute: bool,
     /// Units whose all-gather starts when this unit's forward starts.
@@ -93,7 +98,7 @@ pub fn fsdp2(profile: &Profile, schedule: &Schedule) -> Fsdp2Plan {
             }
             let slot = timeline.slot(first.slot);
             match op {
-                Op::AllReduce | Op::ReduceScatter => {
+                Op::AllReduce | Op::ReduceScatter | Op::ReplicaAllReduce => {
                     if first.position != 0 || launches.len() > 1 {
                         notes.push(format!(
                             "{}: {} planned at {slot}; FSDP2 reduces right after B{}",
@@ -144,6 +149,8 @@ pub fn fsdp2(profile: &Profile, schedule: &Schedule) -> Fsdp2Plan {
                 Level::Sdp => Some(false),
                 Level::Fsdp => Some(true),
             },
+            shard_group: u.shard_group,
+            secondary_group: u.secondary_group,
             recompute: u.recompute,
             forward_prefetch: std::mem::take(&mut forward_prefetch[i]),
             backward_prefetch: std::mem::take(&mut backward_prefetch[i]),

@@ -25,6 +25,24 @@ pub struct UnitSchedule {
     pub launches: BTreeMap<Op, Vec<Launch>>,
     /// Gradient accumulation across the step's micro-batches (DESIGN §3.10); the default at K = 1.
     pub accumulation: Accumulation,
+    /// S, a sharded unit's shard group when smaller than the world (DESIGN §3.11, HSDP): its
+    /// state is sharded over S ranks, replicated N/S times, and its reduction adds RA.
+    pub shard_group: Option<u32>,
+    /// H, an fsdp unit's hpZ secondary group (DESIGN §3.11): after its forward it keeps a 1/H
+    /// shard, and its backward gather runs inside the node's group of H ranks.
+    pub secondary_group: Option<u32>,
+}
+
+impl UnitSchedule {
+    /// The unit's ops in canonical order: its level's, and RA after RS where its shard group is
+    /// smaller than the world.
+    pub fn ops(&self) -> Vec<Op> {
+        let mut ops = self.level.ops().to_vec();
+        if self.shard_group.is_some() {
+            ops.insert(1, Op::ReplicaAllReduce);
+        }
+        ops
+    }
 }
 
 /// A unit's choices across micro-batches (DESIGN §3.10).
@@ -49,7 +67,7 @@ pub fn inner_ops(level: Level, accumulate: bool, keep: bool) -> Vec<Op> {
         .filter(|op| match op {
             Op::AllReduce | Op::ReduceScatter => !accumulate,
             Op::Gather | Op::GatherForward => !keep,
-            Op::GatherBackward => false,
+            Op::GatherBackward | Op::ReplicaAllReduce => false,
         })
         .collect()
 }
@@ -195,22 +213,30 @@ impl Schedule {
                     .unwrap_or_default(),
                 rule: why,
             };
+            let ops = u.ops();
             for (&op, launches) in &u.launches {
-                if !u.level.ops().contains(&op) && !launches.is_empty() {
+                if !ops.contains(&op) && !launches.is_empty() {
                     return Err(rule(
                         op,
                         None,
                         format!(
-                            "not an op of level `{}` (its ops: {})",
+                            "not an op of level `{}`{} (its ops: {})",
                             u.level.name(),
-                            op_keys(u.level.ops())
+                            if u.shard_group.is_some() {
+                                " over a shard group"
+                            } else {
+                                ""
+                            },
+                            op_keys(&ops)
                         ),
                     ));
                 }
             }
+            crate::groups::check(profile, u)
+                .map_err(|(field, why)| rule(ops[0], None, format!("{field}: {why}")))?;
             let nb = profile.blocks(unit);
             let mut unit_placed = BTreeMap::new();
-            for &op in u.level.ops() {
+            for &op in ops.iter().filter(|&&op| op != Op::ReplicaAllReduce) {
                 let window = timeline.window(unit, op.window_kind());
                 if window.len == 0 {
                     return Err(rule(
@@ -229,24 +255,22 @@ impl Schedule {
                 })?;
                 unit_placed.insert(op, op_placed);
             }
-            if let Some(last_rs) = unit_placed
-                .get(&Op::ReduceScatter)
-                .and_then(|rs: &Vec<Placed>| rs.last())
-                .map(|l| l.position)
-            {
+            let hsdp = u.shard_group.is_some();
+            check_reduction_order(&unit_placed, timeline, (unit, hsdp), |op, slot, why| {
+                rule(op, Some(slot), why)
+            })?;
+            if hsdp {
+                // Each RS block's replica AllReduce, in the next slot (DESIGN §3.11).
                 let window = timeline.window(unit, Op::ReduceScatter.window_kind());
-                for (&op, launches) in unit_placed.iter().filter(|(op, _)| op.is_forward_gather()) {
-                    if let Some(early) = launches.iter().find(|l| l.position < last_rs) {
-                        return Err(rule(
-                            op,
-                            Some(early.slot),
-                            format!(
-                                "a gather block before the unit's last reduction block at {} (order rule RS before AG)",
-                                timeline.slot(window.slot_at(last_rs))
-                            ),
-                        ));
-                    }
-                }
+                let ra = unit_placed[&Op::ReduceScatter]
+                    .iter()
+                    .map(|l: &Placed| Placed {
+                        slot: window.slot_at(l.position + 1),
+                        position: l.position + 1,
+                        blocks: l.blocks,
+                    })
+                    .collect();
+                unit_placed.insert(Op::ReplicaAllReduce, ra);
             }
             placed.push(unit_placed);
             inner_placed.push(Self::place_inner(profile, timeline, unit, u, |op, why| {
@@ -267,7 +291,7 @@ impl Schedule {
         rule: impl Fn(Op, String) -> Error,
     ) -> Result<BTreeMap<Op, Vec<Placed>>> {
         let a = &u.accumulation;
-        let first_op = u.level.ops()[0];
+        let first_op = u.ops()[0];
         if profile.micro_batches == 1 {
             if *a != Accumulation::default() {
                 return Err(rule(
@@ -365,6 +389,58 @@ impl Schedule {
             })
             .collect()
     }
+}
+
+/// The order rules of a unit's reductions and forward gathers (DESIGN §3.2, §3.11): every
+/// forward gather at or after the last RS block (same slot allowed: RS runs first). Over a shard
+/// group (`hsdp`), each RS block's replica AllReduce follows in the next slot, so no RS block
+/// launches in the window's last slot, and every forward gather comes a slot after the last RA
+/// (the optimizer step follows RA, and the two may run on different links): at least two
+/// positions after the last RS.
+fn check_reduction_order(
+    placed: &BTreeMap<Op, Vec<Placed>>,
+    timeline: Timeline,
+    (unit, hsdp): (usize, bool),
+    rule: impl Fn(Op, usize, String) -> Error,
+) -> Result<()> {
+    let window = timeline.window(unit, Op::ReduceScatter.window_kind());
+    let Some(last) = placed
+        .get(&Op::ReduceScatter)
+        .and_then(|rs| rs.last())
+        .copied()
+    else {
+        return Ok(());
+    };
+    if hsdp && last.position + 1 >= window.len {
+        return Err(rule(
+            Op::ReduceScatter,
+            last.slot,
+            format!(
+                "over a shard group, an RS block's replica AllReduce follows in the next slot, \
+                 and the window ends at {}",
+                timeline.slot(last.slot)
+            ),
+        ));
+    }
+    let (gap, rule_name) = if hsdp {
+        (2, "RS, then RA a slot later, then AG a slot after that")
+    } else {
+        (0, "RS before AG")
+    };
+    for (&op, launches) in placed.iter().filter(|(op, _)| op.is_forward_gather()) {
+        if let Some(early) = launches.iter().find(|l| l.position < last.position + gap) {
+            return Err(rule(
+                op,
+                early.slot,
+                format!(
+                    "a gather block too early after the unit's last reduction block at {} \
+                     (order rule {rule_name})",
+                    timeline.slot(last.slot)
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Places one op's launches at their window positions: each inside the window, each slot once,

@@ -53,6 +53,9 @@ pub enum Op {
     GatherForward,
     /// AGB_i (`fsdp`): backward gather, freed after B_i.
     GatherBackward,
+    /// RA_i (`sdp`, `fsdp` over a shard group smaller than the world, DESIGN §3.11): the reduced
+    /// shard's AllReduce across the replica group, after the unit's ReduceScatter.
+    ReplicaAllReduce,
 }
 
 /// A collective of the communication stream, as NCCL, MPI and nccl-tests name them; each `Op`
@@ -91,12 +94,13 @@ impl Collective {
 }
 
 impl Op {
-    pub const ALL: [Op; 5] = [
+    pub const ALL: [Op; 6] = [
         Op::AllReduce,
         Op::ReduceScatter,
         Op::Gather,
         Op::GatherForward,
         Op::GatherBackward,
+        Op::ReplicaAllReduce,
     ];
 
     /// The short name used in plan files and messages.
@@ -107,12 +111,16 @@ impl Op {
             Op::Gather => "ag",
             Op::GatherForward => "agf",
             Op::GatherBackward => "agb",
+            Op::ReplicaAllReduce => "ra",
         }
     }
 
     /// Reductions carry gradients (g bytes per parameter); gathers carry parameters (p).
     pub fn is_reduction(self) -> bool {
-        matches!(self, Op::AllReduce | Op::ReduceScatter)
+        matches!(
+            self,
+            Op::AllReduce | Op::ReduceScatter | Op::ReplicaAllReduce
+        )
     }
 
     /// Gathers whose window is (B_i, F_i) and that must follow every RS_i block.
@@ -164,7 +172,7 @@ impl<'de> Deserialize<'de> for Slot {
     }
 }
 
-/// Written as in messages and traces: `AR`, `RS`, `AG`, `AGF`, `AGB`.
+/// Written as in messages and traces: `AR`, `RS`, `AG`, `AGF`, `AGB`, `RA`.
 impl Serialize for Op {
     fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         s.collect_str(self)

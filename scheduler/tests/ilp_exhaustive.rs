@@ -2,14 +2,17 @@
 //! (≤ 3 units, ≤ 2 blocks per unit, N ∈ {2, 4, 8}, κ_c ∈ {0, 0.1}, κ_q ∈ {0, 0.3}, recompute on
 //! and off), at caps
 //! from infeasible through tight to loose, at caps equal (to the byte, rounded up) to plans'
-//! peaks, without a cap, and at the smallest feasible cap an infeasible solve reports. The search judges
+//! peaks (among them the fastest hpz plan's where a topology offers hpz), without a cap, and at the smallest feasible cap an infeasible solve reports. The search judges
 //! schedules with the simulator only.
 
 mod common;
 
-use common::{Rng, every_schedule, launches, placements, random_profile, reported_minimum};
+use common::{
+    Rng, every_schedule, launches, placements, random_profile, reported_minimum, with_topology,
+};
 use shardplan_scheduler::Error;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
+use shardplan_scheduler::groups::{secondary_group, shard_groups};
 use shardplan_scheduler::ilp::{
     Objective, SolveOptions, WindowLimits, far_band_bound, lp_relaxation_bound, priced_lp_bound,
     solve,
@@ -38,51 +41,71 @@ fn unit_options(profile: &Profile, unit: usize, recompute: bool) -> Vec<UnitSche
             let launches =
                 BTreeMap::from([(Op::AllReduce, launches(timeline, unit, Op::AllReduce, &ar))]);
             options.push(UnitSchedule {
+                shard_group: None,
+                secondary_group: None,
                 level: Level::None,
                 recompute: r,
                 launches,
                 accumulation: Default::default(),
             });
         }
-        for rs in placements(nb, 0, after) {
-            for ag in placements(nb, 0, after)
-                .into_iter()
-                .filter(|ag| ag[0] >= *rs.last().unwrap())
-            {
-                let sdp = BTreeMap::from([
-                    (
-                        Op::ReduceScatter,
-                        launches(timeline, unit, Op::ReduceScatter, &rs),
-                    ),
-                    (Op::Gather, launches(timeline, unit, Op::Gather, &ag)),
-                ]);
-                options.push(UnitSchedule {
-                    level: Level::Sdp,
-                    recompute: r,
-                    launches: sdp,
-                    accumulation: Default::default(),
-                });
-                for agb in placements(nb, 0, between) {
-                    let fsdp = BTreeMap::from([
+        // Sharded over the world, and over every shard group on offer (DESIGN §3.11): RA a
+        // slot after each RS block, the gathers a slot after the last RA.
+        let shards = std::iter::once(None).chain(shard_groups(profile).into_iter().map(Some));
+        for shard in shards.filter(|s| s.is_none() || after >= 3) {
+            let gap = if shard.is_some() { 2 } else { 0 };
+            let ranks = shard.unwrap_or(profile.world_size);
+            // fsdp, and hpz where the topology offers a smaller secondary group.
+            let secondary = secondary_group(profile).filter(|&h| h < ranks);
+            let groups: Vec<Option<u32>> =
+                std::iter::once(None).chain(secondary.map(Some)).collect();
+            for rs in placements(nb, 0, after - gap / 2) {
+                for ag in placements(nb, 0, after)
+                    .into_iter()
+                    .filter(|ag| ag[0] >= *rs.last().unwrap() + gap)
+                {
+                    let sdp = BTreeMap::from([
                         (
                             Op::ReduceScatter,
                             launches(timeline, unit, Op::ReduceScatter, &rs),
                         ),
-                        (
-                            Op::GatherForward,
-                            launches(timeline, unit, Op::GatherForward, &ag),
-                        ),
-                        (
-                            Op::GatherBackward,
-                            launches(timeline, unit, Op::GatherBackward, &agb),
-                        ),
+                        (Op::Gather, launches(timeline, unit, Op::Gather, &ag)),
                     ]);
                     options.push(UnitSchedule {
-                        level: Level::Fsdp,
+                        shard_group: shard,
+                        secondary_group: None,
+                        level: Level::Sdp,
                         recompute: r,
-                        launches: fsdp,
+                        launches: sdp,
                         accumulation: Default::default(),
                     });
+                    for (agb, &h) in placements(nb, 0, between)
+                        .iter()
+                        .flat_map(|agb| groups.iter().map(move |h| (agb, h)))
+                    {
+                        let fsdp = BTreeMap::from([
+                            (
+                                Op::ReduceScatter,
+                                launches(timeline, unit, Op::ReduceScatter, &rs),
+                            ),
+                            (
+                                Op::GatherForward,
+                                launches(timeline, unit, Op::GatherForward, &ag),
+                            ),
+                            (
+                                Op::GatherBackward,
+                                launches(timeline, unit, Op::GatherBackward, agb),
+                            ),
+                        ]);
+                        options.push(UnitSchedule {
+                            shard_group: shard,
+                            secondary_group: h,
+                            level: Level::Fsdp,
+                            recompute: r,
+                            launches: fsdp,
+                            accumulation: Default::default(),
+                        });
+                    }
                 }
             }
         }
@@ -103,6 +126,25 @@ fn enumerate(profile: &Profile, recompute: bool, limits: WindowLimits) -> Vec<(f
         }
     });
     results
+}
+
+/// The peak of the fastest schedule with an hpz unit (DESIGN §3.11), if any: a cap where hpz
+/// may be the optimum.
+fn fastest_hpz_peak(profile: &Profile, recompute: bool) -> Option<f64> {
+    let per_unit: Vec<Vec<UnitSchedule>> = (0..profile.unit_count())
+        .map(|u| unit_options(profile, u, recompute))
+        .collect();
+    let mut best: Option<(f64, f64)> = None;
+    every_schedule(profile, &per_unit, |schedule| {
+        if schedule.units().iter().any(|u| u.secondary_group.is_some()) {
+            let sim = simulate(profile, &schedule, Semantics::Strict);
+            let key = (sim.iteration_time_us, sim.peak_memory_bytes);
+            if best.is_none_or(|b| key < b) {
+                best = Some(key);
+            }
+        }
+    });
+    best.map(|(_, peak)| peak.ceil())
 }
 
 /// Whole-byte caps: below the smallest peak, between distinct peaks (tight above the smallest, a
@@ -142,6 +184,9 @@ fn ilp_optimum_equals_exhaustive_search() {
     let mut infeasible = 0;
     let mut schedules = 0;
     let mut tied = 0;
+    let mut hierarchical = 0;
+    let mut hpz_chosen = 0;
+    let mut hsdp_chosen = 0;
     for seed in 0..36u64 {
         let mut rng = Rng(seed * 7919 + 1);
         let units = 1 + (seed % 3) as usize;
@@ -166,6 +211,11 @@ fn ilp_optimum_equals_exhaustive_search() {
             profile.units[units - 1].reads_params_of = Some(profile.units[0].name.clone());
             tied += 1;
         }
+        // Nodes, a second link and hpz (DESIGN §3.11) on three quarters of the worlds of 4 and 8
+        // ranks.
+        if (seed / 2) % 4 != 3 && with_topology(&mut rng, &mut profile) {
+            hierarchical += 1;
+        }
         let results = enumerate(&profile, recompute, WindowLimits::FULL);
         instances += 1;
         schedules += results.len();
@@ -183,7 +233,9 @@ fn ilp_optimum_equals_exhaustive_search() {
             (t - fastest).abs() <= 1e-6 * fastest,
             "seed {seed} uncapped: ILP {t}, exhaustive {fastest}"
         );
-        for cap in caps(&results) {
+        let mut caps = caps(&results);
+        caps.extend(fastest_hpz_peak(&profile, recompute));
+        for cap in caps {
             let best = fastest_within(&results, cap);
             let options = SolveOptions {
                 memory_cap_bytes: Some(cap as u64),
@@ -201,6 +253,9 @@ fn ilp_optimum_equals_exhaustive_search() {
                         (t - solved.simulation.iteration_time_us).abs() <= 1e-6 * t,
                         "objective vs simulation"
                     );
+                    let units = solved.schedule.units();
+                    hpz_chosen += usize::from(units.iter().any(|u| u.secondary_group.is_some()));
+                    hsdp_chosen += usize::from(units.iter().any(|u| u.shard_group.is_some()));
                     assert!(
                         (t - best).abs() <= 1e-6 * best,
                         "seed {seed} cap {cap}: ILP {t}, exhaustive {best} ({} schedules)",
@@ -244,20 +299,30 @@ fn ilp_optimum_equals_exhaustive_search() {
         }
     }
     eprintln!(
-        "{instances} instances ({tied} tied), {schedules} schedules enumerated, {solves} solves, {infeasible} infeasible caps"
+        "{instances} instances ({tied} tied, {hierarchical} on nodes), {schedules} schedules enumerated, {solves} solves ({hpz_chosen} optima with hpz, {hsdp_chosen} with a shard group), {infeasible} infeasible caps"
     );
     assert!(
-        instances >= 30 && tied >= 6 && infeasible >= instances && solves >= 5 * instances,
+        instances >= 30
+            && tied >= 6
+            && hierarchical >= 6
+            && hpz_chosen >= 2
+            && hsdp_chosen >= 5
+            && infeasible >= instances
+            && solves >= 5 * instances,
         "{instances} instances, {solves} solves, {infeasible} infeasible"
     );
 }
 
 /// A tiny instance for the bound tests, varied by `seed`: 1–3 units, κ_c 0 or 0.1, κ_q 0.3 on a
-/// third, recompute allowed on half; and whether recompute is allowed.
+/// third, recompute allowed on half, nodes and hpz on a quarter of the others; and whether
+/// recompute is allowed.
 fn bound_instance(seed: u64, mut rng: Rng) -> (Profile, bool) {
     let units = 1 + (seed % 3) as usize;
     let mut profile = random_profile(&mut rng, units, 0.1 * (seed % 2) as f64, 1000);
     profile.comm_slowdown = if seed % 3 == 2 { 0.3 } else { 0.0 };
+    if (seed / 2) % 2 == 1 {
+        with_topology(&mut rng, &mut profile);
+    }
     (profile, seed % 4 < 2)
 }
 
@@ -479,7 +544,10 @@ fn separately_limited_solves_equal_exhaustive_search_of_the_limited_space() {
     for seed in 0..16u64 {
         let mut rng = Rng(seed * 104729 + 3);
         let units = 2 + (seed % 2) as usize;
-        let profile = random_profile(&mut rng, units, 0.1 * (seed % 2) as f64, 1000);
+        let mut profile = random_profile(&mut rng, units, 0.1 * (seed % 2) as f64, 1000);
+        if seed % 3 == 0 {
+            with_topology(&mut rng, &mut profile);
+        }
         let limits = limits[(seed % 4) as usize];
         let full = enumerate(&profile, true, WindowLimits::FULL);
         let results = enumerate(&profile, true, limits);
@@ -487,7 +555,9 @@ fn separately_limited_solves_equal_exhaustive_search_of_the_limited_space() {
             results.len() < full.len(),
             "seed {seed}: {limits} limits nothing"
         );
-        for cap in caps(&results) {
+        let mut caps = caps(&results);
+        caps.extend(fastest_hpz_peak(&profile, true));
+        for cap in caps {
             let best = fastest_within(&results, cap);
             let options = SolveOptions {
                 memory_cap_bytes: Some(cap as u64),

@@ -79,6 +79,8 @@ fn unit_options(profile: &Profile, unit: usize, recompute: bool) -> Vec<UnitSche
                     for s in &step {
                         for i in &inner {
                             options.push(UnitSchedule {
+                                shard_group: None,
+                                secondary_group: None,
                                 level,
                                 recompute: r,
                                 launches: s.clone(),

@@ -231,6 +231,8 @@ fn repeated(profile: &Profile, flat: &Schedule) -> Schedule {
                 .map(|op| (op, u.launches[&op].clone()))
                 .collect();
             UnitSchedule {
+                shard_group: None,
+                secondary_group: None,
                 accumulation: Accumulation {
                     accumulate: false,
                     keep: false,

@@ -153,7 +153,9 @@ pub enum AttentionArg {
 pub struct BaselineArgs {
     #[arg(long)]
     pub profile: PathBuf,
-    /// ddp, zero2, fsdp1, fsdp2, zero3 or best-grid.
+    /// ddp, zero2, fsdp1, fsdp2, zero3, best-grid; with micro-batches ddp-nosync, fsdp2-nosync;
+    /// on a profile with nodes (DESIGN §3.11) hsdp (within the cap, the smallest shard group of
+    /// whole nodes that fits) or hpz.
     #[arg(long, value_parser = str::parse::<BaselineKind>)]
     pub kind: BaselineKind,
     /// Activation checkpointing for every unit.
@@ -207,6 +209,10 @@ pub struct DemoArgs {
     /// Micro-batches per optimizer step (K, gradient accumulation; DESIGN §3.10).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1 << 16))]
     pub micro_batches: u32,
+    /// Plan on one link for every collective (no nodes: no shard or secondary groups), as
+    /// before the topology (DESIGN §3.11).
+    #[arg(long)]
+    pub flat: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -281,8 +287,9 @@ pub struct SweepArgs {
     pub points: u64,
     #[arg(long)]
     pub out_dir: PathBuf,
-    /// Comma-separated: ilp, ddp, zero2, fsdp1, fsdp2, zero3, best-grid, and with micro-batches
-    /// ddp-nosync, fsdp2-nosync (default: all of them).
+    /// Comma-separated: ilp, ddp, zero2, fsdp1, fsdp2, zero3, best-grid; with micro-batches
+    /// ddp-nosync, fsdp2-nosync; on a profile with nodes (DESIGN §3.11) hsdp, hpz (default: all
+    /// of them).
     #[arg(long, value_parser = methods_arg)]
     pub methods: Option<MethodsArg>,
     /// Seconds per ILP solve, or `unlimited`.

@@ -1,5 +1,6 @@
 //! `shardplan demo`: the main job on a bundled profile — every baseline and the ILP under the
-//! device's memory, side by side.
+//! device's memory, side by side: Llama-2 70B on 8 nodes of 8 H100s (NVLink inside a node,
+//! InfiniBand between), or with `--flat` on one link for every collective (DESIGN §3.11).
 
 use crate::cli::DemoArgs;
 use crate::output::{Table, ms, outln, print_json};
@@ -12,19 +13,27 @@ use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::sim::{Simulation, chrome_trace};
 use shardplan_scheduler::size::{format_bytes, whole_bytes};
 
-/// The bundled default: Llama-2 70B on 64 H100s.
-const DEMO_PROFILE: &str = include_str!("../../profiles/llama2-70b-h100-n64.toml");
-const DEMO_ORIGIN: &str = "<bundled profiles/llama2-70b-h100-n64.toml>";
+/// The bundled default: Llama-2 70B on 64 H100s as 8 nodes of 8.
+const DEMO_PROFILE: &str = include_str!("../../profiles/llama2-70b-h100-8x8.toml");
+const DEMO_ORIGIN: &str = "<bundled profiles/llama2-70b-h100-8x8.toml>";
+/// The same without a topology: every collective on the inter-node link.
+const FLAT_PROFILE: &str = include_str!("../../profiles/llama2-70b-h100-n64.toml");
+const FLAT_ORIGIN: &str = "<bundled profiles/llama2-70b-h100-n64.toml>";
 
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
-    let mut profile = Profile::from_toml(DEMO_PROFILE, DEMO_ORIGIN)?;
+    let (text, origin) = if args.flat {
+        (FLAT_PROFILE, FLAT_ORIGIN)
+    } else {
+        (DEMO_PROFILE, DEMO_ORIGIN)
+    };
+    let mut profile = Profile::from_toml(text, origin)?;
     profile.micro_batches = args.micro_batches;
     let cap: u64 = profile
         .source
         .get("device_memory_bytes")
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| {
-            anyhow::anyhow!("{DEMO_ORIGIN}: field `source.device_memory_bytes`: expected bytes")
+            anyhow::anyhow!("{origin}: field `source.device_memory_bytes`: expected bytes")
         })?;
     if let Some(dir) = &args.out_dir {
         std::fs::create_dir_all(dir)

@@ -77,12 +77,10 @@ fn report(args: &SolveArgs, solved: &Solved, packing: Option<&Packing>) {
             .filter(|u| u.level == level)
             .count()
     };
-    let recomputed = solved
-        .schedule
-        .units()
-        .iter()
-        .filter(|u| u.recompute)
-        .count();
+    let units = solved.schedule.units();
+    let recomputed = units.iter().filter(|u| u.recompute).count();
+    let over_shard_groups = units.iter().filter(|u| u.shard_group.is_some()).count();
+    let hpz = units.iter().filter(|u| u.secondary_group.is_some()).count();
     let bound_key = match args.objective {
         ObjectiveArg::Time => "best_bound_us",
         ObjectiveArg::Memory => "best_bound_bytes",
@@ -103,6 +101,8 @@ fn report(args: &SolveArgs, solved: &Solved, packing: Option<&Packing>) {
             "constraints": r.constraints,
             "levels": {"none": count(Level::None), "sdp": count(Level::Sdp), "fsdp": count(Level::Fsdp)},
             "recomputed_units": recomputed,
+            "units_over_shard_groups": over_shard_groups,
+            "units_hpz": hpz,
             "warm_start": r.warm_start.as_ref().map(|(name, time)| json!({"name": name, "iteration_time_us": time})),
             "window_depth": r.window_depth,
             "phases": r.phases,
@@ -132,8 +132,19 @@ fn report(args: &SolveArgs, solved: &Solved, packing: Option<&Packing>) {
             },
             r.solve_seconds
         );
+        if args.objective == ObjectiveArg::Time && r.best_bound > sim.iteration_time_us {
+            outln!(
+                "  the plan is a warm start outside the ILP's plan space (a shard group it does \
+                 not offer, DESIGN §3.11): the bound is over that space, not over this plan"
+            );
+        }
+        let hierarchical = if over_shard_groups + hpz > 0 {
+            format!(" ({over_shard_groups} over a shard group, {hpz} hpz)")
+        } else {
+            String::new()
+        };
         outln!(
-            "  levels: {} none, {} sdp, {} fsdp; {} recomputed; warm start {}",
+            "  levels: {} none, {} sdp, {} fsdp{hierarchical}; {} recomputed; warm start {}",
             count(Level::None),
             count(Level::Sdp),
             count(Level::Fsdp),

@@ -26,6 +26,10 @@ impl Kind {
             Op::ReduceScatter => Kind::ReduceScatter,
             Op::Gather | Op::GatherForward => Kind::ForwardGather,
             Op::GatherBackward => Kind::BackwardGather,
+            Op::ReplicaAllReduce => unreachable!(
+                "plans over shard groups are refused before a program is built \
+                 (session::refuse_hierarchical)"
+            ),
         }
     }
 

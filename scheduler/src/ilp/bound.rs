@@ -6,8 +6,8 @@ use super::limits::PLACEMENT_DEPTH;
 use super::model::{Built, Form, build, highs_model, memory_scale};
 use super::variables::{Columns, ExtraPositions, OpVars, Shape, covers, declare_units};
 use super::{Objective, PhaseReport, Relaxation, SolveOptions, SolveStatus, WindowLimits};
-use crate::profile::Profile;
-use crate::timeline::{Level, Timeline};
+use crate::profile::{Link, Profile};
+use crate::timeline::Timeline;
 use crate::{Error, Result};
 use good_lp::{IntoAffineExpression, ProblemVariables, Variable};
 use highs::HighsModelStatus;
@@ -275,15 +275,14 @@ fn priced_bound(
         // The cheapest launch position of each op, over the full window.
         let mut cheapest = Vec::new();
         for (restricted_op, full_op) in restricted.ops().zip(whole.ops()) {
+            let slots = durations.len();
             let prices = launch_prices(
                 full_op,
                 duals[rows.coverage + op_index],
                 &memory_weights[op_index],
-                |slot| {
-                    (
-                        duals[rows.durations + 2 * slot],
-                        duals[rows.durations + 2 * slot + 1],
-                    )
+                |slot, link| {
+                    let (compute_row, comm_row) = rows.duration_rows(slot % slots, link);
+                    (duals[compute_row], duals[comm_row])
                 },
             );
             op_index += 1;
@@ -321,21 +320,17 @@ fn priced_bound(
                 priced[c.index] = true;
             }
             let lowest = prices.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
-            cheapest.push((full_op.op, blocks * lowest));
+            cheapest.push((full_op, blocks * lowest));
         }
         // The unit's subproblem: one level, each covering op's nb blocks at its cheapest position.
         let mut best_level = f64::INFINITY;
-        for (level, column) in [
-            (Level::None, restricted.none),
-            (Level::Sdp, Some(restricted.sdp)),
-            (Level::Fsdp, restricted.fsdp),
-        ] {
+        for (choice, column) in restricted.choices() {
             let Some(y) = column else { continue };
             priced[y.index] = true;
             lagrangian -= reduced[y.index] * values[y.index];
             let launches: f64 = cheapest
                 .iter()
-                .filter(|(op, _)| covers(*op, level))
+                .filter(|(op, _)| covers(op, choice))
                 .map(|(_, cost)| cost)
                 .sum();
             best_level = best_level.min(reduced[y.index] + launches);
@@ -381,25 +376,24 @@ fn priced_bound(
 /// The reduced cost of one block of `op` at each of its full-window positions, with C eliminated
 /// (a block at k counts in every memory row that reads C at a position ≥ k), beside the largest
 /// of its terms (the scale of the check against HiGHS). Rows, as HiGHS holds them: coverage
-/// Σx − nb·y = 0 (dual `coverage`), d − c − L ≥ … and d − Q − κ_q·c ≥ … (`durations(slot)`),
+/// Σx − nb·y = 0 (dual `coverage`), d − c − L ≥ … and d − Q^ℓ − κ_q·c ≥ … (`durations(slot,
+/// link)`) of the block's slot and of its follower's (the replica AllReduce, a slot later),
 /// M_s ≤ 1 (`memory_weights`: Σ_s π_s·coefficient per position).
 fn launch_prices(
     op: &OpVars,
     coverage: f64,
     memory_weights: &[f64],
-    durations: impl Fn(usize) -> (f64, f64),
+    durations: impl Fn(usize, Link) -> (f64, f64),
 ) -> Vec<(f64, f64)> {
     let mut memory_suffix = 0.0;
     let mut prices = vec![(0.0, 0.0); op.positions.len()];
     for (q, &position) in op.positions.iter().enumerate().rev() {
         memory_suffix += memory_weights[q];
-        let (compute_row, comm_row) = durations(op.window.slot_at(position));
-        let terms = [
-            -coverage,
-            -memory_suffix,
-            compute_row * op.block_load_us,
-            comm_row * op.block_time_us,
-        ];
+        let mut terms = vec![-coverage, -memory_suffix];
+        for (offset, link, time, load) in op.parts() {
+            let (compute_row, comm_row) = durations(op.window.slot_at(position) + offset, link);
+            terms.extend([compute_row * load, comm_row * time]);
+        }
         prices[q] = (
             terms.iter().sum(),
             terms.iter().map(|t| t.abs()).fold(0.0, f64::max),

@@ -2,9 +2,9 @@
 //! Units i, slots s, window positions k; nb_i blocks per op; κ_c, κ_q the interference (compute
 //! slowed by communication, communication slowed by compute).
 
-use super::variables::{Col, OpVars, UnitVars};
+use super::variables::{Col, GroupVars, OpVars, UnitVars};
 use crate::cost::{Interference, compute_us, most_compute_us};
-use crate::profile::Profile;
+use crate::profile::{Link, Profile};
 use crate::timeline::{Level, Timeline};
 use good_lp::{Constraint, Expression, constraint};
 
@@ -36,62 +36,96 @@ pub(super) fn cumulative_counts(units: &[UnitVars]) -> Vec<Constraint> {
 }
 
 /// Coverage: Σ_k x_{i,op,k} = nb_i · y_{i,level(op)}, i.e. C_{i,op,last} = nb_i·y. RS and FG
-/// run at both sharded levels (y_sdp + y_fsdp), AR only at none, BG only at fsdp. One row per op,
-/// in the order of `units.iter().flat_map(UnitVars::ops)`.
+/// run at every sharded choice (y_sdp + y_fsdp + y_hpz), AR only at none, BG only at fsdp, BGH
+/// only at hpz. One row per op, in the order of `units.iter().flat_map(UnitVars::ops)`.
 pub(super) fn coverage(units: &[UnitVars]) -> Vec<Constraint> {
     units
         .iter()
         .flat_map(|u| {
             let nb = f64::from(u.blocks);
             u.ops()
-                .map(move |op| constraint!(op.total().var == nb * u.covered_level(op.op)))
+                .map(move |op| constraint!(op.total().var == nb * u.covered_level(op)))
         })
         .collect()
 }
 
-/// The RS→AG order as a boundary per unit, Z_{i,k} = [boundary ≤ k], monotone in k:
+/// The RS→AG order as a boundary per unit and group, Z_{i,k} = [boundary ≤ k], monotone in k,
+/// with gap γ = 0 over the world and γ = 2 over a shard group (RS, RA a slot later, the gather a
+/// slot after that; DESIGN §3.11):
 ///   Z_{i,k} ≥ Z_{i,k−1};
-///   x_{i,RS,k} ≤ nb_i·(1 − Z_{i,k−1})   (a reduction at k needs boundary ≥ k);
-///   x_{i,FG,k} ≤ nb_i·Z_{i,k}           (a forward gather at k needs boundary ≤ k).
-/// Positions outside the overlap of the two ops' allowed ranges need no row.
+///   x_{i,RS,k} ≤ nb_i·(1 − Z_{i,k+γ−1})   (a reduction at k needs boundary ≥ k + γ);
+///   x_{i,FG,k} ≤ nb_i·Z_{i,k}             (a forward gather at k needs boundary ≤ k).
+/// Positions outside the range where the two ops' allowed positions can conflict need no row.
 pub(super) fn reductions_before_gathers(units: &[UnitVars]) -> Vec<Constraint> {
     let mut rows = Vec::new();
     for u in units {
         let nb = f64::from(u.blocks);
-        let z = |k: usize| u.boundary.iter().find(|(p, _)| *p == k).map(|(_, c)| c.var);
-        for pair in u.boundary.windows(2) {
-            rows.push(constraint!(pair[1].1.var >= pair[0].1.var));
-        }
-        for (&k, x) in u.rs.positions.iter().zip(&u.rs.launches) {
-            if let Some(previous) = k.checked_sub(1).and_then(z) {
-                rows.push(constraint!(x.var <= nb - nb * previous));
+        for g in &u.groups {
+            let z = |k: usize| g.boundary.iter().find(|(p, _)| *p == k).map(|(_, c)| c.var);
+            for pair in g.boundary.windows(2) {
+                rows.push(constraint!(pair[1].1.var >= pair[0].1.var));
             }
-        }
-        for (&k, x) in u.fg.positions.iter().zip(&u.fg.launches) {
-            if let Some(zk) = z(k) {
-                rows.push(constraint!(x.var <= nb * zk));
+            for (&k, x) in g.rs.positions.iter().zip(&g.rs.launches) {
+                if let Some(previous) = (k + g.gap).checked_sub(1).and_then(z) {
+                    rows.push(constraint!(x.var <= nb - nb * previous));
+                }
+            }
+            for (&k, x) in g.fg.positions.iter().zip(&g.fg.launches) {
+                if let Some(zk) = z(k) {
+                    rows.push(constraint!(x.var <= nb * zk));
+                }
             }
         }
     }
     rows
 }
 
-/// Q_s = Σ_{i,op,k: slot(k) = s} t_{i,op} · x_{i,op,k}: communication launched at each slot,
-/// and L_s = Σ_{i,op,k: slot(k) = s} ℓ_{i,op} · x_{i,op,k} with ℓ = κ_c·t_op + κ_u·upd_op: the
-/// compute it costs the slot. Band columns (`super::far`) have no slot of their own.
+/// The links the model's ops (and their followers) use, in [`Link::ALL`] order: the world's
+/// alone, and the other link beside it where hierarchical levels are offered (DESIGN §3.11).
+pub(super) fn links_in_use(units: &[UnitVars]) -> Vec<Link> {
+    Link::ALL
+        .into_iter()
+        .filter(|&link| {
+            units
+                .iter()
+                .flat_map(UnitVars::ops)
+                .any(|op| op.parts().any(|(_, l, _, _)| l == link))
+        })
+        .collect()
+}
+
+/// Q^ℓ_s = Σ_{i,op,k: slot(k) = s, link(op) = ℓ} t_{i,op} · x_{i,op,k}: communication launched at
+/// each slot on each link of `links` (one entry per link, in its order; a shard group's RS block
+/// puts its replica AllReduce on slot(k + 1), DESIGN §3.11), and
+/// L_s = Σ_{i,op,k: slot(k) = s} ℓ_{i,op} · x_{i,op,k} with ℓ = κ_c·t_op + κ_u·upd_op: the
+/// compute it costs the slot, over both links. Band columns (`super::far`) have no slot of their
+/// own.
 pub(super) fn communication_per_slot(
     units: &[UnitVars],
     slots: usize,
-) -> (Vec<Expression>, Vec<Expression>) {
-    let mut q = vec![Expression::default(); slots];
+    links: &[Link],
+) -> (Vec<Vec<Expression>>, Vec<Expression>) {
+    let mut q = vec![vec![Expression::default(); slots]; links.len()];
     let mut load = vec![Expression::default(); slots];
     for op in units.iter().flat_map(UnitVars::ops) {
-        for (s, x) in op.launches_at_slots() {
-            q[s].add_mul(op.block_time_us, x.var);
-            load[s].add_mul(op.block_load_us, x.var);
+        for (offset, link, time, compute) in op.parts() {
+            let link = link_position(links, link);
+            for (s, x) in op.launches_at_slots() {
+                let s = (s + offset) % slots;
+                q[link][s].add_mul(time, x.var);
+                load[s].add_mul(compute, x.var);
+            }
         }
     }
     (q, load)
+}
+
+/// The position of `link` in `links` (every op's link is in use).
+pub(super) fn link_position(links: &[Link], link: Link) -> usize {
+    links
+        .iter()
+        .position(|&l| l == link)
+        .expect("every op's link is in use")
 }
 
 /// c_s: f_i + (f^c_i − f_i)·r_i at F_i, b_i + f'_i·r_i at B_i, the extra time at E.
@@ -123,20 +157,60 @@ pub(super) fn compute_per_slot(
         .collect()
 }
 
-/// Slot durations: d_s ≥ c_s + L_s and d_s ≥ Q_s + κ_q·c_s.
+/// Slot durations: d_s ≥ c_s + L_s and, per link ℓ in use, d_s ≥ Q^ℓ_s + κ_q·c_s (DESIGN
+/// §3.11): 1 + |links| rows per slot, in that order.
 pub(super) fn slot_durations(
     durations: &[Col],
     compute: &[Expression],
-    (comm, load): (&[Expression], &[Expression]),
+    (comm, load): (&[Vec<Expression>], &[Expression]),
     interference: Interference,
 ) -> Vec<Constraint> {
     let kq = interference.comm;
     let mut rows = Vec::new();
-    for (((d, c), q), l) in durations.iter().zip(compute).zip(comm).zip(load) {
+    for (s, ((d, c), l)) in durations.iter().zip(compute).zip(load).enumerate() {
         rows.push(constraint!(d.var >= c.clone() + l.clone()));
-        rows.push(constraint!(d.var >= q.clone() + kq * c.clone()));
+        for q in comm {
+            rows.push(constraint!(d.var >= q[s].clone() + kq * c.clone()));
+        }
     }
     rows
+}
+
+/// The communicators in use (DESIGN §3.11): u_S ≥ Σ y_{i,·,S} for each unit and shard group S
+/// (its shard and replica groups), u_H ≥ Σ_g y_{i,hpz,g} for each unit with hpz.
+pub(super) fn communicator_in_use(units: &[UnitVars]) -> Vec<Constraint> {
+    let mut rows = Vec::new();
+    for u in units {
+        for g in &u.groups {
+            if let Some(c) = g.communicator {
+                rows.push(constraint!(c.var >= g.sharded()));
+            }
+        }
+        if let Some(c) = u.secondary_communicator {
+            let hpz: Expression = u.groups.iter().filter_map(|g| g.hpz).map(|h| h.var).sum();
+            rows.push(constraint!(c.var >= hpz));
+        }
+    }
+    rows
+}
+
+/// Each communicator column once, with the number of communicators it stands for: a shard
+/// group's 2 (shard and replica), the secondary group's 1.
+fn communicator_columns(units: &[UnitVars]) -> Vec<(Col, f64)> {
+    let mut columns: Vec<(Col, f64)> = Vec::new();
+    for u in units {
+        let shards = u
+            .groups
+            .iter()
+            .filter_map(|g| g.communicator)
+            .map(|c| (c, 2.0));
+        for (c, count) in shards.chain(u.secondary_communicator.map(|c| (c, 1.0))) {
+            if !columns.iter().any(|(known, _)| known.index == c.index) {
+                columns.push((c, count));
+            }
+        }
+    }
+    columns
 }
 
 /// Adds blk·C_{op}(pos) to `m` (the blocks of `op` launched at positions ≤ pos).
@@ -160,7 +234,13 @@ fn add_launched_up_to(m: &mut Expression, op: &OpVars, pos: usize, scale: f64) {
 ///     + ws(s)
 ///     + lent to unit j (B_j < B_i):  F_i < s ≤ B_j:  Ψ_i·p·y_fsdp
 ///                                    B_j ≤ s < B_i:  Ψ_i·g·(y_sdp + y_fsdp)
+///     + hpz (DESIGN §3.11):  F_i ≤ s ≤ B_i:  Ψ_i·p/H·y_hpz;  s ∈ (F_i, B_i) at k: blk_p·C_{i,BGH,k}
+///     + communicators:       comm·(1 + 2·Σ_S u_S + u_H)   (with a topology)
 /// ```
+///
+/// The sharded terms are summed over the unit's groups of ranks, each with its own persistent
+/// share Ψ_i(p+g+o)/S, columns and levels; y_fsdp stands for y_fsdp + y_hpz wherever hpz's memory
+/// equals fsdp's.
 ///
 /// Every term is divided by `scale` (the cap) to keep the row well conditioned.
 pub(super) fn memory_per_slot(
@@ -173,7 +253,16 @@ pub(super) fn memory_per_slot(
     let borrower_backward: Vec<Option<usize>> = (0..units.len())
         .map(|i| profile.borrower(i).map(|j| timeline.backward(j)))
         .collect();
-    let mut rows = vec![Expression::default(); timeline.slot_count()];
+    let communicator = profile
+        .topology
+        .as_ref()
+        .map_or(0.0, |t| t.communicator_bytes as f64 / scale);
+    let mut rows = vec![Expression::from(communicator); timeline.slot_count()];
+    for (c, count) in communicator_columns(units) {
+        for m in &mut rows {
+            m.add_mul(communicator * count, c.var);
+        }
+    }
     for (s, m) in rows.iter_mut().enumerate() {
         for (i, u) in units.iter().enumerate() {
             let p = &profile.units[i];
@@ -190,27 +279,8 @@ pub(super) fn memory_per_slot(
                 }
             }
             m.add_mul(u.persistent_full / scale, u.level(Level::None));
-            m.add_mul(u.persistent_sharded / scale, u.sharded());
-            if let Some(k) = u.fg.window.position(s) {
-                add_launched_up_to(m, &u.fg, k, 1.0 / scale);
-                m.add_mul(params_g, u.sharded());
-                if let Some(before) = k.checked_sub(1) {
-                    add_launched_up_to(m, &u.rs, before, -1.0 / scale);
-                }
-            } else if s == forward || s == backward {
-                m.add_mul(params_p, u.sharded());
-            } else if let Some(bg) = &u.bg {
-                let k = bg
-                    .window
-                    .position(s)
-                    .expect("(F_i, B_i) covers the slots between them");
-                m.add_mul(params_p, u.level(Level::Sdp));
-                add_launched_up_to(m, bg, k, 1.0 / scale);
-            } else {
-                m.add_mul(params_p, u.level(Level::Sdp));
-            }
-            if s == backward {
-                m.add_mul(params_g, u.sharded());
+            for g in &u.groups {
+                group_memory(m, g, (s, forward, backward), (params_p, params_g), scale);
             }
             if (forward..=backward).contains(&s) {
                 let (act, ckpt) = (
@@ -231,6 +301,46 @@ pub(super) fn memory_per_slot(
         }
     }
     rows
+}
+
+/// The sharded terms of M_s for one group of ranks of a unit (see [`memory_per_slot`]), scaled;
+/// `params` are Ψ_i·p and Ψ_i·g, scaled.
+fn group_memory(
+    m: &mut Expression,
+    g: &GroupVars,
+    (s, forward, backward): (usize, usize, usize),
+    (params_p, params_g): (f64, f64),
+    scale: f64,
+) {
+    let sdp: Expression = g.sdp.var.into();
+    m.add_mul(g.persistent / scale, g.sharded());
+    if let Some(k) = g.fg.window.position(s) {
+        add_launched_up_to(m, &g.fg, k, 1.0 / scale);
+        m.add_mul(params_g, g.sharded());
+        if let Some(before) = k.checked_sub(1) {
+            add_launched_up_to(m, &g.rs, before, -1.0 / scale);
+        }
+    } else if s == forward || s == backward {
+        m.add_mul(params_p, g.sharded());
+    } else if let Some(bg) = &g.bg {
+        let k = bg
+            .window
+            .position(s)
+            .expect("(F_i, B_i) covers the slots between them");
+        m.add_mul(params_p, sdp);
+        add_launched_up_to(m, bg, k, 1.0 / scale);
+        if let Some(bgh) = &g.bgh {
+            add_launched_up_to(m, bgh, k, 1.0 / scale);
+        }
+    } else {
+        m.add_mul(params_p, sdp);
+    }
+    if s == backward {
+        m.add_mul(params_g, g.sharded());
+    }
+    if let Some(hpz) = g.hpz.filter(|_| (forward..=backward).contains(&s)) {
+        m.add_mul(g.secondary_bytes / scale, hpz.var);
+    }
 }
 
 /// The memory cap, scaled and inclusive: M_s / M ≤ 1 for every slot s.
@@ -262,8 +372,9 @@ pub(super) fn time_ceiling(durations: &[Col], ceiling_us: f64) -> Constraint {
 /// ```
 ///
 /// Without such a block the row is d_s ≥ c_s; with n ≥ 1 of them, of time Q' ≤ Q_s, its right
-/// side is at most c_s + Q' − n·h_s ≤ Q_s + κ_q·c_s ≤ d_s. Slots without such a block get no row;
-/// band columns (`super::far`) have no slot and stay out.
+/// side is at most c_s + Q' − n·h_s ≤ Q_s + κ_q·c_s ≤ d_s. With two links (DESIGN §3.11) the sum
+/// runs over one link's blocks (Q' ≤ Q^ℓ_s), one row per slot and link. Slots without such a
+/// block get no row; band columns (`super::far`) have no slot and stay out.
 pub(super) fn whole_blocks(
     longer: &[(usize, Vec<(f64, Col)>)],
     durations: &[Col],
@@ -281,8 +392,9 @@ pub(super) fn whole_blocks(
         .collect()
 }
 
-/// Per slot that can launch a block longer than the communication it can hide, the terms of its
-/// whole-block row ([`whole_blocks`]): (t_{i,op} − h_s, x_{i,op,k}) for each such launch column.
+/// Per slot and link that can launch a block longer than the communication the slot can hide,
+/// the terms of its whole-block row ([`whole_blocks`]): (t_{i,op} − h_s, x_{i,op,k}) for each such
+/// launch column.
 pub(super) fn longer_blocks(
     profile: &Profile,
     units: &[UnitVars],
@@ -296,12 +408,16 @@ pub(super) fn longer_blocks(
         })
         .collect();
     let hidden = 1.0 - Interference::of(profile).comm;
-    let mut per_slot: Vec<Vec<(f64, Col)>> = vec![Vec::new(); timeline.slot_count()];
+    let slots = timeline.slot_count();
+    let mut per_slot: Vec<Vec<(f64, Col)>> = vec![Vec::new(); slots * Link::ALL.len()];
     for op in units.iter().flat_map(UnitVars::ops) {
-        for (s, x) in op.launches_at_slots() {
-            let beyond = op.block_time_us - hidden * most[s];
-            if beyond > 0.0 {
-                per_slot[s].push((beyond, x));
+        for (offset, link, time, _) in op.parts() {
+            for (s, x) in op.launches_at_slots() {
+                let s = (s + offset) % slots;
+                let beyond = time - hidden * most[s];
+                if beyond > 0.0 {
+                    per_slot[link.index() * slots + s].push((beyond, x));
+                }
             }
         }
     }
@@ -309,6 +425,7 @@ pub(super) fn longer_blocks(
         .into_iter()
         .enumerate()
         .filter(|(_, terms)| !terms.is_empty())
+        .map(|(k, terms)| (k % slots, terms))
         .collect()
 }
 

@@ -9,13 +9,16 @@
 //! to its consumer (a gather holds its buffer from that position on, a reduction frees its
 //! gradient from its band's first position), which is never more memory and never a stricter
 //! order than any launch it stands for. Their communication time goes to no one slot: per slot,
-//! the slack σ_s of d_s ≥ Q_s + κ_q·c_s (and λ_s of d_s ≥ c_s + L_s) may absorb it, over the
-//! band's slots, pooled with every band whose slots lie within the same run. Every plan maps
+//! the slack σ^ℓ_s of d_s ≥ Q^ℓ_s + κ_q·c_s on the band's link (and λ_s of d_s ≥ c_s + L_s) may
+//! absorb it, over the band's slots, pooled with every band on that link whose slots lie within
+//! the same run. Every plan maps
 //! into the relaxation at its own time (each launch outside the limit to its band, σ_s and λ_s
 //! the slots' real slack beyond the limited launches), so the relaxation's optimum, and HiGHS'
 //! dual bound on it, are at most the best plan's time.
 
+use super::constraints::link_position;
 use super::variables::{Col, Columns, UnitVars};
+use crate::profile::Link;
 use good_lp::{Constraint, Expression, constraint};
 
 /// A run of consecutive slots of the cyclic timeline.
@@ -33,21 +36,22 @@ impl Run {
     }
 }
 
-/// The slack columns: per slot σ_s and λ_s and their running sums over the slots.
+/// The slack columns: per link in use and slot σ^ℓ_s, per slot λ_s, and their running sums over
+/// the slots.
 pub(super) struct Slack {
-    pub comm: Vec<Col>,
+    pub comm: Vec<Vec<Col>>,
     pub compute: Vec<Col>,
-    comm_sums: Vec<Col>,
+    comm_sums: Vec<Vec<Col>>,
     compute_sums: Vec<Col>,
 }
 
 impl Slack {
-    pub fn declare(columns: &mut Columns, slots: usize) -> Slack {
+    pub fn declare(columns: &mut Columns, slots: usize, links: usize) -> Slack {
         let mut per_slot = || (0..slots).map(|_| columns.continuous()).collect::<Vec<_>>();
         Slack {
-            comm: per_slot(),
+            comm: (0..links).map(|_| per_slot()).collect(),
             compute: per_slot(),
-            comm_sums: per_slot(),
+            comm_sums: (0..links).map(|_| per_slot()).collect(),
             compute_sums: per_slot(),
         }
     }
@@ -71,13 +75,12 @@ fn sum_before(sums: &[Col], s: usize) -> Expression {
         .map_or_else(Expression::default, |p| sums[p].var.into())
 }
 
-/// Running sums of the slack: Σσ_s = Σσ_{s−1} + σ_s and Σλ_s = Σλ_{s−1} + λ_s (Σ_{−1} = 0).
+/// Running sums of the slack: Σσ^ℓ_s = Σσ^ℓ_{s−1} + σ^ℓ_s and Σλ_s = Σλ_{s−1} + λ_s
+/// (Σ_{−1} = 0).
 pub(super) fn slack_running_sums(slack: &Slack) -> Vec<Constraint> {
     let mut rows = Vec::new();
-    for (sums, per_slot) in [
-        (&slack.comm_sums, &slack.comm),
-        (&slack.compute_sums, &slack.compute),
-    ] {
+    let pairs = slack.comm_sums.iter().zip(&slack.comm);
+    for (sums, per_slot) in pairs.chain([(&slack.compute_sums, &slack.compute)]) {
         for (s, (sum, own)) in sums.iter().zip(per_slot).enumerate() {
             rows.push(constraint!(sum.var == sum_before(sums, s) + own.var));
         }
@@ -85,24 +88,31 @@ pub(super) fn slack_running_sums(slack: &Slack) -> Vec<Constraint> {
     rows
 }
 
-/// The bands' communication, pooled: for the slots S of each band (a run),
+/// The bands' communication, pooled: for the slots S of each band (a run) and each link ℓ,
 ///
 /// ```text
-/// Σ_{s∈S} σ_s ≥ Σ_{β: S_β ⊆ S} t_β·x_β        Σ_{s∈S} λ_s ≥ Σ_{β: S_β ⊆ S} ℓ_β·x_β
+/// Σ_{s∈S} σ^ℓ_s ≥ Σ_{β on ℓ: S_β ⊆ S} t_β·x_β        Σ_{s∈S} λ_s ≥ Σ_{β: S_β ⊆ S} ℓ_β·x_β
 /// ```
 ///
-/// with t_β a block's communication time and ℓ_β the compute it costs (κ_c,op·t + κ_u·upd).
-pub(super) fn pooled_bands(units: &[UnitVars], slack: &Slack, slots: usize) -> Vec<Constraint> {
-    let bands: Vec<(Run, Col, f64, f64)> = units
+/// with t_β a block's communication time and ℓ_β the compute it costs (κ_c,op·t + κ_u·upd). A
+/// shard group's RS band brings its replica AllReduces on the band's slots shifted by one.
+pub(super) fn pooled_bands(
+    units: &[UnitVars],
+    slack: &Slack,
+    (slots, links): (usize, &[Link]),
+) -> Vec<Constraint> {
+    let bands: Vec<(Run, usize, Col, (f64, f64))> = units
         .iter()
         .flat_map(UnitVars::ops)
         .flat_map(|op| {
-            op.band_launches().map(move |(positions, x)| {
-                let run = Run {
-                    first: op.window.slot_at(positions.start),
-                    len: positions.len(),
-                };
-                (run, x, op.block_time_us, op.block_load_us)
+            op.band_launches().flat_map(move |(positions, x)| {
+                op.parts().map(move |(offset, link, time, load)| {
+                    let run = Run {
+                        first: (op.window.slot_at(positions.start) + offset) % slots,
+                        len: positions.len(),
+                    };
+                    (run, link_position(links, link), x, (time, load))
+                })
             })
         })
         .collect();
@@ -111,15 +121,17 @@ pub(super) fn pooled_bands(units: &[UnitVars], slack: &Slack, slots: usize) -> V
     runs.dedup();
     let mut rows = Vec::new();
     for run in runs {
-        let mut time = Expression::default();
+        let mut time = vec![Expression::default(); links.len()];
         let mut load = Expression::default();
-        for &(inner, x, t, l) in &bands {
+        for &(inner, link, x, (t, l)) in &bands {
             if run.contains(inner, slots) {
-                time.add_mul(t, x.var);
+                time[link].add_mul(t, x.var);
                 load.add_mul(l, x.var);
             }
         }
-        rows.push(constraint!(Slack::over(&slack.comm_sums, run) >= time));
+        for (sums, time) in slack.comm_sums.iter().zip(time) {
+            rows.push(constraint!(Slack::over(sums, run) >= time));
+        }
         rows.push(constraint!(Slack::over(&slack.compute_sums, run) >= load));
     }
     rows

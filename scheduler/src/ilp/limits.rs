@@ -71,8 +71,12 @@ impl WindowLimits {
         also: impl Fn(usize, Op, usize) -> bool,
     ) -> bool {
         let timeline = schedule.timeline();
+        // A replica AllReduce follows its RS block (DESIGN §3.11): RS's position is the choice.
         (0..schedule.units().len()).all(|unit| {
-            schedule.ops(unit).all(|(op, launches)| {
+            let chosen = schedule
+                .ops(unit)
+                .filter(|(op, _)| *op != Op::ReplicaAllReduce);
+            chosen.into_iter().all(|(op, launches)| {
                 let allowed = self.positions(op, timeline.window(unit, op.window_kind()));
                 launches
                     .iter()

@@ -1,16 +1,17 @@
 //! The model of DESIGN §4 built for HiGHS: the variables and constraint families of one phase
 //! (full, limited or relaxed windows), and HiGHS with this crate's settings.
 
+use super::constraints::link_position;
 use super::constraints::{
-    communication_per_slot, compute_per_slot, coverage, cumulative_counts, longer_blocks,
-    memory_cap, memory_peak, memory_per_slot, one_level_per_unit, reductions_before_gathers,
-    slot_durations, time_ceiling, whole_blocks,
+    communication_per_slot, communicator_in_use, compute_per_slot, coverage, cumulative_counts,
+    links_in_use, longer_blocks, memory_cap, memory_peak, memory_per_slot, one_level_per_unit,
+    reductions_before_gathers, slot_durations, time_ceiling, whole_blocks,
 };
 use super::far::{Slack, pooled_bands, slack_running_sums};
 use super::variables::{Col, Columns, ExtraPositions, Shape, UnitVars, declare_units};
 use super::{Objective, SolveOptions};
 use crate::cost::Interference;
-use crate::profile::Profile;
+use crate::profile::{Link, Profile};
 use crate::timeline::Timeline;
 use crate::{Error, Result};
 use good_lp::{Constraint, Expression, ProblemVariables, SolverModel};
@@ -37,12 +38,23 @@ pub(super) struct Built {
 }
 
 /// Where the row families that a bound's pricing reads start (`constraints` indices): one
-/// coverage row per op (in `units`' op order), two duration rows per slot (d ≥ c + L, then
-/// d ≥ Q + κ_q·c), one memory-cap row per slot (time objective under a cap only).
+/// coverage row per op (in `units`' op order), 1 + |links| duration rows per slot (d ≥ c + L,
+/// then d ≥ Q^ℓ + κ_q·c per link in use), one memory-cap row per slot (time objective under a
+/// cap only).
 pub(super) struct RowStarts {
     pub coverage: usize,
     pub durations: usize,
+    /// The links in use, in the order of their duration rows.
+    pub links: Vec<Link>,
     pub memory_cap: Option<usize>,
+}
+
+impl RowStarts {
+    /// The rows d_s ≥ c_s + L_s and d_s ≥ Q^ℓ_s + κ_q·c_s of slot `slot` and link `link`.
+    pub fn duration_rows(&self, slot: usize, link: Link) -> (usize, usize) {
+        let first = self.durations + slot * (1 + self.links.len());
+        (first, first + 1 + link_position(&self.links, link))
+    }
 }
 
 /// Which model of the plans within the windows is built.
@@ -84,21 +96,23 @@ pub(super) fn build(
     let durations: Vec<_> = (0..timeline.slot_count())
         .map(|_| columns.continuous())
         .collect();
-    let slack = far_bands.then(|| Slack::declare(&mut columns, timeline.slot_count()));
+    let links = links_in_use(&units);
+    let slack = far_bands.then(|| Slack::declare(&mut columns, timeline.slot_count(), links.len()));
     let memory_scale = memory_scale(profile, options);
     let mut constraints = one_level_per_unit(&units);
     constraints.extend(cumulative_counts(&units));
     let coverage_start = constraints.len();
     constraints.extend(coverage(&units));
     constraints.extend(reductions_before_gathers(&units));
-    let (mut comm, mut load) = communication_per_slot(&units, timeline.slot_count());
+    constraints.extend(communicator_in_use(&units));
+    let (mut comm, mut load) = communication_per_slot(&units, timeline.slot_count(), &links);
     if let Some(slack) = &slack {
-        for ((q, l), (sigma, lambda)) in comm
-            .iter_mut()
-            .zip(&mut load)
-            .zip(slack.comm.iter().zip(&slack.compute))
-        {
-            *q += sigma.var;
+        for (q, sigma) in comm.iter_mut().zip(&slack.comm) {
+            for (q, sigma) in q.iter_mut().zip(sigma) {
+                *q += sigma.var;
+            }
+        }
+        for (l, lambda) in load.iter_mut().zip(&slack.compute) {
             *l += lambda.var;
         }
     }
@@ -117,7 +131,7 @@ pub(super) fn build(
     }
     if let Some(slack) = &slack {
         constraints.extend(slack_running_sums(slack));
-        constraints.extend(pooled_bands(&units, slack, timeline.slot_count()));
+        constraints.extend(pooled_bands(&units, slack, (timeline.slot_count(), &links)));
     }
     let iteration_time: Expression = durations.iter().map(|d| d.var).sum();
     let memory = memory_per_slot(profile, &units, timeline, memory_scale);
@@ -157,6 +171,7 @@ pub(super) fn build(
         rows: RowStarts {
             coverage: coverage_start,
             durations: durations_start,
+            links,
             memory_cap: memory_cap_start,
         },
     }

@@ -22,7 +22,7 @@ fn best_baseline(profile: &Profile, options: &SolveOptions) -> Option<(String, S
     let preference = options.objective.preference();
     let chosen = baselines::best_baseline(
         profile,
-        &BaselineKind::ALL,
+        &BaselineKind::of(profile),
         options.allow_recompute,
         options.memory_cap_bytes,
         preference,

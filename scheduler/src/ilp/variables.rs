@@ -1,17 +1,22 @@
 //! The decision variables of DESIGN §4 and the window positions each may use.
 //!
-//! Per unit i: level binaries y_{i,none}, y_{i,sdp}, y_{i,fsdp}; recompute r_i; per op and
+//! Per unit i: level binaries y_{i,none}, y_{i,sdp}, y_{i,fsdp} and, where the topology offers a
+//! secondary group H, y_{i,hpz} (fsdp keeping a 1/H shard, DESIGN §3.11); recompute r_i; per op and
 //! allowed window position k the integer block count x_{i,op,k} and its running sum
 //! C_{i,op,k} = Σ_{k' ≤ k} x_{i,op,k'} (the cumulative launch count that keeps memory rows
 //! sparse); the RS→AG boundary indicators Z_{i,k} = [boundary ≤ k]. Per slot s the duration d_s.
 //!
 //! Ops in the ILP: AR (none), RS (sdp and fsdp share it: same window, same cost and lifetime),
 //! FG (the forward gather: AG_i of sdp or AGF_i of fsdp; same window and cost, the level decides
-//! how long its buffer lives), BG (AGB_i of fsdp).
+//! how long its buffer lives), BG (AGB_i of fsdp), BGH (AGB_i of hpz, inside H on the intra link).
+//! One column u_H ≥ y_{i,hpz} counts the secondary group's communicator in memory.
 
 use super::SolveOptions;
-use crate::cost::{Interference, block_bytes, block_time, persistent_bytes};
-use crate::profile::Profile;
+use crate::cost::{
+    Among, Interference, block_bytes, block_time, persistent_bytes, persistent_bytes_over,
+    secondary_shard_bytes,
+};
+use crate::profile::{Link, Profile};
 use crate::timeline::{Level, Op, Timeline, Window};
 use good_lp::{Expression, ProblemVariables, Variable, variable};
 use std::collections::{BTreeMap, BTreeSet};
@@ -63,12 +68,21 @@ impl Columns {
     pub fn continuous(&mut self) -> Col {
         self.add(variable().min(0), false)
     }
+
+    /// A continuous column in [0, 1].
+    pub fn fraction(&mut self) -> Col {
+        self.add(variable().min(0).max(1), false)
+    }
 }
 
 /// One op's launch variables over its allowed window positions.
 pub(super) struct OpVars {
     /// The op these variables launch (FG stands for AG and AGF alike).
     pub op: Op,
+    /// The ranks its collective runs among (BGH: the secondary group).
+    pub among: Among,
+    /// The link whose queue its blocks join.
+    pub link: Link,
     pub window: Window,
     /// Allowed positions, increasing.
     pub positions: Vec<usize>,
@@ -86,9 +100,33 @@ pub(super) struct OpVars {
     pub block_load_us: f64,
     /// Bytes of one block (Ψ'·p/nb or Ψ'·g/nb, Ψ' the laid-out parameters).
     pub block_bytes: f64,
+    /// The index of the unit's group of ranks the op belongs to (`UnitVars::groups`); None for
+    /// AR.
+    pub group: Option<usize>,
+    /// What each block brings one position later: the replica AllReduce that follows an RS block
+    /// of a shard group (DESIGN §3.11).
+    pub follower: Option<Follower>,
+}
+
+/// The block that follows each block of an op one window position later, on its own link.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Follower {
+    pub link: Link,
+    pub block_time_us: f64,
+    pub block_load_us: f64,
 }
 
 impl OpVars {
+    /// Every (position offset, link, time, load) a block of the op puts on the timeline: its own
+    /// at offset 0, its follower's at offset 1.
+    pub fn parts(&self) -> impl Iterator<Item = (usize, Link, f64, f64)> + '_ {
+        std::iter::once((0, self.link, self.block_time_us, self.block_load_us)).chain(
+            self.follower
+                .iter()
+                .map(|f| (1, f.link, f.block_time_us, f.block_load_us)),
+        )
+    }
+
     /// C at window position `pos`: the running sum at the last allowed position ≤ pos.
     pub fn cumulative_at(&self, pos: usize) -> Option<Col> {
         let k = self.positions.partition_point(|&p| p <= pos);
@@ -135,78 +173,204 @@ pub(super) struct Shape<'a> {
     pub far_bands: bool,
 }
 
+/// A unit's level as the ILP chooses it: replicated, or sdp, fsdp or hpz (fsdp keeping a
+/// secondary shard) over the unit's group of ranks of that index (`UnitVars::groups`: 0 the
+/// world, then each shard group; DESIGN §3.11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Choice {
+    None,
+    Sdp(usize),
+    Fsdp(usize),
+    Hpz(usize),
+}
+
+impl Choice {
+    /// The schedule's level of the choice.
+    pub fn level(self) -> Level {
+        match self {
+            Choice::None => Level::None,
+            Choice::Sdp(_) => Level::Sdp,
+            Choice::Fsdp(_) | Choice::Hpz(_) => Level::Fsdp,
+        }
+    }
+
+    /// The group of ranks a sharded choice shards over.
+    pub fn group(self) -> Option<usize> {
+        match self {
+            Choice::None => None,
+            Choice::Sdp(g) | Choice::Fsdp(g) | Choice::Hpz(g) => Some(g),
+        }
+    }
+}
+
+/// The variables of a unit sharded over one group of ranks: the world, or a shard group of S < N
+/// ranks (HSDP, whose RS blocks bring their replica AllReduce a position later).
+pub(super) struct GroupVars {
+    /// S; None: the world.
+    pub shard: Option<u32>,
+    pub sdp: Col,
+    pub fsdp: Option<Col>,
+    /// y_{i,hpz}, where the plan space offers the secondary group `secondary` in this group.
+    pub hpz: Option<Col>,
+    /// H, the secondary group hpz uses.
+    pub secondary: Option<u32>,
+    /// Ψ'_i·p/H, the secondary shard an hpz unit keeps from F_i to B_i.
+    pub secondary_bytes: f64,
+    pub rs: OpVars,
+    pub fg: OpVars,
+    pub bg: Option<OpVars>,
+    /// AGB_i of hpz: inside the secondary group.
+    pub bgh: Option<OpVars>,
+    /// Positions from the last RS block to the first forward gather: 0 over the world (same
+    /// slot, RS first), 2 over a shard group (RA in between, a slot apart).
+    pub gap: usize,
+    /// (k, Z_{i,k}) for k in the range where the order between RS and FG positions can bind,
+    /// Z = [boundary ≤ k]; the boundary is implicitly ≤ the last RS position + gap.
+    pub boundary: Vec<(usize, Col)>,
+    /// Ψ'_i(p+g+o)/S.
+    pub persistent: f64,
+    /// u, the communicators this group adds (shared by every unit; None over the world).
+    pub communicator: Option<Col>,
+}
+
+impl GroupVars {
+    /// y_{i,sdp} + y_{i,fsdp} + y_{i,hpz} of this group.
+    pub fn sharded(&self) -> Expression {
+        [Some(self.sdp), self.fsdp, self.hpz]
+            .into_iter()
+            .flatten()
+            .map(|c| Expression::from(c.var))
+            .sum()
+    }
+
+    /// The launch variables of the group's ops.
+    pub fn ops(&self) -> impl Iterator<Item = &OpVars> {
+        [&self.rs, &self.fg]
+            .into_iter()
+            .chain(self.bg.iter())
+            .chain(self.bgh.iter())
+    }
+}
+
 /// All variables of one unit.
 pub(super) struct UnitVars {
     pub blocks: u32,
     pub none: Option<Col>,
-    pub sdp: Col,
-    pub fsdp: Option<Col>,
     pub recompute: Option<Col>,
     pub ar: Option<OpVars>,
-    pub rs: OpVars,
-    pub fg: OpVars,
-    pub bg: Option<OpVars>,
-    /// (k, Z_{i,k}) for k in the range where RS and FG positions overlap, Z = [boundary ≤ k];
-    /// the boundary is implicitly ≤ the last RS position.
-    pub boundary: Vec<(usize, Col)>,
-    /// Persistent bytes when replicated and when sharded.
+    /// The groups of ranks the unit may shard over: the world first, then each offered shard
+    /// group.
+    pub groups: Vec<GroupVars>,
+    /// u_H, the secondary group's communicator (one column shared by every unit that has hpz).
+    pub secondary_communicator: Option<Col>,
+    /// Persistent bytes when replicated.
     pub persistent_full: f64,
-    pub persistent_sharded: f64,
 }
 
 impl UnitVars {
-    /// The expression of y_{i,ℓ} (0 when the level is not available to the unit).
-    pub fn level(&self, level: Level) -> Expression {
-        match level {
-            Level::None => self.none.map_or_else(Expression::default, |c| c.var.into()),
-            Level::Sdp => self.sdp.var.into(),
-            Level::Fsdp => self.fsdp.map_or_else(Expression::default, |c| c.var.into()),
+    /// Every choice with its column (None where the unit does not have it).
+    pub fn choices(&self) -> Vec<(Choice, Option<Col>)> {
+        let mut choices = vec![(Choice::None, self.none)];
+        for (g, group) in self.groups.iter().enumerate() {
+            choices.extend([
+                (Choice::Sdp(g), Some(group.sdp)),
+                (Choice::Fsdp(g), group.fsdp),
+                (Choice::Hpz(g), group.hpz),
+            ]);
+        }
+        choices
+    }
+
+    /// The column of y_{i,c}, where the unit has the choice.
+    pub fn column(&self, choice: Choice) -> Option<Col> {
+        match choice {
+            Choice::None => self.none,
+            Choice::Sdp(g) => self.groups.get(g).map(|group| group.sdp),
+            Choice::Fsdp(g) => self.groups.get(g)?.fsdp,
+            Choice::Hpz(g) => self.groups.get(g)?.hpz,
         }
     }
 
-    /// y_{i,sdp} + y_{i,fsdp}: the unit is sharded.
+    /// The expression of y_{i,c} (0 when the choice is not available to the unit).
+    pub fn choice(&self, choice: Choice) -> Expression {
+        self.column(choice)
+            .map_or_else(Expression::default, |c| c.var.into())
+    }
+
+    /// The expression of the unit being at `level` over any group: y_{i,none}, Σ_g y_{i,sdp,g},
+    /// or Σ_g (y_{i,fsdp,g} + y_{i,hpz,g}) (hpz is fsdp with a secondary shard).
+    pub fn level(&self, level: Level) -> Expression {
+        self.choices()
+            .into_iter()
+            .filter(|(choice, _)| choice.level() == level)
+            .map(|(choice, _)| self.choice(choice))
+            .sum()
+    }
+
+    /// Σ of every sharded choice: the unit is sharded.
     pub fn sharded(&self) -> Expression {
         self.level(Level::Sdp) + self.level(Level::Fsdp)
     }
 
-    /// The level variable an op's blocks cover (§4.2 coverage): y_none for AR, y_sdp + y_fsdp
-    /// for RS and FG, y_fsdp for BG.
-    pub fn covered_level(&self, op: Op) -> Expression {
-        Level::ALL
+    /// The choices an op's blocks cover (§4.2 coverage): y_none for AR; within the op's group,
+    /// y_sdp + y_fsdp + y_hpz for RS and FG, y_fsdp for BG, y_hpz for BGH.
+    pub fn covered_level(&self, op: &OpVars) -> Expression {
+        self.choices()
             .into_iter()
-            .filter(|&level| covers(op, level))
-            .map(|level| self.level(level))
+            .filter(|&(choice, _)| covers(op, choice))
+            .map(|(choice, _)| self.choice(choice))
             .sum()
     }
 
-    /// All launch variables of the unit's ops.
+    /// All launch variables of the unit's ops: AR, then each group's.
     pub fn ops(&self) -> impl Iterator<Item = &OpVars> {
         self.ar
             .iter()
-            .chain([&self.rs, &self.fg])
-            .chain(self.bg.iter())
+            .chain(self.groups.iter().flat_map(GroupVars::ops))
     }
 }
 
-/// Whether the ILP's `op` runs at `level`: AR at none, RS and FG (AG or AGF) at sdp and fsdp,
-/// BG (AGB) at fsdp.
-pub(super) fn covers(op: Op, level: Level) -> bool {
-    match op {
-        Op::AllReduce => level == Level::None,
-        Op::GatherBackward => level == Level::Fsdp,
-        Op::ReduceScatter | Op::Gather | Op::GatherForward => level != Level::None,
+/// Whether `op`'s blocks run at `choice`: AR at none; a group's RS and FG (AG or AGF) at each of
+/// that group's sharded choices, its BG (AGB among the group) at fsdp, its BGH (AGB inside H) at
+/// hpz.
+pub(super) fn covers(op: &OpVars, choice: Choice) -> bool {
+    if op.op == Op::AllReduce {
+        return choice == Choice::None;
+    }
+    let Some(g) = op.group.filter(|&g| choice.group() == Some(g)) else {
+        return false;
+    };
+    match (op.op, op.among) {
+        (Op::GatherBackward, Among::Secondary(_)) => choice == Choice::Hpz(g),
+        (Op::GatherBackward, _) => choice == Choice::Fsdp(g),
+        _ => true,
     }
 }
 
+/// The launch variables of `op` of `unit` among `among`, in group `group` (None: AR); a shard
+/// group's RS leaves out its window's last position, where its replica AllReduce (the follower)
+/// would fall outside the window.
 fn op_vars(
     columns: &mut Columns,
     profile: &Profile,
     timeline: Timeline,
-    unit: usize,
-    op: Op,
+    (unit, op, among, group): (usize, Op, Among, Option<usize>),
     shape: Shape,
 ) -> OpVars {
-    let window = timeline.window(unit, op.window_kind());
+    let mut window = timeline.window(unit, op.window_kind());
+    let follower = match among {
+        Among::Shard(s) if op == Op::ReduceScatter => {
+            window.len -= 1;
+            let replica = Among::Replica(profile.world_size / s);
+            let time = block_time(profile, unit, Op::ReplicaAllReduce, replica);
+            Some(Follower {
+                link: replica.link(profile),
+                block_time_us: time.total_us(),
+                block_load_us: Interference::of(profile).load_us(Op::ReplicaAllReduce, time),
+            })
+        }
+        _ => None,
+    };
     let limited = shape.options.limits.positions(op, window);
     let extra = shape.extra.get(&(unit, op));
     let exact: Vec<bool> = (0..window.len)
@@ -223,11 +387,13 @@ fn op_vars(
     }
     let (positions, bands): (Vec<usize>, Vec<_>) = at.into_iter().unzip();
     let nb = profile.blocks(unit);
-    let time = block_time(profile, unit, op);
+    let time = block_time(profile, unit, op, among);
     let launches = positions.iter().map(|_| columns.integer(nb)).collect();
     let cumulative = positions.iter().map(|_| columns.continuous()).collect();
     OpVars {
         op,
+        among,
+        link: among.link(profile),
         window,
         positions,
         bands,
@@ -236,12 +402,18 @@ fn op_vars(
         block_time_us: time.total_us(),
         block_load_us: Interference::of(profile).load_us(op, time),
         block_bytes: block_bytes(profile, unit, op),
+        group,
+        follower,
     }
 }
 
 /// Declares every unit's variables. A replicated unit is left out where its persistent state
 /// alone, beside every other unit sharded, exceeds `memory_bound` (a presolve that removes the
-/// AR columns of large models). Launch columns as `shape` says.
+/// AR columns of large models). Each unit shards over the world and over every shard group the
+/// profile offers ([`crate::groups::shard_groups`]) whose window (B_i, F_i) holds RS, RA and a
+/// gather (3 slots); hpz exists in each group with a smaller secondary group on offer
+/// ([`crate::groups::secondary_group`]) for every unit that can be fsdp. Launch columns as
+/// `shape` says.
 pub(super) fn declare_units(
     columns: &mut Columns,
     profile: &Profile,
@@ -253,6 +425,12 @@ pub(super) fn declare_units(
     let sharded_total: f64 = (0..profile.unit_count())
         .map(|i| persistent_bytes(profile, i, Level::Sdp))
         .sum();
+    let secondary = crate::groups::secondary_group(profile);
+    let secondary_communicator = secondary.map(|_| columns.fraction());
+    let shards: Vec<(u32, Col)> = crate::groups::shard_groups(profile)
+        .into_iter()
+        .map(|s| (s, columns.fraction()))
+        .collect();
     (0..profile.unit_count())
         .map(|unit| {
             let full = persistent_bytes(profile, unit, Level::None);
@@ -261,36 +439,103 @@ pub(super) fn declare_units(
             let u = &profile.units[unit];
             let recomputable =
                 options.allow_recompute && u.checkpoint_activation_bytes < u.activation_bytes;
-            let can_fsdp = timeline.window(unit, Op::GatherBackward.window_kind()).len > 0;
             let none = replicable.then(|| columns.binary());
-            let sdp = columns.binary();
-            let fsdp = can_fsdp.then(|| columns.binary());
             let recompute = recomputable.then(|| columns.binary());
-            let ar =
-                replicable.then(|| op_vars(columns, profile, timeline, unit, Op::AllReduce, shape));
-            let rs = op_vars(columns, profile, timeline, unit, Op::ReduceScatter, shape);
-            let fg = op_vars(columns, profile, timeline, unit, Op::GatherForward, shape);
-            let bg = can_fsdp
-                .then(|| op_vars(columns, profile, timeline, unit, Op::GatherBackward, shape));
-            let first_gather = fg.positions[0];
-            let last_reduction = *rs.positions.last().expect("RS has a position");
-            let boundary = (first_gather..last_reduction)
-                .map(|k| (k, columns.binary()))
+            let ar = replicable.then(|| {
+                let key = (unit, Op::AllReduce, Among::World, None);
+                op_vars(columns, profile, timeline, key, shape)
+            });
+            let after = timeline.window(unit, Op::ReduceScatter.window_kind()).len;
+            let over = std::iter::once(None).chain(
+                shards
+                    .iter()
+                    .filter(|_| after >= 3)
+                    .map(|&(s, u)| Some((s, u))),
+            );
+            let groups: Vec<GroupVars> = over
+                .enumerate()
+                .map(|(g, shard)| {
+                    let key = GroupKey {
+                        unit,
+                        index: g,
+                        shard,
+                        secondary,
+                    };
+                    group_vars(columns, profile, (timeline, shape), key)
+                })
                 .collect();
+            let has_hpz = groups.iter().any(|g| g.hpz.is_some());
             UnitVars {
                 blocks: profile.blocks(unit),
                 none,
-                sdp,
-                fsdp,
                 recompute,
                 ar,
-                rs,
-                fg,
-                bg,
-                boundary,
+                groups,
+                secondary_communicator: secondary_communicator.filter(|_| has_hpz),
                 persistent_full: full,
-                persistent_sharded: sharded,
             }
         })
         .collect()
+}
+
+/// Which group of which unit [`group_vars`] declares: the unit, the group's index, its shard
+/// group and communicator column (None: the world), and the secondary group on offer.
+struct GroupKey {
+    unit: usize,
+    index: usize,
+    shard: Option<(u32, Col)>,
+    secondary: Option<u32>,
+}
+
+/// The variables of one unit over one group of ranks (DESIGN §3.11): sdp, fsdp and hpz where the
+/// unit can be fsdp (hpz where the secondary group is smaller than the group and divides it),
+/// their ops among the group, and the RS→AG boundary.
+fn group_vars(
+    columns: &mut Columns,
+    profile: &Profile,
+    (timeline, shape): (Timeline, Shape),
+    key: GroupKey,
+) -> GroupVars {
+    let GroupKey {
+        unit,
+        index,
+        shard,
+        secondary,
+    } = key;
+    let ranks = shard.map_or(profile.world_size, |(s, _)| s);
+    let in_group = shard.map_or(Among::World, |(s, _)| Among::Shard(s));
+    let can_fsdp = timeline.window(unit, Op::GatherBackward.window_kind()).len > 0;
+    let hpz_group = secondary.filter(|&h| can_fsdp && h < ranks && ranks.is_multiple_of(h));
+    let sdp = columns.binary();
+    let fsdp = can_fsdp.then(|| columns.binary());
+    let hpz = hpz_group.map(|_| columns.binary());
+    let group = Some(index);
+    let mut declare =
+        |op, among| op_vars(columns, profile, timeline, (unit, op, among, group), shape);
+    let rs = declare(Op::ReduceScatter, in_group);
+    let fg = declare(Op::GatherForward, in_group);
+    let bg = can_fsdp.then(|| declare(Op::GatherBackward, in_group));
+    let bgh = hpz_group.map(|h| declare(Op::GatherBackward, Among::Secondary(h)));
+    let gap = if shard.is_some() { 2 } else { 0 };
+    let first_gather = fg.positions[0];
+    let last_reduction = *rs.positions.last().expect("RS has a position");
+    let boundary = (first_gather..last_reduction + gap)
+        .map(|k| (k, columns.binary()))
+        .collect();
+    GroupVars {
+        shard: shard.map(|(s, _)| s),
+        sdp,
+        fsdp,
+        hpz,
+        secondary: hpz_group,
+        secondary_bytes: hpz_group.map_or(0.0, |h| secondary_shard_bytes(profile, unit, h)),
+        rs,
+        fg,
+        bg,
+        bgh,
+        gap,
+        boundary,
+        persistent: persistent_bytes_over(profile, unit, Level::Sdp, Some(ranks)),
+        communicator: shard.map(|(_, u)| u),
+    }
 }

@@ -26,6 +26,12 @@
 //! agb = [["B3", 1]]
 //! ```
 //!
+//! On a profile with a topology (DESIGN §3.11) a sharded unit may carry `shard_group = S` (HSDP:
+//! sharded over S < N ranks; each RS block's replica AllReduce follows in the next slot, so the
+//! file lists no launches for it), and an fsdp
+//! unit `secondary_group = H` (hpZ: a 1/H shard kept after its forward, its backward gather
+//! inside the node's H ranks).
+//!
 //! With micro-batches (DESIGN §3.10) the file also carries `micro_batches = K` (the profile's),
 //! and a unit `accumulate = true` (reduce once per step), `keep = true` (keep gathered parameters
 //! between micro-batches) and the inner boundary's launches `ar_inner`, `rs_inner`, `ag_inner`,
@@ -106,6 +112,12 @@ pub struct UnitPlan {
     pub agf: Vec<(Slot, u32)>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub agb: Vec<(Slot, u32)>,
+    /// S, a sharded unit's shard group when smaller than the world (DESIGN §3.11); absent: N.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_group: Option<u32>,
+    /// H, an fsdp unit's hpZ secondary group (DESIGN §3.11); absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secondary_group: Option<u32>,
     /// a_i (DESIGN §3.10): reduce once per step.
     #[serde(default, skip_serializing_if = "is_false")]
     pub accumulate: bool,
@@ -135,17 +147,18 @@ impl UnitPlan {
             Op::Gather => &self.ag,
             Op::GatherForward => &self.agf,
             Op::GatherBackward => &self.agb,
+            Op::ReplicaAllReduce => &[],
         }
     }
 
-    /// The inner boundary's launches of `op` (AGB never runs there: none).
+    /// The inner boundary's launches of `op` (AGB and RA never run there: none).
     fn inner_launches(&self, op: Op) -> &[(Slot, u32)] {
         match op {
             Op::AllReduce => &self.ar_inner,
             Op::ReduceScatter => &self.rs_inner,
             Op::Gather => &self.ag_inner,
             Op::GatherForward => &self.agf_inner,
-            Op::GatherBackward => &[],
+            Op::GatherBackward | Op::ReplicaAllReduce => &[],
         }
     }
 
@@ -155,17 +168,19 @@ impl UnitPlan {
             Op::ReduceScatter => Some(&mut self.rs_inner),
             Op::Gather => Some(&mut self.ag_inner),
             Op::GatherForward => Some(&mut self.agf_inner),
-            Op::GatherBackward => None,
+            Op::GatherBackward | Op::ReplicaAllReduce => None,
         }
     }
 
-    fn launches_mut(&mut self, op: Op) -> &mut Vec<(Slot, u32)> {
+    /// The list a schedule's launches of `op` are written to (None for RA, which follows RS).
+    fn launches_mut(&mut self, op: Op) -> Option<&mut Vec<(Slot, u32)>> {
         match op {
-            Op::AllReduce => &mut self.ar,
-            Op::ReduceScatter => &mut self.rs,
-            Op::Gather => &mut self.ag,
-            Op::GatherForward => &mut self.agf,
-            Op::GatherBackward => &mut self.agb,
+            Op::AllReduce => Some(&mut self.ar),
+            Op::ReduceScatter => Some(&mut self.rs),
+            Op::Gather => Some(&mut self.ag),
+            Op::GatherForward => Some(&mut self.agf),
+            Op::GatherBackward => Some(&mut self.agb),
+            Op::ReplicaAllReduce => None,
         }
     }
 }
@@ -314,6 +329,8 @@ impl Plan {
                     keep: u.keep,
                     inner,
                 },
+                shard_group: u.shard_group,
+                secondary_group: u.secondary_group,
             });
         }
         Schedule::new(profile, units)
@@ -342,6 +359,8 @@ impl Plan {
                     ag: vec![],
                     agf: vec![],
                     agb: vec![],
+                    shard_group: u.shard_group,
+                    secondary_group: u.secondary_group,
                     accumulate: u.accumulation.accumulate,
                     keep: u.accumulation.keep,
                     ar_inner: vec![],
@@ -350,10 +369,12 @@ impl Plan {
                     agf_inner: vec![],
                 };
                 for (&op, launches) in &u.launches {
-                    *plan.launches_mut(op) = launches
-                        .iter()
-                        .map(|l| (timeline.slot(l.slot), l.blocks))
-                        .collect();
+                    if let Some(list) = plan.launches_mut(op) {
+                        *list = launches
+                            .iter()
+                            .map(|l| (timeline.slot(l.slot), l.blocks))
+                            .collect();
+                    }
                 }
                 for (&op, launches) in &u.accumulation.inner {
                     if let Some(list) = plan.inner_launches_mut(op) {

@@ -16,6 +16,13 @@ pub enum Link {
 }
 
 impl Link {
+    pub const ALL: [Link; 2] = [Link::Intra, Link::Inter];
+
+    /// The link's index in [`Link::ALL`] (a per-link array's index).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Link::Intra => "intra",
@@ -42,6 +49,10 @@ pub struct Topology {
     /// One entry per (ranks, link), ranks dividing N; the world itself is the profile's `comm`.
     #[serde(default)]
     pub groups: Vec<GroupCurves>,
+    /// Device bytes one communicator holds (NCCL's buffers), counted in every plan's peak for
+    /// the world's and each further communicator the plan uses; 0 when left out.
+    #[serde(default)]
+    pub communicator_bytes: u64,
 }
 
 /// A group a plan over `world` ranks on nodes of `node` ranks may communicate in (DESIGN §3.11).

@@ -1,8 +1,11 @@
 //! Per-slot memory of a rank (DESIGN §3):
 //! M_s = Σ persistent_i + Σ gathered_i(s) + Σ grad_i(s) + Σ_{F_i ≤ s ≤ B_i} saved_i + ws(s),
-//! with a lent unit's buffers extended to its borrower's backward B_j (DESIGN §3.9).
+//! with a lent unit's buffers extended to its borrower's backward B_j (DESIGN §3.9), an hpZ
+//! unit's secondary shard from F_i to B_i and the communicators' buffers (DESIGN §3.11).
 
-use crate::cost::{block_bytes, persistent_bytes, saved_bytes};
+use crate::cost::{
+    block_bytes, communicator_bytes, persistent_bytes_over, saved_bytes, secondary_shard_bytes,
+};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
 use crate::timeline::{Level, Op};
@@ -16,11 +19,18 @@ pub struct MemoryBreakdown {
     pub gradient: f64,
     pub activation: f64,
     pub workspace: f64,
+    /// The communicators' buffers (DESIGN §3.11): 0 without a topology.
+    pub communicators: f64,
 }
 
 impl MemoryBreakdown {
     pub fn total(&self) -> f64 {
-        self.persistent + self.gathered + self.gradient + self.activation + self.workspace
+        self.persistent
+            + self.gathered
+            + self.gradient
+            + self.activation
+            + self.workspace
+            + self.communicators
     }
 
     /// The component with the most bytes, by name.
@@ -31,6 +41,7 @@ impl MemoryBreakdown {
             ("unreduced gradients", self.gradient),
             ("saved activations", self.activation),
             ("workspace", self.workspace),
+            ("communicator buffers", self.communicators),
         ]
         .into_iter()
         .fold(("persistent state", f64::MIN), |best, c| {
@@ -42,11 +53,15 @@ impl MemoryBreakdown {
 /// The memory breakdown of every slot index.
 pub fn memory_by_slot(profile: &Profile, schedule: &Schedule) -> Vec<MemoryBreakdown> {
     let timeline = schedule.timeline();
-    let mut memory = vec![MemoryBreakdown::default(); timeline.slot_count()];
+    let communicators = MemoryBreakdown {
+        communicators: communicator_bytes(profile, schedule),
+        ..MemoryBreakdown::default()
+    };
+    let mut memory = vec![communicators; timeline.slot_count()];
     for (unit, u) in schedule.units().iter().enumerate() {
         let (forward, backward) = (timeline.forward(unit), timeline.backward(unit));
         let p = &profile.units[unit];
-        let persistent = persistent_bytes(profile, unit, u.level);
+        let persistent = persistent_bytes_over(profile, unit, u.level, u.shard_group);
         for m in memory.iter_mut() {
             m.persistent += persistent;
         }
@@ -59,6 +74,11 @@ pub fn memory_by_slot(profile: &Profile, schedule: &Schedule) -> Vec<MemoryBreak
         }
         memory[forward].workspace += p.forward_workspace_bytes as f64;
         memory[backward].workspace += p.backward_workspace_bytes as f64;
+        if let Some(h) = u.secondary_group {
+            for m in &mut memory[forward..=backward] {
+                m.gathered += secondary_shard_bytes(profile, unit, h);
+            }
+        }
 
         if let Some(borrower) = profile.borrower(unit) {
             let laid_out = profile.laid_out_params(unit);
@@ -83,7 +103,8 @@ pub fn memory_by_slot(profile: &Profile, schedule: &Schedule) -> Vec<MemoryBreak
                 let amount = bytes * f64::from(l.blocks);
                 let pos = l.position;
                 match op {
-                    Op::AllReduce => {}
+                    // RA reduces the persistent gradient shard in place.
+                    Op::AllReduce | Op::ReplicaAllReduce => {}
                     Op::ReduceScatter => {
                         // From the start of B_i to the end of the launch slot.
                         memory[backward].gradient += amount;

@@ -10,8 +10,8 @@ pub mod trace;
 pub use memory::{MemoryBreakdown, memory_by_slot};
 pub use trace::chrome_trace;
 
-use crate::cost::{Interference, block_time, compute_us};
-use crate::profile::Profile;
+use crate::cost::{Interference, among, block_time, compute_us};
+use crate::profile::{Link, Profile};
 use crate::schedule::Schedule;
 use crate::timeline::{Level, Op, Slot};
 use serde::Serialize;
@@ -142,6 +142,12 @@ struct Entry {
     unit: usize,
     op: Op,
     instance: usize,
+    /// The link whose queue it joins (DESIGN §3.11).
+    link: Link,
+    /// The op instance whose blocks must be done before it starts (relaxed semantics): a replica
+    /// AllReduce's ReduceScatter, a shard group's forward gather's replica AllReduce (DESIGN
+    /// §3.11); strict slots order them by themselves.
+    after: Option<usize>,
     time_us: f64,
     load_us: f64,
 }
@@ -155,7 +161,10 @@ struct StepInputs {
     compute_us: Vec<f64>,
     /// Per slot: its blocks in the canonical order (DESIGN §3.7).
     queue: Vec<Vec<Entry>>,
+    /// Per slot: Q_s, the time of all its blocks.
     comm_us: Vec<f64>,
+    /// Per slot and link: Q^ℓ_s, the time of its blocks on link ℓ (DESIGN §3.11).
+    link_comm_us: Vec<[f64; 2]>,
     /// Per slot: the compute its communication-stream work costs, L_s (DESIGN §3.4).
     load_us: Vec<f64>,
     memory: Vec<MemoryBreakdown>,
@@ -167,12 +176,23 @@ struct StepInputs {
 }
 
 impl StepInputs {
-    /// Sums each slot's queue into Q_s and L_s.
+    /// Sums each slot's queue into Q_s, Q^ℓ_s and L_s.
     fn with_totals(mut self) -> Self {
         self.comm_us = self
             .queue
             .iter()
             .map(|q| q.iter().map(|e| e.time_us).sum())
+            .collect();
+        self.link_comm_us = self
+            .queue
+            .iter()
+            .map(|q| {
+                let mut per_link = [0.0; 2];
+                for e in q {
+                    per_link[e.link.index()] += e.time_us;
+                }
+                per_link
+            })
             .collect();
         self.load_us = self
             .queue
@@ -207,11 +227,22 @@ impl StepInputs {
             .map(|q| {
                 q.into_iter()
                     .flat_map(|e| {
-                        let block = block_time(profile, e.unit, e.op);
+                        let u = &schedule.units()[e.unit];
+                        let among = among(profile, u, e.op);
+                        let block = block_time(profile, e.unit, e.op, among);
+                        let after = match e.op {
+                            Op::ReplicaAllReduce => Some(Op::ReduceScatter),
+                            op if op.is_forward_gather() && u.shard_group.is_some() => {
+                                Some(Op::ReplicaAllReduce)
+                            }
+                            _ => None,
+                        };
                         let entry = Entry {
                             unit: e.unit,
                             op: e.op,
                             instance: instance(e.unit, e.op),
+                            link: among.link(profile),
+                            after: after.map(|op| instance(e.unit, op)),
                             time_us: block.total_us(),
                             load_us: interference.load_us(e.op, block),
                         };
@@ -251,6 +282,7 @@ impl StepInputs {
                 .collect(),
             queue,
             comm_us: Vec::new(),
+            link_comm_us: Vec::new(),
             load_us: Vec::new(),
             memory: memory_by_slot(profile, schedule),
             needs,

@@ -1,10 +1,12 @@
-//! Relaxed semantics. The channel stays FIFO in plan order; a block starts when the channel is
-//! free and the compute stream has reached its launch slot; a slot's compute starts when the
-//! previous compute is done and the blocks it needs are done (the unit's gathers; for a `none`
-//! unit's forward, its AllReduce of the previous iteration); compute takes
-//! c_s + L_s, and the blocks launched in slot s take (Q_s + κ_q·c_s)/Q_s times their own time
-//! (the slot's compute beside them). Reductions are launched after their B_i, so they wait for
-//! their gradient.
+//! Relaxed semantics. Each link's channel stays FIFO in plan order (one channel without a
+//! topology, DESIGN §3.11); a block starts when its channel is free and the compute stream has
+//! reached its launch slot; a slot's compute starts when the previous compute is done and the
+//! blocks it needs are done (the unit's gathers; for a `none` unit's forward, its AllReduce of
+//! the previous iteration); compute takes c_s + L_s, and the blocks launched in slot s on link ℓ
+//! take (Q^ℓ_s + κ_q·c_s)/Q^ℓ_s times their own time (the slot's compute beside them).
+//! Reductions are launched after their B_i, so they wait for their gradient; a replica AllReduce
+//! also waits for its unit's ReduceScatter blocks, and a shard group's forward gather for its
+//! replica AllReduce (they may run on different links).
 //!
 //! The timeline is cyclic (gathers launched in one iteration feed the next), so iterations are
 //! simulated until the iteration time is stationary; the last iteration is reported. Relaxed has
@@ -22,7 +24,7 @@ pub(super) fn run(inputs: &StepInputs, interference: Interference) -> Timing {
     let slots = inputs.labels.len();
     // Latest end of the blocks of an op instance launched since its window opened.
     let mut ready = vec![f64::NEG_INFINITY; inputs.instances];
-    let mut channel_free = 0.0f64;
+    let mut channel_free = [0.0f64; 2];
     let mut compute_end = 0.0f64;
     let mut iteration_times: Vec<f64> = Vec::new();
     let mut last = None;
@@ -37,18 +39,16 @@ pub(super) fn run(inputs: &StepInputs, interference: Interference) -> Timing {
             for &instance in opening {
                 ready[instance] = f64::NEG_INFINITY;
             }
-            let stretch = interference.comm_stretch(inputs.compute_us[s], inputs.comm_us[s]);
+            let (c, per_link) = (inputs.compute_us[s], inputs.link_comm_us[s]);
             for entry in &inputs.queue[s] {
-                let t = entry.time_us * stretch;
-                let start = channel_free.max(launch);
-                channel_free = start + t;
-                ready[entry.instance] = ready[entry.instance].max(channel_free);
-                blocks.push(inputs.event(
-                    s,
-                    entry,
-                    start - iteration_start,
-                    channel_free - iteration_start,
-                ));
+                let link = entry.link.index();
+                let t = entry.time_us * interference.comm_stretch(c, per_link[link]);
+                let waits = entry.after.map_or(f64::NEG_INFINITY, |i| ready[i]);
+                let start = channel_free[link].max(launch).max(waits);
+                let end = start + t;
+                channel_free[link] = end;
+                ready[entry.instance] = ready[entry.instance].max(end);
+                blocks.push(inputs.event(s, entry, start - iteration_start, end - iteration_start));
             }
             let wait = inputs.needs[s]
                 .iter()

@@ -6,7 +6,8 @@
 
 use super::{Entry, MemoryBreakdown, StepInputs, op_index};
 use crate::cost::{
-    Interference, block_bytes, block_time, compute_us, persistent_bytes, saved_bytes,
+    Interference, among, block_bytes, block_time, communicator_bytes, compute_us, persistent_bytes,
+    saved_bytes,
 };
 use crate::profile::Profile;
 use crate::schedule::{QueueKey, Schedule, in_canonical_order, queue_key};
@@ -73,7 +74,11 @@ pub(super) fn unrolled(profile: &Profile, schedule: &Schedule) -> StepInputs {
             }
         })
         .collect();
-    let mut memory = vec![MemoryBreakdown::default(); n];
+    let communicators = MemoryBreakdown {
+        communicators: communicator_bytes(profile, schedule),
+        ..MemoryBreakdown::default()
+    };
+    let mut memory = vec![communicators; n];
     let mut keyed: Vec<Vec<(QueueKey, Entry)>> = vec![Vec::new(); n];
     let mut needs = vec![Vec::new(); n];
     let mut opens = vec![Vec::new(); n];
@@ -95,7 +100,8 @@ pub(super) fn unrolled(profile: &Profile, schedule: &Schedule) -> StepInputs {
                 }
                 let instance = Instance { unit, op, boundary };
                 opens[step.position(window, kind, boundary, 0)].push(id(instance));
-                let mut block = block_time(profile, unit, op);
+                let among = among(profile, u, op);
+                let mut block = block_time(profile, unit, op, among);
                 if boundary != 0 {
                     // Only the step's reduction is followed by the optimizer step.
                     block.update_us = 0.0;
@@ -105,6 +111,8 @@ pub(super) fn unrolled(profile: &Profile, schedule: &Schedule) -> StepInputs {
                     unit,
                     op,
                     instance: id(instance),
+                    link: among.link(profile),
+                    after: None,
                     time_us: block.total_us(),
                     load_us: interference.load_us(op, block),
                 };
@@ -116,7 +124,7 @@ pub(super) fn unrolled(profile: &Profile, schedule: &Schedule) -> StepInputs {
                     keyed[slot].extend(std::iter::repeat_n((key, entry), l.blocks as usize));
                     let amount = bytes * f64::from(l.blocks);
                     match op {
-                        Op::AllReduce => {}
+                        Op::AllReduce | Op::ReplicaAllReduce => {}
                         Op::ReduceScatter if accumulate => {
                             // The accumulated gradient, from B^1_i to the launch slot.
                             add(
@@ -189,6 +197,7 @@ pub(super) fn unrolled(profile: &Profile, schedule: &Schedule) -> StepInputs {
         compute_us: compute,
         queue,
         comm_us: Vec::new(),
+        link_comm_us: Vec::new(),
         load_us: Vec::new(),
         memory,
         needs,

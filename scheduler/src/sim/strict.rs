@@ -1,6 +1,6 @@
-//! Strict semantics: d_s = max(c_s + L_s, Q_s + κ_q·c_s), T = Σ_s d_s. Every block of slot s
-//! starts at the slot's start, serialised on the one channel, each stretched by the slot's
-//! compute as (Q_s + κ_q·c_s)/Q_s.
+//! Strict semantics: d_s = max(c_s + L_s, max_ℓ Q^ℓ_s + κ_q·c_s), T = Σ_s d_s. Every block of
+//! slot s starts at the slot's start, serialised on its link's channel (one channel without a
+//! topology, DESIGN §3.11), each stretched by the slot's compute as (Q^ℓ_s + κ_q·c_s)/Q^ℓ_s.
 
 use super::{StepInputs, Timing};
 use crate::cost::Interference;
@@ -12,15 +12,16 @@ pub(super) fn run(inputs: &StepInputs, interference: Interference) -> Timing {
     let mut blocks = Vec::new();
     let mut now = 0.0;
     for s in 0..slots {
-        let (c, q) = (inputs.compute_us[s], inputs.comm_us[s]);
-        let mut channel = now;
-        let stretch = interference.comm_stretch(c, q);
+        let (c, per_link) = (inputs.compute_us[s], inputs.link_comm_us[s]);
+        let mut channel = [now; 2];
         for entry in &inputs.queue[s] {
-            let t = entry.time_us * stretch;
-            blocks.push(inputs.event(s, entry, channel, channel + t));
-            channel += t;
+            let link = entry.link.index();
+            let t = entry.time_us * interference.comm_stretch(c, per_link[link]);
+            blocks.push(inputs.event(s, entry, channel[link], channel[link] + t));
+            channel[link] += t;
         }
-        let d = interference.slot_duration(c, q, inputs.load_us[s]);
+        let busiest = per_link.into_iter().fold(0.0, f64::max);
+        let d = interference.slot_duration(c, busiest, inputs.load_us[s]);
         start_us.push(now);
         duration_us.push(d);
         now += d;

@@ -213,6 +213,44 @@ pub fn random_profile(rng: &mut Rng, units: usize, kappa: f64, max_params: u64) 
     profile
 }
 
+/// Puts a random world of N ≥ 4 ranks on nodes of G = 2 or N/2 ranks (DESIGN §3.11): every
+/// group the plan space offers, with affine curves — inside a node mostly faster than the
+/// world's, as NVLink is than a NIC; across nodes around the world's — and a random communicator
+/// size. False, leaving the profile as it is, for N < 4 (a node of one rank has no group).
+pub fn with_topology(rng: &mut Rng, profile: &mut Profile) -> bool {
+    use shardplan_scheduler::profile::{GroupCurves, Link, Topology, offered_groups};
+    let n = profile.world_size;
+    if n < 4 {
+        return false;
+    }
+    let g = if rng.coin() { 2 } else { n / 2 };
+    let groups = offered_groups(n, g)
+        .into_iter()
+        .map(|group| {
+            let mut curve = || match group.link {
+                Link::Intra => affine(rng.range(1, 10) as f64, rng.range(20, 2000) as f64),
+                Link::Inter => affine(rng.range(1, 30) as f64, rng.range(5, 50) as f64),
+            };
+            let comm = CommCurves {
+                all_gather: curve(),
+                reduce_scatter: curve(),
+                all_reduce: curve(),
+            };
+            GroupCurves {
+                ranks: group.ranks,
+                link: group.link,
+                comm,
+            }
+        })
+        .collect();
+    profile.topology = Some(Topology {
+        gpus_per_node: g,
+        groups,
+        communicator_bytes: rng.range(0, 100),
+    });
+    true
+}
+
 /// A random valid schedule: random levels (the last unit never fsdp), recompute flags, and
 /// each op's blocks spread over random slots of its window, reductions before gathers; with
 /// micro-batches, random accumulate and keep, and the inner boundary's ops spread over their
@@ -247,14 +285,22 @@ pub fn random_schedule(rng: &mut Rng, profile: &Profile) -> Schedule {
             };
             let nb = profile.blocks(unit);
             let after = timeline.window(unit, Op::ReduceScatter.window_kind()).len - 1;
-            let boundary = rng.range(0, after as u64) as usize;
+            // Over a shard group (DESIGN §3.11), RA follows each RS block a slot later and the
+            // gathers come a slot after that.
+            let shards = shardplan_scheduler::groups::shard_groups(profile);
+            let shard_group =
+                (level != Level::None && after >= 2 && !shards.is_empty() && rng.coin())
+                    .then(|| shards[rng.range(0, shards.len() as u64 - 1) as usize]);
+            let gap = if shard_group.is_some() { 2 } else { 0 };
+            let boundary = rng.range(0, (after - gap) as u64) as usize;
             let mut launches = BTreeMap::new();
             for &op in level.ops() {
                 let positions = match op {
                     Op::AllReduce => 0..=after,
                     Op::ReduceScatter => 0..=boundary,
-                    Op::Gather | Op::GatherForward => boundary..=after,
+                    Op::Gather | Op::GatherForward => boundary + gap..=after,
                     Op::GatherBackward => 0..=timeline.window(unit, op.window_kind()).len - 1,
+                    Op::ReplicaAllReduce => unreachable!("RA follows RS; no level lists it"),
                 };
                 launches.insert(op, spread(rng, nb, positions, op, unit));
             }
@@ -269,7 +315,12 @@ pub fn random_schedule(rng: &mut Rng, profile: &Profile) -> Schedule {
                     accumulation.inner.insert(op, spread);
                 }
             }
+            let secondary = shardplan_scheduler::groups::secondary_group(profile)
+                .filter(|&h| h < shard_group.unwrap_or(profile.world_size));
+            let secondary_group = secondary.filter(|_| level == Level::Fsdp && rng.coin());
             UnitSchedule {
+                shard_group,
+                secondary_group,
                 level,
                 recompute: rng.coin(),
                 launches,

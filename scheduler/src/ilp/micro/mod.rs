@@ -344,6 +344,8 @@ fn schedule_from(profile: &Profile, units: &[model::UnitCols], values: &[f64]) -
                     keep: config.keep && config.level != Level::None,
                     inner,
                 },
+                shard_group: None,
+                secondary_group: None,
             }
         })
         .collect();

@@ -3,7 +3,7 @@
 //! slot's compute, communication, load, duration and memory.
 
 use super::linear::Linear;
-use crate::cost::{Interference, block_bytes, block_time, persistent_bytes};
+use crate::cost::{Among, Interference, block_bytes, block_time, persistent_bytes};
 use crate::ilp::WindowLimits;
 use crate::ilp::variables::{Col, Columns};
 use crate::profile::Profile;
@@ -416,7 +416,7 @@ fn slot_terms(
             }
         }
         for l in &u.launches {
-            let mut block = block_time(profile, i, l.op);
+            let mut block = block_time(profile, i, l.op, Among::World);
             if l.boundary == Boundary::Inner {
                 block.update_us = 0.0;
             }
@@ -437,7 +437,18 @@ fn slot_terms(
 fn memory_rows(profile: &Profile, step: Unrolled, units: &[UnitCols]) -> Vec<Linear> {
     let timeline = step.timeline;
     let last = step.micro_batches - 1;
-    let mut memory: Vec<Linear> = (0..step.slots()).map(|_| Linear::default()).collect();
+    // The world's communicator (DESIGN §3.11); no other group is offered at K ≥ 2.
+    let communicator = profile
+        .topology
+        .as_ref()
+        .map_or(0.0, |t| t.communicator_bytes as f64);
+    let mut memory: Vec<Linear> = (0..step.slots())
+        .map(|_| {
+            let mut m = Linear::default();
+            m.constant += communicator;
+            m
+        })
+        .collect();
     let bytes = profile.bytes_per_param;
     for (i, u) in units.iter().enumerate() {
         let p = &profile.units[i];

@@ -1,0 +1,150 @@
+//! The groups of ranks a unit may be sharded over beyond the world (DESIGN §3.11): the shard
+//! groups S < N (HSDP) and the hpZ secondary group H that the plan space offers a profile, and
+//! the checks of a unit's groups against its profile.
+
+use crate::profile::{Link, Profile, Topology};
+use crate::schedule::UnitSchedule;
+use crate::timeline::Level;
+
+/// The link of a group of `ranks` ranks: inside a node when it fits one.
+fn link_of(topology: &Topology, ranks: u32) -> Link {
+    if ranks <= topology.gpus_per_node {
+        Link::Intra
+    } else {
+        Link::Inter
+    }
+}
+
+/// The topology of `profile` where hierarchical levels are modelled (one micro-batch per step).
+fn hierarchical(profile: &Profile) -> Option<&Topology> {
+    profile
+        .topology
+        .as_ref()
+        .filter(|_| profile.micro_batches == 1)
+}
+
+/// Whether the profile has the curves of a shard group of `s` ranks and of its replica group.
+fn has_shard_group(topology: &Topology, world: u32, s: u32) -> bool {
+    world.is_multiple_of(s)
+        && topology.curves(s, link_of(topology, s)).is_some()
+        && topology.curves(world / s, Link::Inter).is_some()
+}
+
+/// The shard groups smaller than the world the ILP offers `profile` (DESIGN §3.11): the node,
+/// S = G < N, whose collectives stay on the intra link, where its shard and replica groups have
+/// curves in the profile's topology; none without a topology or with micro-batches. Larger groups
+/// of whole nodes are valid in plans and are the `hsdp` baseline's (and so the ILP's warm
+/// starts), but each would add a full set of launch columns per unit.
+pub fn shard_groups(profile: &Profile) -> Vec<u32> {
+    let Some(topology) = hierarchical(profile) else {
+        return Vec::new();
+    };
+    let (world, node) = (profile.world_size, topology.gpus_per_node);
+    let offered = node < world && has_shard_group(topology, world, node);
+    offered.then_some(node).into_iter().collect()
+}
+
+/// Every shard group of whole nodes smaller than the world with curves in the profile, ascending:
+/// S = G·2^j < N dividing N (as HSDP meshes are built; the `hsdp` baseline's candidates). Empty
+/// without a topology or with micro-batches.
+pub fn whole_node_groups(profile: &Profile) -> Vec<u32> {
+    let Some(topology) = hierarchical(profile) else {
+        return Vec::new();
+    };
+    let world = profile.world_size;
+    std::iter::successors(Some(topology.gpus_per_node), |s| s.checked_mul(2))
+        .take_while(|&s| s < world)
+        .filter(|&s| has_shard_group(topology, world, s))
+        .collect()
+}
+
+/// The secondary group the plan space offers `profile`: a node's G ranks, where the world spans
+/// nodes and the topology has the node group's curves (with one micro-batch per step).
+pub fn secondary_group(profile: &Profile) -> Option<u32> {
+    let t = hierarchical(profile)?;
+    let g = t.gpus_per_node;
+    (g < profile.world_size && t.curves(g, Link::Intra).is_some()).then_some(g)
+}
+
+/// Checks a unit's shard and secondary groups against `profile`: the error is (field, what was
+/// expected).
+pub fn check(profile: &Profile, u: &UnitSchedule) -> Result<(), (&'static str, String)> {
+    let world = profile.world_size;
+    let needs = |field| -> Result<&Topology, (&'static str, String)> {
+        if profile.micro_batches != 1 {
+            return Err((
+                field,
+                format!(
+                    "hierarchical levels are modelled at one micro-batch per step, the profile \
+                     has micro_batches = {}",
+                    profile.micro_batches
+                ),
+            ));
+        }
+        profile.topology.as_ref().ok_or((
+            field,
+            "a profile with a [topology] (gpus_per_node and its groups), this one has none".into(),
+        ))
+    };
+    if let Some(s) = u.shard_group {
+        let topology = needs("shard_group")?;
+        if u.level == Level::None {
+            return Err((
+                "shard_group",
+                "a sharded unit (sdp or fsdp), this one is `none`".into(),
+            ));
+        }
+        if s < 2 || s >= world || !has_shard_group(topology, world, s) {
+            return Err((
+                "shard_group",
+                format!(
+                    "a divisor of world_size {world} below it whose shard and replica groups \
+                     have curves in the profile's [topology] (offered: {}), got {s}",
+                    listed(&shard_groups(profile))
+                ),
+            ));
+        }
+    }
+    if let Some(h) = u.secondary_group {
+        let topology = needs("secondary_group")?;
+        if u.level != Level::Fsdp {
+            return Err((
+                "secondary_group",
+                format!(
+                    "only an fsdp unit keeps a secondary shard, this one is `{}`",
+                    u.level.name()
+                ),
+            ));
+        }
+        let shard = u.shard_group.unwrap_or(world);
+        let inside: Vec<u32> = topology
+            .groups
+            .iter()
+            .filter(|g| g.link == Link::Intra && g.ranks < shard && shard.is_multiple_of(g.ranks))
+            .map(|g| g.ranks)
+            .collect();
+        if !inside.contains(&h) {
+            return Err((
+                "secondary_group",
+                format!(
+                    "the ranks of a group inside a node, dividing the shard group of {shard} and \
+                     smaller, whose curves the profile's [topology] has ({}), got {h}",
+                    listed(&inside)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `8, 16` or `none`.
+fn listed(values: &[u32]) -> String {
+    if values.is_empty() {
+        return "none".into();
+    }
+    values
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
