@@ -215,6 +215,14 @@ impl Schedule {
             };
             let ops = u.ops();
             for (&op, launches) in &u.launches {
+                if op == Op::ReplicaAllReduce && !launches.is_empty() {
+                    return Err(rule(
+                        op,
+                        None,
+                        "takes no launches of its own: each RS block's follows it a slot later"
+                            .into(),
+                    ));
+                }
                 if !ops.contains(&op) && !launches.is_empty() {
                     return Err(rule(
                         op,

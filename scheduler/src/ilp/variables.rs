@@ -439,12 +439,6 @@ pub(super) fn declare_units(
             let u = &profile.units[unit];
             let recomputable =
                 options.allow_recompute && u.checkpoint_activation_bytes < u.activation_bytes;
-            let none = replicable.then(|| columns.binary());
-            let recompute = recomputable.then(|| columns.binary());
-            let ar = replicable.then(|| {
-                let key = (unit, Op::AllReduce, Among::World, None);
-                op_vars(columns, profile, timeline, key, shape)
-            });
             let after = timeline.window(unit, Op::ReduceScatter.window_kind()).len;
             let over = std::iter::once(None).chain(
                 shards
@@ -452,18 +446,35 @@ pub(super) fn declare_units(
                     .filter(|_| after >= 3)
                     .map(|&(s, u)| Some((s, u))),
             );
-            let groups: Vec<GroupVars> = over
+            let keys: Vec<GroupKey> = over
                 .enumerate()
-                .map(|(g, shard)| {
-                    let key = GroupKey {
-                        unit,
-                        index: g,
-                        shard,
-                        secondary,
-                    };
-                    group_vars(columns, profile, (timeline, shape), key)
+                .map(|(index, shard)| GroupKey {
+                    unit,
+                    index,
+                    shard,
+                    secondary,
                 })
                 .collect();
+            // Columns in the order of the flat model (none, the world's levels, recompute, AR,
+            // the world's ops), then each shard group's: HiGHS' search depends on it.
+            let none = replicable.then(|| columns.binary());
+            let world_levels = group_levels(columns, profile, timeline, &keys[0]);
+            let recompute = recomputable.then(|| columns.binary());
+            let ar = replicable.then(|| {
+                let key = (unit, Op::AllReduce, Among::World, None);
+                op_vars(columns, profile, timeline, key, shape)
+            });
+            let context = (timeline, shape);
+            let mut groups = vec![group_vars(
+                columns,
+                profile,
+                context,
+                (&keys[0], world_levels),
+            )];
+            for key in &keys[1..] {
+                let levels = group_levels(columns, profile, timeline, key);
+                groups.push(group_vars(columns, profile, context, (key, levels)));
+            }
             let has_hpz = groups.iter().any(|g| g.hpz.is_some());
             UnitVars {
                 blocks: profile.blocks(unit),
@@ -487,28 +498,59 @@ struct GroupKey {
     secondary: Option<u32>,
 }
 
-/// The variables of one unit over one group of ranks (DESIGN §3.11): sdp, fsdp and hpz where the
-/// unit can be fsdp (hpz where the secondary group is smaller than the group and divides it),
-/// their ops among the group, and the RS→AG boundary.
+/// A group's level columns: y_sdp, and y_fsdp and y_hpz where the unit has them.
+struct GroupLevels {
+    sdp: Col,
+    fsdp: Option<Col>,
+    hpz: Option<Col>,
+}
+
+/// The ranks of the group `key` shards over, and its hpz secondary group where it has one (the
+/// unit can be fsdp, the secondary group is smaller than the group and divides it).
+fn group_ranks(profile: &Profile, timeline: Timeline, key: &GroupKey) -> (u32, Option<u32>) {
+    let ranks = key.shard.map_or(profile.world_size, |(s, _)| s);
+    let can_fsdp = timeline
+        .window(key.unit, Op::GatherBackward.window_kind())
+        .len
+        > 0;
+    let hpz = key
+        .secondary
+        .filter(|&h| can_fsdp && h < ranks && ranks.is_multiple_of(h));
+    (ranks, hpz)
+}
+
+/// Declares the level columns of the group `key`.
+fn group_levels(
+    columns: &mut Columns,
+    profile: &Profile,
+    timeline: Timeline,
+    key: &GroupKey,
+) -> GroupLevels {
+    let can_fsdp = timeline
+        .window(key.unit, Op::GatherBackward.window_kind())
+        .len
+        > 0;
+    let (_, hpz_group) = group_ranks(profile, timeline, key);
+    GroupLevels {
+        sdp: columns.binary(),
+        fsdp: can_fsdp.then(|| columns.binary()),
+        hpz: hpz_group.map(|_| columns.binary()),
+    }
+}
+
+/// The variables of one unit over one group of ranks (DESIGN §3.11), its level columns given:
+/// its ops among the group and the RS→AG boundary.
 fn group_vars(
     columns: &mut Columns,
     profile: &Profile,
     (timeline, shape): (Timeline, Shape),
-    key: GroupKey,
+    (key, levels): (&GroupKey, GroupLevels),
 ) -> GroupVars {
-    let GroupKey {
-        unit,
-        index,
-        shard,
-        secondary,
-    } = key;
-    let ranks = shard.map_or(profile.world_size, |(s, _)| s);
+    let (unit, index, shard) = (key.unit, key.index, key.shard);
+    let (ranks, hpz_group) = group_ranks(profile, timeline, key);
     let in_group = shard.map_or(Among::World, |(s, _)| Among::Shard(s));
-    let can_fsdp = timeline.window(unit, Op::GatherBackward.window_kind()).len > 0;
-    let hpz_group = secondary.filter(|&h| can_fsdp && h < ranks && ranks.is_multiple_of(h));
-    let sdp = columns.binary();
-    let fsdp = can_fsdp.then(|| columns.binary());
-    let hpz = hpz_group.map(|_| columns.binary());
+    let can_fsdp = levels.fsdp.is_some();
+    let GroupLevels { sdp, fsdp, hpz } = levels;
     let group = Some(index);
     let mut declare =
         |op, among| op_vars(columns, profile, timeline, (unit, op, among, group), shape);
