@@ -45,23 +45,17 @@ fn refused(args: &[&str], expected: &[&str]) {
     assert!(message.contains(expected[0]), "{v}");
 }
 
+/// The command line of gpt2-small's analytic profile on 8 ranks as nodes of `node`, into `out`.
+fn analytic<'a>(node: &'a str, out: &'a str) -> Vec<&'a str> {
+    let model = ["--model", "models/gpt2-small.toml", "--device", "h100-sxm"];
+    let nodes = ["--world-size", "8", "--gpus-per-node", node, "--out", out];
+    [&["profile", "analytic"][..], &model, &nodes].concat()
+}
+
 /// gpt2-small's analytic profile on 8 ranks as nodes of `node`.
 fn nodes(dir: &Path, node: &str) -> String {
     let out = dir.join(format!("nodes-{node}.toml")).display().to_string();
-    ok(&[
-        "profile",
-        "analytic",
-        "--model",
-        "models/gpt2-small.toml",
-        "--device",
-        "h100-sxm",
-        "--world-size",
-        "8",
-        "--gpus-per-node",
-        node,
-        "--out",
-        &out,
-    ]);
+    ok(&analytic(node, &out));
     out
 }
 
@@ -111,20 +105,7 @@ fn hierarchical_baselines_plan_and_bad_groups_are_refused() {
     );
     // A node size that does not divide the world.
     refused(
-        &[
-            "profile",
-            "analytic",
-            "--model",
-            "models/gpt2-small.toml",
-            "--device",
-            "h100-sxm",
-            "--world-size",
-            "8",
-            "--gpus-per-node",
-            "3",
-            "--out",
-            &plan("p3.toml"),
-        ],
+        &analytic("3", &plan("p3.toml")),
         &[
             "gpus_per_node",
             "a positive divisor of the world size 8, got 3",

@@ -3,7 +3,6 @@
 //! the checks of a unit's groups against its profile.
 
 use crate::profile::{Link, Profile, Topology};
-use crate::schedule::UnitSchedule;
 use crate::timeline::Level;
 
 /// The link of a group of `ranks` ranks: inside a node when it fits one.
@@ -66,9 +65,18 @@ pub fn secondary_group(profile: &Profile) -> Option<u32> {
     (g < profile.world_size && t.curves(g, Link::Intra).is_some()).then_some(g)
 }
 
+/// A unit's level and the groups of ranks it names, as a plan gives them.
+pub struct UnitGroups {
+    pub level: Level,
+    /// S; None: the world.
+    pub shard_group: Option<u32>,
+    /// H; None: no secondary shard.
+    pub secondary_group: Option<u32>,
+}
+
 /// Checks a unit's shard and secondary groups against `profile`: the error is (field, what was
 /// expected).
-pub fn check(profile: &Profile, u: &UnitSchedule) -> Result<(), (&'static str, String)> {
+pub fn check(profile: &Profile, u: UnitGroups) -> Result<(), (&'static str, String)> {
     let world = profile.world_size;
     let needs = |field| -> Result<&Topology, (&'static str, String)> {
         if profile.micro_batches != 1 {

@@ -240,7 +240,12 @@ impl Schedule {
                     ));
                 }
             }
-            crate::groups::check(profile, u)
+            let groups = crate::groups::UnitGroups {
+                level: u.level,
+                shard_group: u.shard_group,
+                secondary_group: u.secondary_group,
+            };
+            crate::groups::check(profile, groups)
                 .map_err(|(field, why)| rule(ops[0], None, format!("{field}: {why}")))?;
             let nb = profile.blocks(unit);
             let mut unit_placed = BTreeMap::new();
