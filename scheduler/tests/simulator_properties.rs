@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Rng, random_profile, random_schedule};
+use common::{Rng, random_profile, random_schedule, with_topology};
 use proptest::prelude::*;
 use shardplan_scheduler::Error;
 use shardplan_scheduler::plan::{Plan, Producer, plan_with_prediction};
@@ -28,6 +28,26 @@ proptest! {
         // Strict time is never below the compute alone nor below the communication alone.
         prop_assert!(strict.iteration_time_us + 1e-9 >= strict.compute_us.max(strict.comm_us));
         prop_assert!(relaxed.iteration_time_us + 1e-9 >= relaxed.compute_us);
+    }
+
+    /// The same on nodes (DESIGN §3.11): random plans with shard groups (RA a slot after RS, on
+    /// the other link) and secondary groups, and they survive their file format. Strict time is
+    /// never below the compute.
+    #[test]
+    fn relaxed_is_never_slower_than_strict_on_nodes(seed in any::<u64>(), units in 1usize..7, comm_kappa in prop::sample::select(vec![0.0, 0.2, 1.0])) {
+        let mut rng = Rng(seed);
+        let mut profile = random_profile(&mut rng, units, 0.1, 1500);
+        profile.comm_slowdown = comm_kappa;
+        with_topology(&mut rng, &mut profile);
+        let schedule = random_schedule(&mut rng, &profile);
+        let strict = simulate(&profile, &schedule, Semantics::Strict);
+        let relaxed = simulate(&profile, &schedule, Semantics::Relaxed);
+        prop_assert!(relaxed.iteration_time_us <= strict.iteration_time_us * (1.0 + 1e-12) + 1e-9,
+            "relaxed {} > strict {}", relaxed.iteration_time_us, strict.iteration_time_us);
+        prop_assert!(strict.iteration_time_us + 1e-9 >= strict.compute_us);
+        let (plan, _) = plan_with_prediction(&profile, &schedule, Producer { name: "random".into(), details: Default::default() }, None);
+        let parsed: Plan = shardplan_scheduler::io::parse_toml(&plan.to_toml(), "round trip").unwrap();
+        prop_assert_eq!(parsed.schedule(&profile, "round trip").unwrap(), schedule);
     }
 
     #[test]

@@ -5,8 +5,8 @@
 //! the previous iteration); compute takes c_s + L_s, and the blocks launched in slot s on link ℓ
 //! take (Q^ℓ_s + κ_q·c_s)/Q^ℓ_s times their own time (the slot's compute beside them).
 //! Reductions are launched after their B_i, so they wait for their gradient; a replica AllReduce
-//! also waits for its unit's ReduceScatter blocks, and a shard group's forward gather for its
-//! replica AllReduce (they may run on different links).
+//! also waits for its unit's ReduceScatter blocks launched in earlier slots, and a shard group's
+//! forward gather for its replica AllReduce (they may run on different links).
 //!
 //! The timeline is cyclic (gathers launched in one iteration feed the next), so iterations are
 //! simulated until the iteration time is stationary; the last iteration is reported. Relaxed has
@@ -40,10 +40,15 @@ pub(super) fn run(inputs: &StepInputs, interference: Interference) -> Timing {
                 ready[instance] = f64::NEG_INFINITY;
             }
             let (c, per_link) = (inputs.compute_us[s], inputs.link_comm_us[s]);
-            for entry in &inputs.queue[s] {
+            // What a block waits for across links was launched in an earlier slot: its readiness
+            // as this slot starts, not including this slot's own blocks.
+            let launched_before: Vec<f64> = inputs.queue[s]
+                .iter()
+                .map(|e| e.after.map_or(f64::NEG_INFINITY, |i| ready[i]))
+                .collect();
+            for (entry, waits) in inputs.queue[s].iter().zip(launched_before) {
                 let link = entry.link.index();
                 let t = entry.time_us * interference.comm_stretch(c, per_link[link]);
-                let waits = entry.after.map_or(f64::NEG_INFINITY, |i| ready[i]);
                 let start = channel_free[link].max(launch).max(waits);
                 let end = start + t;
                 channel_free[link] = end;
