@@ -140,8 +140,8 @@ impl Among {
         };
         match (self, &profile.topology) {
             (Among::Replica(_), _) => Link::Inter,
-            (_, Some(t)) if ranks <= t.gpus_per_node => Link::Intra,
-            _ => Link::Inter,
+            (_, Some(t)) => Link::of_group(ranks, t.gpus_per_node),
+            (_, None) => Link::Inter,
         }
     }
 

@@ -5,15 +5,6 @@
 use crate::profile::{Link, Profile, Topology};
 use crate::timeline::Level;
 
-/// The link of a group of `ranks` ranks: inside a node when it fits one.
-fn link_of(topology: &Topology, ranks: u32) -> Link {
-    if ranks <= topology.gpus_per_node {
-        Link::Intra
-    } else {
-        Link::Inter
-    }
-}
-
 /// The topology of `profile` where hierarchical levels are modelled (one micro-batch per step).
 fn hierarchical(profile: &Profile) -> Option<&Topology> {
     profile
@@ -25,7 +16,9 @@ fn hierarchical(profile: &Profile) -> Option<&Topology> {
 /// Whether the profile has the curves of a shard group of `s` ranks and of its replica group.
 fn has_shard_group(topology: &Topology, world: u32, s: u32) -> bool {
     world.is_multiple_of(s)
-        && topology.curves(s, link_of(topology, s)).is_some()
+        && topology
+            .curves(s, Link::of_group(s, topology.gpus_per_node))
+            .is_some()
         && topology.curves(world / s, Link::Inter).is_some()
 }
 

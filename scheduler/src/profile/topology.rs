@@ -18,6 +18,16 @@ pub enum Link {
 impl Link {
     pub const ALL: [Link; 2] = [Link::Intra, Link::Inter];
 
+    /// The link of a group of `ranks` ranks on nodes of `node`: inside a node when it fits one
+    /// (groups are whole nodes or parts of one), across nodes otherwise.
+    pub fn of_group(ranks: u32, node: u32) -> Link {
+        if ranks <= node {
+            Link::Intra
+        } else {
+            Link::Inter
+        }
+    }
+
     /// The link's index in [`Link::ALL`] (a per-link array's index).
     pub fn index(self) -> usize {
         self as usize
@@ -71,12 +81,10 @@ pub fn offered_groups(world: u32, node: u32) -> Vec<Group> {
     let mut shard = node;
     while shard < world {
         if world.is_multiple_of(shard) {
-            let link = if shard <= node {
-                Link::Intra
-            } else {
-                Link::Inter
-            };
-            groups.push(Group { ranks: shard, link });
+            groups.push(Group {
+                ranks: shard,
+                link: Link::of_group(shard, node),
+            });
             groups.push(Group {
                 ranks: world / shard,
                 link: Link::Inter,
