@@ -446,19 +446,26 @@ pub(super) fn declare_units(
                     .filter(|_| after >= 3)
                     .map(|&(s, u)| Some((s, u))),
             );
+            let can_fsdp = timeline.window(unit, Op::GatherBackward.window_kind()).len > 0;
             let keys: Vec<GroupKey> = over
                 .enumerate()
-                .map(|(index, shard)| GroupKey {
-                    unit,
-                    index,
-                    shard,
-                    secondary,
+                .map(|(index, shard)| {
+                    let ranks = shard.map_or(profile.world_size, |(s, _)| s);
+                    GroupKey {
+                        unit,
+                        index,
+                        shard,
+                        ranks,
+                        can_fsdp,
+                        hpz: secondary
+                            .filter(|&h| can_fsdp && h < ranks && ranks.is_multiple_of(h)),
+                    }
                 })
                 .collect();
             // Columns in the order of the flat model (none, the world's levels, recompute, AR,
             // the world's ops), then each shard group's: HiGHS' search depends on it.
             let none = replicable.then(|| columns.binary());
-            let world_levels = group_levels(columns, profile, timeline, &keys[0]);
+            let world_levels = group_levels(columns, &keys[0]);
             let recompute = recomputable.then(|| columns.binary());
             let ar = replicable.then(|| {
                 let key = (unit, Op::AllReduce, Among::World, None);
@@ -472,7 +479,7 @@ pub(super) fn declare_units(
                 (&keys[0], world_levels),
             )];
             for key in &keys[1..] {
-                let levels = group_levels(columns, profile, timeline, key);
+                let levels = group_levels(columns, key);
                 groups.push(group_vars(columns, profile, context, (key, levels)));
             }
             let has_hpz = groups.iter().any(|g| g.hpz.is_some());
@@ -490,12 +497,16 @@ pub(super) fn declare_units(
 }
 
 /// Which group of which unit [`group_vars`] declares: the unit, the group's index, its shard
-/// group and communicator column (None: the world), and the secondary group on offer.
+/// group and communicator column (None: the world), the ranks it shards over, whether the unit
+/// can be fsdp, and its hpz secondary group where it has one (the secondary group on offer, when
+/// smaller than the group and dividing it).
 struct GroupKey {
     unit: usize,
     index: usize,
     shard: Option<(u32, Col)>,
-    secondary: Option<u32>,
+    ranks: u32,
+    can_fsdp: bool,
+    hpz: Option<u32>,
 }
 
 /// A group's level columns: y_sdp, and y_fsdp and y_hpz where the unit has them.
@@ -505,36 +516,12 @@ struct GroupLevels {
     hpz: Option<Col>,
 }
 
-/// The ranks of the group `key` shards over, and its hpz secondary group where it has one (the
-/// unit can be fsdp, the secondary group is smaller than the group and divides it).
-fn group_ranks(profile: &Profile, timeline: Timeline, key: &GroupKey) -> (u32, Option<u32>) {
-    let ranks = key.shard.map_or(profile.world_size, |(s, _)| s);
-    let can_fsdp = timeline
-        .window(key.unit, Op::GatherBackward.window_kind())
-        .len
-        > 0;
-    let hpz = key
-        .secondary
-        .filter(|&h| can_fsdp && h < ranks && ranks.is_multiple_of(h));
-    (ranks, hpz)
-}
-
 /// Declares the level columns of the group `key`.
-fn group_levels(
-    columns: &mut Columns,
-    profile: &Profile,
-    timeline: Timeline,
-    key: &GroupKey,
-) -> GroupLevels {
-    let can_fsdp = timeline
-        .window(key.unit, Op::GatherBackward.window_kind())
-        .len
-        > 0;
-    let (_, hpz_group) = group_ranks(profile, timeline, key);
+fn group_levels(columns: &mut Columns, key: &GroupKey) -> GroupLevels {
     GroupLevels {
         sdp: columns.binary(),
-        fsdp: can_fsdp.then(|| columns.binary()),
-        hpz: hpz_group.map(|_| columns.binary()),
+        fsdp: key.can_fsdp.then(|| columns.binary()),
+        hpz: key.hpz.map(|_| columns.binary()),
     }
 }
 
@@ -546,17 +533,15 @@ fn group_vars(
     (timeline, shape): (Timeline, Shape),
     (key, levels): (&GroupKey, GroupLevels),
 ) -> GroupVars {
-    let (unit, index, shard) = (key.unit, key.index, key.shard);
-    let (ranks, hpz_group) = group_ranks(profile, timeline, key);
+    let (unit, index, shard, hpz_group) = (key.unit, key.index, key.shard, key.hpz);
     let in_group = shard.map_or(Among::World, |(s, _)| Among::Shard(s));
-    let can_fsdp = levels.fsdp.is_some();
     let GroupLevels { sdp, fsdp, hpz } = levels;
     let group = Some(index);
     let mut declare =
         |op, among| op_vars(columns, profile, timeline, (unit, op, among, group), shape);
     let rs = declare(Op::ReduceScatter, in_group);
     let fg = declare(Op::GatherForward, in_group);
-    let bg = can_fsdp.then(|| declare(Op::GatherBackward, in_group));
+    let bg = key.can_fsdp.then(|| declare(Op::GatherBackward, in_group));
     let bgh = hpz_group.map(|h| declare(Op::GatherBackward, Among::Secondary(h)));
     let gap = if shard.is_some() { 2 } else { 0 };
     let first_gather = fg.positions[0];
@@ -577,7 +562,7 @@ fn group_vars(
         bgh,
         gap,
         boundary,
-        persistent: persistent_bytes_over(profile, unit, Level::Sdp, Some(ranks)),
+        persistent: persistent_bytes_over(profile, unit, Level::Sdp, Some(key.ranks)),
         communicator: shard.map(|(_, u)| u),
     }
 }
