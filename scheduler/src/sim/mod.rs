@@ -178,11 +178,6 @@ struct StepInputs {
 impl StepInputs {
     /// Sums each slot's queue into Q_s, Q^ℓ_s and L_s.
     fn with_totals(mut self) -> Self {
-        self.comm_us = self
-            .queue
-            .iter()
-            .map(|q| q.iter().map(|e| e.time_us).sum())
-            .collect();
         self.link_comm_us = self
             .queue
             .iter()
@@ -194,6 +189,7 @@ impl StepInputs {
                 per_link
             })
             .collect();
+        self.comm_us = self.link_comm_us.iter().map(|q| q.iter().sum()).collect();
         self.load_us = self
             .queue
             .iter()

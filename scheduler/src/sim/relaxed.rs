@@ -28,6 +28,8 @@ pub(super) fn run(inputs: &StepInputs, interference: Interference) -> Timing {
     let mut compute_end = 0.0f64;
     let mut iteration_times: Vec<f64> = Vec::new();
     let mut last = None;
+    // Per block of a slot, the readiness of what it waits for across links (reused slot to slot).
+    let mut launched_before: Vec<f64> = Vec::new();
     for iteration in 0..MAX_ITERATIONS {
         let iteration_start = compute_end;
         let mut start_us = Vec::with_capacity(slots);
@@ -39,16 +41,19 @@ pub(super) fn run(inputs: &StepInputs, interference: Interference) -> Timing {
             for &instance in opening {
                 ready[instance] = f64::NEG_INFINITY;
             }
-            let (c, per_link) = (inputs.compute_us[s], inputs.link_comm_us[s]);
+            let c = inputs.compute_us[s];
+            let stretch = inputs.link_comm_us[s].map(|q| interference.comm_stretch(c, q));
             // What a block waits for across links was launched in an earlier slot: its readiness
             // as this slot starts, not including this slot's own blocks.
-            let launched_before: Vec<f64> = inputs.queue[s]
-                .iter()
-                .map(|e| e.after.map_or(f64::NEG_INFINITY, |i| ready[i]))
-                .collect();
-            for (entry, waits) in inputs.queue[s].iter().zip(launched_before) {
+            launched_before.clear();
+            launched_before.extend(
+                inputs.queue[s]
+                    .iter()
+                    .map(|e| e.after.map_or(f64::NEG_INFINITY, |i| ready[i])),
+            );
+            for (entry, &waits) in inputs.queue[s].iter().zip(&launched_before) {
                 let link = entry.link.index();
-                let t = entry.time_us * interference.comm_stretch(c, per_link[link]);
+                let t = entry.time_us * stretch[link];
                 let start = channel_free[link].max(launch).max(waits);
                 let end = start + t;
                 channel_free[link] = end;

@@ -13,10 +13,11 @@ pub(super) fn run(inputs: &StepInputs, interference: Interference) -> Timing {
     let mut now = 0.0;
     for s in 0..slots {
         let (c, per_link) = (inputs.compute_us[s], inputs.link_comm_us[s]);
+        let stretch = per_link.map(|q| interference.comm_stretch(c, q));
         let mut channel = [now; 2];
         for entry in &inputs.queue[s] {
             let link = entry.link.index();
-            let t = entry.time_us * interference.comm_stretch(c, per_link[link]);
+            let t = entry.time_us * stretch[link];
             blocks.push(inputs.event(s, entry, channel[link], channel[link] + t));
             channel[link] += t;
         }
