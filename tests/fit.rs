@@ -28,6 +28,9 @@ impl Collectives for Rank0 {
     fn size(&self) -> usize {
         self.size
     }
+    fn split(&self, _: usize, _: usize) -> shardplan_runtime::Result<Rank0> {
+        unreachable!("flat plans open no group")
+    }
     fn all_gather(&self, _: &[f32], _: &mut [f32]) {
         unreachable!("setting a plan up runs no collective")
     }

@@ -1,13 +1,16 @@
 //! Hierarchical plans through the binary (DESIGN §3.11): the `hsdp` and `hpz` baselines on a
 //! profile with nodes, bad shard and secondary groups refused naming the field (plain and under
-//! `--json`), a plan for another node size refused, and `run` refusing a plan it cannot execute
-//! yet, naming the unit.
+//! `--json`), a plan for another node size refused, and hierarchical plans run on 4 MPI ranks as
+//! 2 nodes of 2.
 
 mod common;
 
 use serde_json::Value;
+use shardplan_runtime::mlp::{max_relative_error, reference_training};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
-use shardplan_scheduler::profile::{CommCurves, GroupCurves, Link, Topology};
+use shardplan_scheduler::ilp::{SolveOptions, solve};
+use shardplan_scheduler::profile::{GroupCurves, Link, Profile, Topology};
+use shardplan_scheduler::schedule::Schedule;
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -130,35 +133,120 @@ fn hierarchical_baselines_plan_and_bad_groups_are_refused() {
     );
 }
 
-/// `run` refuses a plan over a shard group or with a secondary group before it allocates
-/// anything, naming the unit (the runtime's sub-communicators are not built yet).
+/// Hierarchical plans on 4 MPI ranks declared as 2 nodes of 2 (DESIGN §6.11): the `hsdp` and
+/// `hpz` baselines with and without checkpointing and the ILP's plans at three caps (each with a
+/// shard group or a secondary group) end with the weights of a single process training on the
+/// union of the ranks' batches (≤ 1e-5 relative, as every flat plan in tests/runtime.rs), strict
+/// and relaxed alike, and the arena is the predicted peak to the byte. Negative control: the
+/// reference of another world size is told apart.
 #[test]
-fn run_refuses_hierarchical_plans_naming_the_unit() {
+fn hierarchical_plans_train_like_the_reference_on_two_nodes_of_two() {
+    const STEPS: usize = 3;
     let dir = tempfile::tempdir().unwrap();
     let (spec, model) = common::spec(dir.path());
-    let mut profile = common::profile(&spec, 4);
-    let curves = profile.comm.clone();
+    let profile = two_nodes_of_two(common::profile(&spec, 4));
+    let profile_path = dir.path().join("profile.toml");
+    profile.save(&profile_path).unwrap();
+    let (reference, _) = reference_training(&spec, 4, STEPS);
+    let (other_data, _) = reference_training(&spec, 5, STEPS);
+    let mut plans: Vec<(String, Schedule)> = Vec::new();
+    let mut peaks = Vec::new();
+    for kind in [BaselineKind::Hsdp, BaselineKind::Hpz] {
+        for ckpt in [false, true] {
+            let b = baseline(&profile, kind, ckpt, None).unwrap();
+            peaks.push(b.simulation.peak_memory_bytes as u64);
+            plans.push((kind.label(ckpt), b.schedule));
+        }
+    }
+    let (low, high) = (*peaks.iter().min().unwrap(), *peaks.iter().max().unwrap());
+    for cap in [low, (low + high) / 2, high] {
+        let options = SolveOptions {
+            memory_cap_bytes: Some(cap),
+            time_limit_s: 10.0,
+            threads: 1,
+            ..Default::default()
+        };
+        let solved = solve(&profile, &options).unwrap();
+        plans.push((format!("ilp@{cap}"), solved.schedule));
+    }
+    for (name, schedule) in &plans {
+        let grouped = schedule.units().iter();
+        let hierarchical = grouped
+            .filter(|u| u.shard_group.is_some() || u.secondary_group.is_some())
+            .count();
+        assert!(hierarchical > 0, "{name} has no shard or secondary group");
+        let plan = common::write_plan(dir.path(), name, &profile, schedule);
+        let mut trained = Vec::new();
+        for semantics in ["strict", "relaxed"] {
+            let dump = dir.path().join(format!("{name}-{semantics}.json"));
+            let extra = [
+                "--semantics",
+                semantics,
+                "--dump-params",
+                dump.to_str().unwrap(),
+                "--json",
+            ];
+            let out = common::run_plan(4, &profile_path, &plan, &model, STEPS as u64, &extra);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{name} {semantics}: {stderr}");
+            let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(
+                report["arena_bytes"], report["predicted_peak_memory_bytes"],
+                "{name} {semantics}"
+            );
+            let params: Vec<Vec<f32>> =
+                serde_json::from_slice(&std::fs::read(&dump).unwrap()).unwrap();
+            let error = max_relative_error(&params, &reference).unwrap();
+            assert!(error <= 1e-5, "{name} {semantics}: {error:e}");
+            let control = max_relative_error(&params, &other_data).unwrap();
+            assert!(control > 1e-3, "{name}: control {control:e}");
+            trained.push(params);
+        }
+        assert_eq!(trained[0], trained[1], "{name}: strict and relaxed differ");
+    }
+}
+
+/// `profile` (4 ranks) as 2 nodes of 2: both groups of 2 with the world's curves, no
+/// communicator bytes (the CPU's communicators are outside the arena).
+fn two_nodes_of_two(mut profile: Profile) -> Profile {
     let group = |link| GroupCurves {
         ranks: 2,
         link,
-        comm: CommCurves { ..curves.clone() },
+        comm: profile.comm.clone(),
     };
     profile.topology = Some(Topology {
         gpus_per_node: 2,
         groups: vec![group(Link::Intra), group(Link::Inter)],
         communicator_bytes: 0,
     });
-    let profile_path = dir.path().join("profile.toml");
-    profile.save(&profile_path).unwrap();
-    for kind in [BaselineKind::Hsdp, BaselineKind::Hpz] {
-        let schedule = baseline(&profile, kind, false, None).unwrap().schedule;
-        let plan = common::write_plan(dir.path(), kind.name(), &profile, &schedule);
-        let out = common::run_plan(1, &profile_path, &plan, &model, 1, &[]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{kind:?} ran");
-        assert!(
-            stderr.contains("has a shard_group or secondary_group") && stderr.contains("unit `"),
-            "{stderr}"
-        );
-    }
+    profile
+}
+
+/// `profile measure --gpus-per-node` refuses a node size that does not divide the world, naming
+/// the option.
+#[test]
+fn a_measured_node_size_must_divide_the_world() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, model) = common::spec(dir.path());
+    let out = dir.path().join("p.toml");
+    let (model, out) = (model.to_str().unwrap(), out.to_str().unwrap());
+    refused(
+        &[
+            "profile",
+            "measure",
+            "--backend",
+            "cpu",
+            "--model",
+            model,
+            "--world-size",
+            "4",
+            "--device",
+            "h100-sxm",
+            "--gpus-per-node",
+            "3",
+            "--out",
+            out,
+        ],
+        &["--gpus-per-node", "divisor of the world size 4"],
+    );
 }

@@ -62,16 +62,22 @@ class Gpt2AgainstTransformers(unittest.TestCase):
         cls.hf_losses = train(model, cls.spec, text(), STEPS)
         cls.hf = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
-    def check(self, world, kind, checkpoint=False, semantics="strict"):
+    def check(self, world, kind, checkpoint=False, semantics="strict", node=None):
+        """Trains `kind`'s plan (a baseline, or "ilp": a hierarchical plan of the solver) at `world` ranks,
+        on nodes of `node` where given, and checks it against transformers."""
         d = pathlib.Path(self.dir.name)
-        tag = f"{kind}{'-ckpt' if checkpoint else ''}-{semantics}-n{world}"
-        profile, plan, out = d / f"p{world}.toml", d / f"{tag}.plan.toml", d / f"{tag}.safetensors"
+        nodes = "" if node is None else f"g{node}"
+        tag = f"{kind}{'-ckpt' if checkpoint else ''}-{semantics}-n{world}{nodes}"
+        profile, plan, out = d / f"p{world}{nodes}.toml", d / f"{tag}.plan.toml", d / f"{tag}.safetensors"
         if not profile.exists():
             shardplan(1, "profile", "measure", "--backend", "cpu", "--model", str(self.model),
                       "--world-size", str(world), "--device", "h100-sxm", "--repeats", "1",
-                      "--out", str(profile))
-        shardplan(1, "baseline", "--profile", str(profile), "--kind", kind,
-                  *(["--checkpoint"] if checkpoint else []), "--out", str(plan))
+                      *([] if node is None else ["--gpus-per-node", str(node)]), "--out", str(profile))
+        if kind == "ilp":
+            self.solve_hierarchical(profile, plan)
+        else:
+            shardplan(1, "baseline", "--profile", str(profile), "--kind", kind,
+                      *(["--checkpoint"] if checkpoint else []), "--out", str(plan))
         report = json.loads(shardplan(
             world, "run", "--backend", "cpu", "--profile", str(profile), "--plan", str(plan),
             "--model", str(self.model), "--steps", str(STEPS), "--data", str(self.data),
@@ -99,6 +105,36 @@ class Gpt2AgainstTransformers(unittest.TestCase):
 
     def test_four_ranks_relaxed(self):
         self.check(4, "fsdp1", True, "relaxed")
+
+    def solve_hierarchical(self, profile, plan):
+        """The ILP's plan under the first of a ladder of caps above fsdp1+ckpt's peak whose plan
+        shards a unit over a node or keeps an hpZ shard (on these compute-bound profiles the
+        flat levels win at looser caps)."""
+        d = pathlib.Path(self.dir.name)
+        floor = d / "fsdp1-floor.plan.toml"
+        shardplan(1, "baseline", "--profile", str(profile), "--kind", "fsdp1", "--checkpoint", "--out", str(floor))
+        peak = tomllib.loads(floor.read_text())["predicted"]["peak_memory_bytes"]
+        for step in range(1, 16):
+            shardplan(1, "solve", "--profile", str(profile), "--memory-cap", str(int(peak * (1 + 0.01 * step))),
+                      "--time-limit", "10", "--model", str(self.model), "--out", str(plan))
+            if any("shard_group" in u or "secondary_group" in u for u in tomllib.loads(plan.read_text())["units"]):
+                return
+        self.fail(f"no cap up to 15% above fsdp1+ckpt's peak ({peak} bytes) gives a hierarchical ILP plan")
+
+    def test_four_ranks_as_two_nodes(self):
+        """Hierarchical plans (DESIGN §3.11, §6.11) at N = 4 declared as 2 nodes of 2: HSDP (shard
+        group of 2, replica AllReduce across the nodes), hpZ (a secondary shard of 2 after each
+        forward) and the ILP's plan, strict and relaxed; the baselines' arena is the predicted peak."""
+        for kind, checkpoint, semantics in [("hsdp", False, "strict"), ("hsdp", True, "relaxed"),
+                                            ("hpz", False, "relaxed"), ("hpz", True, "strict"),
+                                            ("ilp", False, "strict"), ("ilp", False, "relaxed")]:
+            with self.subTest(kind=kind, checkpoint=checkpoint, semantics=semantics):
+                report = self.check(4, kind, checkpoint, semantics, node=2)
+                if kind != "ilp":  # The ILP's plan is packed within its cap by `solve --model`.
+                    self.assertEqual(report["arena_bytes"], report["predicted_peak_memory_bytes"])
+                plan = pathlib.Path(self.dir.name) / f"{kind}{'-ckpt' if checkpoint else ''}-{semantics}-n4g2.plan.toml"
+                units = tomllib.loads(plan.read_text())["units"]
+                self.assertTrue(any("shard_group" in u or "secondary_group" in u for u in units), kind)
 
     def test_saved_weights_load_in_transformers(self):
         """The file `--save-weights` writes is a transformers checkpoint: from_pretrained loads
@@ -140,8 +176,9 @@ class Gpt2AccumulatingAgainstTransformers(Gpt2AgainstTransformers):
             with self.subTest(kind=kind, checkpoint=checkpoint):
                 self.check(4, kind, checkpoint, "relaxed")
 
-    # The weights file's format does not depend on K.
+    # The weights file's format does not depend on K; hierarchical levels need K = 1.
     test_saved_weights_load_in_transformers = None
+    test_four_ranks_as_two_nodes = None
 
 
 if __name__ == "__main__":

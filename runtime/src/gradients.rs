@@ -67,9 +67,9 @@ impl GradientStart {
             GradientStart::Zero => backend.zero(full),
             GradientStart::Seed => {
                 backend.zero(full)?;
-                let (rank, world) = (backend.rank(), backend.world_size());
+                let (rank, shards) = (backend.rank(), unit.shard_ranks);
                 (0..unit.blocks).try_for_each(|j| {
-                    let segment = full.part(j, unit.blocks).part(rank, world);
+                    let segment = full.part(j, unit.blocks).part(rank % shards, shards);
                     backend.copy(unit.grads.part(j, unit.blocks), segment)
                 })
             }

@@ -5,7 +5,7 @@
 
 use crate::backend::{Allocation, Backend, DeviceMemory, Stream};
 use crate::checkpoint::{self, Checkpoints, Identity, Resumed};
-use crate::executor::{RunOptions, RunReport, Span, final_params, initialise, run};
+use crate::executor::{RunOptions, RunReport, Span, final_params, groups, initialise, run};
 use crate::layout::{Placement, place};
 use crate::measure::median;
 use crate::train::Train;
@@ -43,29 +43,11 @@ pub struct PlanRun {
     pub checkpoints_written: usize,
 }
 
-/// Refuses a plan with shard groups or secondary groups (DESIGN §3.11): the planner models them,
-/// the runtime's sub-communicators do not exist yet, so such a plan would not run as planned.
-fn refuse_hierarchical(schedule: &Schedule, profile: &Profile, origin: &str) -> Result<()> {
-    let hierarchical = schedule
-        .units()
-        .iter()
-        .zip(&profile.units)
-        .find(|(u, _)| u.shard_group.is_some() || u.secondary_group.is_some());
-    match hierarchical {
-        Some((_, unit)) => Err(Error::Mismatch(format!(
-            "{origin}: unit `{}` has a shard_group or secondary_group (DESIGN §3.11): the runtime \
-             runs plans over the world's communicator only; re-plan without a topology \
-             (`profile analytic` without --gpus-per-node) to run it",
-            unit.name
-        ))),
-        None => Ok(()),
-    }
-}
-
 /// A plan ready to run: checked against the profile and the ranks, its layout packed, the arena
 /// allocated and initialised.
 pub struct Prepared<B> {
     backend: B,
+    profile: Profile,
     schedule: Schedule,
     placement: Placement,
 }
@@ -81,7 +63,6 @@ impl<B: Backend> Prepared<B> {
         steps: usize,
     ) -> Result<Self> {
         let schedule = plan.schedule(profile, origin)?;
-        refuse_hierarchical(&schedule, profile, origin)?;
         let world = backend.world_size();
         if plan.world_size as usize != world {
             return Err(Error::Mismatch(format!(
@@ -91,6 +72,10 @@ impl<B: Backend> Prepared<B> {
         }
         let placement = place(workload, profile, &schedule)?;
         check_cap(&placement, plan, origin)?;
+        // The shard, replica and secondary groups' communicators (DESIGN §6.11).
+        backend
+            .open_groups(&groups(&schedule, world))
+            .map_err(|e| Error::Mismatch(format!("{origin}: {e}")))?;
         workload.load_kernels(&backend)?;
         backend.allocate(Allocation {
             arena_elements: (placement.arena.size_bytes / 4) as usize,
@@ -101,6 +86,7 @@ impl<B: Backend> Prepared<B> {
         initialise(&backend, workload, placement.for_step(0))?;
         Ok(Prepared {
             backend,
+            profile: profile.clone(),
             schedule,
             placement,
         })
@@ -111,6 +97,7 @@ impl<B: Backend> Prepared<B> {
         run(
             &self.backend,
             workload,
+            &self.profile,
             &self.schedule,
             &self.placement,
             options,
@@ -205,6 +192,7 @@ pub fn run_plan<B: Backend, W: Train<B>>(
         backend,
         schedule,
         placement,
+        ..
     } = prepared;
     Ok(PlanRun {
         first_step: resumed.step,

@@ -8,7 +8,7 @@
 
 use shardplan_runtime::Result;
 use shardplan_runtime::backend::{
-    Allocation, Backend, CpuBackend, DeviceMemory, Loopback, Region, Stream,
+    Allocation, Backend, CpuBackend, DeviceMemory, Group, Loopback, Region, Stream,
 };
 use shardplan_runtime::measure::{MeasureOptions, measure_workload};
 use shardplan_runtime::mlp::{Mlp, MlpKernels, MlpSpec};
@@ -91,14 +91,17 @@ impl Backend for KnownInterference {
     fn copy(&self, from: Region, to: Region) -> Result<()> {
         self.inner.copy(from, to)
     }
-    fn all_gather(&self, shard: Region, full: Region) -> Result<()> {
-        self.collective(full.len, || self.inner.all_gather(shard, full))
+    fn open_groups(&mut self, groups: &[Group]) -> Result<()> {
+        self.inner.open_groups(groups)
     }
-    fn reduce_scatter(&self, full: Region, shard: Region) -> Result<()> {
-        self.collective(full.len, || self.inner.reduce_scatter(full, shard))
+    fn all_gather(&self, group: Group, shard: Region, full: Region) -> Result<()> {
+        self.collective(full.len, || self.inner.all_gather(group, shard, full))
     }
-    fn all_reduce(&self, data: Region) -> Result<()> {
-        self.collective(data.len, || self.inner.all_reduce(data))
+    fn reduce_scatter(&self, group: Group, full: Region, shard: Region) -> Result<()> {
+        self.collective(full.len, || self.inner.reduce_scatter(group, full, shard))
+    }
+    fn all_reduce(&self, group: Group, data: Region) -> Result<()> {
+        self.collective(data.len, || self.inner.all_reduce(group, data))
     }
     fn all_reduce_host(&self, data: &mut [f32]) -> Result<()> {
         self.inner.all_reduce_host(data)
@@ -187,6 +190,7 @@ fn fitted(backend: KnownInterference) -> (f64, f64) {
         max_message: 256 << 10,
         repeats: 2,
         block_size: Some(256 << 10),
+        gpus_per_node: None,
     };
     let measured = measure_workload(backend, &Mlp::new(spec, 0, 1), &options).unwrap();
     let p = measured.profile;

@@ -102,11 +102,12 @@ impl Unrolled {
     }
 
     /// Every op instance of the step with its launches (the step boundary's, the inner
-    /// boundaries', AGB's in every micro-batch), unit by unit, boundaries in order.
+    /// boundaries', AGB's in every micro-batch; a shard group's RA, derived from its RS),
+    /// unit by unit, boundaries in order.
     pub fn instances(self, schedule: &Schedule) -> Vec<(Instance, &[Placed])> {
         let mut all = Vec::new();
         for (unit, u) in schedule.units().iter().enumerate() {
-            for &op in u.level.ops() {
+            for op in u.ops() {
                 for boundary in 0..self.micro_batches {
                     let launches = if boundary == 0 || op == Op::GatherBackward {
                         schedule.launches(unit, op)

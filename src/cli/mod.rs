@@ -372,6 +372,11 @@ pub struct MeasureArgs {
     /// Override the block size derived from the measured curves.
     #[arg(long, value_parser = bytes_arg)]
     pub block_size: Option<u64>,
+    /// Ranks per node G (dividing the world size): the profile gets a topology with the curves
+    /// of every group of ranks the plan space offers, measured among the ranks (or the
+    /// catalog's for --device on one rank); e.g. 4 CPU ranks as 2 nodes of 2 (DESIGN §3.11).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub gpus_per_node: Option<u32>,
     #[arg(long)]
     pub out: PathBuf,
     #[arg(long)]

@@ -25,6 +25,7 @@ pub fn measure(args: MeasureArgs) -> anyhow::Result<()> {
         max_message: args.max_message,
         repeats: args.repeats as usize,
         block_size: args.block_size,
+        gpus_per_node: args.gpus_per_node,
     };
     let (universe, backend) = start(args.backend.kind()?)?;
     let result = measure_model(backend, model, &origin, &options);

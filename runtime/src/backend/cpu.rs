@@ -4,16 +4,23 @@
 //! taken and waiting on one is a no-op.
 
 use super::host_arena::{HostArena, Read, Write};
-use super::{Allocation, Backend, DeviceMemory, Region, Stream};
+use super::{Allocation, Backend, DeviceMemory, Group, Region, Stream};
 use crate::process::check_host_memory;
 use crate::{Error, Result};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// The three collectives on host slices.
-pub trait Collectives: Sync {
+/// The three collectives on host slices, among the ranks of one communicator.
+pub trait Collectives: Sync + Sized {
     fn rank(&self) -> usize;
     fn size(&self) -> usize;
+    /// The communicator of the ranks that pass the same `color`, ordered by `key` (collective:
+    /// every rank of this one calls it).
+    fn split(&self, color: usize, key: usize) -> Result<Self>;
+    /// Whether two threads may each run collectives on a communicator of their own at once.
+    fn concurrent(&self) -> bool {
+        false
+    }
     fn all_gather(&self, send: &[f32], recv: &mut [f32]);
     fn reduce_scatter(&self, send: &[f32], recv: &mut [f32]);
     fn all_reduce(&self, send: &[f32], recv: &mut [f32]);
@@ -29,6 +36,9 @@ impl Collectives for Loopback {
     fn size(&self) -> usize {
         1
     }
+    fn split(&self, _color: usize, _key: usize) -> Result<Loopback> {
+        Ok(Loopback)
+    }
     fn all_gather(&self, send: &[f32], recv: &mut [f32]) {
         recv.copy_from_slice(send);
     }
@@ -40,9 +50,11 @@ impl Collectives for Loopback {
     }
 }
 
-/// MPI's world communicator.
+/// An MPI communicator: the world's, or one split from it.
 pub struct Mpi {
     world: mpi::topology::SimpleCommunicator,
+    /// The thread support MPI gave.
+    threading: mpi::Threading,
 }
 
 impl Mpi {
@@ -59,7 +71,7 @@ impl Mpi {
         }
         let world = universe.world();
         let _ = world.size();
-        Ok((universe, Mpi { world }))
+        Ok((universe, Mpi { world, threading }))
     }
 
     /// Rank 0's `bytes` on every rank (e.g. the NCCL unique id).
@@ -71,11 +83,15 @@ impl Mpi {
 }
 
 // SAFETY: MPI was initialised with at least `Serialized` thread support (checked in `init`), and
-// the runtime calls MPI from one thread at a time: the communication thread during the steps, the
-// main thread before and after them.
+// the runtime calls MPI from one thread at a time (the communication thread during the steps, the
+// main thread before and after them) unless MPI gave `Multiple` (`concurrent`), where each link's
+// communication thread calls it on communicators of its own.
 unsafe impl Sync for Mpi {}
 
 impl Collectives for Mpi {
+    fn concurrent(&self) -> bool {
+        self.threading == mpi::Threading::Multiple
+    }
     fn rank(&self) -> usize {
         use mpi::topology::Communicator;
         self.world.rank() as usize
@@ -83,6 +99,21 @@ impl Collectives for Mpi {
     fn size(&self) -> usize {
         use mpi::topology::Communicator;
         self.world.size() as usize
+    }
+    fn split(&self, color: usize, key: usize) -> Result<Mpi> {
+        use mpi::topology::{Color, Communicator};
+        let as_int = |what: &str, value: usize| {
+            i32::try_from(value)
+                .map_err(|_| Error::Backend(format!("an MPI communicator {what} of {value}")))
+        };
+        let color = Color::with_value(as_int("colour", color)?);
+        self.world
+            .split_by_color_with_key(color, as_int("key", key)?)
+            .map(|world| Mpi {
+                world,
+                threading: self.threading,
+            })
+            .ok_or_else(|| Error::Backend("MPI_Comm_split gave this rank no communicator".into()))
     }
     fn all_gather(&self, send: &[f32], recv: &mut [f32]) {
         use mpi::collective::CommunicatorCollectives;
@@ -165,6 +196,8 @@ fn lower_this_threads_priority(increment: i32) -> Result<()> {
 /// Host memory and host kernels, collectives from `C`.
 pub struct CpuBackend<C: Collectives> {
     collectives: C,
+    /// The communicators of the groups besides the world ([`Backend::open_groups`]).
+    groups: Vec<(Group, C)>,
     arena: HostArena,
     losses: Mutex<Vec<f32>>,
     /// A block-sized buffer for AllReduce (MPI has no in-place form here).
@@ -175,6 +208,7 @@ impl<C: Collectives> CpuBackend<C> {
     pub fn new(collectives: C) -> Self {
         CpuBackend {
             collectives,
+            groups: Vec::new(),
             arena: HostArena::default(),
             losses: Mutex::new(Vec::new()),
             scratch: Mutex::new(Vec::new()),
@@ -189,6 +223,21 @@ impl<C: Collectives> CpuBackend<C> {
     /// `region`'s elements to write, refused while an overlapping operation uses them.
     pub(crate) fn write(&self, region: Region) -> Result<Write<'_>> {
         self.arena.write(region)
+    }
+
+    /// The communicator of `group`.
+    fn among(&self, group: Group) -> Result<&C> {
+        match group.normalized(self.collectives.size()) {
+            Group::World => Ok(&self.collectives),
+            group => (self.groups.iter().find(|(g, _)| *g == group))
+                .map(|(_, c)| c)
+                .ok_or_else(|| {
+                    Error::Backend(format!(
+                        "a collective among {}, whose communicator was not opened",
+                        group.describe(self.collectives.size())
+                    ))
+                }),
+        }
     }
 
     /// Stores this rank's partial loss of `step`.
@@ -259,17 +308,37 @@ impl<C: Collectives> Backend for CpuBackend<C> {
         self.write(to)?.copy_from_slice(&self.read(from)?);
         Ok(())
     }
-    fn all_gather(&self, shard: Region, full: Region) -> Result<()> {
-        self.collectives
+    fn open_groups(&mut self, groups: &[Group]) -> Result<()> {
+        let world = self.collectives.size();
+        for &group in groups {
+            let group = group.normalized(world);
+            if group == Group::World || self.groups.iter().any(|(g, _)| *g == group) {
+                continue;
+            }
+            if !group.fits(world) {
+                return Err(Error::Backend(format!(
+                    "{} do not divide the world of {world} ranks",
+                    group.describe(world)
+                )));
+            }
+            let (color, key) = group.place(self.collectives.rank());
+            let split = self.collectives.split(color, key)?;
+            self.groups.push((group, split));
+        }
+        Ok(())
+    }
+    fn all_gather(&self, group: Group, shard: Region, full: Region) -> Result<()> {
+        self.among(group)?
             .all_gather(&self.read(shard)?, &mut self.write(full)?);
         Ok(())
     }
-    fn reduce_scatter(&self, full: Region, shard: Region) -> Result<()> {
-        self.collectives
+    fn reduce_scatter(&self, group: Group, full: Region, shard: Region) -> Result<()> {
+        self.among(group)?
             .reduce_scatter(&self.read(full)?, &mut self.write(shard)?);
         Ok(())
     }
-    fn all_reduce(&self, data: Region) -> Result<()> {
+    fn all_reduce(&self, group: Group, data: Region) -> Result<()> {
+        let among = self.among(group)?;
         let mut scratch = self.scratch.lock().map_err(|_| poisoned("scratch"))?;
         let capacity = scratch.len();
         let send = scratch.get_mut(..data.len).ok_or_else(|| {
@@ -280,7 +349,7 @@ impl<C: Collectives> Backend for CpuBackend<C> {
         })?;
         let mut data = self.write(data)?;
         send.copy_from_slice(&data);
-        self.collectives.all_reduce(send, &mut data);
+        among.all_reduce(send, &mut data);
         Ok(())
     }
     fn all_reduce_host(&self, data: &mut [f32]) -> Result<()> {
@@ -302,6 +371,12 @@ impl<C: Collectives> Backend for CpuBackend<C> {
     }
     fn host_computes(&self) -> bool {
         true
+    }
+    fn communicator_bytes(&self) -> Option<u64> {
+        Some(0)
+    }
+    fn concurrent_communicators(&self) -> bool {
+        self.collectives.concurrent()
     }
     fn enter_stream_thread(&self, stream: Stream) -> Result<()> {
         match stream {

@@ -9,9 +9,11 @@
 //! the run ([`Backend::elapsed_us`]), so GPU timings are device times, not host times.
 
 mod cpu;
+mod group;
 mod host_arena;
 
 pub use cpu::{Collectives, CpuBackend, Loopback, Mpi};
+pub use group::Group;
 pub(crate) use host_arena::each;
 /// MPI stays initialised while this lives.
 pub use mpi::environment::Universe as MpiUniverse;
@@ -143,12 +145,16 @@ pub trait Backend: Sync {
     fn zero(&self, region: Region) -> Result<()>;
     /// Copies `from` into `to`, regions of one length that do not overlap (compute stream).
     fn copy(&self, from: Region, to: Region) -> Result<()>;
-    /// Every rank's `shard` concatenated in rank order into `full`.
-    fn all_gather(&self, shard: Region, full: Region) -> Result<()>;
-    /// The sum over ranks of `full`, this rank's part into `shard`.
-    fn reduce_scatter(&self, full: Region, shard: Region) -> Result<()>;
-    /// The sum over ranks, in place.
-    fn all_reduce(&self, data: Region) -> Result<()>;
+    /// Sets up the communicators of `groups` besides the world's (collective: every rank calls
+    /// it with the same groups, before the collectives that use them). A backend that has only
+    /// the world's refuses any other group, naming it.
+    fn open_groups(&mut self, groups: &[Group]) -> Result<()>;
+    /// Every rank of `group`'s `shard` concatenated in group order into `full`.
+    fn all_gather(&self, group: Group, shard: Region, full: Region) -> Result<()>;
+    /// The sum over `group`'s ranks of `full`, this rank's part into `shard`.
+    fn reduce_scatter(&self, group: Group, full: Region, shard: Region) -> Result<()>;
+    /// The sum over `group`'s ranks, in place.
+    fn all_reduce(&self, group: Group, data: Region) -> Result<()>;
     /// The sum over ranks of a host vector, in place (outside the timed steps).
     fn all_reduce_host(&self, data: &mut [f32]) -> Result<()>;
     /// The point `stream` has reached (the work enqueued on it so far).
@@ -178,6 +184,18 @@ pub trait Backend: Sync {
         } else {
             ENQUEUE_SPIN
         }
+    }
+    /// Whether collectives of two communicators may run at once, each from a host thread of its
+    /// own (a plan's two links, DESIGN §6.11): MPI with `MPI_THREAD_MULTIPLE`.
+    fn concurrent_communicators(&self) -> bool {
+        false
+    }
+    /// The device bytes one communicator of this backend holds, where the backend knows them
+    /// (DESIGN §3.11: counted in every plan's peak): 0 on the CPU, whose MPI communicators keep
+    /// their buffers in host memory outside the arena; `None` where they come from the catalog's
+    /// estimate (NCCL's, until measured).
+    fn communicator_bytes(&self) -> Option<u64> {
+        None
     }
     /// Abandons the communicator before the job ends on a stalled collective (NCCL:
     /// `ncclCommAbort`, so no kernel waits for a peer that will not come); MPI has nothing to do.

@@ -11,7 +11,7 @@ use super::driver_error;
 use super::memory;
 use super::nccl::{DeviceFloats, Nccl, NcclSetup};
 use super::work::WorkloadDevices;
-use crate::backend::{Allocation, Backend, DeviceMemory, Region, Stream};
+use crate::backend::{Allocation, Backend, DeviceMemory, Group, Region, Stream};
 use crate::{Error, Result};
 use cudarc::cublas::{result as cublas, sys as cublas_sys};
 use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
@@ -183,6 +183,20 @@ impl Drop for CudaBackend {
     }
 }
 
+impl CudaBackend {
+    /// Refuses a collective among a group smaller than the world (no communicator for it).
+    fn world_only(&self, group: Group) -> Result<()> {
+        let world = self.world_size();
+        match group.normalized(world) {
+            Group::World => Ok(()),
+            group => Err(Error::Backend(format!(
+                "a collective among {}: the CUDA backend has only the world's communicator",
+                group.describe(world)
+            ))),
+        }
+    }
+}
+
 impl Backend for CudaBackend {
     type Mark = Arc<CudaEvent>;
 
@@ -346,15 +360,30 @@ impl Backend for CudaBackend {
                 .map_err(driver_error("copying device memory"))
         }
     }
-    fn all_gather(&self, shard: Region, full: Region) -> Result<()> {
+    fn open_groups(&mut self, groups: &[Group]) -> Result<()> {
+        let world = self.world_size();
+        match groups.iter().find(|g| g.normalized(world) != Group::World) {
+            Some(group) => Err(Error::Backend(format!(
+                "a plan with collectives among {} needs an NCCL communicator per group \
+                 (ncclCommSplit), which the CUDA backend does not create yet (DESIGN §6.11): run \
+                 it on the CPU backend, or plan without a topology",
+                group.describe(world)
+            ))),
+            None => Ok(()),
+        }
+    }
+    fn all_gather(&self, group: Group, shard: Region, full: Region) -> Result<()> {
+        self.world_only(group)?;
         let (send, recv) = (self.floats(shard)?, self.floats(full)?);
         self.nccl.all_gather(send, recv, &self.communication)
     }
-    fn reduce_scatter(&self, full: Region, shard: Region) -> Result<()> {
+    fn reduce_scatter(&self, group: Group, full: Region, shard: Region) -> Result<()> {
+        self.world_only(group)?;
         let (send, recv) = (self.floats(full)?, self.floats(shard)?);
         self.nccl.reduce_scatter(send, recv, &self.communication)
     }
-    fn all_reduce(&self, data: Region) -> Result<()> {
+    fn all_reduce(&self, group: Group, data: Region) -> Result<()> {
+        self.world_only(group)?;
         let data = self.floats(data)?;
         self.nccl.all_reduce(data, data, &self.communication)
     }

@@ -25,26 +25,29 @@
 //! whole wait; on a GPU the host threads only enqueue, and the device stream waits on a CUDA
 //! event. Step times and trace spans are measured between marks.
 
+mod communicate;
 mod program;
 mod state;
 mod watchdog;
 
+pub use program::groups;
 pub use state::{final_params, initialise};
 
-use crate::backend::{Backend, Region, Stream, StreamWork, on_both_streams};
+use crate::backend::{Backend, Stream, StreamWork, on_both_streams};
 use crate::event::Event;
 use crate::gradients::{GradientStart, first_written_by};
 use crate::layout::{Layout, Placement};
 use crate::train::Train;
 use crate::workload::Pass;
 use crate::{Error, Result};
-use program::{Block, Kind, Program, program};
+use program::{Kind, Program, program};
+use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::Schedule;
 use shardplan_scheduler::sim::Semantics;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use watchdog::{InFlight, Watch};
+use watchdog::Watch;
 
 /// How to run.
 #[derive(Debug, Clone)]
@@ -173,11 +176,12 @@ struct PendingSpan<M> {
 pub fn run<B: Backend, W: Train<B>>(
     backend: &B,
     workload: &W,
+    profile: &Profile,
     schedule: &Schedule,
     placement: &Placement,
     options: &RunOptions,
 ) -> Result<RunReport> {
-    let walk = Walk::new(backend, workload, schedule, placement, options);
+    let walk = Walk::new(backend, workload, profile, schedule, placement, options);
     backend.synchronize()?;
     let origin = backend.mark(Stream::Compute)?;
     let finished = AtomicBool::new(false);
@@ -236,8 +240,8 @@ struct Walk<'a, B: Backend, W> {
     done: Vec<Event<B::Mark>>,
     /// One signal per global slot the compute stream reached.
     slot_started: Event<B::Mark>,
-    /// One signal per global slot whose communication is done.
-    comm_done: Event<B::Mark>,
+    /// Per communication channel, one signal per global slot whose blocks on it are done.
+    comm_done: Vec<Event<B::Mark>>,
     /// The collectives the communication stream launched, for the watchdog.
     watch: Watch<B::Mark>,
 }
@@ -246,20 +250,22 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
     fn new(
         backend: &'a B,
         workload: &'a W,
+        profile: &Profile,
         schedule: &'a Schedule,
         placement: &'a Placement,
         options: &'a RunOptions,
     ) -> Self {
         let units = placement.for_step(0).units.len();
         let first_written = (0..units).map(|u| first_written_by(workload, u)).collect();
-        let program = program(schedule, placement, first_written);
+        let concurrent = backend.concurrent_communicators();
+        let program = program(schedule, placement, first_written, profile, concurrent);
         let event = || Event::spinning(backend.host_wait_spin());
         Walk {
             total: (options.steps + 2) * program.slots,
             done: (0..units * Kind::COUNT).map(|_| event()).collect(),
             slot_started: event(),
-            comm_done: event(),
-            watch: Watch::default(),
+            comm_done: program.channels.iter().map(|_| event()).collect(),
+            watch: Watch::new(program.channels.len()),
             program,
             backend,
             workload,
@@ -318,85 +324,8 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
     /// The communication stream failed: its signals will not come, so every wait of the compute
     /// stream on them fails at once.
     fn abandon_compute_waits(&self) {
-        self.comm_done.abandon();
+        self.comm_done.iter().for_each(Event::abandon);
         self.done.iter().for_each(Event::abandon);
-    }
-
-    /// The communication stream: per global slot, once compute has reached it, its blocks in
-    /// plan order, each counted on its (unit, kind) event.
-    fn communicate(&self) -> Result<Vec<PendingSpan<B::Mark>>> {
-        let stream = Stream::Communication;
-        let mut spans = Vec::with_capacity(self.span_capacity());
-        for g in 0..self.total {
-            let (iter, s) = self.program.split(g);
-            self.wait(stream, &self.slot_started, g as u64 + 1, &|| {
-                format!("the compute stream reaching global slot {g}")
-            })?;
-            for b in &self.program.queues[s] {
-                let d = iter + b.offset;
-                if d < 0 || d as usize >= self.options.steps {
-                    continue;
-                }
-                let start = self.mark_if_tracing(stream)?;
-                let step = self.options.first_step + d as usize;
-                self.watch.enter(InFlight {
-                    kind: b.kind,
-                    unit: b.unit,
-                    block: b.index,
-                    blocks: self.layout(d as usize).units[b.unit].blocks,
-                    step,
-                    slot: g,
-                });
-                self.communicate_block(b, d as u32)?;
-                let end = self.backend.mark(stream)?;
-                self.watch.launched(end.clone());
-                if let Some(start) = start {
-                    spans.push(PendingSpan {
-                        stream,
-                        what: b.kind.name(),
-                        unit: b.unit,
-                        step,
-                        micro_batch: b.micro_batch,
-                        start,
-                        end: end.clone(),
-                    });
-                }
-                self.event(b.unit, b.kind).signal(end);
-            }
-            self.comm_done.signal(self.backend.mark(stream)?);
-        }
-        Ok(spans)
-    }
-
-    /// One block of data step `step`; after a unit's last reduction block, its optimizer step.
-    fn communicate_block(&self, b: &Block, step: u32) -> Result<()> {
-        let (backend, layout) = (self.backend, self.layout(step as usize));
-        let u = &layout.units[b.unit];
-        let part = |r: Region| r.part(b.index, u.blocks);
-        let sharded = |r: Option<Region>| {
-            r.map(part).ok_or_else(|| {
-                Error::Backend(format!(
-                    "{} of {} has no buffer for it in the layout",
-                    b.kind.name(),
-                    self.workload.unit_name(b.unit)
-                ))
-            })
-        };
-        match b.kind {
-            Kind::AllReduce => backend.all_reduce(part(u.grads))?,
-            Kind::ReduceScatter => backend.reduce_scatter(sharded(u.full_grad)?, part(u.grads))?,
-            Kind::ForwardGather => {
-                backend.all_gather(part(u.params), sharded(u.gathered_forward)?)?
-            }
-            Kind::BackwardGather => {
-                backend.all_gather(part(u.params), sharded(u.gathered_backward)?)?
-            }
-        }
-        if b.step_reduction && b.index + 1 == u.blocks {
-            let trained = self.options.first_step as u32 + step + 1;
-            self.workload.optimize(backend, layout, b.unit, trained)?;
-        }
-        Ok(())
     }
 
     /// The compute stream's waits before global slot g (DESIGN §6.3): strict, all communication
@@ -406,8 +335,10 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
         let (iter, s) = self.program.split(g);
         let computing = iter >= 0 && (iter as usize) < self.options.steps;
         match self.options.semantics {
-            Semantics::Strict => self.wait(stream, &self.comm_done, g as u64, &|| {
-                format!("communication of global slot {}", g.saturating_sub(1))
+            Semantics::Strict => self.comm_done.iter().try_for_each(|done| {
+                self.wait(stream, done, g as u64, &|| {
+                    format!("communication of global slot {}", g.saturating_sub(1))
+                })
             }),
             Semantics::Relaxed if computing => {
                 for n in &self.program.needs[s] {
@@ -468,6 +399,9 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
             if forward {
                 self.workload
                     .forward(backend, layout, i, data, Pass::Forward)?;
+                for (from, to) in layout.units[i].secondary_copies(backend.rank()) {
+                    backend.copy(from, to)?;
+                }
             } else {
                 if layout.units[i].recompute {
                     self.workload

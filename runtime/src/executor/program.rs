@@ -2,23 +2,30 @@
 //! communication stream runs (with the data step each serves), the compute stream's relaxed waits
 //! and its buffer-reuse fences.
 
+use crate::backend::Group;
 use crate::layout::Placement;
-use shardplan_scheduler::schedule::{QueueKey, Schedule, in_canonical_order, queue_key};
+use shardplan_scheduler::cost::Among;
+use shardplan_scheduler::profile::{Link, Profile};
+use shardplan_scheduler::schedule::{
+    QueueKey, Schedule, UnitSchedule, in_canonical_order, queue_key,
+};
 use shardplan_scheduler::timeline::{Level, Op};
 use shardplan_scheduler::unrolled::Unrolled;
 
-/// The communication kinds of the executor (RS serves both sharded levels; FG is AG or AGF).
+/// The communication kinds of the executor (RS serves both sharded levels; FG is AG or AGF; RA
+/// is a shard group's replica AllReduce, DESIGN §3.11).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Kind {
     AllReduce,
     ReduceScatter,
     ForwardGather,
     BackwardGather,
+    ReplicaAllReduce,
 }
 
 impl Kind {
     /// The number of kinds (events are kept per unit and kind).
-    pub(super) const COUNT: usize = 4;
+    pub(super) const COUNT: usize = 5;
 
     pub(super) fn of(op: Op) -> Kind {
         match op {
@@ -26,10 +33,7 @@ impl Kind {
             Op::ReduceScatter => Kind::ReduceScatter,
             Op::Gather | Op::GatherForward => Kind::ForwardGather,
             Op::GatherBackward => Kind::BackwardGather,
-            Op::ReplicaAllReduce => unreachable!(
-                "plans over shard groups are refused before a program is built \
-                 (session::refuse_hierarchical)"
-            ),
+            Op::ReplicaAllReduce => Kind::ReplicaAllReduce,
         }
     }
 
@@ -38,7 +42,7 @@ impl Kind {
     }
 
     pub(super) fn name(self) -> &'static str {
-        ["AR", "RS", "AG", "AGB"][self.index()]
+        ["AR", "RS", "AG", "AGB", "RA"][self.index()]
     }
 
     /// What it is, in words: the collective and, for a gather, which.
@@ -48,7 +52,42 @@ impl Kind {
             "ReduceScatter",
             "forward AllGather",
             "backward AllGather",
+            "replica AllReduce",
         ][self.index()]
+    }
+}
+
+/// The ranks `op` of unit `u` runs among on `world` ranks (DESIGN §3.11).
+fn group_of(op: Op, u: &UnitSchedule, world: usize) -> Group {
+    Group::of(among(op, u, world), world).normalized(world)
+}
+
+fn among(op: Op, u: &UnitSchedule, world: usize) -> Among {
+    Among::of(op, world as u32, u.shard_group, u.secondary_group)
+}
+
+/// Every group a collective of `schedule` runs among on `world` ranks but the world, each once:
+/// the communicators a run opens before its first step.
+pub fn groups(schedule: &Schedule, world: usize) -> Vec<Group> {
+    let mut groups: Vec<Group> = Vec::new();
+    for u in schedule.units() {
+        for op in u.ops() {
+            let group = group_of(op, u, world);
+            if group != Group::World && !groups.contains(&group) {
+                groups.push(group);
+            }
+        }
+    }
+    groups
+}
+
+/// Whether `op` is unit `u`'s last reduction of a step, which its optimizer step follows: RA
+/// where the unit is sharded over a shard group (it reduces across the replicas), else its
+/// AllReduce or ReduceScatter.
+fn last_reduction(op: Op, u: &UnitSchedule) -> bool {
+    match op {
+        Op::ReduceScatter => u.shard_group.is_none(),
+        op => op.is_reduction(),
     }
 }
 
@@ -57,6 +96,10 @@ impl Kind {
 pub(super) struct Block {
     pub(super) unit: usize,
     pub(super) kind: Kind,
+    /// The ranks it runs among.
+    pub(super) group: Group,
+    /// The communication channel (one per link, [`Program::channels`]) it runs on.
+    pub(super) channel: usize,
     /// The block's index in its op instance (0 … nb − 1).
     pub(super) index: usize,
     /// Data step = iteration + offset.
@@ -118,6 +161,10 @@ impl Counts {
 pub(super) struct Program {
     pub(super) unrolled: Unrolled,
     pub(super) slots: usize,
+    /// The links the blocks run on, one communication channel each (DESIGN §6.11): one, or the
+    /// inter- and the intra-node link where the plan uses both and the backend runs collectives
+    /// of two communicators at once.
+    pub(super) channels: Vec<Link>,
     pub(super) queues: Vec<Vec<Block>>,
     pub(super) needs: Vec<Vec<Need>>,
     /// Per (unit, kind), blocks per step.
@@ -133,12 +180,30 @@ pub(super) struct Program {
 }
 
 /// The program of `schedule` over its unrolled step (DESIGN §6.3, §6.10): each op instance's
-/// blocks queued at their launch slots in the canonical order, with the data step they serve.
+/// blocks queued at their launch slots in the canonical order, with the data step they serve,
+/// each on the channel of its link (`concurrent`: the backend can run two links' collectives at
+/// once; else every block on one channel).
 pub(super) fn program(
     schedule: &Schedule,
     placement: &Placement,
     first_written: Vec<Vec<usize>>,
+    profile: &Profile,
+    concurrent: bool,
 ) -> Program {
+    let world = profile.world_size as usize;
+    let link = |op: Op, u: &UnitSchedule| among(op, u, world).link(profile);
+    let mut channels: Vec<Link> = (schedule.units().iter())
+        .flat_map(|u| u.ops().into_iter().map(|op| link(op, u)))
+        .collect();
+    channels.sort_unstable();
+    channels.dedup();
+    if !concurrent {
+        channels.truncate(1);
+    }
+    let channel = |op: Op, u: &UnitSchedule| {
+        let l = link(op, u);
+        channels.iter().position(|&c| c == l).unwrap_or(0)
+    };
     let unrolled = Unrolled::of(schedule);
     let timeline = unrolled.timeline;
     let slots = unrolled.slot_count();
@@ -153,13 +218,16 @@ pub(super) fn program(
         for l in launches {
             let (slot, iteration) = unrolled.place(instance, l.position);
             let key = queue_key(instance.op, l.position, window.len, instance.unit);
+            let u = &units[instance.unit];
             for _ in 0..l.blocks {
                 let block = Block {
                     unit: instance.unit,
                     kind: Kind::of(instance.op),
+                    group: group_of(instance.op, u, world),
+                    channel: channel(instance.op, u),
                     index,
                     offset: -iteration,
-                    step_reduction: instance.is_step_reduction(),
+                    step_reduction: instance.is_step_reduction() && last_reduction(instance.op, u),
                     micro_batch: instance.micro_batch(unrolled.micro_batches),
                 };
                 keyed[slot].push((key, block));
@@ -221,6 +289,7 @@ pub(super) fn program(
     Program {
         unrolled,
         slots,
+        channels,
         queues,
         needs,
         per_step,

@@ -2,26 +2,18 @@
 //! first step, and the trained parameters gathered from the shards after the last.
 
 use crate::Result;
-use crate::backend::Backend;
+use crate::backend::{Backend, Group};
 use crate::layout::Layout;
 use crate::workload::Workload;
-use shardplan_scheduler::timeline::Level;
 
 /// Initialises every rank's persistent state: full parameters for replicated units, this rank's
-/// shard of every block for sharded ones (gradients and Adam state start at zero).
+/// part of every block for sharded ones (gradients and Adam state start at zero).
 pub fn initialise<B: Backend>(backend: &B, workload: &dyn Workload, layout: &Layout) -> Result<()> {
-    let (rank, world) = (backend.rank(), backend.world_size());
     for (i, u) in layout.units.iter().enumerate() {
         let mut full = workload.initial_params(i)?;
         full.resize(u.blocks * u.block_elements, 0.0);
-        if u.level == Level::None {
-            backend.upload(u.params, &full)?;
-        } else {
-            let shard = u.block_elements / world;
-            for j in 0..u.blocks {
-                let start = j * u.block_elements + rank * shard;
-                backend.upload(u.params.part(j, u.blocks), &full[start..start + shard])?;
-            }
+        for (j, (start, len)) in u.shard_of(backend.rank()).enumerate() {
+            backend.upload(u.params.part(j, u.blocks), &full[start..start + len])?;
         }
     }
     Ok(())
@@ -42,9 +34,12 @@ pub fn final_params<B: Backend>(
             let full = match u.gathered_forward {
                 None => u.params,
                 Some(gathered) => {
+                    // Among the unit's shard group: every replica holds the same state.
+                    let group = Group::Consecutive(u.shard_ranks);
                     for j in 0..u.blocks {
-                        backend
-                            .all_gather(u.params.part(j, u.blocks), gathered.part(j, u.blocks))?;
+                        let (shard, full) =
+                            (u.params.part(j, u.blocks), gathered.part(j, u.blocks));
+                        backend.all_gather(group, shard, full)?;
                     }
                     gathered
                 }

@@ -11,7 +11,7 @@
 use super::Walk;
 use super::program::Kind;
 use crate::Error;
-use crate::backend::Backend;
+use crate::backend::{Backend, Group};
 use crate::train::Train;
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, Copy)]
 pub(super) struct InFlight {
     pub kind: Kind,
+    /// The ranks it runs among.
+    pub group: Group,
     pub unit: usize,
     /// 0-based block of `blocks`.
     pub block: usize,
@@ -31,11 +33,11 @@ pub(super) struct InFlight {
     pub slot: usize,
 }
 
-/// What the watchdog reads: the collectives the communication stream launched and has not seen
-/// completed, oldest first, each with the stream's mark after it (once its call returned), and
-/// when the stream last made progress.
+/// What the watchdog reads: per communication channel, the collectives it launched and has not
+/// seen completed, oldest first, each with the channel's mark after it (once its call returned),
+/// and when the channel last made progress.
 pub(super) struct Watch<M> {
-    state: Mutex<Watched<M>>,
+    channels: Vec<Mutex<Watched<M>>>,
 }
 
 struct Watched<M> {
@@ -50,43 +52,62 @@ struct Launched<M> {
     done: Option<M>,
 }
 
-impl<M> Default for Watch<M> {
-    fn default() -> Self {
-        Watch {
-            state: Mutex::new(Watched {
+impl<M> Watch<M> {
+    /// The watch of `channels` communication channels.
+    pub fn new(channels: usize) -> Self {
+        let watched = || {
+            Mutex::new(Watched {
                 launched: VecDeque::new(),
                 progress: Instant::now(),
-            }),
+            })
+        };
+        Watch {
+            channels: (0..channels).map(|_| watched()).collect(),
         }
     }
 }
 
 impl<M> Watch<M> {
-    fn state(&self) -> std::sync::MutexGuard<'_, Watched<M>> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn state(&self, channel: usize) -> std::sync::MutexGuard<'_, Watched<M>> {
+        self.channels[channel]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The stream launches `collective`.
-    pub fn enter(&self, collective: InFlight) {
-        self.state().launched.push_back(Launched {
+    /// Channel `channel` launches `collective`.
+    pub fn enter(&self, channel: usize, collective: InFlight) {
+        self.state(channel).launched.push_back(Launched {
             since: Instant::now(),
             collective,
             done: None,
         });
     }
 
-    /// The call of the collective last entered returned; `done` is reached when it completes.
-    pub fn launched(&self, done: M) {
-        if let Some(last) = self.state().launched.back_mut() {
+    /// The call of the collective `channel` last entered returned; `done` is reached when it
+    /// completes.
+    pub fn launched(&self, channel: usize, done: M) {
+        if let Some(last) = self.state(channel).launched.back_mut() {
             last.done = Some(done);
         }
     }
 
-    /// The oldest collective not completed, if the stream has made no progress for longer than
-    /// `timeout` since it was launched: collectives whose mark `reached` are dropped first (a
-    /// host that enqueues ahead of its device is not stalled while the device progresses).
+    /// The oldest collective of any channel not completed, if its channel has made no progress
+    /// for longer than `timeout` since it was launched.
     fn overdue(&self, timeout: Duration, reached: impl Fn(&M) -> bool) -> Option<InFlight> {
-        let mut state = self.state();
+        (0..self.channels.len()).find_map(|c| self.overdue_on(c, timeout, &reached))
+    }
+
+    /// Channel `channel`'s oldest collective not completed, if the channel has made no progress
+    /// for longer than `timeout` since it was launched: collectives whose mark `reached` are
+    /// dropped first (a host that enqueues ahead of its device is not stalled while the device
+    /// progresses).
+    fn overdue_on(
+        &self,
+        channel: usize,
+        timeout: Duration,
+        reached: impl Fn(&M) -> bool,
+    ) -> Option<InFlight> {
+        let mut state = self.state(channel);
         while state
             .launched
             .front()
@@ -171,7 +192,7 @@ impl<B: Backend, W: Train<B>> Communication<B::Mark> for Walk<'_, B, W> {
         self.backend.communication_failure().map(|why| {
             Error::Backend(format!(
                 "{why} on rank {rank} (its peers {}); ending the job",
-                peers(rank, self.backend.world_size())
+                peers(rank, Group::World.members(rank, self.backend.world_size()))
             ))
         })
     }
@@ -187,7 +208,7 @@ impl<B: Backend, W: Train<B>> Communication<B::Mark> for Walk<'_, B, W> {
             c.step,
             c.slot,
             timeout.as_secs_f64(),
-            peers(rank, self.backend.world_size()),
+            peers(rank, c.group.members(rank, self.backend.world_size())),
         ))
     }
 
@@ -196,9 +217,9 @@ impl<B: Backend, W: Train<B>> Communication<B::Mark> for Walk<'_, B, W> {
     }
 }
 
-/// "ranks 0, 2 and 3" of `world` ranks but `rank`.
-pub(super) fn peers(rank: usize, world: usize) -> String {
-    let others: Vec<String> = (0..world)
+/// "ranks 0, 2 and 3": the `members` of a group but `rank`.
+pub(super) fn peers(rank: usize, members: Vec<usize>) -> String {
+    let others: Vec<String> = (members.into_iter())
         .filter(|&r| r != rank)
         .map(|r| r.to_string())
         .collect();
@@ -215,14 +236,17 @@ mod tests {
 
     #[test]
     fn peers_are_every_other_rank() {
-        assert_eq!(peers(0, 2), "rank 1");
-        assert_eq!(peers(1, 4), "ranks 0, 2 and 3");
-        assert_eq!(peers(0, 1), "none (one rank)");
+        assert_eq!(peers(0, vec![0, 1]), "rank 1");
+        assert_eq!(peers(1, (0..4).collect()), "ranks 0, 2 and 3");
+        assert_eq!(peers(0, vec![0]), "none (one rank)");
+        // Rank 6's replica group of 8 ranks as 2 nodes of 4.
+        assert_eq!(peers(6, Group::Across(4).members(6, 8)), "rank 2");
     }
 
     fn collective(slot: usize) -> InFlight {
         InFlight {
             kind: Kind::AllReduce,
+            group: Group::World,
             unit: 1,
             block: 0,
             blocks: 2,
@@ -235,18 +259,33 @@ mod tests {
     /// once its mark is reached it is dropped.
     #[test]
     fn a_collective_is_overdue_past_the_timeout_until_it_completes() {
-        let watch = Watch::<bool>::default();
+        let watch = Watch::<bool>::new(1);
         let reached = |done: &bool| *done;
         assert!(watch.overdue(Duration::ZERO, reached).is_none());
-        watch.enter(collective(40));
+        watch.enter(0, collective(40));
         assert!(watch.overdue(Duration::from_secs(60), reached).is_none());
         std::thread::sleep(Duration::from_millis(5));
         let overdue = watch.overdue(Duration::from_millis(1), reached);
         assert_eq!(overdue.map(|c| c.slot), Some(40));
-        watch.launched(false);
+        watch.launched(0, false);
         assert!(watch.overdue(Duration::from_millis(1), reached).is_some());
-        watch.state().launched[0].done = Some(true);
+        watch.state(0).launched[0].done = Some(true);
         assert!(watch.overdue(Duration::ZERO, reached).is_none());
+    }
+
+    /// Each channel is watched on its own: one channel's progress does not hide the other's
+    /// stalled collective.
+    #[test]
+    fn a_stalled_channel_is_seen_beside_a_progressing_one() {
+        let watch = Watch::<bool>::new(2);
+        let reached = |done: &bool| *done;
+        watch.enter(1, collective(7));
+        watch.launched(1, false);
+        std::thread::sleep(Duration::from_millis(20));
+        watch.enter(0, collective(8));
+        watch.launched(0, true);
+        let overdue = watch.overdue(Duration::from_millis(10), reached);
+        assert_eq!(overdue.map(|c| c.slot), Some(7));
     }
 
     /// Work that ends within the limit has run when `within` returns (past the limit the job
@@ -265,11 +304,11 @@ mod tests {
     /// the time counts from the last completion.
     #[test]
     fn time_counts_from_the_last_progress() {
-        let watch = Watch::<bool>::default();
-        watch.enter(collective(1));
-        watch.launched(true);
-        watch.enter(collective(2));
-        watch.launched(false);
+        let watch = Watch::<bool>::new(1);
+        watch.enter(0, collective(1));
+        watch.launched(0, true);
+        watch.enter(0, collective(2));
+        watch.launched(0, false);
         std::thread::sleep(Duration::from_millis(20));
         let reached = |done: &bool| *done;
         assert!(watch.overdue(Duration::from_millis(10), reached).is_none());

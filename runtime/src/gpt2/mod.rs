@@ -368,10 +368,8 @@ impl Gpt2 {
         if u.level == Level::None {
             return global;
         }
-        let shard = u.block_elements / self.world;
         let mut local = Vec::new();
-        for j in 0..u.blocks {
-            let start = j * u.block_elements + self.rank * shard;
+        for (j, (start, shard)) in u.shard_of(self.rank).enumerate() {
             for r in &global {
                 let (a, b) = (r.start.max(start), r.end.min(start + shard));
                 if a < b {

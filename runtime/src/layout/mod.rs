@@ -54,6 +54,14 @@ pub struct UnitLayout<R = Region> {
     pub blocks: usize,
     /// Elements per block (a multiple of N).
     pub block_elements: usize,
+    /// The ranks the kept state is sharded over: 1 (replicated), the shard group's S or N; rank
+    /// r holds the (r mod S)-th part of every block (its shard group is the S consecutive ranks
+    /// holding it, DESIGN §3.11).
+    pub shard_ranks: usize,
+    /// An hpZ unit's secondary group H and its secondary shard (the (r mod H)-th part of every
+    /// gathered block, kept from F_i to B_i: its backward gather's source).
+    pub secondary_ranks: Option<usize>,
+    pub secondary: Option<R>,
     pub params: R,
     pub grads: R,
     pub adam_m: R,
@@ -75,6 +83,9 @@ impl<R: Copy> UnitLayout<R> {
             recompute: self.recompute,
             blocks: self.blocks,
             block_elements: self.block_elements,
+            shard_ranks: self.shard_ranks,
+            secondary_ranks: self.secondary_ranks,
+            secondary: self.secondary.map(&f),
             params: f(self.params),
             grads: f(self.grads),
             adam_m: f(self.adam_m),
@@ -95,6 +106,30 @@ impl<R: Copy> UnitLayout<R> {
 }
 
 impl UnitLayout {
+    /// Where rank `rank`'s part of each block begins in the unit's flat (padded) parameters, and
+    /// the part's length: block j's part is j·blk + (r mod S)·blk/S, blk/S elements.
+    pub fn shard_of(&self, rank: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let len = self.block_elements / self.shard_ranks;
+        let place = rank % self.shard_ranks;
+        (0..self.blocks).map(move |j| (j * self.block_elements + place * len, len))
+    }
+
+    /// An hpZ unit's copies after its forward on rank `rank` (from, to): the rank's part of each
+    /// gathered block into the secondary shard; none for any other unit.
+    pub fn secondary_copies(&self, rank: usize) -> Vec<(Region, Region)> {
+        let (Some(h), Some(secondary), Some(gathered)) =
+            (self.secondary_ranks, self.secondary, self.gathered_forward)
+        else {
+            return Vec::new();
+        };
+        (0..self.blocks)
+            .map(|j| {
+                let full = gathered.part(j, self.blocks);
+                (full.part(rank % h, h), secondary.part(j, self.blocks))
+            })
+            .collect()
+    }
+
     /// The full parameters compute reads in the forward (gathered or replicated).
     pub fn forward_params(&self) -> Region {
         self.gathered_forward.unwrap_or(self.params)

@@ -186,11 +186,11 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
         let nb = profile.blocks(i) as usize;
         let block_elements = profile.block_params(i) as usize;
         let padded = profile.laid_out_params(i) as usize;
-        let persistent = if u.level == Level::None {
-            padded
-        } else {
-            padded / world
+        let shard_ranks = match u.level {
+            Level::None => 1,
+            Level::Sdp | Level::Fsdp => u.shard_group.map_or(world, |s| s as usize),
         };
+        let persistent = padded / shard_ranks;
         let name = workload.unit_name(i);
         let params = b.add_kept(format!("{name} params"), persistent);
         let grads = b.add_kept(format!("{name} grads"), persistent);
@@ -291,6 +291,12 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
             None
         };
         kept_fsdp.push(u.level == Level::Fsdp && keep);
+        let secondary_ranks = u.secondary_group.map(|h| h as usize);
+        // An hpZ unit's secondary shard, written at F_i, read by its backward gather.
+        let secondary = secondary_ranks.map(|h| {
+            let name = format!("{name} secondary shard");
+            b.add(name, padded / h, f, &[(f, bw)])
+        });
         let sizes = workload.buffers(i);
         if u.recompute && sizes.forward_workspace < sizes.internals {
             return Err(Error::Mismatch(format!(
@@ -339,6 +345,9 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
             recompute: u.recompute,
             blocks: nb,
             block_elements,
+            shard_ranks,
+            secondary_ranks,
+            secondary,
             params,
             grads,
             adam_m,

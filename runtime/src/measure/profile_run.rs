@@ -7,7 +7,7 @@ use super::{
     DataSteps, TimedLayouts, block_collectives, compute_placements, compute_slot,
     measurement_allocation, time_collectives, time_interference, time_units, workload_profile,
 };
-use crate::backend::Backend;
+use crate::backend::{Backend, Group};
 use crate::cuda::CudaBackend;
 use crate::dispatch::{AnyBackend, Data, Job, Model};
 use crate::executor::initialise;
@@ -17,10 +17,15 @@ use crate::train::Train;
 use crate::transformer::{UnitKind, backward_gemms, forward_gemms};
 use crate::{Error, Result};
 use serde_json::json;
-use shardplan_scheduler::analytic::{AnalyticOptions, analytic_profile, comm_curves};
+use shardplan_scheduler::analytic::{
+    AnalyticOptions, NCCL_COMMUNICATOR_BYTES, analytic_profile, analytic_topology, comm_curves,
+};
 use shardplan_scheduler::hardware::Catalog;
 use shardplan_scheduler::model::ModelSpec;
 use shardplan_scheduler::profile::{CommCurves, Profile};
+use shardplan_scheduler::profile::{
+    Group as TopologyGroup, GroupCurves, Link, Topology, offered_groups,
+};
 use shardplan_scheduler::size::format_bytes;
 use shardplan_scheduler::timeline::Collective;
 use std::collections::BTreeMap;
@@ -39,6 +44,9 @@ pub struct MeasureOptions {
     pub repeats: usize,
     /// A block size that overrides the measured curves'.
     pub block_size: Option<u64>,
+    /// G, ranks per node: the profile gets a topology, every group the plan space offers with
+    /// its curves (measured among the ranks, or the catalog's with one rank).
+    pub gpus_per_node: Option<u32>,
 }
 
 /// A measured profile and what the measurement saw (unit times, κ), for the report.
@@ -94,12 +102,13 @@ impl Job for MeasureJob<'_> {
 
 /// The curves: measured on the ranks this runs on, which must be the profile's world size; or,
 /// on one rank with a device (required for a profile of more ranks), the catalog's curves for
-/// the profile's ranks of that device (DESIGN §6.6). Returns where they came from.
+/// the profile's ranks of that device (DESIGN §6.6). With a node size, the topology's groups
+/// too, the same way (DESIGN §3.11). Returns where they came from.
 fn curves<B: Backend>(
-    backend: &B,
+    backend: &mut B,
     start: usize,
     options: &MeasureOptions,
-) -> Result<(CommCurves, String)> {
+) -> Result<(CommCurves, Option<Topology>, String)> {
     let ranks = backend.world_size();
     let world = options.world_size;
     if ranks == 1 && (world > 1 || options.device.is_some()) {
@@ -110,10 +119,18 @@ fn curves<B: Backend>(
                  of {world} (or run under mpirun -np {world})"
             ),
         })?;
-        let curves = comm_curves(&Catalog::bundled()?, device, world)?;
+        let catalog = Catalog::bundled()?;
+        let curves = comm_curves(&catalog, device, world)?;
+        let topology = (options.gpus_per_node)
+            .map(|node| analytic_topology(&catalog, device, world, Some(node)))
+            .transpose()?
+            .map(|t| Topology {
+                communicator_bytes: backend.communicator_bytes().unwrap_or(t.communicator_bytes),
+                ..t
+            });
         let source =
             format!("hardware catalog {device} x{world} (one rank: collectives not measured)");
-        return Ok((curves, source));
+        return Ok((curves, topology, source));
     }
     if world as usize != ranks {
         return Err(Error::Setting {
@@ -123,11 +140,58 @@ fn curves<B: Backend>(
             ),
         });
     }
-    let curves = time_collectives(backend, start, options.max_message, options.repeats)?;
+    let (max, repeats) = (options.max_message, options.repeats);
+    let curves = time_collectives(backend, Group::World, start, max, repeats)?;
+    let topology = match options.gpus_per_node {
+        Some(node) => Some(measured_topology(backend, start, node, options)?),
+        None => None,
+    };
     Ok((
         curves,
+        topology,
         format!("measured on {ranks} ranks ({})", backend.name()),
     ))
+}
+
+/// The topology of this job's ranks on nodes of `node`: every offered group's curves timed among
+/// its ranks, all groups of a shape at once. A group across nodes is timed as a replica group
+/// (one rank per node) where one fits, else as consecutive ranks; a communicator's bytes are the
+/// backend's (0 on the CPU, DESIGN §6.11), else NCCL's analytic estimate.
+fn measured_topology<B: Backend>(
+    backend: &mut B,
+    start: usize,
+    node: u32,
+    options: &MeasureOptions,
+) -> Result<Topology> {
+    let world = backend.world_size() as u32;
+    if node == 0 || !world.is_multiple_of(node) {
+        return Err(Error::Setting {
+            setting: "--gpus-per-node",
+            expected: format!("a positive divisor of the world size {world}, got {node}"),
+        });
+    }
+    let offered = offered_groups(world, node);
+    let shape = |g: &TopologyGroup| match g.link {
+        Link::Inter if g.ranks * node <= world => Group::Across((world / g.ranks) as usize),
+        _ => Group::Consecutive(g.ranks as usize),
+    };
+    let shapes: Vec<Group> = offered.iter().map(shape).collect();
+    backend.open_groups(&shapes)?;
+    let groups = (offered.iter().zip(shapes))
+        .map(|(g, group)| {
+            let (max, repeats) = (options.max_message, options.repeats);
+            Ok(GroupCurves {
+                ranks: g.ranks,
+                link: g.link,
+                comm: time_collectives(backend, group, start, max, repeats)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Topology {
+        gpus_per_node: node,
+        groups,
+        communicator_bytes: (backend.communicator_bytes()).unwrap_or(NCCL_COMMUNICATOR_BYTES),
+    })
 }
 
 /// A workload's profile: its units timed, the collectives, κ beside block-sized AllReduces.
@@ -160,7 +224,7 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
         checkpointed: &recomputing,
     };
     let times = time_units(&backend, workload, layouts, options.repeats, &steps)?;
-    let (comm, comm_source) = curves(&backend, start, options)?;
+    let (comm, topology, comm_source) = curves(&mut backend, start, options)?;
     let source = BTreeMap::from([
         ("generator".to_string(), "measured".to_string()),
         ("backend".to_string(), backend.name().to_string()),
@@ -175,6 +239,7 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
         options.block_size,
         source,
     )?;
+    profile.topology = topology;
     let kappa_bytes = profile.block_size_bytes.min(message_bytes);
     let l = workload.unit_count();
     let pass = |s: usize| compute_slot(&backend, workload, layout, s, &steps);
@@ -232,6 +297,7 @@ fn measure_transformer(
     analytic.micro_batch = options.micro_batch;
     analytic.seq_len = options.seq_len;
     analytic.block_size_bytes = options.block_size;
+    analytic.topology = options.gpus_per_node.map(Some);
     let mut profile = analytic_profile(model, &Catalog::bundled()?, &analytic)?;
     let seq_len = options.seq_len.unwrap_or(model.seq_len);
     let layers = model.layers as usize;
@@ -257,9 +323,10 @@ fn measure_transformer(
     let (allocation, start) = measurement_allocation(0, world, options.max_message);
     backend.allocate(allocation)?;
     let comm_source = if world >= 2 {
-        let (comm, source) = curves(&backend, start, options)?;
+        let (comm, topology, source) = curves(&mut backend, start, options)?;
         profile.block_size_bytes = options.block_size.unwrap_or_else(|| comm.block_size());
         profile.comm = comm;
+        profile.topology = topology.or(profile.topology.take());
         source
     } else {
         format!(

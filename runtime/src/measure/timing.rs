@@ -4,7 +4,7 @@
 
 use super::{DataSteps, UnitTime, UnitTimes, median, sizes};
 use crate::Result;
-use crate::backend::{Allocation, Backend, Region, Stream, StreamWork, on_both_streams};
+use crate::backend::{Allocation, Backend, Group, Region, Stream, StreamWork, on_both_streams};
 use crate::gradients::{GradientStart, first_written_by};
 use crate::layout::Layout;
 use crate::train::Train;
@@ -263,18 +263,22 @@ pub(super) fn every_rank<B: Backend>(backend: &B, values: &[f64]) -> Result<Vec<
 /// gradient does (the backward beside it has just written it); each AllGather takes the next pair
 /// of [`MessagePairs`], out of cache as a run's parameter shard is (the optimizer wrote it a step
 /// before). Every rank must call it; on one rank the collectives are what that rank's backend
-/// makes of them (copies).
+/// makes of them (copies). Among a `group` smaller than the world, every group runs its own
+/// collectives at once, as a plan's shard or replica groups do, and the times are averaged over
+/// every rank.
 pub fn time_collectives<B: Backend>(
     backend: &B,
+    group: Group,
     start: usize,
     max_bytes: u64,
     repeats: usize,
 ) -> Result<shardplan_scheduler::profile::CommCurves> {
     use shardplan_scheduler::curve::CommCurve;
-    let n = backend.world_size();
+    let n = group.size(backend.world_size());
     let stream = Stream::Communication;
     let mut curves: [Vec<(u64, f64)>; 3] = Default::default();
-    let pairs = MessagePairs::new(start, max_bytes, n);
+    // Laid out for the world's messages, which are the largest (n divides the world).
+    let pairs = MessagePairs::new(start, max_bytes, backend.world_size());
     for bytes in sizes(max_bytes) {
         let elements = message_elements(bytes, n);
         let (full, shard) = pairs.pair(0, elements, n);
@@ -285,10 +289,10 @@ pub fn time_collectives<B: Backend>(
                 match op {
                     0 => {
                         let (full, shard) = pairs.pair(k, elements, n);
-                        backend.all_gather(shard, full)?
+                        backend.all_gather(group, shard, full)?
                     }
-                    1 => backend.reduce_scatter(full, shard)?,
-                    _ => backend.all_reduce(full)?,
+                    1 => backend.reduce_scatter(group, full, shard)?,
+                    _ => backend.all_reduce(group, full)?,
                 }
                 marks.push((before, backend.mark(stream)?));
             }
@@ -366,9 +370,9 @@ pub fn block_collectives<B: Backend>(
     Ok(move || -> Result<()> {
         for _ in 0..rounds {
             match kind {
-                Collective::AllReduce => backend.all_reduce(full)?,
-                Collective::ReduceScatter => backend.reduce_scatter(full, shard)?,
-                Collective::AllGather => backend.all_gather(shard, full)?,
+                Collective::AllReduce => backend.all_reduce(Group::World, full)?,
+                Collective::ReduceScatter => backend.reduce_scatter(Group::World, full, shard)?,
+                Collective::AllGather => backend.all_gather(Group::World, shard, full)?,
             }
         }
         Ok(())
@@ -510,6 +514,9 @@ mod tests {
         }
         fn size(&self) -> usize {
             2
+        }
+        fn split(&self, _: usize, _: usize) -> Result<SecondOfTwo> {
+            unreachable!("not used")
         }
         fn all_gather(&self, _: &[f32], _: &mut [f32]) {
             unreachable!("not used")

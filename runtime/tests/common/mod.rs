@@ -114,6 +114,9 @@ impl Collectives for SlowMirror {
     fn size(&self) -> usize {
         self.size
     }
+    fn split(&self, _: usize, _: usize) -> shardplan_runtime::Result<SlowMirror> {
+        unreachable!("the mirrored plans are flat: they open no group")
+    }
     fn all_gather(&self, send: &[f32], recv: &mut [f32]) {
         self.wait();
         recv.chunks_exact_mut(send.len())

@@ -1,0 +1,168 @@
+//! The communication stream (DESIGN §6.3, §6.11): per global slot, once compute has reached it,
+//! the slot's blocks in plan order, each counted on its (unit, kind) event, the optimizer step
+//! after a unit's last reduction block. Where the program has two channels (a plan's intra- and
+//! inter-node links) each runs on a host thread of its own, so the two links' collectives run
+//! at once as the model's per-link queues do; a channel starts slot g only once the other has
+//! finished every block before slot g (the strict slot boundary, which also orders an RA after
+//! its RS and a shard group's gathers after its RA, and keeps the arena's per-slot lifetimes).
+
+use super::program::{Block, Kind};
+use super::watchdog::InFlight;
+use super::{PendingSpan, Walk};
+use crate::backend::{Backend, COMMUNICATION_THREAD, Region, Stream};
+use crate::train::Train;
+use crate::{Error, Result};
+use shardplan_scheduler::profile::Link;
+
+impl<B: Backend, W: Train<B>> Walk<'_, B, W> {
+    /// The communication stream: every channel, the second (if any) on a thread of its own; a
+    /// failing channel abandons the other's waits.
+    pub(super) fn communicate(&self) -> Result<Vec<PendingSpan<B::Mark>>> {
+        let [first, rest @ ..] = self.program.channels.as_slice() else {
+            return Ok(Vec::new());
+        };
+        let Some(&second) = rest.first() else {
+            return self.communicate_channel(0);
+        };
+        std::thread::scope(|scope| {
+            let name = format!("comm-{}", link_name(second));
+            let spawned = std::thread::Builder::new()
+                .name(name.clone())
+                .spawn_scoped(scope, || {
+                    let result = self
+                        .backend
+                        .enter_stream_thread(Stream::Communication)
+                        .and_then(|()| self.communicate_channel(1));
+                    if result.is_err() {
+                        self.abandon_channel_waits();
+                    }
+                    result
+                })
+                .map_err(|e| Error::Backend(format!("the {name} thread could not start: {e}")))?;
+            let here = self.communicate_channel(0);
+            if here.is_err() {
+                self.abandon_channel_waits();
+            }
+            let there = spawned.join().map_err(|_| {
+                Error::Backend(format!(
+                    "the {name} thread ({COMMUNICATION_THREAD}, {} link) panicked",
+                    link_name(*first)
+                ))
+            })?;
+            match (here, there) {
+                (Ok(mut spans), Ok(more)) => {
+                    spans.extend(more);
+                    Ok(spans)
+                }
+                (Err(Error::Abandoned(_)), Err(e)) | (Err(e), _) | (_, Err(e)) => Err(e),
+            }
+        })
+    }
+
+    /// A failed channel's signals will not come: every wait on the channels' slots (the other
+    /// channel's, strict compute's) fails at once.
+    fn abandon_channel_waits(&self) {
+        self.comm_done.iter().for_each(|e| e.abandon());
+    }
+
+    /// Channel `channel`'s blocks, global slot by global slot.
+    fn communicate_channel(&self, channel: usize) -> Result<Vec<PendingSpan<B::Mark>>> {
+        let stream = Stream::Communication;
+        let mut spans = Vec::with_capacity(self.span_capacity());
+        let others = (0..self.comm_done.len()).filter(|&c| c != channel);
+        for g in 0..self.total {
+            let (iter, s) = self.program.split(g);
+            self.wait(stream, &self.slot_started, g as u64 + 1, &|| {
+                format!("the compute stream reaching global slot {g}")
+            })?;
+            for other in others.clone() {
+                self.wait(stream, &self.comm_done[other], g as u64, &|| {
+                    let link = link_name(self.program.channels[other]);
+                    format!("the {link} link's blocks before global slot {g}")
+                })?;
+            }
+            let blocks = self.program.queues[s].iter();
+            for b in blocks.filter(|b| b.channel == channel) {
+                let d = iter + b.offset;
+                if d < 0 || d as usize >= self.options.steps {
+                    continue;
+                }
+                let start = self.mark_if_tracing(stream)?;
+                let step = self.options.first_step + d as usize;
+                self.watch.enter(
+                    channel,
+                    InFlight {
+                        kind: b.kind,
+                        group: b.group,
+                        unit: b.unit,
+                        block: b.index,
+                        blocks: self.layout(d as usize).units[b.unit].blocks,
+                        step,
+                        slot: g,
+                    },
+                );
+                self.communicate_block(b, d as u32)?;
+                let end = self.backend.mark(stream)?;
+                self.watch.launched(channel, end.clone());
+                if let Some(start) = start {
+                    spans.push(PendingSpan {
+                        stream,
+                        what: b.kind.name(),
+                        unit: b.unit,
+                        step,
+                        micro_batch: b.micro_batch,
+                        start,
+                        end: end.clone(),
+                    });
+                }
+                self.event(b.unit, b.kind).signal(end);
+            }
+            self.comm_done[channel].signal(self.backend.mark(stream)?);
+        }
+        Ok(spans)
+    }
+
+    /// One block of data step `step` among its group; after a unit's last reduction block, its
+    /// optimizer step.
+    fn communicate_block(&self, b: &Block, step: u32) -> Result<()> {
+        let (backend, layout) = (self.backend, self.layout(step as usize));
+        let u = &layout.units[b.unit];
+        let part = |r: Region| r.part(b.index, u.blocks);
+        let sharded = |r: Option<Region>| {
+            r.map(part).ok_or_else(|| {
+                Error::Backend(format!(
+                    "{} of {} has no buffer for it in the layout",
+                    b.kind.name(),
+                    self.workload.unit_name(b.unit)
+                ))
+            })
+        };
+        let group = b.group;
+        match b.kind {
+            Kind::AllReduce | Kind::ReplicaAllReduce => backend.all_reduce(group, part(u.grads))?,
+            Kind::ReduceScatter => {
+                backend.reduce_scatter(group, sharded(u.full_grad)?, part(u.grads))?
+            }
+            Kind::ForwardGather => {
+                backend.all_gather(group, part(u.params), sharded(u.gathered_forward)?)?
+            }
+            Kind::BackwardGather => {
+                // An hpZ unit gathers from its secondary shard, inside its node.
+                let from = part(u.secondary.unwrap_or(u.params));
+                backend.all_gather(group, from, sharded(u.gathered_backward)?)?
+            }
+        }
+        if b.step_reduction && b.index + 1 == u.blocks {
+            let trained = self.options.first_step as u32 + step + 1;
+            self.workload.optimize(backend, layout, b.unit, trained)?;
+        }
+        Ok(())
+    }
+}
+
+fn link_name(link: Link) -> &'static str {
+    match link {
+        Link::Intra => "intra",
+        Link::Inter => "inter",
+    }
+}
