@@ -148,7 +148,7 @@ impl<B: Backend, W: Train<B>> Walk<'_, B, W> {
             }
             Kind::BackwardGather => {
                 // An hpZ unit gathers from its secondary shard, inside its node.
-                let from = part(u.secondary.unwrap_or(u.params));
+                let from = part(u.secondary.map_or(u.params, |(_, shard)| shard));
                 backend.all_gather(group, from, sharded(u.gathered_backward)?)?
             }
         }

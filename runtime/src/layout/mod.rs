@@ -60,8 +60,7 @@ pub struct UnitLayout<R = Region> {
     pub shard_ranks: usize,
     /// An hpZ unit's secondary group H and its secondary shard (the (r mod H)-th part of every
     /// gathered block, kept from F_i to B_i: its backward gather's source).
-    pub secondary_ranks: Option<usize>,
-    pub secondary: Option<R>,
+    pub secondary: Option<(usize, R)>,
     pub params: R,
     pub grads: R,
     pub adam_m: R,
@@ -84,8 +83,7 @@ impl<R: Copy> UnitLayout<R> {
             blocks: self.blocks,
             block_elements: self.block_elements,
             shard_ranks: self.shard_ranks,
-            secondary_ranks: self.secondary_ranks,
-            secondary: self.secondary.map(&f),
+            secondary: self.secondary.map(|(h, r)| (h, f(r))),
             params: f(self.params),
             grads: f(self.grads),
             adam_m: f(self.adam_m),
@@ -117,9 +115,7 @@ impl UnitLayout {
     /// An hpZ unit's copies after its forward on rank `rank` (from, to): the rank's part of each
     /// gathered block into the secondary shard; none for any other unit.
     pub fn secondary_copies(&self, rank: usize) -> Vec<(Region, Region)> {
-        let (Some(h), Some(secondary), Some(gathered)) =
-            (self.secondary_ranks, self.secondary, self.gathered_forward)
-        else {
+        let (Some((h, secondary)), Some(gathered)) = (self.secondary, self.gathered_forward) else {
             return Vec::new();
         };
         (0..self.blocks)

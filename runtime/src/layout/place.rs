@@ -291,11 +291,10 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
             None
         };
         kept_fsdp.push(u.level == Level::Fsdp && keep);
-        let secondary_ranks = u.secondary_group.map(|h| h as usize);
         // An hpZ unit's secondary shard, written at F_i, read by its backward gather.
-        let secondary = secondary_ranks.map(|h| {
-            let name = format!("{name} secondary shard");
-            b.add(name, padded / h, f, &[(f, bw)])
+        let secondary = u.secondary_group.map(|h| {
+            let (h, name) = (h as usize, format!("{name} secondary shard"));
+            (h, b.add(name, padded / h, f, &[(f, bw)]))
         });
         let sizes = workload.buffers(i);
         if u.recompute && sizes.forward_workspace < sizes.internals {
@@ -346,7 +345,6 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
             blocks: nb,
             block_elements,
             shard_ranks,
-            secondary_ranks,
             secondary,
             params,
             grads,
