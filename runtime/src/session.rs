@@ -222,13 +222,18 @@ fn steady_median(step_us: &[f64]) -> f64 {
     median(tail.to_vec())
 }
 
-/// The Chrome/Perfetto trace of a run's spans: one track per stream; with several micro-batches
-/// per step, each name carries its micro-batch (1-based) as the simulator's trace labels slots.
+/// The Chrome/Perfetto trace of a run's spans: one track per stream, and one more for a plan's
+/// second communication channel (its second link, DESIGN §6.11); with several micro-batches per
+/// step, each name carries its micro-batch (1-based) as the simulator's trace labels slots.
 pub fn chrome_trace(workload: &dyn Workload, spans: &[Span]) -> serde_json::Value {
+    let second_channel = Stream::BOTH.len() as u32;
     let mut events: Vec<_> = Stream::BOTH
         .iter()
         .map(|&s| thread_name(s.track(), s.name()))
         .collect();
+    if spans.iter().any(|s| s.channel > 0) {
+        events.push(thread_name(second_channel, "communication (second link)"));
+    }
     let several = workload.micro_batches() > 1;
     events.extend(spans.iter().map(|s| {
         let micro_batch = if several {
@@ -236,9 +241,13 @@ pub fn chrome_trace(workload: &dyn Workload, spans: &[Span]) -> serde_json::Valu
         } else {
             String::new()
         };
+        let track = match s.channel {
+            0 => s.stream.track(),
+            _ => second_channel,
+        };
         complete(
             format!("{}{micro_batch} {}", s.what, workload.unit_name(s.unit)),
-            s.stream.track(),
+            track,
             s.start_us,
             s.end_us - s.start_us,
             serde_json::json!({"step": s.step, "micro_batch": s.micro_batch + 1}),

@@ -107,6 +107,7 @@ impl<B: Backend, W: Train<B>> Walk<'_, B, W> {
                 if let Some(start) = start {
                     spans.push(PendingSpan {
                         stream,
+                        channel,
                         what: b.kind.name(),
                         unit: b.unit,
                         step,

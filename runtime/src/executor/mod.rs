@@ -93,6 +93,8 @@ impl std::fmt::Debug for OnStep {
 #[derive(Debug, Clone, Copy)]
 pub struct Span {
     pub stream: Stream,
+    /// The communication channel (0 on the compute stream; 1 for a plan's second link).
+    pub channel: usize,
     pub what: &'static str,
     pub unit: usize,
     pub step: usize,
@@ -157,6 +159,7 @@ impl RunReport {
 /// A span while the run goes on: its marks are converted to µs at the end.
 struct PendingSpan<M> {
     stream: Stream,
+    channel: usize,
     what: &'static str,
     unit: usize,
     step: usize,
@@ -413,6 +416,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
             if let Some(start) = start {
                 spans.push(PendingSpan {
                     stream,
+                    channel: 0,
                     what: if forward { "F" } else { "B" },
                     unit: i,
                     step: self.options.first_step + step,
@@ -464,6 +468,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
             .map(|s| {
                 Ok(Span {
                     stream: s.stream,
+                    channel: s.channel,
                     what: s.what,
                     unit: s.unit,
                     step: s.step,
