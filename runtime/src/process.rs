@@ -15,6 +15,15 @@ const LOCAL_RANKS_VARS: [&str; 3] = [
     "SLURM_NTASKS_PER_NODE",
 ];
 
+/// The ranks on this host: the launcher's count, else 1.
+fn ranks_on_this_host() -> u64 {
+    LOCAL_RANKS_VARS
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.trim().parse::<u64>().ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
 /// The host memory available now (`MemAvailable`, or [`HOST_MEMORY_VAR`]) and the ranks on this
 /// host that share it (the launcher's count, else 1); None where the system does not say.
 pub fn host_memory_share() -> Option<(u64, u64)> {
@@ -22,12 +31,47 @@ pub fn host_memory_share() -> Option<(u64, u64)> {
         Ok(bytes) => bytes.trim().parse().ok()?,
         Err(_) => parse_meminfo(&std::fs::read_to_string("/proc/meminfo").ok()?)?,
     };
-    let ranks = LOCAL_RANKS_VARS
-        .iter()
-        .find_map(|v| std::env::var(v).ok()?.trim().parse::<u64>().ok())
-        .unwrap_or(1)
-        .max(1);
-    Some((available, ranks))
+    Some((available, ranks_on_this_host()))
+}
+
+/// The CPUs of a kernel CPU list ("0-3,8,10-11": 7), None where it does not parse.
+fn count_cpus(list: &str) -> Option<u64> {
+    list.trim().split(',').try_fold(0, |count, range| {
+        let (first, last) = range.split_once('-').unwrap_or((range, range));
+        let (first, last): (u64, u64) = (first.parse().ok()?, last.parse().ok()?);
+        Some(count + last.checked_sub(first)? + 1)
+    })
+}
+
+/// More ranks on this host than it has cores: where the host computes (the CPU backend) their
+/// compute time-slices, which the model does not predict (it gives each rank a core, as each
+/// GPU rank has its device; docs/runtime-results.md measures 4 ranks on 2 cores).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Oversubscribed {
+    pub ranks: u64,
+    pub cores: u64,
+}
+
+impl Oversubscribed {
+    /// This host's, where its ranks outnumber its online cores (the host's, not this process's
+    /// affinity: mpirun binds each of fewer ranks than cores to a core of its own).
+    pub fn here() -> Option<Oversubscribed> {
+        let online = std::fs::read_to_string("/sys/devices/system/cpu/online").ok()?;
+        Oversubscribed::of(ranks_on_this_host(), count_cpus(&online)?)
+    }
+
+    fn of(ranks: u64, cores: u64) -> Option<Oversubscribed> {
+        (ranks > cores).then_some(Oversubscribed { ranks, cores })
+    }
+
+    /// In words, for reports and a profile's source.
+    pub fn described(self) -> String {
+        format!(
+            "{} ranks share {} cores: their compute time-slices, which the prediction (a core per \
+             rank) does not model",
+            self.ranks, self.cores
+        )
+    }
 }
 
 /// Refuses an allocation of `bytes` (`what` says of what) that this rank's share of the host's
@@ -100,6 +144,23 @@ fn kilobytes_field(text: &str, key: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_lists_count_their_cpus() {
+        assert_eq!(count_cpus("0-1\n"), Some(2));
+        assert_eq!(count_cpus("0-3,8,10-11"), Some(7));
+        assert_eq!(count_cpus("3-1"), None);
+        assert_eq!(count_cpus("x"), None);
+    }
+
+    #[test]
+    fn only_more_ranks_than_cores_is_oversubscribed() {
+        assert_eq!(Oversubscribed::of(2, 2), None);
+        assert_eq!(
+            Oversubscribed::of(4, 2),
+            Some(Oversubscribed { ranks: 4, cores: 2 })
+        );
+    }
 
     /// A share that holds the buffers passes; one that does not names both figures and how
     /// many ranks the host holds, or that none fits.

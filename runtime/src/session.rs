@@ -8,6 +8,7 @@ use crate::checkpoint::{self, Checkpoints, Identity, Resumed};
 use crate::executor::{RunOptions, RunReport, Span, final_params, groups, initialise, run};
 use crate::layout::{Placement, place};
 use crate::measure::median;
+use crate::process::Oversubscribed;
 use crate::train::Train;
 use crate::workload::Workload;
 use crate::{Error, Result};
@@ -29,6 +30,8 @@ pub struct PlanRun {
     /// This rank's peak resident memory after the steps (before the parameters are gathered for
     /// the report), where the system reports it.
     pub peak_resident_bytes: Option<u64>,
+    /// Where the host computes and its ranks outnumber its cores.
+    pub oversubscribed: Option<Oversubscribed>,
     /// The trained parameters, each unit's in full.
     pub params: Vec<Vec<f32>>,
     /// The simulation of the plan in the run's semantics.
@@ -205,6 +208,7 @@ pub fn run_plan<B: Backend, W: Train<B>>(
         measured_iteration_us: steady_median(&report.step_us),
         device_memory: backend.device_memory()?,
         peak_resident_bytes: crate::process::peak_resident_bytes(),
+        oversubscribed: Oversubscribed::here().filter(|_| backend.host_computes()),
         params: final_params(&backend, workload, placement.for_step(0))?,
         report,
         predicted: simulate(profile, &schedule, options.semantics),

@@ -59,6 +59,9 @@ fn save(profile: &Profile, args: &MeasureArgs, details: serde_json::Value) -> an
             interference.update,
             interference.comm
         );
+        if let Some(host) = profile.source.get("host") {
+            outln!("  host: {host}");
+        }
     }
     Ok(())
 }

@@ -216,6 +216,7 @@ fn report(args: &RunArgs, plan: &Plan, done: &PlanRun, reference: Option<&Refere
             "arena_live_peak_bytes": report.live_peak_bytes,
             "arena_layouts": report.arena_layouts,
             "peak_resident_bytes": done.peak_resident_bytes,
+            "oversubscribed": done.oversubscribed.map(|o| json!({"ranks": o.ranks, "cores": o.cores})),
             "predicted_peak_memory_bytes": whole_bytes(predicted.peak_memory_bytes),
             "executor_overhead_us_per_slot": if report.executor_overhead_us_per_slot.is_finite() { Some(report.executor_overhead_us_per_slot) } else { None },
             "weights_max_relative_error_vs_reference": reference.map(|r| r.weights_max_relative_error),
@@ -277,6 +278,9 @@ fn report(args: &RunArgs, plan: &Plan, done: &PlanRun, reference: Option<&Refere
             done.rank,
             format_bytes(rss as f64)
         );
+    }
+    if let Some(o) = done.oversubscribed {
+        outln!("  host        {}", o.described());
     }
     if let Some(r) = reference {
         outln!(

@@ -13,6 +13,7 @@ use crate::dispatch::{AnyBackend, Data, Job, Model};
 use crate::executor::initialise;
 use crate::layout::Placement;
 use crate::model_file::ModelFile;
+use crate::process::Oversubscribed;
 use crate::train::Train;
 use crate::transformer::{UnitKind, backward_gemms, forward_gemms};
 use crate::{Error, Result};
@@ -225,12 +226,15 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
     };
     let times = time_units(&backend, workload, layouts, options.repeats, &steps)?;
     let (comm, topology, comm_source) = curves(&mut backend, start, options)?;
-    let source = BTreeMap::from([
+    let mut source = BTreeMap::from([
         ("generator".to_string(), "measured".to_string()),
         ("backend".to_string(), backend.name().to_string()),
         ("model".to_string(), workload.name().to_string()),
         ("comm".to_string(), comm_source),
     ]);
+    if let Some(o) = Oversubscribed::here().filter(|_| backend.host_computes()) {
+        source.insert("host".to_string(), o.described());
+    }
     let mut profile = workload_profile(
         workload,
         options.world_size,
@@ -364,7 +368,13 @@ fn measure_transformer(
             ),
         ),
         ("comm".to_string(), comm_source),
-    ]);
+    ])
+    .into_iter()
+    .chain(
+        (Oversubscribed::here().filter(|_| backend.host_computes()))
+            .map(|o| ("host".to_string(), o.described())),
+    )
+    .collect();
     profile.name = format!(
         "{} on {} x{}",
         model.name,
