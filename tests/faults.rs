@@ -1,11 +1,11 @@
 //! Faults end runs cleanly and lose nothing (DESIGN §6.8), on the CPU at N = 2 under mpirun: a
-//! failed job's JSON is one document; a killed rank, or a stopped one (the watchdog), ends the
-//! job with its cause named and no process left; a killed run resumes from its checkpoint bit for
+//! failed job's JSON is one document; a killed rank, or a stopped one (the watchdog; also at N = 4
+//! under a hierarchical plan), ends the job with its cause named and no process left; a killed run resumes from its checkpoint bit for
 //! bit, past a torn one; memory the host lacks is refused before anything is allocated.
 
 mod common;
 
-use common::{TwoRanks, run_plan, two_ranks};
+use common::{MlpJob, four_ranks_on_two_nodes, run_plan, two_ranks};
 use shardplan_runtime::backend::{COMMUNICATION_THREAD, COMPUTE_THREAD};
 use shardplan_scheduler::baselines::BaselineKind;
 use std::process::Command;
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 #[test]
 fn a_failed_jobs_json_is_one_document_from_rank_0() {
     let dir = tempfile::tempdir().unwrap();
-    let TwoRanks {
+    let MlpJob {
         model,
         profile_path,
         plan,
@@ -262,6 +262,51 @@ fn a_stopped_rank_ends_the_job_within_the_timeout() {
         let left = ranks.iter().filter(|pid| alive(pid)).count();
         assert_eq!(left, 0, "{case}: processes left behind");
     }
+}
+
+/// A rank of a hierarchical plan stopped mid-run (hsdp on 4 ranks as 2 nodes of 2: shard and
+/// replica communicators, a communication thread per link): a peer's watchdog ends the job within
+/// the timeout + 10 s, naming the collective it waits in and the peers it waits for; no process is
+/// left behind.
+#[test]
+fn a_stopped_rank_ends_a_hierarchical_job_within_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = four_ranks_on_two_nodes(dir.path(), BaselineKind::Hsdp);
+    let mut child = job
+        .mpirun(&[], &["--steps", "1000000", "--timeout", "5"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let ranks = rank_processes(child.id());
+    assert_eq!(ranks.len(), 4, "mpirun's ranks: {ranks:?}");
+    let stopped = rank_of(&ranks, 3);
+    assert!(send(&stopped, libc::SIGSTOP), "rank 3 could not be stopped");
+    let stopped_at = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if stopped_at.elapsed().as_secs() >= 15 {
+            send(&stopped, libc::SIGKILL);
+            let _ = child.kill();
+            panic!("rank 3 stopped: the hierarchical job still runs 15 s later");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "{stderr}");
+    for part in [
+        "global slot",
+        "did not complete within 5.0 s",
+        "waiting for its peers, rank",
+    ] {
+        assert!(stderr.contains(part), "`{part}` missing: {stderr}");
+    }
+    let left = ranks.iter().filter(|pid| alive(pid)).count();
+    assert_eq!(left, 0, "processes left behind");
 }
 
 /// Where a rank is stopped.

@@ -9,7 +9,7 @@ use serde_json::Value;
 use shardplan_runtime::mlp::{max_relative_error, reference_training};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::ilp::{SolveOptions, solve};
-use shardplan_scheduler::profile::{GroupCurves, Link, Profile, Topology};
+
 use shardplan_scheduler::schedule::Schedule;
 use std::path::Path;
 use std::process::{Command, Output};
@@ -144,7 +144,7 @@ fn hierarchical_plans_train_like_the_reference_on_two_nodes_of_two() {
     const STEPS: usize = 3;
     let dir = tempfile::tempdir().unwrap();
     let (spec, model) = common::spec(dir.path());
-    let profile = two_nodes_of_two(common::profile(&spec, 4));
+    let profile = common::two_nodes_of_two(common::profile(&spec, 4));
     let profile_path = dir.path().join("profile.toml");
     profile.save(&profile_path).unwrap();
     let (reference, _) = reference_training(&spec, 4, STEPS);
@@ -204,22 +204,6 @@ fn hierarchical_plans_train_like_the_reference_on_two_nodes_of_two() {
         }
         assert_eq!(trained[0], trained[1], "{name}: strict and relaxed differ");
     }
-}
-
-/// `profile` (4 ranks) as 2 nodes of 2: both groups of 2 with the world's curves, no
-/// communicator bytes (the CPU's communicators are outside the arena).
-fn two_nodes_of_two(mut profile: Profile) -> Profile {
-    let group = |link| GroupCurves {
-        ranks: 2,
-        link,
-        comm: profile.comm.clone(),
-    };
-    profile.topology = Some(Topology {
-        gpus_per_node: 2,
-        groups: vec![group(Link::Intra), group(Link::Inter)],
-        communicator_bytes: 0,
-    });
-    profile
 }
 
 /// `profile measure --gpus-per-node` refuses a node size that does not divide the world, naming

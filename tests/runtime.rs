@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Rng, TwoRanks, profile, random_schedule, run_plan, spec, two_ranks, write_plan};
+use common::{MlpJob, Rng, profile, random_schedule, run_plan, spec, two_ranks, write_plan};
 use shardplan_runtime::measure::{UnitTime, workload_profile};
 use shardplan_runtime::mlp::{Mlp, max_relative_error, reference_training};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
@@ -125,12 +125,13 @@ fn four_mpi_ranks_match_the_reference() {
 #[test]
 fn mismatched_runs_are_refused_before_any_step() {
     let dir = tempfile::tempdir().unwrap();
-    let TwoRanks {
+    let MlpJob {
         spec,
         model,
         profile,
         profile_path,
         plan,
+        ..
     } = two_ranks(dir.path(), BaselineKind::Zero2);
     let out = run_two_steps(&profile_path, &plan, &model);
     assert_eq!(out.status.code(), Some(2));

@@ -9,7 +9,7 @@ pub use runtime_fixtures::*;
 use shardplan_runtime::mlp::MlpSpec;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::plan::{Producer, plan_with_prediction};
-use shardplan_scheduler::profile::Profile;
+use shardplan_scheduler::profile::{GroupCurves, Link, Profile, Topology};
 use shardplan_scheduler::schedule::Schedule;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -80,8 +80,10 @@ pub fn write_plan(dir: &Path, name: &str, profile: &Profile, schedule: &Schedule
     path
 }
 
-/// A two-rank setup in `dir`: the model file, the profile file and a baseline's plan file.
-pub struct TwoRanks {
+/// The test MLP's job in `dir` on `ranks` MPI ranks: the model file, the profile file and a
+/// baseline's plan file.
+pub struct MlpJob {
+    pub ranks: usize,
     pub spec: MlpSpec,
     pub model: PathBuf,
     pub profile: Profile,
@@ -89,11 +91,12 @@ pub struct TwoRanks {
     pub plan: PathBuf,
 }
 
-impl TwoRanks {
-    /// `mpirun -np 2 [launcher] shardplan run --backend cpu` of this plan, `extra` after.
+impl MlpJob {
+    /// `mpirun -np <ranks> [launcher] shardplan run --backend cpu` of this plan, `extra` after.
     pub fn mpirun(&self, launcher: &[&str], extra: &[&str]) -> Command {
         let mut cmd = Command::new("mpirun");
-        cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
+        cmd.args(["--allow-run-as-root", "--oversubscribe", "-np"])
+            .arg(self.ranks.to_string())
             .args(launcher)
             .arg(env!("CARGO_BIN_EXE_shardplan"))
             .args(["run", "--backend", "cpu", "--profile"])
@@ -109,18 +112,45 @@ impl TwoRanks {
 }
 
 /// The test MLP at N = 2 with `kind`'s plan, in `dir`.
-pub fn two_ranks(dir: &Path, kind: BaselineKind) -> TwoRanks {
+pub fn two_ranks(dir: &Path, kind: BaselineKind) -> MlpJob {
+    mlp_job(dir, kind, |spec| profile(spec, 2))
+}
+
+/// The test MLP at N = 4 as 2 nodes of 2 ([`two_nodes_of_two`]) with `kind`'s plan, in `dir`.
+pub fn four_ranks_on_two_nodes(dir: &Path, kind: BaselineKind) -> MlpJob {
+    mlp_job(dir, kind, |spec| two_nodes_of_two(profile(spec, 4)))
+}
+
+/// The MLP's job in `dir` with `kind`'s plan on the profile `profile_of` makes for it.
+fn mlp_job(dir: &Path, kind: BaselineKind, profile_of: impl Fn(&MlpSpec) -> Profile) -> MlpJob {
     let (spec, model) = spec(dir);
-    let profile = profile(&spec, 2);
+    let profile = profile_of(&spec);
     let profile_path = dir.join("profile.toml");
     profile.save(&profile_path).unwrap();
     let schedule = baseline(&profile, kind, false, None).unwrap().schedule;
     let plan = write_plan(dir, kind.name(), &profile, &schedule);
-    TwoRanks {
+    MlpJob {
+        ranks: profile.world_size as usize,
         spec,
         model,
         profile,
         profile_path,
         plan,
     }
+}
+
+/// `profile` (4 ranks) as 2 nodes of 2: both groups of 2 with the world's curves, no
+/// communicator bytes (the CPU's communicators are outside the arena).
+pub fn two_nodes_of_two(mut profile: Profile) -> Profile {
+    let group = |link| GroupCurves {
+        ranks: 2,
+        link,
+        comm: profile.comm.clone(),
+    };
+    profile.topology = Some(Topology {
+        gpus_per_node: 2,
+        groups: vec![group(Link::Intra), group(Link::Inter)],
+        communicator_bytes: 0,
+    });
+    profile
 }
