@@ -52,7 +52,7 @@ impl Collectives for Loopback {
 
 /// An MPI communicator: the world's, or one split from it.
 pub struct Mpi {
-    world: mpi::topology::SimpleCommunicator,
+    comm: mpi::topology::SimpleCommunicator,
     /// The thread support MPI gave.
     threading: mpi::Threading,
 }
@@ -71,14 +71,20 @@ impl Mpi {
         }
         let world = universe.world();
         let _ = world.size();
-        Ok((universe, Mpi { world, threading }))
+        Ok((
+            universe,
+            Mpi {
+                comm: world,
+                threading,
+            },
+        ))
     }
 
     /// Rank 0's `bytes` on every rank (e.g. the NCCL unique id).
     pub fn broadcast_from_first(&self, bytes: &mut [u8]) {
         use mpi::collective::Root;
         use mpi::topology::Communicator;
-        self.world.process_at_rank(0).broadcast_into(bytes);
+        self.comm.process_at_rank(0).broadcast_into(bytes);
     }
 }
 
@@ -94,11 +100,11 @@ impl Collectives for Mpi {
     }
     fn rank(&self) -> usize {
         use mpi::topology::Communicator;
-        self.world.rank() as usize
+        self.comm.rank() as usize
     }
     fn size(&self) -> usize {
         use mpi::topology::Communicator;
-        self.world.size() as usize
+        self.comm.size() as usize
     }
     fn split(&self, color: usize, key: usize) -> Result<Mpi> {
         use mpi::topology::{Color, Communicator};
@@ -107,10 +113,10 @@ impl Collectives for Mpi {
                 .map_err(|_| Error::Backend(format!("an MPI communicator {what} of {value}")))
         };
         let color = Color::with_value(as_int("colour", color)?);
-        self.world
+        self.comm
             .split_by_color_with_key(color, as_int("key", key)?)
-            .map(|world| Mpi {
-                world,
+            .map(|comm| Mpi {
+                comm,
                 threading: self.threading,
             })
             .ok_or_else(|| Error::Backend("MPI_Comm_split gave this rank no communicator".into()))
@@ -118,7 +124,7 @@ impl Collectives for Mpi {
     fn all_gather(&self, send: &[f32], recv: &mut [f32]) {
         use mpi::collective::CommunicatorCollectives;
         mpi::request::scope(|scope| {
-            wait_without_spinning(self.world.immediate_all_gather_into(scope, send, recv))
+            wait_without_spinning(self.comm.immediate_all_gather_into(scope, send, recv))
         });
     }
     fn reduce_scatter(&self, send: &[f32], recv: &mut [f32]) {
@@ -126,7 +132,7 @@ impl Collectives for Mpi {
         mpi::request::scope(|scope| {
             let sum = SystemOperation::sum();
             let request = self
-                .world
+                .comm
                 .immediate_reduce_scatter_block_into(scope, send, recv, sum);
             wait_without_spinning(request)
         });
@@ -135,7 +141,7 @@ impl Collectives for Mpi {
         use mpi::collective::{CommunicatorCollectives, SystemOperation};
         mpi::request::scope(|scope| {
             let sum = SystemOperation::sum();
-            let request = self.world.immediate_all_reduce_into(scope, send, recv, sum);
+            let request = self.comm.immediate_all_reduce_into(scope, send, recv, sum);
             wait_without_spinning(request)
         });
     }

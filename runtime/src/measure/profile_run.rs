@@ -23,9 +23,8 @@ use shardplan_scheduler::analytic::{
 };
 use shardplan_scheduler::hardware::Catalog;
 use shardplan_scheduler::model::ModelSpec;
-use shardplan_scheduler::profile::{CommCurves, Profile};
 use shardplan_scheduler::profile::{
-    Group as TopologyGroup, GroupCurves, Link, Topology, offered_groups,
+    CommCurves, Group as TopologyGroup, GroupCurves, Link, Profile, Topology, offered_groups,
 };
 use shardplan_scheduler::size::format_bytes;
 use shardplan_scheduler::timeline::Collective;
