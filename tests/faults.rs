@@ -39,30 +39,14 @@ fn a_failed_jobs_json_is_one_document_from_rank_0() {
 fn a_killed_rank_ends_every_rank_with_an_error_within_30_seconds() {
     let dir = tempfile::tempdir().unwrap();
     let setup = two_ranks(dir.path(), BaselineKind::Fsdp1);
-    let mut child = setup
-        .mpirun(&[], &["--steps", "1000000", "--timeout", "10"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = endless_run(&setup, "10");
     std::thread::sleep(std::time::Duration::from_secs(2));
     let ranks = rank_processes(child.id());
     let victim = &ranks.first().expect("mpirun has rank processes").1;
     let killed_at = std::time::Instant::now();
     assert!(send(victim, libc::SIGKILL));
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            killed_at.elapsed().as_secs() < 30,
-            "ranks still running 30 s after one was killed"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
+    let (status, stderr) = ended_within(&mut child, killed_at, 30, None, "a rank killed");
     assert!(!status.success(), "the job must fail when a rank dies");
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     assert!(!stderr.trim().is_empty(), "a message says what happened");
 }
 
@@ -221,32 +205,15 @@ fn a_stopped_rank_ends_the_job_within_the_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let setup = two_ranks(dir.path(), BaselineKind::Fsdp1);
     for (victim, inside) in [(1usize, Inside::Compute), (0, Inside::Collective)] {
-        let mut child = setup
-            .mpirun(&[], &["--steps", "1000000", "--timeout", "5"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = endless_run(&setup, "5");
         std::thread::sleep(Duration::from_secs(1));
         let ranks = rank_processes(child.id());
         assert_eq!(ranks.len(), 2, "mpirun's ranks: {ranks:?}");
         let stopped = rank_of(&ranks, victim);
         let stopped_at = stop_inside(&stopped, inside);
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if stopped_at.elapsed().as_secs() >= 15 {
-                send(&stopped, libc::SIGKILL);
-                let _ = child.kill();
-                panic!("rank {victim} stopped inside {inside:?}: the job still runs 15 s later");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        };
-        let took = stopped_at.elapsed().as_secs_f64();
-        let mut stderr = String::new();
-        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
         let case = format!("rank {victim} stopped inside {inside:?}");
+        let (status, stderr) = ended_within(&mut child, stopped_at, 15, Some(&stopped), &case);
+        let took = stopped_at.elapsed().as_secs_f64();
         assert!(!status.success(), "{case}: {stderr}");
         for part in [
             "global slot",
@@ -272,31 +239,15 @@ fn a_stopped_rank_ends_the_job_within_the_timeout() {
 fn a_stopped_rank_ends_a_hierarchical_job_within_the_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let job = four_ranks_on_two_nodes(dir.path(), BaselineKind::Hsdp);
-    let mut child = job
-        .mpirun(&[], &["--steps", "1000000", "--timeout", "5"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = endless_run(&job, "5");
     std::thread::sleep(Duration::from_secs(2));
     let ranks = rank_processes(child.id());
     assert_eq!(ranks.len(), 4, "mpirun's ranks: {ranks:?}");
     let stopped = rank_of(&ranks, 3);
     assert!(send(&stopped, libc::SIGSTOP), "rank 3 could not be stopped");
     let stopped_at = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if stopped_at.elapsed().as_secs() >= 15 {
-            send(&stopped, libc::SIGKILL);
-            let _ = child.kill();
-            panic!("rank 3 stopped: the hierarchical job still runs 15 s later");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    let case = "rank 3 of a hierarchical job stopped";
+    let (status, stderr) = ended_within(&mut child, stopped_at, 15, Some(&stopped), case);
     assert!(!status.success(), "{stderr}");
     for part in [
         "global slot",
@@ -307,6 +258,40 @@ fn a_stopped_rank_ends_a_hierarchical_job_within_the_timeout() {
     }
     let left = ranks.iter().filter(|pid| alive(pid)).count();
     assert_eq!(left, 0, "processes left behind");
+}
+
+/// `job`'s run of a million steps with `--timeout <timeout>` seconds, its stderr piped.
+fn endless_run(job: &MlpJob, timeout: &str) -> std::process::Child {
+    job.mpirun(&[], &["--steps", "1000000", "--timeout", timeout])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// How the job `child` ended, and its stderr, within `limit` seconds of `since`; past the limit
+/// the `stopped` rank (if any) and the job are killed and the test fails, naming `case`.
+fn ended_within(
+    child: &mut std::process::Child,
+    since: Instant,
+    limit: u64,
+    stopped: Option<&str>,
+    case: &str,
+) -> (std::process::ExitStatus, String) {
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if since.elapsed().as_secs() >= limit {
+            stopped.map(|pid| send(pid, libc::SIGKILL));
+            let _ = child.kill();
+            panic!("{case}: the job still runs {limit} s later");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    (status, stderr)
 }
 
 /// Where a rank is stopped.
