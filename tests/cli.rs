@@ -1,16 +1,10 @@
 //! The `shardplan` binary end to end: outputs, JSON fields, traces, errors and exit codes.
 
+mod common;
+
+use common::shardplan;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn shardplan(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_shardplan"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap()
-}
 
 fn ok_json(args: &[&str]) -> Value {
     let out = shardplan(args);

@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::shardplan;
 use serde_json::Value;
 use shardplan_runtime::mlp::{max_relative_error, reference_training};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
@@ -12,15 +13,6 @@ use shardplan_scheduler::ilp::{SolveOptions, solve};
 
 use shardplan_scheduler::schedule::Schedule;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn shardplan(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_shardplan"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap()
-}
 
 /// Runs `args`, expecting success.
 fn ok(args: &[&str]) {

@@ -3,21 +3,12 @@
 
 mod common;
 
-use common::zoo_profile;
+use common::{shardplan, zoo_profile};
 use shardplan_scheduler::baselines::BaselineKind;
 use shardplan_scheduler::ilp::SolveOptions;
 use shardplan_scheduler::sweep::{
     Method, SweepRow, best_baseline_row, cap_range, even_caps, ilp_rows,
 };
-use std::process::Command;
-
-fn shardplan(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_shardplan"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap()
-}
 
 /// ILP times never rise with the cap and never exceed a feasible baseline's.
 fn check_frontier(name: &str, rows: &[SweepRow]) {

@@ -110,6 +110,28 @@ def tiny_profile(directory, tokens, out, name="tiny gpt x2", world=2, gpus_per_n
     return model
 
 
+def train_tiny_gpt(model, batches):
+    """One Adam step (lr 1e-2) of `model` per batch of `batches`; each step's loss, averaged over
+    the ranks where a process group is up (a sharded model trains each rank's share of a batch),
+    else the loss itself (the unsharded reference, on the union of the shares)."""
+    import torch.distributed as dist
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for tokens in batches:
+        loss = loss_fn(model, tokens)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if dist.is_initialized():
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)
+            losses.append(mean.item() / dist.get_world_size())
+        else:
+            losses.append(loss.item())
+    return losses
+
+
 def sharded_tiny_gpt(rank, world, plan, port):
     """In a spawned process: joins a gloo group of `world` on 127.0.0.1:`port` as `rank` and
     returns a fresh TinyGPT (seed 0) sharded by the exported `plan`."""

@@ -16,8 +16,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
-from shardplan_torch.testing import (SEQ, VOCAB, TinyGPT, free_port, loss_fn, shardplan, sharded_tiny_gpt,
-                                     tiny_profile)
+from shardplan_torch.testing import (SEQ, VOCAB, TinyGPT, free_port, shardplan, sharded_tiny_gpt, tiny_profile,
+                                     train_tiny_gpt)
 
 WORLD, NODE, STEPS, PER_RANK = 4, 2, 3, 2
 
@@ -31,17 +31,8 @@ def step_batch(step, rank):
 
 def worker(rank, world, plan_path, result_path, port):
     model = sharded_tiny_gpt(rank, world, plan_path, port)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     meshes = sorted({p.device_mesh.ndim for p in model.parameters() if isinstance(p, DTensor)})
-    losses = []
-    for step in range(STEPS):
-        loss = loss_fn(model, step_batch(step, rank))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        mean = loss.detach().clone()
-        dist.all_reduce(mean)
-        losses.append(mean.item() / world)
+    losses = train_tiny_gpt(model, (step_batch(step, rank) for step in range(STEPS)))
     if rank == 0:
         with open(result_path, "w") as f:
             json.dump({"losses": losses, "mesh_dims": meshes}, f)
@@ -51,17 +42,8 @@ def worker(rank, world, plan_path, result_path, port):
 def reference():
     """One process, the union of the four ranks' sequences."""
     torch.manual_seed(0)
-    model = TinyGPT()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    losses = []
-    for step in range(STEPS):
-        tokens = torch.cat([step_batch(step, r) for r in range(WORLD)])
-        loss = loss_fn(model, tokens)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return losses
+    batches = (torch.cat([step_batch(step, r) for r in range(WORLD)]) for step in range(STEPS))
+    return train_tiny_gpt(TinyGPT(), batches)
 
 
 class Hierarchical(unittest.TestCase):

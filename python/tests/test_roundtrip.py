@@ -12,22 +12,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from shardplan_torch.testing import TinyGPT, batch, free_port, loss_fn, shardplan, sharded_tiny_gpt, tiny_profile
+from shardplan_torch.testing import TinyGPT, batch, free_port, shardplan, sharded_tiny_gpt, tiny_profile, train_tiny_gpt
 
 
 
 def worker(rank, world, plan_path, result_path, port):
     model = sharded_tiny_gpt(rank, world, plan_path, port)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(2):
-        loss = loss_fn(model, batch(rank, world))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        mean = loss.detach().clone()
-        dist.all_reduce(mean)
-        losses.append(mean.item() / world)
+    losses = train_tiny_gpt(model, [batch(rank, world)] * 2)
     if rank == 0:
         with open(result_path, "w") as f:
             json.dump(losses, f)
@@ -59,15 +50,7 @@ class RoundTrip(unittest.TestCase):
             sharded = json.loads(result.read_text())
             # Unsharded reference: one process on the union of both ranks' batches.
             torch.manual_seed(0)
-            reference = TinyGPT()
-            optimizer = torch.optim.Adam(reference.parameters(), lr=1e-2)
-            expected = []
-            for _ in range(2):
-                loss = loss_fn(reference, torch.cat([batch(0, 2), batch(1, 2)]))
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad()
-                expected.append(loss.item())
+            expected = train_tiny_gpt(TinyGPT(), [torch.cat([batch(0, 2), batch(1, 2)])] * 2)
             for got, want in zip(sharded, expected):
                 self.assertAlmostEqual(got, want, places=4)
 

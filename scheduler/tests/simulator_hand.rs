@@ -3,28 +3,9 @@
 
 mod common;
 
-use common::{affine, close, profile, schedule};
+use common::{affine, check, check_memory, close, profile, schedule};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::sim::{Semantics, simulate};
-
-fn check(sim: &shardplan_scheduler::sim::Simulation, time: f64, durations: &[f64]) {
-    close(sim.iteration_time_us, time, "iteration time");
-    for (s, d) in sim.slots.iter().zip(durations) {
-        close(s.duration_us, *d, &format!("duration of {}", s.slot));
-    }
-    close(
-        sim.slots.iter().map(|s| s.duration_us).sum(),
-        time,
-        "sum of slot durations",
-    );
-}
-
-fn check_memory(sim: &shardplan_scheduler::sim::Simulation, memory: &[f64], peak_slot: &str) {
-    for (s, m) in sim.slots.iter().zip(memory) {
-        close(s.memory_bytes, *m, &format!("memory of {}", s.slot));
-    }
-    assert_eq!(sim.peak_slot.to_string(), peak_slot);
-}
 
 /// Two replicated units (DDP; κ_c = `kappa`). N = 2, p = g = 2, o = 4; one block each.
 /// u1: Ψ 100, f 10, b 20, act 1000, ws_f 50, ws_b 70. u2: Ψ 200, f 30, b 60, act 2000.

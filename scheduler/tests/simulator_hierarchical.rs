@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{affine, close, profile, schedule};
+use common::{affine, check, check_memory, close, profile, schedule};
 use shardplan_scheduler::profile::{CommCurves, GroupCurves, Link, Profile, Topology};
 use shardplan_scheduler::sim::{Semantics, simulate};
 use shardplan_scheduler::timeline::Op;
@@ -107,11 +107,7 @@ fn an_hpz_gather_inside_the_node_runs_beside_a_gather_across_nodes() {
     let p = hpz_profile();
     let s = schedule(&p, HPZ_PLAN).unwrap();
     let strict = simulate(&p, &s, Semantics::Strict);
-    close(strict.iteration_time_us, 345.0, "strict time");
-    let durations = [10.0, 20.0, 50.0, 10.0, 45.0, 75.0, 135.0];
-    for (slot, d) in strict.slots.iter().zip(durations) {
-        close(slot.duration_us, d, &format!("duration of {}", slot.slot));
-    }
+    check(&strict, 345.0, &[10.0, 20.0, 50.0, 10.0, 45.0, 75.0, 135.0]);
     let gathers: Vec<(usize, f64, f64)> = strict
         .blocks
         .iter()
@@ -124,11 +120,8 @@ fn an_hpz_gather_inside_the_node_runs_beside_a_gather_across_nodes() {
     close(relaxed.iteration_time_us, 335.0, "relaxed time");
     let memory = [4400.0, 5600.0, 6900.0, 7100.0, 7000.0, 5600.0, 3800.0];
     for sim in [&strict, &relaxed] {
-        for (slot, m) in sim.slots.iter().zip(memory) {
-            close(slot.memory_bytes, m, &format!("memory of {}", slot.slot));
-        }
+        check_memory(sim, &memory, "B3");
         close(sim.slots[0].memory.communicators, 200.0, "communicators");
-        assert_eq!(sim.peak_slot.to_string(), "B3");
     }
 }
 
@@ -216,15 +209,9 @@ fn an_hsdp_unit_reduces_inside_the_node_and_all_reduces_its_shard_across_nodes()
     let p = hpz_profile();
     let s = schedule(&p, HSDP_PLAN).unwrap();
     let strict = simulate(&p, &s, Semantics::Strict);
-    let durations = [10.0, 20.0, 90.0, 10.0, 45.0, 20.0, 158.0];
-    for (slot, d) in strict.slots.iter().zip(durations) {
-        close(slot.duration_us, d, &format!("duration of {}", slot.slot));
-    }
-    close(strict.iteration_time_us, 353.0, "strict time");
+    check(&strict, 353.0, &[10.0, 20.0, 90.0, 10.0, 45.0, 20.0, 158.0]);
     let memory = [4500.0, 5700.0, 7000.0, 7200.0, 7100.0, 5300.0, 3900.0];
-    for (slot, m) in strict.slots.iter().zip(memory) {
-        close(slot.memory_bytes, m, &format!("memory of {}", slot.slot));
-    }
+    check_memory(&strict, &memory, "B3");
     close(strict.slots[0].memory.communicators, 300.0, "communicators");
     let ra: Vec<_> = strict
         .blocks

@@ -14,6 +14,15 @@ use shardplan_scheduler::schedule::Schedule;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// Runs the binary with `args` in the repository root (so that `models/…` resolves).
+pub fn shardplan(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_shardplan"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap()
+}
+
 /// Runs the binary on `world` ranks: directly for one, under `mpirun --oversubscribe` otherwise.
 pub fn run(world: usize, args: &[&str]) -> std::process::Output {
     use std::process::Command;

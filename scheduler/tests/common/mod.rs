@@ -135,6 +135,28 @@ pub fn close(actual: f64, expected: f64, what: &str) {
     );
 }
 
+/// Asserts a simulation's iteration time and its slots' durations (in slot order), and that the
+/// durations sum to the time.
+pub fn check(sim: &shardplan_scheduler::sim::Simulation, time: f64, durations: &[f64]) {
+    close(sim.iteration_time_us, time, "iteration time");
+    for (s, d) in sim.slots.iter().zip(durations) {
+        close(s.duration_us, *d, &format!("duration of {}", s.slot));
+    }
+    close(
+        sim.slots.iter().map(|s| s.duration_us).sum(),
+        time,
+        "sum of slot durations",
+    );
+}
+
+/// Asserts a simulation's per-slot memory (in slot order) and the slot of its peak.
+pub fn check_memory(sim: &shardplan_scheduler::sim::Simulation, memory: &[f64], peak_slot: &str) {
+    for (s, m) in sim.slots.iter().zip(memory) {
+        close(s.memory_bytes, *m, &format!("memory of {}", s.slot));
+    }
+    assert_eq!(sim.peak_slot.to_string(), peak_slot);
+}
+
 /// SplitMix64: a tiny deterministic generator for building random instances from a seed.
 pub struct Rng(pub u64);
 
