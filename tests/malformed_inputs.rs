@@ -434,6 +434,24 @@ fn cases(inputs: &Inputs) -> Vec<Case> {
             Some("--tf32"),
         ),
         case(
+            "launch times on the cpu",
+            format!(
+                "profile measure --backend cpu --launch-times --model models/gpt2-tiny.toml --world-size 1 --out {out}"
+            ),
+            2,
+            "--backend cuda (the CPU backend's kernels are calls on the host",
+            Some("--launch-times"),
+        ),
+        case(
+            "launch times of a replayed transformer",
+            format!(
+                "profile measure --backend cpu --launch-times --model models/llama2-7b.toml --world-size 8 --out {out}"
+            ),
+            2,
+            "a [training] table for --launch-times",
+            Some("training"),
+        ),
+        case(
             "no micro-batches in a profile",
             baseline(&inputs.profile_with("world_size = ", "micro_batches = 0\nworld_size = ", 1)),
             2,

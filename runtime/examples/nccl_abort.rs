@@ -6,8 +6,9 @@
 //! returns or is still waiting for the device when the watchdog's bound ends the process (on an
 //! H100 with NCCL 2.28.3 it waits: docs/gpu-results.md, 2026-11-26). Every stage prints its time since the start. Should a stage wait
 //! for the device instead, a releaser sets the flag after `RELEASE_AFTER`, so the check ends and
-//! names the stage. The process exits with every GPU object still alive (as `launch::end_job`
-//! does): dropping them would wait for the held stream.
+//! names the stage. The process ends through `launch::end_job`, as the watchdog ends a job: with
+//! every GPU object alive and without the exit handlers, both of which would wait for the held
+//! stream (a plain exit waited for the release, then crashed: docs/gpu-results.md).
 //!
 //! `cargo run --release -p shardplan-runtime --example nccl_abort` (scripts/gpu-check runs it).
 
@@ -70,8 +71,9 @@ fn main() {
                     ABORT_LIMIT.as_secs()
                 ),
             }
-            // The spinning kernel has not ended: exit without dropping `held`.
-            std::process::exit(0)
+            // The spinning kernel has not ended: the job ends as the watchdog ends it, without
+            // dropping `held` or running the exit handlers that wait for the device.
+            shardplan_runtime::launch::end_job(0)
         }
         Err(e) => fail(&e),
     }
@@ -79,7 +81,7 @@ fn main() {
 
 fn fail(e: &Error) -> ! {
     eprintln!("nccl abort: {e}");
-    std::process::exit(1)
+    shardplan_runtime::launch::end_job(1)
 }
 
 fn driver(what: &'static str) -> impl Fn(cudarc::driver::DriverError) -> Error {
@@ -193,17 +195,15 @@ fn check(held: &Held, released: &AtomicBool, stage: &dyn Fn(&str)) -> Result<Out
         Outcome::Returned(_) => "ncclCommAbort returned",
         Outcome::Bounded => "ncclCommAbort still waiting: the job ends regardless",
     });
+    // No device call from here on, not even the event's destruction: while the abort waits, the
+    // driver holds every other call on this context (docs/gpu-results.md).
+    std::mem::forget(done);
+    std::mem::forget(nccl);
     if released.load(Ordering::SeqCst) {
         return Err(Error::Backend(
             "the spinning kernel was released before the abort's bound".into(),
         ));
     }
-    if done.is_complete() {
-        return Err(Error::Backend(
-            "the AllReduce completed though its stream is blocked".into(),
-        ));
-    }
-    std::mem::forget(nccl);
     Ok(outcome)
 }
 

@@ -172,6 +172,11 @@ pub struct Strided {
 }
 
 impl Strided {
+    /// The product's shape.
+    pub fn gemm(&self) -> &Gemm {
+        &self.gemm
+    }
+
     /// Elements of A, B and C from each operand's first element to its last, over the batch
     /// (0 for an empty operand).
     pub fn extents(&self) -> [usize; 3] {

@@ -57,10 +57,18 @@ pub fn cuda_backend(math: ProductMath) -> Result<(Option<MpiUniverse>, CudaBacke
 }
 
 /// Ends this process and, in a job of several MPI ranks, every rank (MPI_Abort with `code`:
-/// mpirun ends the others); a process alone exits with `code`.
+/// mpirun ends the others); a process alone exits with `code`. It exits without the process's
+/// exit handlers (`_exit`, after flushing stdout and stderr): the CUDA driver's and NCCL's handlers
+/// wait for the device, which a stalled collective never frees. On an H100 a plain exit behind a
+/// held stream waited for the stream, then crashed (signal 11) in those handlers
+/// (docs/gpu-results.md, 2026-11-26, second session).
 pub fn end_job(code: i32) -> ! {
+    use std::io::Write;
     abort_peers(code);
-    std::process::exit(code)
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: `_exit` ends the process at once; no Rust state is observed after it.
+    unsafe { libc::_exit(code) }
 }
 
 /// This process's rank of the job and the job's number of ranks.

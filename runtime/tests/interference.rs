@@ -191,6 +191,7 @@ fn fitted(backend: KnownInterference) -> (f64, f64) {
         repeats: 2,
         block_size: Some(256 << 10),
         gpus_per_node: None,
+        launch_times: false,
     };
     let measured = measure_workload(backend, &Mlp::new(spec, 0, 1), &options).unwrap();
     let p = measured.profile;

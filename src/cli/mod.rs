@@ -377,6 +377,10 @@ pub struct MeasureArgs {
     /// catalog's for --device on one rank); e.g. 4 CPU ranks as 2 nodes of 2 (DESIGN §3.11).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub gpus_per_node: Option<u32>,
+    /// Also time every kernel and product of one step, one by one (CUDA backend): where the
+    /// step's time goes, per unit kind, pass and launch (the JSON's `details.launches`).
+    #[arg(long)]
+    pub launch_times: bool,
     #[arg(long)]
     pub out: PathBuf,
     #[arg(long)]

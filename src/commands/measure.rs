@@ -6,7 +6,7 @@ use crate::cli::MeasureArgs;
 use crate::output::{outln, print_json};
 use serde_json::json;
 use shardplan_runtime::dispatch::start;
-use shardplan_runtime::measure::{MeasureOptions, Measured, measure_model};
+use shardplan_runtime::measure::{LaunchRow, MeasureOptions, Measured, measure_model};
 use shardplan_runtime::model_file::ModelFile;
 use shardplan_scheduler::cost::Interference;
 use shardplan_scheduler::io::check_outputs_distinct;
@@ -26,6 +26,7 @@ pub fn measure(args: MeasureArgs) -> anyhow::Result<()> {
         repeats: args.repeats as usize,
         block_size: args.block_size,
         gpus_per_node: args.gpus_per_node,
+        launch_times: args.launch_times,
     };
     let (universe, backend) = start(args.backend.kind()?)?;
     let result = measure_model(backend, model, &origin, &options);
@@ -34,14 +35,20 @@ pub fn measure(args: MeasureArgs) -> anyhow::Result<()> {
         profile,
         rank,
         details,
+        launches,
     } = measured;
     if rank == 0 {
-        save(&profile, &args, details)?;
+        save(&profile, &args, details, &launches)?;
     }
     Ok(())
 }
 
-fn save(profile: &Profile, args: &MeasureArgs, details: serde_json::Value) -> anyhow::Result<()> {
+fn save(
+    profile: &Profile,
+    args: &MeasureArgs,
+    details: serde_json::Value,
+    launches: &[LaunchRow],
+) -> anyhow::Result<()> {
     profile.save(&args.out)?;
     if args.json {
         print_json(&json!({"out": args.out, "units": profile.unit_count(),
@@ -62,6 +69,48 @@ fn save(profile: &Profile, args: &MeasureArgs, details: serde_json::Value) -> an
         if let Some(host) = profile.source.get("host") {
             outln!("  host: {host}");
         }
+        if !launches.is_empty() {
+            print_launches(launches);
+        }
     }
     Ok(())
+}
+
+/// Where a step's device time goes: the longest launch rows, and the step's total.
+fn print_launches(rows: &[LaunchRow]) {
+    const SHOWN: usize = 20;
+    let total: f64 = rows.iter().map(|r| r.us).sum();
+    outln!(
+        "  launches of one step, one by one: {:.3} ms in all",
+        total / 1e3
+    );
+    outln!(
+        "  {:<10} {:<9} {:<32} {:>6} {:>10} {:>6} {:>8}",
+        "unit",
+        "pass",
+        "launch",
+        "count",
+        "ms",
+        "share",
+        "TFLOP/s"
+    );
+    for row in rows.iter().take(SHOWN) {
+        let rate = match row.flops > 0.0 && row.us > 0.0 {
+            true => format!("{:.1}", row.flops / row.us / 1e6),
+            false => String::new(),
+        };
+        outln!(
+            "  {:<10} {:<9} {:<32} {:>6} {:>10.3} {:>5.1}% {:>8}",
+            row.unit,
+            row.pass,
+            row.name,
+            row.launches,
+            row.us / 1e3,
+            100.0 * row.us / total,
+            rate
+        );
+    }
+    if rows.len() > SHOWN {
+        outln!("  … {} more rows under --json", rows.len() - SHOWN);
+    }
 }

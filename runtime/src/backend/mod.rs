@@ -123,6 +123,16 @@ impl DeviceMemory {
     }
 }
 
+/// One kernel or product a backend launched while its launch clock ran, and its device time.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LaunchTime {
+    /// The kernel's name, or `product m×n×k` (`× batch` for a batch of products).
+    pub name: String,
+    /// Floating-point operations: 2·m·n·k per product of a batch; 0 for a kernel.
+    pub flops: f64,
+    pub us: f64,
+}
+
 /// What the executor needs from a device.
 pub trait Backend: Sync {
     /// A point in a stream's work: what a wait refers to and what timings are taken between.
@@ -205,6 +215,22 @@ pub trait Backend: Sync {
     /// MPI reports its failures through its calls.
     fn communication_failure(&self) -> Option<String> {
         None
+    }
+    /// Starts timing each kernel and product this backend launches, one by one, until
+    /// [`Backend::launch_times`] (`profile measure --launch-times`). A backend whose kernels are
+    /// not launches of their own (the CPU's run on the calling thread) refuses.
+    fn start_launch_clock(&self) -> Result<()> {
+        Err(Error::Setting {
+            setting: "--launch-times",
+            expected: "--backend cuda (the CPU backend's kernels are calls on the host, not \
+                       launches)"
+                .into(),
+        })
+    }
+    /// Every launch since [`Backend::start_launch_clock`] in launch order with its time, once
+    /// both streams have completed; stops the clock.
+    fn launch_times(&self) -> Result<Vec<LaunchTime>> {
+        Ok(Vec::new())
     }
     /// Called first on the host thread that drives `stream`, before its first operation. The CPU
     /// backend lowers its compute threads' priority there (DESIGN §6.1); a backend whose threads

@@ -7,11 +7,12 @@
 //! addressed as `arena base + offset` (cudarc's per-buffer tracking is turned off: the plan's
 //! lifetimes and the executor's marks already order every access).
 
+use super::clock::LaunchClock;
 use super::driver_error;
 use super::memory;
 use super::nccl::{DeviceFloats, Nccl, NcclSetup};
 use super::work::WorkloadDevices;
-use crate::backend::{Allocation, Backend, DeviceMemory, Group, Region, Stream};
+use crate::backend::{Allocation, Backend, DeviceMemory, Group, LaunchTime, Region, Stream};
 use crate::{Error, Result};
 use cudarc::cublas::{result as cublas, sys as cublas_sys};
 use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
@@ -57,6 +58,8 @@ pub struct CudaBackend {
     staging: Mutex<(usize, Vec<StagingSlot>)>,
     memory: DeviceMemory,
     math: ProductMath,
+    /// Times each launch while `profile measure --launch-times` asks for it.
+    pub(super) clock: LaunchClock,
 }
 
 // SAFETY: the cuBLAS handle is used only on the compute stream's host thread during the steps
@@ -123,6 +126,7 @@ impl CudaBackend {
             staging: Mutex::new((0, Vec::new())),
             memory,
             math,
+            clock: LaunchClock::default(),
         })
     }
 
@@ -438,5 +442,13 @@ impl Backend for CudaBackend {
     fn reached(&self, mark: &Arc<CudaEvent>) -> Result<bool> {
         mark.try_is_complete()
             .map_err(driver_error("querying an event"))
+    }
+    fn start_launch_clock(&self) -> Result<()> {
+        self.clock.start();
+        Ok(())
+    }
+    fn launch_times(&self) -> Result<Vec<LaunchTime>> {
+        self.synchronize()?;
+        self.clock.stop()
     }
 }

@@ -83,21 +83,29 @@ impl CudaBackend {
         stream: Stream,
     ) -> Result<()> {
         let function = module.checked(kernel, args)?;
-        let mut builder = self.stream(stream).launch_builder(function);
-        for arg in args {
-            match arg {
-                KernelArg::Pointer(p) => builder.arg(&p.address),
-                KernelArg::Int(v) => builder.arg(v),
-                KernelArg::Int32(v) => builder.arg(v),
-                KernelArg::Float(v) => builder.arg(v),
-            };
-        }
-        // SAFETY: the arguments were checked against the kernel's parameters (read from its
-        // source), and every pointer is one the backend made: into the arena (checked by `ptr`),
-        // a loss slot, or a buffer it allocated; each outlives the launch's completion.
-        unsafe { builder.launch(per_element(threads)) }
-            .map(drop)
-            .map_err(driver_error("launching a kernel"))
+        let stream = self.stream(stream);
+        self.clock.around(
+            stream,
+            || kernel.to_string(),
+            0.0,
+            || {
+                let mut builder = stream.launch_builder(function);
+                for arg in args {
+                    match arg {
+                        KernelArg::Pointer(p) => builder.arg(&p.address),
+                        KernelArg::Int(v) => builder.arg(v),
+                        KernelArg::Int32(v) => builder.arg(v),
+                        KernelArg::Float(v) => builder.arg(v),
+                    };
+                }
+                // SAFETY: the arguments were checked against the kernel's parameters (read from its
+                // source), and every pointer is one the backend made: into the arena (checked by
+                // `ptr`), a loss slot, or a buffer it allocated; each outlives the launch's completion.
+                unsafe { builder.launch(per_element(threads)) }
+                    .map(drop)
+                    .map_err(driver_error("launching a kernel"))
+            },
+        )
     }
 
     /// Row-major C = op(A)·op(B) + beta·C for every product of the batch, A, B and C at arena
@@ -117,31 +125,41 @@ impl CudaBackend {
         self.ctx
             .bind_to_thread()
             .map_err(driver_error("binding the context"))?;
-        // SAFETY: the operands lie in the arena with the extents the product names (checked
-        // above); alpha and beta live across the call; cuBLAS runs on the compute stream.
-        unsafe {
-            cublas::sgemm_strided_batched(
-                self.blas,
-                call.transa,
-                call.transb,
-                call.m,
-                call.n,
-                call.k,
-                &alpha,
-                b as *const f32,
-                call.lda,
-                call.stride_a,
-                a as *const f32,
-                call.ldb,
-                call.stride_b,
-                &beta,
-                c as *mut f32,
-                call.ldc,
-                call.stride_c,
-                call.batch,
-            )
-        }
-        .map_err(|e| Error::Backend(format!("cuBLAS sgemm {product:?}: {e:?}")))
+        let gemm = product.gemm();
+        let name = || {
+            let batch = match gemm.batch {
+                1 => String::new(),
+                b => format!(" × {b}"),
+            };
+            format!("product {}×{}×{}{batch}", gemm.m, gemm.n, gemm.k)
+        };
+        self.clock.around(&self.compute, name, gemm.flops(), || {
+            // SAFETY: the operands lie in the arena with the extents the product names (checked
+            // above); alpha and beta live across the call; cuBLAS runs on the compute stream.
+            unsafe {
+                cublas::sgemm_strided_batched(
+                    self.blas,
+                    call.transa,
+                    call.transb,
+                    call.m,
+                    call.n,
+                    call.k,
+                    &alpha,
+                    b as *const f32,
+                    call.lda,
+                    call.stride_a,
+                    a as *const f32,
+                    call.ldb,
+                    call.stride_b,
+                    &beta,
+                    c as *mut f32,
+                    call.ldc,
+                    call.stride_c,
+                    call.batch,
+                )
+            }
+            .map_err(|e| Error::Backend(format!("cuBLAS sgemm {product:?}: {e:?}")))
+        })
     }
 }
 

@@ -1,5 +1,5 @@
 //! The measuring profiler, for any backend and workload (`timing`), a workload's profile, and
-//! `profile measure` end to end (`profile_run`).
+//! `profile measure` end to end (`profile_run`); on a GPU, where a step's time goes (`launches`).
 //!
 //! A unit's bytes in the profile are exactly the runtime's buffers (fp32; [`crate::workload`]):
 //! activations = 4·(saved + internals), with recompute 4·saved; forward workspace as the workload
@@ -9,10 +9,12 @@
 //! checkpointed, for f^c_i), in slot order, each round followed by every unit's optimizer step on
 //! the communication stream, where a run takes it.
 
+mod launches;
 mod profile_run;
 mod slots;
 mod timing;
 
+pub use launches::{LaunchRow, time_launches};
 pub use profile_run::{MeasureOptions, Measured, measure_model, measure_workload};
 pub use timing::{
     Slowdowns, TimedLayouts, block_collectives, compute_slot, measurement_allocation,

@@ -4,8 +4,9 @@
 
 use super::slots::{Slots, time_slot_interference};
 use super::{
-    DataSteps, TimedLayouts, block_collectives, compute_placements, compute_slot,
-    measurement_allocation, time_collectives, time_interference, time_units, workload_profile,
+    DataSteps, LaunchRow, TimedLayouts, block_collectives, compute_placements, compute_slot,
+    measurement_allocation, time_collectives, time_interference, time_launches, time_units,
+    workload_profile,
 };
 use crate::backend::{Backend, Group};
 use crate::cuda::CudaBackend;
@@ -47,6 +48,8 @@ pub struct MeasureOptions {
     /// G, ranks per node: the profile gets a topology, every group the plan space offers with
     /// its curves (measured among the ranks, or the catalog's with one rank).
     pub gpus_per_node: Option<u32>,
+    /// Times every kernel and product of one more step, one by one ([`super::time_launches`]).
+    pub launch_times: bool,
 }
 
 /// A measured profile and what the measurement saw (unit times, κ), for the report.
@@ -55,6 +58,8 @@ pub struct Measured {
     /// This process's rank: only rank 0 writes the profile.
     pub rank: usize,
     pub details: serde_json::Value,
+    /// Where one step's device time went, with `launch_times` (else empty).
+    pub launches: Vec<LaunchRow>,
 }
 
 /// `profile measure` on this rank's backend: a trainable model (the MLP, a GPT-2 with
@@ -68,6 +73,15 @@ pub fn measure_model(
     options: &MeasureOptions,
 ) -> Result<Measured> {
     match file {
+        ModelFile::Transformer(model) if model.training.is_none() && options.launch_times => {
+            Err(shardplan_scheduler::Error::invalid(
+                origin,
+                "training",
+                "a [training] table for --launch-times: a replayed zoo transformer's products are \
+             timed per unit, not per launch",
+            )
+            .into())
+        }
         ModelFile::Transformer(model) if model.training.is_none() => match backend.into_cuda() {
             Some(cuda) => measure_transformer(cuda, &model, origin, options),
             None => Err(shardplan_scheduler::Error::invalid(
@@ -201,6 +215,11 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
     options: &MeasureOptions,
 ) -> Result<Measured> {
     let world = backend.world_size();
+    if options.launch_times {
+        // Refused at once by a backend without a launch clock, not after the units are timed.
+        backend.start_launch_clock()?;
+        backend.launch_times()?;
+    }
     workload.load_kernels(&backend)?;
     let message_bytes = options.max_message.max(options.block_size.unwrap_or(0));
     let [plain, checkpointed] = compute_placements(workload, options.world_size)?;
@@ -224,6 +243,10 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
         checkpointed: &recomputing,
     };
     let times = time_units(&backend, workload, layouts, options.repeats, &steps)?;
+    let launches = match options.launch_times {
+        true => time_launches(&backend, workload, layout, &steps)?,
+        false => Vec::new(),
+    };
     let (comm, topology, comm_source) = curves(&mut backend, start, options)?;
     let mut source = BTreeMap::from([
         ("generator".to_string(), "measured".to_string()),
@@ -271,14 +294,18 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
     profile.overlap_slowdown_all_gather = Some(interference.all_gather);
     profile.comm_slowdown = interference.comm;
     profile.update_slowdown = Some(interference.update);
-    let details = json!({
+    let mut details = json!({
         "unit_times_us": times,
         "interference": interference,
     });
+    if options.launch_times {
+        details["launches"] = json!(launches);
+    }
     Ok(Measured {
         profile,
         rank: backend.rank(),
         details,
+        launches,
     })
 }
 
@@ -389,5 +416,6 @@ fn measure_transformer(
         profile,
         rank: backend.rank(),
         details: json!({"unit_times_us": by_kind}),
+        launches: Vec::new(),
     })
 }
