@@ -1,7 +1,7 @@
 //! GPT-2 on the CUDA backend without a GPU: every operation's launches (`gpt2::launches`) run on
 //! the host — the very kernel source (`gpt2::cuda_source::SOURCE`) compiled as C++ with a shim
-//! that runs every thread of the backend's own launch grid one after another (the kernels use no
-//! barriers, shared memory or atomics, so this is their semantics), the products on the strided
+//! that runs the backend's own launch grid (a row kernel's block of threads at once, with its
+//! shared memory and barrier; any other kernel's threads one after another), the products on the strided
 //! host product — against the CPU backend's `Gpt2Kernels` on the same arena. The kernels round
 //! as the CPU does and both backends run the same products (attention's too,
 //! `gpt2::attention`), so every operation agrees bitwise. The whole arena is compared, so a
@@ -40,12 +40,28 @@ fn wrappers() -> String {
                 format!("*({ty}*)args[{i}]")
             })
             .collect();
+        let grid = if synchronises(name) {
+            "block_grid"
+        } else {
+            "grid"
+        };
         out.push_str(&format!(
-            "extern \"C\" void run_{name}(unsigned g, unsigned t, void** args) {{\n    grid(g, t, [&] {{ {name}({}); }});\n}}\n",
+            "extern \"C\" void run_{name}(unsigned g, unsigned t, void** args) {{\n    {grid}(g, t, [&] {{ {name}({}); }});\n}}\n",
             args.join(", ")
         ));
     }
     out
+}
+
+/// Whether kernel `name` synchronises its block (its body declares shared memory, which only
+/// the block reductions use).
+fn synchronises(name: &str) -> bool {
+    let start = SOURCE
+        .find(&format!("__global__ void {name}("))
+        .unwrap_or_else(|| panic!("{name} is not in the source"));
+    let body = &SOURCE[start..];
+    let end = body[1..].find("__global__").map_or(body.len(), |e| e + 1);
+    body[..end].contains("__shared__")
 }
 
 type Wrapper = unsafe extern "C" fn(u32, u32, *mut *mut c_void);
@@ -218,7 +234,7 @@ fn tokens(rows: usize, vocab: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-fn shapes() -> [Shape; 2] {
+fn shapes() -> [Shape; 3] {
     [
         Shape {
             layers: 1,
@@ -228,6 +244,17 @@ fn shapes() -> [Shape; 2] {
             vocab: 37,
             seq: 6,
             batch: 3,
+        },
+        // Rows longer than a block's lanes: every lane walks several elements (LayerNorm's 264
+        // columns, the logits' 300, attention rows up to 258 positions).
+        Shape {
+            layers: 1,
+            hidden: 264,
+            heads: 1,
+            ffn: 8,
+            vocab: 300,
+            seq: 258,
+            batch: 1,
         },
         // hidden = seq: a stride mixed up between the two shows.
         Shape {
@@ -309,6 +336,11 @@ fn head_equals_the_cpu_backend_bitwise() {
         );
         let mut pair = Pair::new(at, 2);
         pair.set(targets, &tokens(rows, v, 2));
+        // Logits of a few units at most, as a trained model's: wte scaled by 1/√hidden (at 264
+        // columns of [−1, 1) values some targets' probabilities underflow to 0 otherwise).
+        let spread = 1.0 / (c as f32).sqrt();
+        let wte_values: Vec<f32> = values(v * c, 7).iter().map(|w| w * spread).collect();
+        pair.set(wte, &wte_values);
         let scale = 1.0 / (2 * rows) as f32;
         let head = Head {
             params,

@@ -8,6 +8,7 @@
 //! functions), the CUDA backend through cuBLAS (`gpt2::launches`), the same [`Product`]s.
 
 use crate::gemm::{Gemm, Strided};
+use crate::gpt2::kernels::lane_sum;
 use multiversion::multiversion;
 
 /// Shapes of causal self-attention.
@@ -181,11 +182,8 @@ pub fn causal_softmax(scores: &mut [f32], scale: f32, seq: usize) {
             *v *= scale;
             max = max.max(*v);
         }
-        let mut sum = 0.0;
-        for v in &mut p[..=t] {
-            *v = (*v - max).exp();
-            sum += *v;
-        }
+        p[..=t].iter_mut().for_each(|v| *v = (*v - max).exp());
+        let sum = lane_sum(t + 1, |u| p[u]);
         p[..=t].iter_mut().for_each(|v| *v /= sum);
         p[t + 1..].iter_mut().for_each(|v| *v = 0.0);
     }
@@ -200,7 +198,7 @@ pub fn causal_softmax_backward(probs: &[f32], dprobs: &mut [f32], scale: f32, se
         .enumerate()
     {
         let t = i % seq;
-        let inner: f32 = p[..=t].iter().zip(&dp[..=t]).map(|(a, b)| a * b).sum();
+        let inner = lane_sum(t + 1, |u| p[u] * dp[u]);
         for (d, &pv) in dp[..=t].iter_mut().zip(&p[..=t]) {
             *d = pv * (*d - inner) * scale;
         }

@@ -1,16 +1,23 @@
 //! GPT-2's element-wise and row kernels for the CUDA backend, compiled by NVRTC when a backend
 //! first runs GPT-2. Each computes what its namesake in [`super::kernels`] computes, in the same
-//! order of floating-point operations (rows, columns and reductions are walked in the CPU's
-//! order, one thread per row, column or element; compiled without fused multiply-adds), so on the
-//! host the kernels equal the CPU backend bitwise. No kernel uses barriers, shared memory or
-//! atomics: a test runs this very source on the CPU, one thread after another
-//! (runtime/tests/cuda_gpt2_kernels.rs). The products are cuBLAS's ([`super::launches`]).
+//! order of floating-point operations (compiled without fused multiply-adds), so on the host the
+//! kernels equal the CPU backend bitwise. Element-wise kernels take one thread per element. The
+//! column sums (bias and LayerNorm parameter gradients) take a block per 32 columns, each
+//! column's rows split over 8 row lanes whose sums it adds in lane order. The row kernels (LayerNorm, the attention softmax and its
+//! backward, the logits' softmax) take one block of [`LANES`] threads per row: lane l walks
+//! the row's elements l, l + LANES, … (a warp reads consecutive floats), and the block adds
+//! the lanes' partial sums in lane order through shared memory (`block_sum`, `block_max`), as
+//! the CPU backend adds them ([`super::kernels::lane_sum`]). No kernel uses atomics: a test
+//! runs this very source on the CPU, each block's threads at once where the kernel synchronises
+//! them, else one thread after another (runtime/tests/cuda_gpt2_kernels.rs). The products are
+//! cuBLAS's ([`super::launches`]).
 //!
 //! Every kernel's parameters are pointers (`float*`, `const float*`, `double*`), `long long` or
 //! `float`, so a launch is a list of [`Arg`]s checked against the signatures
 //! [`KERNELS`] reads from the source ([`check_arguments`], on the host; the backend checks the
 //! device arguments again at launch).
 
+pub use super::kernels::LANES;
 use super::launches::{Arg, Kernel};
 use crate::cuda::module::{KernelSource, Param};
 use crate::{Error, Result};
@@ -20,6 +27,42 @@ pub const SOURCE: &str = r#"
 typedef long long i64;
 #define THREAD ((i64)blockIdx.x * blockDim.x + threadIdx.x)
 #define GELU_SCALE 0.7978846f
+// Threads of a row kernel's block (gpt2::kernels::LANES): one block per row, the grid's blocks.
+#define LANES 256
+// A column kernel's block: COLUMNS columns, each summed by ROW_LANES lanes (gpt2::kernels).
+#define ROW_LANES 8
+#define COLUMNS (LANES / ROW_LANES)
+
+union FloatBits { float f; int i; };
+
+// -infinity, which NVRTC does not name.
+static __device__ float minus_infinity() {
+    union FloatBits bits;
+    bits.i = (int)0xff800000;
+    return bits.f;
+}
+
+// The block's sum of each lane's `partial`: every thread adds the lanes' partials in lane order
+// (gpt2::kernels::lane_sum; shared memory broadcasts each to the whole block). Every thread of
+// the block calls it and gets the sum.
+static __device__ float block_sum(float* lanes, float partial) {
+    lanes[threadIdx.x] = partial;
+    __syncthreads();
+    float total = 0.0f;
+    for (unsigned l = 0; l < LANES; ++l) total += lanes[l];
+    __syncthreads();
+    return total;
+}
+
+// The block's largest `partial` (the maximum is exact in any order).
+static __device__ float block_max(float* lanes, float partial) {
+    lanes[threadIdx.x] = partial;
+    __syncthreads();
+    float max = lanes[0];
+    for (unsigned l = 1; l < LANES; ++l) max = fmaxf(max, lanes[l]);
+    __syncthreads();
+    return max;
+}
 
 extern "C" __global__ void fill_values(float* x, float value, i64 n) {
     i64 i = THREAD;
@@ -42,13 +85,23 @@ extern "C" __global__ void bias_rows(float* out, const float* bias, i64 rows, i6
     if (i < rows * cols) out[i] = bias[i % cols];
 }
 
-// out[j] += sum over rows in order of x[r, j]: a bias gradient.
+// out[j] += the sum over the rows of x[r, j] (a bias gradient): a block per COLUMNS columns;
+// row lane q sums rows q, q + ROW_LANES, ... in order, then out[j] adds the lanes' sums in lane
+// order (gpt2::kernels::RowLanes).
 extern "C" __global__ void column_sums_add(const float* x, float* out, i64 rows, i64 cols) {
-    i64 j = THREAD;
-    if (j >= cols) return;
-    float sum = out[j];
-    for (i64 r = 0; r < rows; ++r) sum += x[r * cols + j];
-    out[j] = sum;
+    __shared__ float lanes[LANES];
+    unsigned c = threadIdx.x % COLUMNS, q = threadIdx.x / COLUMNS;
+    i64 j = (i64)blockIdx.x * COLUMNS + c;
+    float sum = 0.0f;
+    if (j < cols)
+        for (i64 r = q; r < rows; r += ROW_LANES) sum += x[r * cols + j];
+    lanes[threadIdx.x] = sum;
+    __syncthreads();
+    if (q == 0 && j < cols) {
+        float total = out[j];
+        for (unsigned p = 0; p < ROW_LANES; ++p) total += lanes[p * COLUMNS + c];
+        out[j] = total;
+    }
 }
 
 // out[r] = wte[token[r]] + wpe[r mod seq].
@@ -88,74 +141,94 @@ extern "C" __global__ void embedding_backward_positions(const float* dout, float
     dwpe[i] = sum;
 }
 
-// One row per thread: mean, 1/sigma (saved), out = (x - mean) / sigma * weight + bias.
+// One block per row, lane l over the columns l, l + LANES, ...: mean, 1/sigma (saved),
+// out = (x - mean) / sigma * weight + bias.
 extern "C" __global__ void layernorm_forward(const float* x, const float* weight,
                                              const float* bias, float* out, float* mean,
                                              float* rstd, i64 rows, i64 width) {
-    i64 r = THREAD;
+    __shared__ float lanes[LANES];
+    i64 r = blockIdx.x;
     if (r >= rows) return;
+    unsigned l = threadIdx.x;
     const float* row = x + r * width;
     float sum = 0.0f;
-    for (i64 k = 0; k < width; ++k) sum += row[k];
-    float m = sum / (float)width;
+    for (i64 k = l; k < width; k += LANES) sum += row[k];
+    float m = block_sum(lanes, sum) / (float)width;
     float squares = 0.0f;
-    for (i64 k = 0; k < width; ++k) squares += (row[k] - m) * (row[k] - m);
-    float var = squares / (float)width;
+    for (i64 k = l; k < width; k += LANES) squares += (row[k] - m) * (row[k] - m);
+    float var = block_sum(lanes, squares) / (float)width;
     float s = 1.0f / sqrtf(var + 1e-5f);
     float* o = out + r * width;
-    for (i64 k = 0; k < width; ++k) o[k] = (row[k] - m) * s * weight[k] + bias[k];
-    mean[r] = m;
-    rstd[r] = s;
+    for (i64 k = l; k < width; k += LANES) o[k] = (row[k] - m) * s * weight[k] + bias[k];
+    if (l == 0) {
+        mean[r] = m;
+        rstd[r] = s;
+    }
 }
 
-// One row per thread: dx += the input gradient (the residual stream's is already there).
+// One block per row: dx += the input gradient (the residual stream's is already there).
 extern "C" __global__ void layernorm_backward_input(const float* dout, const float* x,
                                                     const float* weight, const float* mean,
                                                     const float* rstd, float* dx, i64 rows,
                                                     i64 width) {
-    i64 r = THREAD;
+    __shared__ float lanes[LANES];
+    i64 r = blockIdx.x;
     if (r >= rows) return;
+    unsigned l = threadIdx.x;
     float m = mean[r], s = rstd[r];
     const float* row = x + r * width;
     const float* g = dout + r * width;
-    float mean_dn = 0.0f, mean_dn_xhat = 0.0f;
-    for (i64 k = 0; k < width; ++k) {
+    float dn_sum = 0.0f, dn_xhat_sum = 0.0f;
+    for (i64 k = l; k < width; k += LANES) {
         float xhat = (row[k] - m) * s;
         float dn = g[k] * weight[k];
-        mean_dn += dn;
-        mean_dn_xhat += dn * xhat;
+        dn_sum += dn;
+        dn_xhat_sum += dn * xhat;
     }
-    mean_dn = mean_dn / (float)width;
-    mean_dn_xhat = mean_dn_xhat / (float)width;
+    float mean_dn = block_sum(lanes, dn_sum) / (float)width;
+    float mean_dn_xhat = block_sum(lanes, dn_xhat_sum) / (float)width;
     float* d = dx + r * width;
-    for (i64 k = 0; k < width; ++k) {
+    for (i64 k = l; k < width; k += LANES) {
         float xhat = (row[k] - m) * s;
         d[k] = d[k] + s * (g[k] * weight[k] - mean_dn - xhat * mean_dn_xhat);
     }
 }
 
-// One column per thread, over the rows in order: dweight += dout * xhat, dbias += dout.
+// dweight += sum over rows of dout * xhat, dbias += sum of dout, per column as column_sums_add
+// sums (a block per COLUMNS columns, ROW_LANES row lanes, the lanes' sums in lane order).
 extern "C" __global__ void layernorm_backward_params(const float* dout, const float* x,
                                                      const float* mean, const float* rstd,
                                                      float* dweight, float* dbias, i64 rows,
                                                      i64 width) {
-    i64 k = THREAD;
-    if (k >= width) return;
-    float dw = dweight[k], db = dbias[k];
-    for (i64 r = 0; r < rows; ++r) {
-        float g = dout[r * width + k];
-        float xhat = (x[r * width + k] - mean[r]) * rstd[r];
-        db = db + g;
-        dw = dw + g * xhat;
+    __shared__ float weight_lanes[LANES];
+    __shared__ float bias_lanes[LANES];
+    unsigned c = threadIdx.x % COLUMNS, q = threadIdx.x / COLUMNS;
+    i64 k = (i64)blockIdx.x * COLUMNS + c;
+    float dw = 0.0f, db = 0.0f;
+    if (k < width)
+        for (i64 r = q; r < rows; r += ROW_LANES) {
+            float g = dout[r * width + k];
+            float xhat = (x[r * width + k] - mean[r]) * rstd[r];
+            db = db + g;
+            dw = dw + g * xhat;
+        }
+    weight_lanes[threadIdx.x] = dw;
+    bias_lanes[threadIdx.x] = db;
+    __syncthreads();
+    if (q == 0 && k < width) {
+        float w = dweight[k], b = dbias[k];
+        for (unsigned p = 0; p < ROW_LANES; ++p) {
+            w = w + weight_lanes[p * COLUMNS + c];
+            b = b + bias_lanes[p * COLUMNS + c];
+        }
+        dweight[k] = w;
+        dbias[k] = b;
     }
-    dweight[k] = dw;
-    dbias[k] = db;
 }
 
 // e^x without the math library, as gpt2::kernels::exp_poly computes it (same operations, same
 // constants): clamp, k = floor(x log2 e + 1/2) from a truncation, r = x - k ln 2 in two parts,
 // Cephes' polynomial, times 2^k from the exponent bits.
-union FloatBits { float f; int i; };
 static __device__ float exp_poly(float x) {
     x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);  // NaN stays NaN, as Rust's clamp
     float m = x * 1.442695f + 0.5f;  // log2 e rounded to f32, as f32::consts::LOG2_E
@@ -202,55 +275,65 @@ extern "C" __global__ void gelu_backward(const float* x, float* d, i64 n) {
     d[i] = d[i] * local;
 }
 
-// One score row (sample, head, t) per thread, in place: softmax of scale * q.k over the
+// One block per score row (sample, head, t), in place: softmax of scale * q.k over the
 // positions up to t, zero after it.
 extern "C" __global__ void causal_softmax(float* scores, float scale, i64 rows, i64 seq) {
-    i64 i = THREAD;
+    __shared__ float lanes[LANES];
+    i64 i = blockIdx.x;
     if (i >= rows) return;
+    unsigned l = threadIdx.x;
     i64 t = i % seq;
     float* p = scores + i * seq;
-    p[0] = p[0] * scale;
-    float max = p[0];  // the CPU's max from -infinity, which NVRTC does not name
-    for (i64 u = 1; u <= t; ++u) {
+    float max = minus_infinity();
+    for (i64 u = l; u <= t; u += LANES) {
         p[u] = p[u] * scale;
         max = fmaxf(max, p[u]);
     }
+    max = block_max(lanes, max);
     float sum = 0.0f;
-    for (i64 u = 0; u <= t; ++u) {
+    for (i64 u = l; u <= t; u += LANES) {
         p[u] = expf(p[u] - max);
         sum += p[u];
     }
-    for (i64 u = 0; u <= t; ++u) p[u] = p[u] / sum;
-    for (i64 u = t + 1; u < seq; ++u) p[u] = 0.0f;
+    sum = block_sum(lanes, sum);
+    for (i64 u = l; u <= t; u += LANES) p[u] = p[u] / sum;
+    for (i64 u = t + 1 + l; u < seq; u += LANES) p[u] = 0.0f;
 }
 
-// One row per thread, in place on d(probs): d(scores) = p * (dp - sum p*dp) * scale.
+// One block per row, in place on d(probs): d(scores) = p * (dp - sum p*dp) * scale.
 extern "C" __global__ void causal_softmax_backward(const float* probs, float* dprobs,
                                                    float scale, i64 rows, i64 seq) {
-    i64 i = THREAD;
+    __shared__ float lanes[LANES];
+    i64 i = blockIdx.x;
     if (i >= rows) return;
+    unsigned l = threadIdx.x;
     i64 t = i % seq;
     const float* p = probs + i * seq;
     float* dp = dprobs + i * seq;
     float inner = 0.0f;
-    for (i64 u = 0; u <= t; ++u) inner += p[u] * dp[u];
-    for (i64 u = 0; u <= t; ++u) dp[u] = p[u] * (dp[u] - inner) * scale;
-    for (i64 u = t + 1; u < seq; ++u) dp[u] = 0.0f;
+    for (i64 u = l; u <= t; u += LANES) inner += p[u] * dp[u];
+    inner = block_sum(lanes, inner);
+    for (i64 u = l; u <= t; u += LANES) dp[u] = p[u] * (dp[u] - inner) * scale;
+    for (i64 u = t + 1 + l; u < seq; u += LANES) dp[u] = 0.0f;
 }
 
-// One row of logits per thread, replaced by its softmax.
+// One block per row of logits, replaced by its softmax.
 extern "C" __global__ void softmax_rows(float* logits, i64 rows, i64 vocab) {
-    i64 r = THREAD;
+    __shared__ float lanes[LANES];
+    i64 r = blockIdx.x;
     if (r >= rows) return;
+    unsigned l = threadIdx.x;
     float* row = logits + r * vocab;
-    float max = row[0];
-    for (i64 k = 1; k < vocab; ++k) max = fmaxf(max, row[k]);
+    float max = minus_infinity();
+    for (i64 k = l; k < vocab; k += LANES) max = fmaxf(max, row[k]);
+    max = block_max(lanes, max);
     float sum = 0.0f;
-    for (i64 k = 0; k < vocab; ++k) {
+    for (i64 k = l; k < vocab; k += LANES) {
         row[k] = expf(row[k] - max);
         sum += row[k];
     }
-    for (i64 k = 0; k < vocab; ++k) row[k] = row[k] / sum;
+    sum = block_sum(lanes, sum);
+    for (i64 k = l; k < vocab; k += LANES) row[k] = row[k] / sum;
 }
 
 // partials[j] = -sum of log p[target] over the rows j, j + parts, ... (in double).
@@ -349,6 +432,16 @@ mod tests {
         assert_eq!(params, &[Param::Floats, Param::Float, Param::Int]);
         let nll = kernels.iter().find(|(n, _)| *n == "nll_partials").unwrap();
         assert_eq!(nll.1.last(), Some(&Param::Doubles));
+    }
+
+    /// The row and column kernels' blocks are the launch grid's blocks, of the CPU's lanes.
+    #[test]
+    fn a_row_kernels_block_is_the_grids_block_of_the_cpus_lanes() {
+        assert!(SOURCE.contains(&format!("#define LANES {LANES}\n")));
+        let row_lanes = super::super::kernels::ROW_LANES;
+        assert!(SOURCE.contains(&format!("#define ROW_LANES {row_lanes}\n")));
+        let grid = crate::cuda::module::per_element(3 * LANES);
+        assert_eq!((grid.grid_dim.0, grid.block_dim.0), (3, LANES as u32));
     }
 
     /// Exactly the kernels that call exp, log or tanh may hold the library's fused multiply-adds.

@@ -13,6 +13,59 @@ use std::ops::Range;
 /// LayerNorm's ε (GPT-2's `layer_norm_epsilon`).
 pub const LN_EPS: f32 = 1e-5;
 
+/// Threads per block of the CUDA row kernels (`gpt2::cuda_source`): one block per row.
+pub const LANES: usize = 256;
+
+/// Row lanes of a CUDA column kernel (`column_sums_add`, `layernorm_backward_params`): each of a
+/// block's 32 columns is summed by this many threads.
+pub const ROW_LANES: usize = 8;
+
+/// Sums over rows per column as a CUDA column kernel adds them: row lane q holds the sum of rows
+/// q, q + ROW_LANES, … in order from 0; [`RowLanes::add_to`] then adds the lanes' sums to the
+/// output in lane order.
+pub struct RowLanes {
+    width: usize,
+    sums: Vec<f32>,
+}
+
+impl RowLanes {
+    pub fn new(width: usize) -> Self {
+        RowLanes {
+            width,
+            sums: vec![0.0; ROW_LANES * width],
+        }
+    }
+
+    /// The lane row `r` adds into: one value per column.
+    #[inline]
+    pub fn of_row(&mut self, r: usize) -> &mut [f32] {
+        let q = r % ROW_LANES;
+        &mut self.sums[q * self.width..(q + 1) * self.width]
+    }
+
+    /// `out[k] += lane 0's sum, then lane 1's, …` for every column k.
+    pub fn add_to(&self, out: &mut [f32]) {
+        for lane in self.sums.chunks_exact(self.width) {
+            out[..self.width]
+                .iter_mut()
+                .zip(lane)
+                .for_each(|(o, s)| *o += s);
+        }
+    }
+}
+
+/// Σ f(k) over k < n as a CUDA row kernel's block sums it, so that both backends round alike:
+/// lane l adds f(l), f(l + LANES), … in order from 0, then the lanes' sums are added in lane
+/// order from 0 (`block_sum` in `gpt2::cuda_source::SOURCE`).
+#[inline]
+pub fn lane_sum(n: usize, f: impl Fn(usize) -> f32) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    for k in 0..n {
+        lanes[k % LANES] += f(k);
+    }
+    lanes.iter().fold(0.0, |total, lane| total + lane)
+}
+
 /// `out = x·W + b` for `x: rows×din`, `W: din×dout`, `b: dout`.
 pub fn matmul_forward(
     x: &[f32],
@@ -56,9 +109,15 @@ pub fn matmul_backward(
     }
     weight_grad.host(1.0, x, dout, 1.0, dw);
     if let Some(db) = db {
-        for r in dout[..rows * n].chunks_exact(n) {
-            db[..n].iter_mut().zip(r).for_each(|(g, d)| *g += d);
+        let mut lanes = RowLanes::new(n);
+        for (r, row) in dout[..rows * n].chunks_exact(n).enumerate() {
+            lanes
+                .of_row(r)
+                .iter_mut()
+                .zip(row)
+                .for_each(|(g, d)| *g += d);
         }
+        lanes.add_to(db);
     }
 }
 
@@ -77,8 +136,8 @@ pub fn layernorm_forward(
 ) {
     for r in 0..rows {
         let row = &x[r * width..(r + 1) * width];
-        let m = row.iter().sum::<f32>() / width as f32;
-        let var = row.iter().map(|v| (v - m) * (v - m)).sum::<f32>() / width as f32;
+        let m = lane_sum(width, |k| row[k]) / width as f32;
+        let var = lane_sum(width, |k| (row[k] - m) * (row[k] - m)) / width as f32;
         let s = 1.0 / (var + LN_EPS).sqrt();
         let o = &mut out[r * width..(r + 1) * width];
         for k in 0..width {
@@ -105,27 +164,25 @@ pub fn layernorm_backward_add(
     rows: usize,
     width: usize,
 ) {
+    let (mut weight_lanes, mut bias_lanes) = (RowLanes::new(width), RowLanes::new(width));
     for r in 0..rows {
         let (m, s) = (mean[r], rstd[r]);
         let row = &x[r * width..(r + 1) * width];
         let g = &dout[r * width..(r + 1) * width];
-        let (mut mean_dn, mut mean_dn_xhat) = (0.0f32, 0.0f32);
-        for k in 0..width {
-            let xhat = (row[k] - m) * s;
-            let dn = g[k] * weight[k];
-            mean_dn += dn;
-            mean_dn_xhat += dn * xhat;
-        }
-        mean_dn /= width as f32;
-        mean_dn_xhat /= width as f32;
+        let mean_dn = lane_sum(width, |k| g[k] * weight[k]) / width as f32;
+        let mean_dn_xhat =
+            lane_sum(width, |k| g[k] * weight[k] * ((row[k] - m) * s)) / width as f32;
         let d = &mut dx[r * width..(r + 1) * width];
+        let (bias_lane, weight_lane) = (bias_lanes.of_row(r), weight_lanes.of_row(r));
         for k in 0..width {
             let xhat = (row[k] - m) * s;
-            dbias[k] += g[k];
-            dweight[k] += g[k] * xhat;
+            bias_lane[k] += g[k];
+            weight_lane[k] += g[k] * xhat;
             d[k] += s * (g[k] * weight[k] - mean_dn - xhat * mean_dn_xhat);
         }
     }
+    weight_lanes.add_to(dweight);
+    bias_lanes.add_to(dbias);
 }
 
 const GELU_SCALE: f32 = 0.797_884_6; // √(2/π)
@@ -247,11 +304,8 @@ pub fn cross_entropy_forward(logits: &mut [f32], targets: &[f32], vocab: usize, 
     let mut loss = 0.0f64;
     for (row, &target) in logits.chunks_exact_mut(vocab).zip(targets) {
         let max = row.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
-        let mut sum = 0.0;
-        for v in row.iter_mut() {
-            *v = (*v - max).exp();
-            sum += *v;
-        }
+        row.iter_mut().for_each(|v| *v = (*v - max).exp());
+        let sum = lane_sum(vocab, |k| row[k]);
         row.iter_mut().for_each(|v| *v /= sum);
         loss -= f64::from(row[target as usize].ln());
     }

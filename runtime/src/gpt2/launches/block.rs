@@ -9,6 +9,7 @@ use super::{
 use crate::backend::Region;
 use crate::gpt2::BlockBackward;
 use crate::gpt2::attention::{Buffer, Product as AttentionProduct};
+use crate::gpt2::kernels::LANES;
 use crate::workload::carve;
 
 /// An attention product of [`crate::gpt2::attention`] on the regions of its buffers.
@@ -31,7 +32,7 @@ fn attention_forward(qkv: Region, probs: Region, y: Region, shape: &Shape) -> Ve
     let rows = a.batch * a.heads * a.seq;
     launches.push(kernel(
         "causal_softmax",
-        rows,
+        rows * LANES,
         vec![
             Arg::Floats(probs),
             Arg::Float(a.scale()),
@@ -67,7 +68,7 @@ fn attention_backward(
     let rows = a.batch * a.heads * a.seq;
     launches.push(kernel(
         "causal_softmax_backward",
-        rows,
+        rows * LANES,
         vec![
             Arg::Floats(probs),
             Arg::Floats(dprobs),

@@ -9,7 +9,7 @@ mod block;
 
 pub use block::{block_backward, block_forward};
 
-use super::kernels::{AdamW, decay_runs};
+use super::kernels::{AdamW, LANES, ROW_LANES, decay_runs};
 use super::{AdamRegions, Head, HeadGrads, Shape};
 use crate::backend::Region;
 use crate::gemm::{Gemm, Strided};
@@ -94,6 +94,12 @@ fn kernel(name: &'static str, threads: usize, args: Vec<Arg>) -> Launch {
     })
 }
 
+/// The threads of a column kernel over `columns`: a block of [`LANES`] threads per
+/// `LANES / ROW_LANES` columns.
+fn column_blocks(columns: usize) -> usize {
+    columns.div_ceil(LANES / ROW_LANES) * LANES
+}
+
 fn fill(x: Region, value: f32) -> Launch {
     kernel(
         "fill_values",
@@ -133,7 +139,7 @@ fn layernorm_forward(x: Region, params: [Region; 2], saved: [Region; 3], shape: 
     let args = [x, weight, bias, out, mean, rstd].map(Arg::Floats);
     let mut args = args.to_vec();
     args.extend([int(rows), int(width)]);
-    kernel("layernorm_forward", rows, args)
+    kernel("layernorm_forward", rows * LANES, args)
 }
 
 /// `dx += …`, `dweight += …`, `dbias += …` ([`super::kernels::layernorm_backward_add`]).
@@ -155,8 +161,8 @@ fn layernorm_backward_add(
         .into();
     params.extend(sizes);
     [
-        kernel("layernorm_backward_input", rows, input),
-        kernel("layernorm_backward_params", width, params),
+        kernel("layernorm_backward_input", rows * LANES, input),
+        kernel("layernorm_backward_params", column_blocks(width), params),
     ]
 }
 
@@ -199,7 +205,7 @@ fn linear_backward(
         product(weight_grad.dense(), x.offset, dout.offset, dw.offset, 1.0),
         kernel(
             "column_sums_add",
-            n,
+            column_blocks(n),
             vec![Arg::Floats(dout), Arg::Floats(db), int(rows), int(n)],
         ),
     ]
@@ -281,7 +287,7 @@ pub fn head_forward(shape: &Shape, head: &Head, scale: f32, step: usize) -> Vec<
         ),
         kernel(
             "softmax_rows",
-            rows,
+            rows * LANES,
             vec![Arg::Floats(probs), int(rows), int(v)],
         ),
         kernel(
