@@ -56,12 +56,19 @@ impl RowLanes {
 
 /// Σ f(k) over k < n as a CUDA row kernel's block sums it, so that both backends round alike:
 /// lane l adds f(l), f(l + LANES), … in order from 0, then the lanes' sums are added in lane
-/// order from 0 (`block_sum` in `gpt2::cuda_source::SOURCE`).
+/// order from 0 (`block_sum` in `gpt2::cuda_source::SOURCE`). A row no longer than the lanes is
+/// that order summed directly: each lane holds its one value (or 0, past n), and adding 0 to a
+/// sum begun at +0 leaves it unchanged (the sum is never −0 in round-to-nearest).
 #[inline]
 pub fn lane_sum(n: usize, f: impl Fn(usize) -> f32) -> f32 {
+    if n <= LANES {
+        return (0..n).fold(0.0, |total, k| total + f(k));
+    }
     let mut lanes = [0.0f32; LANES];
-    for k in 0..n {
-        lanes[k % LANES] += f(k);
+    for start in (0..n).step_by(LANES) {
+        for (l, lane) in lanes.iter_mut().enumerate().take(n - start) {
+            *lane += f(start + l);
+        }
     }
     lanes.iter().fold(0.0, |total, lane| total + lane)
 }
@@ -438,6 +445,30 @@ pub fn adamw(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// `lane_sum` is its definition — LANES lanes, each from +0, then added in lane order —
+        /// bitwise, for rows shorter and longer than the lanes and values that include ±0.
+        #[test]
+        fn lane_sum_is_the_blocks_order(
+            values in prop::collection::vec(
+                prop_oneof![Just(0.0f32), Just(-0.0f32), -1e6f32..1e6f32],
+                0..700,
+            )
+        ) {
+            let mut lanes = [0.0f32; LANES];
+            for (k, v) in values.iter().enumerate() {
+                lanes[k % LANES] += v;
+            }
+            let mut defined = 0.0f32;
+            for lane in lanes {
+                defined += lane;
+            }
+            let summed = lane_sum(values.len(), |k| values[k]);
+            prop_assert_eq!(summed.to_bits(), defined.to_bits());
+        }
+    }
 
     /// The floor by rounding is `f32::floor` (the library's) at every input whose x·log₂e + ½
     /// lies at or next to an integer, where a wrong step would show, and on a grid over the
