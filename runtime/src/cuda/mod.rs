@@ -6,8 +6,7 @@
 //! communicator, `replay` a transformer unit's products, `inventory` the versions and GPUs
 //! `doctor` reports, `nvrtc` run-time compilation to PTX and machine code, `memory` the device
 //! memory the driver and the pool report, `clock` the per-launch timing of `profile measure
-//! --launch-times`. The models' kernels live with the models (`mlp::cuda`,
-//! `gpt2::cuda`).
+//! --launch-times`. The models' kernels live with the models (`mlp::cuda`, `gpt2::cuda`).
 
 pub mod backend;
 mod clock;

@@ -3,13 +3,14 @@
 //! order of floating-point operations (compiled without fused multiply-adds), so on the host the
 //! kernels equal the CPU backend bitwise. Element-wise kernels take one thread per element. The
 //! column sums (bias and LayerNorm parameter gradients) take a block per 32 columns, each
-//! column's rows split over 8 row lanes whose sums it adds in lane order. The row kernels (LayerNorm, the attention softmax and its
-//! backward, the logits' softmax) take one block of [`LANES`] threads per row: lane l walks
-//! the row's elements l, l + LANES, … (a warp reads consecutive floats), and the block adds
-//! the lanes' partial sums in lane order through shared memory (`block_sum`, `block_max`), as
-//! the CPU backend adds them ([`super::kernels::lane_sum`]). No kernel uses atomics: a test
-//! runs this very source on the CPU, each block's threads at once where the kernel synchronises
-//! them, else one thread after another (runtime/tests/cuda_gpt2_kernels.rs). The products are
+//! column's rows split over 8 row lanes whose sums it adds in lane order
+//! ([`super::kernels::RowLanes`]). The row kernels (LayerNorm, the attention softmax and its
+//! backward, the logits' softmax) take one block of [`LANES`] threads per row: lane l walks the
+//! row's elements l, l + LANES, … (a warp reads consecutive floats), and the block adds the
+//! lanes' partial sums in lane order through shared memory (`block_sum`, `block_max`), as the
+//! CPU backend adds them ([`super::kernels::lane_sum`]). No kernel uses atomics: a test runs
+//! this very source on the CPU, each block's threads at once where the kernel synchronises them,
+//! else one thread after another (runtime/tests/cuda_gpt2_kernels.rs). The products are
 //! cuBLAS's ([`super::launches`]).
 //!
 //! Every kernel's parameters are pointers (`float*`, `const float*`, `double*`), `long long` or
