@@ -13,6 +13,10 @@ backward prefetch lists are set from the plan's gather slots, each unit named by
 FSDP module. FSDP2 gathers a unit whole and reduces right after its backward; the export lists
 what that rounds (`approximations`).
 
+A plan made for a bf16 profile (2 bytes per gathered parameter, DESIGN §6.9) carries
+`mixed_precision`: every `fully_shard` gets FSDP2's `MixedPrecisionPolicy(param_dtype,
+reduce_dtype)` from it (the sharded parameters, the optimizer's, stay float32).
+
 With several micro-batches per step (`micro_batches` in the export), call `start_micro_batch`
 before each: a unit that accumulates skips gradient sync, and a unit that keeps its parameters
 skips resharding after backward, on every micro-batch but the last.
@@ -23,7 +27,8 @@ import json
 import torch.distributed as dist
 from torch.distributed._composable import checkpoint
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from .units import check
 
@@ -49,6 +54,13 @@ def apply_plan(model, units, plan):
     if planned != [u.name for u in units]:
         raise ValueError(f"the plan's units {planned} differ from the model's {[u.name for u in units]}")
     by_name = {u.name: u for u in units}
+    precision = plan.get("mixed_precision")
+    policy = MixedPrecisionPolicy()
+    if precision is not None:
+        policy = MixedPrecisionPolicy(
+            param_dtype=getattr(torch, precision["param_dtype"]),
+            reduce_dtype=getattr(torch, precision["reduce_dtype"]),
+        )
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     shard_mesh = init_device_mesh(device, (world,))
     replicate_mesh = init_device_mesh(device, (world, 1), mesh_dim_names=("replicate", "shard"))
@@ -65,10 +77,10 @@ def apply_plan(model, units, plan):
         if u["sharded"]:
             reshard = u.get("secondary_group") or u["reshard_after_forward"]
             mesh = shard_mesh if s is None else hsdp_meshes[s]
-            fully_shard(group, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(group, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
         else:
-            fully_shard(group, mesh=replicate_mesh)
-    fully_shard(model, mesh=shard_mesh)
+            fully_shard(group, mesh=replicate_mesh, mp_policy=policy)
+    fully_shard(model, mesh=shard_mesh, mp_policy=policy)
     fsdp_module = {name: unit.modules[0] for name, unit in by_name.items()}
     for u in plan["units"]:
         module = fsdp_module[u["name"]]

@@ -94,10 +94,12 @@ def batch(rank, world):
     return tokens[rank * BATCH:(rank + 1) * BATCH]
 
 
-def tiny_profile(directory, tokens, out, name="tiny gpt x2", world=2, gpus_per_node=None):
+def tiny_profile(directory, tokens, out, name="tiny gpt x2", world=2, gpus_per_node=None,
+                 bytes_per_param=(4, 4, 8)):
     """Profiles a fresh TinyGPT (seed 0) on `tokens` into `out` for `world` ranks (on nodes of
     `gpus_per_node`, where given), with the collective curves of the catalog's H100s (16 KiB
-    blocks); returns the model."""
+    blocks) and `bytes_per_param` (gathered parameter, gradient, optimizer state); returns the
+    model."""
     from .profiler import profile
 
     comm = pathlib.Path(directory) / "comm.toml"
@@ -106,7 +108,7 @@ def tiny_profile(directory, tokens, out, name="tiny gpt x2", world=2, gpus_per_n
               "--world-size", str(world), "--block-size", "16KiB", *nodes, "--out", str(comm))
     torch.manual_seed(0)
     model = TinyGPT()
-    profile(model, model.units(), tokens, loss_fn, comm, out, name=name)
+    profile(model, model.units(), tokens, loss_fn, comm, out, name=name, bytes_per_param=bytes_per_param)
     return model
 
 

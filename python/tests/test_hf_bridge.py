@@ -173,8 +173,13 @@ class HuggingFaceBridge(unittest.TestCase):
             for tag, path in exported.items():
                 plan = json.loads(pathlib.Path(path).read_text())
                 got = results[tag]
+                # The measured profiles are fp32's; the analytic one (the ILP's) has bf16's bytes,
+                # so its plan trains under FSDP2's bf16 policy: within 1% of fp32 (DESIGN §6.9).
+                bf16 = {"param_dtype": "bfloat16", "reduce_dtype": "bfloat16"}
+                self.assertEqual(plan["mixed_precision"], bf16 if tag == "ilp" else None, tag)
+                tolerance = 1e-2 if tag == "ilp" else 1e-5
                 for ours, theirs in zip(got["losses"], expected, strict=True):
-                    self.assertLess(abs(ours - theirs) / abs(theirs), 1e-5,
+                    self.assertLess(abs(ours - theirs) / abs(theirs), tolerance,
                                     f"{family} {tag}: {got['losses']} vs {expected}")
                 for u in plan["units"]:
                     s = got["settings"][u["name"]]

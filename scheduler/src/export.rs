@@ -21,6 +21,10 @@
 //!   FSDP2 prefetches alike in every micro-batch, so an inner boundary launching elsewhere than
 //!   the step's is rounded to the step's.
 //!
+//! - precision: the profile's bytes per gathered parameter and per reduced gradient become
+//!   FSDP2's `MixedPrecisionPolicy(param_dtype, reduce_dtype)` (2 bytes: bfloat16, 4: float32;
+//!   any other width is exported in float32, noted).
+//!
 //! A plan is exactly expressible when every op launches whole in one slot, forward gathers in
 //! F_1 … F_{i−1} (or implicitly at F_i's start, depth 1 in FSDP2's own order), backward gathers in
 //! B_L … B_{i+1}, and reductions in the slot right after B_i.
@@ -58,6 +62,34 @@ pub struct Fsdp2Unit {
     pub reshard_after_backward: bool,
 }
 
+/// FSDP2's `MixedPrecisionPolicy` for the profile's bytes per parameter (DESIGN §6.9): gathered
+/// parameters in `param_dtype`, gradients reduced in `reduce_dtype`; torch's dtype names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MixedPrecision {
+    pub param_dtype: &'static str,
+    pub reduce_dtype: &'static str,
+}
+
+impl MixedPrecision {
+    /// The policy of a profile with `param` bytes per gathered parameter and `grad` per reduced
+    /// gradient: 2 is bf16 (§6.9's policy), 4 fp32; `None` for fp32 throughout (FSDP2's
+    /// default), and an error naming the field for a width FSDP2 has no dtype for here.
+    pub fn of(param: u64, grad: u64) -> Result<Option<Self>, String> {
+        let dtype = |field: &str, bytes: u64| match bytes {
+            2 => Ok("bfloat16"),
+            4 => Ok("float32"),
+            b => Err(format!(
+                "bytes_per_param.{field} = {b}: FSDP2's policy takes 2 (bfloat16) or 4 (float32)"
+            )),
+        };
+        let policy = MixedPrecision {
+            param_dtype: dtype("param", param)?,
+            reduce_dtype: dtype("grad", grad)?,
+        };
+        Ok((policy.param_dtype != "float32" || policy.reduce_dtype != "float32").then_some(policy))
+    }
+}
+
 /// The exported plan.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Fsdp2Plan {
@@ -65,6 +97,8 @@ pub struct Fsdp2Plan {
     pub world_size: u32,
     /// K, micro-batches per optimizer step.
     pub micro_batches: u32,
+    /// FSDP2's `mp_policy` for every `fully_shard` (None: fp32, its default).
+    pub mixed_precision: Option<MixedPrecision>,
     pub profile_digest: String,
     /// Units in forward order.
     pub units: Vec<Fsdp2Unit>,
@@ -174,13 +208,45 @@ pub fn fsdp2(profile: &Profile, schedule: &Schedule) -> Fsdp2Plan {
             }
         }
     }
+    let bytes = &profile.bytes_per_param;
+    let mixed_precision = MixedPrecision::of(bytes.param, bytes.grad).unwrap_or_else(|why| {
+        notes.push(format!("{why}; exported in float32"));
+        None
+    });
     Fsdp2Plan {
         schema: 1,
         world_size: profile.world_size,
         micro_batches: schedule.micro_batches(),
+        mixed_precision,
         profile_digest: profile.digest(),
         units,
         exact: notes.is_empty(),
         approximations: notes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MixedPrecision;
+
+    #[test]
+    fn bytes_per_parameter_are_fsdp2s_policy() {
+        let policy = |param_dtype, reduce_dtype| {
+            Some(MixedPrecision {
+                param_dtype,
+                reduce_dtype,
+            })
+        };
+        assert_eq!(MixedPrecision::of(4, 4), Ok(None));
+        assert_eq!(MixedPrecision::of(2, 4), Ok(policy("bfloat16", "float32")));
+        assert_eq!(MixedPrecision::of(2, 2), Ok(policy("bfloat16", "bfloat16")));
+        assert_eq!(MixedPrecision::of(4, 2), Ok(policy("float32", "bfloat16")));
+        let why = MixedPrecision::of(1, 4).unwrap_err();
+        assert!(why.contains("bytes_per_param.param = 1"), "{why}");
+        assert!(
+            MixedPrecision::of(2, 8)
+                .unwrap_err()
+                .contains("bytes_per_param.grad = 8")
+        );
     }
 }

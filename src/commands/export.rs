@@ -34,11 +34,19 @@ pub fn fsdp2(args: ExportFsdp2Args) -> anyhow::Result<()> {
     )?;
     if args.json {
         print_json(
-            &json!({"out": args.out, "exact": exported.exact, "approximations": exported.approximations}),
+            &json!({"out": args.out, "exact": exported.exact, "approximations": exported.approximations,
+                    "mixed_precision": exported.mixed_precision}),
         );
     } else {
+        let precision = match exported.mixed_precision {
+            Some(p) => format!(
+                "parameters {}, reductions {}",
+                p.param_dtype, p.reduce_dtype
+            ),
+            None => "float32".to_string(),
+        };
         outln!(
-            "wrote {}: {} units, {}",
+            "wrote {}: {} units, {precision}, {}",
             args.out.display(),
             exported.units.len(),
             if exported.exact {
