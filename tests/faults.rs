@@ -215,13 +215,7 @@ fn a_stopped_rank_ends_the_job_within_the_timeout() {
         let (status, stderr) = ended_within(&mut child, stopped_at, 15, Some(&stopped), &case);
         let took = stopped_at.elapsed().as_secs_f64();
         assert!(!status.success(), "{case}: {stderr}");
-        for part in [
-            "global slot",
-            "did not complete within 5.0 s",
-            "waiting for its peers, rank",
-        ] {
-            assert!(stderr.contains(part), "{case}: `{part}` missing: {stderr}");
-        }
+        assert_names_the_stall(&case, &stderr);
         let peer = format!("rank {victim} (stopped");
         assert!(stderr.contains(&peer), "{case}: the peer named: {stderr}");
         assert!(took < 15.0, "{case}: {took} s");
@@ -249,15 +243,21 @@ fn a_stopped_rank_ends_a_hierarchical_job_within_the_timeout() {
     let case = "rank 3 of a hierarchical job stopped";
     let (status, stderr) = ended_within(&mut child, stopped_at, 15, Some(&stopped), case);
     assert!(!status.success(), "{stderr}");
+    assert_names_the_stall(case, &stderr);
+    let left = ranks.iter().filter(|pid| alive(pid)).count();
+    assert_eq!(left, 0, "processes left behind");
+}
+
+/// The watchdog's report of a stall with the 5 s timeout: the global slot, the bound and the
+/// peers it waits for.
+fn assert_names_the_stall(case: &str, stderr: &str) {
     for part in [
         "global slot",
         "did not complete within 5.0 s",
         "waiting for its peers, rank",
     ] {
-        assert!(stderr.contains(part), "`{part}` missing: {stderr}");
+        assert!(stderr.contains(part), "{case}: `{part}` missing: {stderr}");
     }
-    let left = ranks.iter().filter(|pid| alive(pid)).count();
-    assert_eq!(left, 0, "processes left behind");
 }
 
 /// `job`'s run of a million steps with `--timeout <timeout>` seconds, its stderr piped.

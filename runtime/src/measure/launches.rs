@@ -35,8 +35,9 @@ pub fn time_launches<B: Backend, W: Train<B>>(
 ) -> Result<Vec<LaunchRow>> {
     let l = workload.unit_count();
     let mut rows = Vec::new();
+    // The work queued before the round; from then on each slot's `launch_times` waits for it.
+    backend.synchronize()?;
     for s in 0..2 * l {
-        backend.synchronize()?;
         backend.start_launch_clock()?;
         compute_slot(backend, workload, layout, s, steps)?;
         let (unit, pass) = if s < l {
