@@ -40,6 +40,15 @@ impl Collectives for Rank0 {
     fn all_reduce(&self, _: &[f32], _: &mut [f32]) {
         unreachable!("setting a plan up runs no collective")
     }
+    fn all_gather_bits(&self, _: &[u16], _: &mut [u16]) {
+        unreachable!("setting a plan up runs no collective")
+    }
+    fn reduce_scatter_bf16(&self, _: &[u16], _: &mut [u16]) {
+        unreachable!("setting a plan up runs no collective")
+    }
+    fn all_reduce_bf16(&self, _: &[u16], _: &mut [u16]) {
+        unreachable!("setting a plan up runs no collective")
+    }
 }
 
 fn options(cap: u64) -> SolveOptions {

@@ -175,6 +175,20 @@ fn cases(inputs: &Inputs) -> Vec<Case> {
         .replacen("[training]", "[training]\nmicro_batches = 4", 1)
         .as_bytes(),
     );
+    let tiny_with = |name: &str, edit: &dyn Fn(String) -> String| {
+        let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/gpt2-tiny.toml");
+        inputs.write(
+            name,
+            edit(std::fs::read_to_string(tiny).unwrap()).as_bytes(),
+        )
+    };
+    let bf16_reductions_of_fp32 = tiny_with("reduce-bf16.toml", &|text| {
+        text.replacen("[training]", "[training]\nreduce = \"bf16\"", 1)
+    });
+    let bf16_odd_ffn = tiny_with("odd-ffn.toml", &|text| {
+        text.replacen("[training]", "[training]\nprecision = \"bf16\"", 1)
+            .replacen("ffn = 512", "ffn = 511", 1)
+    });
     let accumulating = inputs.profile_with("world_size = ", "micro_batches = 4\nworld_size = ", 1);
     let three_per_node = {
         let text = std::fs::read_to_string(profile).unwrap();
@@ -489,6 +503,33 @@ fn cases(inputs: &Inputs) -> Vec<Case> {
             2,
             "expected 1 (the micro-batches per step of profile",
             Some("training.micro_batches"),
+        ),
+        case(
+            "a model file's precision against the profile's bytes per parameter",
+            format!(
+                "run --backend cpu --profile {profile} --plan {plan} --model models/gpt2-tiny.toml --data README.md --steps 1"
+            ),
+            2,
+            "expected precision = \"bf16\", reduce = \"bf16\" (profile",
+            Some("training.precision"),
+        ),
+        case(
+            "bf16 reductions of fp32 parameters",
+            format!(
+                "profile measure --backend cpu --model {bf16_reductions_of_fp32} --world-size 1 --out {out}"
+            ),
+            2,
+            "bf16 reductions need precision = \"bf16\"",
+            Some("training.reduce"),
+        ),
+        case(
+            "an odd tensor size under bf16",
+            format!(
+                "profile measure --backend cpu --model {bf16_odd_ffn} --world-size 1 --out {out}"
+            ),
+            2,
+            "even sizes under `training.precision = \"bf16\"`",
+            None,
         ),
         case(
             "no-sync without micro-batches",

@@ -97,12 +97,14 @@ pub struct Resumed {
     pub refused: Vec<String>,
 }
 
-/// The regions each unit keeps from step to step: parameters, Adam's m and v.
+/// The regions each unit keeps from step to step: parameters, the fp32 master where there is
+/// one, Adam's m and v.
 fn kept_regions(layout: &Layout) -> Vec<Region> {
     layout
         .units
         .iter()
-        .flat_map(|u| [u.params, u.adam_m, u.adam_v])
+        .flat_map(|u| [Some(u.params), u.master, Some(u.adam_m), Some(u.adam_v)])
+        .flatten()
         .collect()
 }
 

@@ -29,3 +29,23 @@ pub trait Train<B: Backend>: Workload {
     /// last reduction; `step` counts from 1.
     fn optimize(&self, backend: &B, layout: &Layout, unit: usize, step: u32) -> Result<()>;
 }
+
+/// The optimizer step of `unit` ([`Train::optimize`], which updates [`UnitLayout::trained`]);
+/// under the bf16 policy, its fp32 master then rounded into the bf16 parameters that the next
+/// gathers and compute read (DESIGN §6.9).
+///
+/// [`UnitLayout::trained`]: crate::layout::UnitLayout::trained
+pub fn optimize_unit<B: Backend, W: Train<B> + ?Sized>(
+    workload: &W,
+    backend: &B,
+    layout: &Layout,
+    unit: usize,
+    step: u32,
+) -> Result<()> {
+    workload.optimize(backend, layout, unit, step)?;
+    let u = &layout.units[unit];
+    match u.master {
+        Some(master) => backend.copy(master, u.params),
+        None => Ok(()),
+    }
+}

@@ -14,6 +14,7 @@
 //! | `input_gradient` | dL/d(input) handed to unit i−1 | B_i and B_{i−1} | counted in ws_b of units i and i−1 |
 
 use crate::Result;
+use shardplan_scheduler::precision::Precision;
 
 /// Elements (f32) of one unit's activation and workspace buffers on one rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -46,6 +47,11 @@ pub trait Workload: Sync {
     fn micro_batches(&self) -> usize {
         1
     }
+    /// The precision policy it trains under (DESIGN §6.9), which fixes its profile's bytes per
+    /// parameter.
+    fn precision(&self) -> Precision {
+        Precision::FP32
+    }
     /// The profile's `reads_params_of` of the unit: the name of the unit it borrows from.
     fn reads_params_of(&self, unit: usize) -> Option<String> {
         self.borrows_params_of(unit)
@@ -66,16 +72,15 @@ pub fn carve<const K: usize>(
     region: crate::backend::Region,
     lens: [usize; K],
 ) -> [crate::backend::Region; K] {
-    let mut offset = region.offset;
+    let mut start = 0;
     let parts = lens.map(|len| {
-        let r = crate::backend::Region { offset, len };
-        offset += len;
+        let r = region.sub(start, len);
+        start += len;
         r
     });
     assert!(
-        offset <= region.offset + region.len,
-        "carving {} elements out of a {}-element region",
-        offset - region.offset,
+        start <= region.len,
+        "carving {start} elements out of a {}-element region",
         region.len
     );
     parts

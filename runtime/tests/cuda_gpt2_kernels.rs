@@ -160,7 +160,7 @@ fn values(len: usize, seed: u64) -> Vec<f32> {
 /// Consecutive regions of the given lengths from `at` on.
 fn regions<const N: usize>(at: &mut usize, lens: [usize; N]) -> [Region; N] {
     lens.map(|len| {
-        let r = Region { offset: *at, len };
+        let r = Region::f32(*at, len);
         *at += len;
         r
     })
@@ -183,10 +183,7 @@ impl Pair {
             loss_slots: 2,
         })
         .unwrap();
-        let all = Region {
-            offset: 0,
-            len: elements,
-        };
+        let all = Region::f32(0, elements);
         cpu.upload(all, &arena).unwrap();
         Pair {
             cpu,
@@ -209,10 +206,7 @@ impl Pair {
     /// Asserts the two arenas hold the same bits, naming the first element that differs.
     fn assert_bitwise(&self, what: &str) {
         let mut cpu = vec![0.0; self.host.arena.len()];
-        let all = Region {
-            offset: 0,
-            len: cpu.len(),
-        };
+        let all = Region::f32(0, cpu.len());
         self.cpu.download(all, &mut cpu).unwrap();
         let differs = cpu
             .iter()

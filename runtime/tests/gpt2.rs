@@ -8,14 +8,17 @@ mod common;
 
 use common::{
     Rng, assert_relaxed_is_strict_with_slow_communication, gpt2_tiny as gpt2,
-    gpt2_tiny_accumulating as gpt2_k, gpt2_tiny_accumulating_profile as profile_k,
-    gpt2_tiny_profile as profile, random_schedule,
+    gpt2_tiny_accumulating as gpt2_k, gpt2_tiny_accumulating_profile as profile_k, gpt2_tiny_bf16,
+    gpt2_tiny_bf16_profile, gpt2_tiny_profile as profile, random_schedule,
 };
 use shardplan_runtime::backend::CpuBackend;
+use shardplan_runtime::gpt2::Gpt2;
 use shardplan_runtime::layout::place;
 use shardplan_runtime::session;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::plan::{Producer, plan_with_prediction};
+use shardplan_scheduler::precision::FloatFormat;
+use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::sim::{Semantics, simulate};
 
 /// Places every baseline (each with and without checkpointing) and `randoms` random plans of
@@ -23,11 +26,31 @@ use shardplan_scheduler::sim::{Semantics, simulate};
 /// up to 64-byte alignment per region, and the packed arena within 2% of it. Returns (plans packed
 /// at their live peak, plans, the worst arena / live peak).
 fn arenas_against_predicted_peaks(micro_batches: u32, randoms: usize) -> (usize, usize, f64) {
+    arenas_of(
+        &|world| {
+            (
+                gpt2_k(world, micro_batches),
+                profile_k(world, micro_batches),
+            )
+        },
+        &format!("K={micro_batches}"),
+        micro_batches,
+        randoms,
+    )
+}
+
+/// [`arenas_against_predicted_peaks`] of the workload and profile `model` gives at a world size;
+/// `label` names them in messages, `seed` varies the random plans.
+fn arenas_of(
+    model: &dyn Fn(usize) -> (Gpt2, Profile),
+    label: &str,
+    seed: u32,
+    randoms: usize,
+) -> (usize, usize, f64) {
     let (mut exact, mut plans, mut worst) = (0, 0, 1.0f64);
     for world in [1usize, 2, 4] {
-        let profile = profile_k(world, micro_batches);
-        let g = gpt2_k(world, micro_batches);
-        let mut rng = Rng(world as u64 * 31 + 5 + u64::from(micro_batches - 1));
+        let (g, profile) = model(world);
+        let mut rng = Rng(world as u64 * 31 + 5 + u64::from(seed - 1));
         let baselines = BaselineKind::of(&profile)
             .into_iter()
             .flat_map(|kind| [false, true].map(|checkpoint| (kind, checkpoint)))
@@ -44,12 +67,12 @@ fn arenas_against_predicted_peaks(micro_batches: u32, randoms: usize) -> (usize,
             let alignment = 64.0 * l.regions.len() as f64;
             assert!(
                 live >= predicted && live <= predicted.ceil() + alignment,
-                "K={micro_batches} N={world} {name}: live peak {live} vs predicted {predicted}"
+                "{label} N={world} {name}: live peak {live} vs predicted {predicted}"
             );
             let packed = l.arena.size_bytes as f64 / live;
             assert!(
                 packed <= 1.02,
-                "K={micro_batches} N={world} {name}: arena {packed} × live peak"
+                "{label} N={world} {name}: arena {packed} × live peak"
             );
             exact += usize::from(packed == 1.0);
             worst = worst.max(packed);
@@ -57,7 +80,7 @@ fn arenas_against_predicted_peaks(micro_batches: u32, randoms: usize) -> (usize,
         }
     }
     eprintln!(
-        "K = {micro_batches}: {exact} of {plans} plans packed at their live peak; the worst at {worst:.4}×"
+        "{label}: {exact} of {plans} plans packed at their live peak; the worst at {worst:.4}×"
     );
     (exact, plans, worst)
 }
@@ -86,6 +109,28 @@ fn arena_is_the_predicted_peak_for_every_accumulating_plan() {
         exact * 4 >= plans * 3,
         "{exact} of {plans} plans packed at their live peak"
     );
+}
+
+/// The same under the bf16 policy (DESIGN §6.9), both reductions: the live peak counts 2-byte
+/// gathered parameters and secondary shards, full gradients and shards in the reduction's
+/// format, and the fp32 master beside the bf16 parameters, as the profile's bytes per parameter
+/// (2, 4 or 2, 12) make the simulator count them.
+#[test]
+fn arena_is_the_predicted_peak_for_every_bf16_plan() {
+    for reduce in [FloatFormat::Fp32, FloatFormat::Bf16] {
+        let label = format!("bf16, reduce {}", reduce.name());
+        let model = |world| {
+            (
+                gpt2_tiny_bf16(world, reduce),
+                gpt2_tiny_bf16_profile(world, reduce),
+            )
+        };
+        let (exact, plans, _) = arenas_of(&model, &label, 7, 6);
+        assert!(
+            exact * 4 >= plans * 3,
+            "{label}: {exact} of {plans} plans packed at their live peak"
+        );
+    }
 }
 
 /// Relaxed semantics with slow communication on random plans at N = 1, 2, 4: no operation ever

@@ -18,6 +18,7 @@ pub mod io;
 pub mod model;
 pub mod nccl_tests;
 pub mod plan;
+pub mod precision;
 pub mod profile;
 pub mod schedule;
 pub mod sim;

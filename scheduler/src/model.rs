@@ -5,6 +5,7 @@
 //! projection). With tied embeddings the shared matrix is owned by the embedding unit (the head
 //! unit then holds only the final norm); see docs/ARCHITECTURE.md for what that approximates.
 
+use crate::precision::{FloatFormat, Precision};
 use crate::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -91,6 +92,12 @@ pub struct TrainingSpec {
         skip_serializing_if = "crate::profile::is_one_micro_batch"
     )]
     pub micro_batches: u32,
+    /// The dtype parameters are gathered and computed in (DESIGN §6.9); fp32 when left out.
+    #[serde(default, skip_serializing_if = "FloatFormat::is_fp32")]
+    pub precision: FloatFormat,
+    /// The dtype gradients are reduced in; fp32 when left out.
+    #[serde(default, skip_serializing_if = "FloatFormat::is_fp32")]
+    pub reduce: FloatFormat,
 }
 
 fn default_weight_decay() -> f32 {
@@ -155,7 +162,14 @@ impl TrainingSpec {
         if !(self.eps > 0.0 && self.eps.is_finite()) {
             return bad("training.eps", "a positive number", self.eps.to_string());
         }
-        Ok(())
+        self.policy()
+            .map(|_| ())
+            .map_err(|why| Error::invalid(origin, "training.reduce", why))
+    }
+
+    /// The precision policy of `precision` and `reduce`.
+    pub fn policy(&self) -> std::result::Result<Precision, String> {
+        Precision::new(self.precision, self.reduce)
     }
 }
 

@@ -17,6 +17,7 @@ use shardplan_runtime::session::{Durability, PlanRun, chrome_trace, run_plan};
 use shardplan_runtime::train::Train;
 use shardplan_scheduler::io::{check_outputs_distinct, write_atomic};
 use shardplan_scheduler::plan::Plan;
+use shardplan_scheduler::precision::Precision;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::sim::Semantics;
 use shardplan_scheduler::size::{format_bytes, whole_bytes};
@@ -126,6 +127,7 @@ fn run_with<B: Backend, W: Train<B>>(
         )
         .into());
     }
+    check_precision(&profile, workload.precision(), args)?;
     let plan = Plan::load(&args.plan)?;
     let semantics = match args.semantics {
         SemanticsArg::Strict => Semantics::Strict,
@@ -182,6 +184,31 @@ fn run_with<B: Backend, W: Train<B>>(
     let reference = model.finish(&done.params, &after)?;
     report(args, &plan, &done, reference.as_ref());
     Ok(())
+}
+
+/// The profile counts the bytes per parameter of the model file's precision policy (DESIGN §6.9).
+fn check_precision(profile: &Profile, precision: Precision, args: &RunArgs) -> anyhow::Result<()> {
+    let b = profile.bytes_per_param;
+    if b == precision.bytes_per_param() {
+        return Ok(());
+    }
+    let counted = match Precision::of_bytes(b) {
+        Ok(policy) => policy.describe(),
+        Err(_) => "no policy the runtime trains".into(),
+    };
+    Err(shardplan_scheduler::Error::invalid(
+        args.model.display().to_string(),
+        "training.precision",
+        format!(
+            "{counted} (profile {} counts ({}, {}, {}) bytes per parameter), got {}",
+            args.profile.display(),
+            b.param,
+            b.grad,
+            b.optimizer,
+            precision.describe()
+        ),
+    )
+    .into())
 }
 
 /// How rank `rank` reports a collective the watchdog found stalled, before the job ends.

@@ -4,9 +4,11 @@
 //! taken and waiting on one is a no-op.
 
 use super::host_arena::{HostArena, Read, Write};
-use super::{Allocation, Backend, DeviceMemory, Group, Region, Stream};
+use super::{Allocation, Backend, DeviceMemory, FloatFormat, Group, Region, Stream};
 use crate::process::check_host_memory;
 use crate::{Error, Result};
+use half::bf16;
+use half::slice::HalfFloatSliceExt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -24,6 +26,18 @@ pub trait Collectives: Sync + Sized {
     fn all_gather(&self, send: &[f32], recv: &mut [f32]);
     fn reduce_scatter(&self, send: &[f32], recv: &mut [f32]);
     fn all_reduce(&self, send: &[f32], recv: &mut [f32]);
+    /// An AllGather of 2-byte elements (bf16 bit patterns: a copy).
+    fn all_gather_bits(&self, send: &[u16], recv: &mut [u16]);
+    /// A ReduceScatter of bf16 elements, each addition widened to f32 and rounded back to bf16
+    /// (as NCCL's bf16 sum does at each step of its algorithm).
+    fn reduce_scatter_bf16(&self, send: &[u16], recv: &mut [u16]);
+    /// An AllReduce of bf16 elements, summed as in [`Collectives::reduce_scatter_bf16`].
+    fn all_reduce_bf16(&self, send: &[u16], recv: &mut [u16]);
+}
+
+/// The bf16 sum of two bit patterns, in f32 and rounded to nearest, ties to even.
+fn bf16_sum(a: u16, b: u16) -> u16 {
+    bf16::from_f32(bf16::from_bits(a).to_f32() + bf16::from_bits(b).to_f32()).to_bits()
 }
 
 /// One rank, no communication.
@@ -46,6 +60,15 @@ impl Collectives for Loopback {
         recv.copy_from_slice(send);
     }
     fn all_reduce(&self, send: &[f32], recv: &mut [f32]) {
+        recv.copy_from_slice(send);
+    }
+    fn all_gather_bits(&self, send: &[u16], recv: &mut [u16]) {
+        recv.copy_from_slice(send);
+    }
+    fn reduce_scatter_bf16(&self, send: &[u16], recv: &mut [u16]) {
+        recv.copy_from_slice(send);
+    }
+    fn all_reduce_bf16(&self, send: &[u16], recv: &mut [u16]) {
         recv.copy_from_slice(send);
     }
 }
@@ -145,6 +168,42 @@ impl Collectives for Mpi {
             wait_without_spinning(request)
         });
     }
+    fn all_gather_bits(&self, send: &[u16], recv: &mut [u16]) {
+        use mpi::collective::CommunicatorCollectives;
+        mpi::request::scope(|scope| {
+            wait_without_spinning(self.comm.immediate_all_gather_into(scope, send, recv))
+        });
+    }
+    fn reduce_scatter_bf16(&self, send: &[u16], recv: &mut [u16]) {
+        use mpi::collective::CommunicatorCollectives;
+        let sum = bf16_sum_operation();
+        mpi::request::scope(|scope| {
+            let request = self
+                .comm
+                .immediate_reduce_scatter_block_into(scope, send, recv, &sum);
+            wait_without_spinning(request)
+        });
+    }
+    fn all_reduce_bf16(&self, send: &[u16], recv: &mut [u16]) {
+        use mpi::collective::CommunicatorCollectives;
+        let sum = bf16_sum_operation();
+        mpi::request::scope(|scope| {
+            let request = self.comm.immediate_all_reduce_into(scope, send, recv, &sum);
+            wait_without_spinning(request)
+        });
+    }
+}
+
+/// MPI's user-defined bf16 sum over 2-byte elements ([`bf16_sum`] per pair).
+fn bf16_sum_operation() -> mpi::collective::UserOperation<'static> {
+    mpi::collective::UserOperation::commutative(|read, write| {
+        // The runtime passes this operation u16 buffers only; another type is left unreduced.
+        if let (Some(read), Some(write)) = (read.downcast::<u16>(), write.downcast::<u16>()) {
+            for (w, &r) in write.iter_mut().zip(read) {
+                *w = bf16_sum(r, *w);
+            }
+        }
+    })
 }
 
 /// How long a collective's wait tests without pausing, and the longest pause between tests.
@@ -334,17 +393,41 @@ impl<C: Collectives> Backend for CpuBackend<C> {
         Ok(())
     }
     fn all_gather(&self, group: Group, shard: Region, full: Region) -> Result<()> {
-        self.among(group)?
-            .all_gather(&self.read(shard)?, &mut self.write(full)?);
+        let among = self.among(group)?;
+        match full.format {
+            FloatFormat::Fp32 => among.all_gather(
+                &self.arena.lend::<f32>(shard)?,
+                &mut self.arena.lend_mut::<f32>(full)?,
+            ),
+            FloatFormat::Bf16 => among.all_gather_bits(
+                self.arena.lend::<bf16>(shard)?.reinterpret_cast(),
+                self.arena.lend_mut::<bf16>(full)?.reinterpret_cast_mut(),
+            ),
+        }
         Ok(())
     }
     fn reduce_scatter(&self, group: Group, full: Region, shard: Region) -> Result<()> {
-        self.among(group)?
-            .reduce_scatter(&self.read(full)?, &mut self.write(shard)?);
+        let among = self.among(group)?;
+        match full.format {
+            FloatFormat::Fp32 => among.reduce_scatter(
+                &self.arena.lend::<f32>(full)?,
+                &mut self.arena.lend_mut::<f32>(shard)?,
+            ),
+            FloatFormat::Bf16 => among.reduce_scatter_bf16(
+                self.arena.lend::<bf16>(full)?.reinterpret_cast(),
+                self.arena.lend_mut::<bf16>(shard)?.reinterpret_cast_mut(),
+            ),
+        }
         Ok(())
     }
     fn all_reduce(&self, group: Group, data: Region) -> Result<()> {
         let among = self.among(group)?;
+        if data.format == FloatFormat::Bf16 {
+            let mut data = self.arena.lend_mut::<bf16>(data)?;
+            let send = data.reinterpret_cast().to_vec();
+            among.all_reduce_bf16(&send, data.reinterpret_cast_mut());
+            return Ok(());
+        }
         let mut scratch = self.scratch.lock().map_err(|_| poisoned("scratch"))?;
         let capacity = scratch.len();
         let send = scratch.get_mut(..data.len).ok_or_else(|| {
@@ -401,6 +484,22 @@ fn poisoned(what: &str) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each addition rounds to bf16 (to nearest, ties to even): 1 + 2^-8 is a tie between 1 and
+    /// 1 + 2^-7, so the sum stays 1 however often it is added; in f32 it would grow.
+    #[test]
+    fn a_bf16_sum_rounds_every_addition() {
+        let bits = |x: f32| bf16::from_f32(x).to_bits();
+        let half_ulp = bits(2f32.powi(-8));
+        let mut sum = bits(1.0);
+        for _ in 0..4 {
+            sum = bf16_sum(sum, half_ulp);
+        }
+        assert_eq!(sum, bits(1.0));
+        assert_eq!(bf16_sum(bits(1.5), bits(0.25)), bits(1.75));
+        let big = bits(3.0e38);
+        assert!(bf16::from_bits(bf16_sum(big, big)).to_f32().is_infinite());
+    }
 
     /// The compute stream's thread runs at nice +10, its caller and the communication thread as
     /// they were.

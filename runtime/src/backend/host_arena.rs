@@ -1,27 +1,34 @@
 //! The CPU backend's arena: host memory that the compute and the communication thread use at
 //! once, each through regions it borrows. Like `RefCell`, but per range and across threads:
 //! every borrow is recorded while it lives, and a borrow that would overlap a live one — unless
-//! both only read — is refused with an error. So the arena hands out `&mut [f32]` only where no
-//! other reference to those elements exists, whatever the executor's schedule does; a schedule
+//! both only read — is refused with an error. So the arena hands out `&mut` slices only where no
+//! other reference to those words exists, whatever the executor's schedule does; a schedule
 //! that lets two operations touch the same elements at once becomes an error, not a data race.
+//!
+//! A region's elements are lent as stored ([`HostArena::lend`], fp32 or bf16 bit patterns: what
+//! the collectives move) or as f32 ([`HostArena::read`], [`HostArena::write`]: what the kernels
+//! compute with). A bf16 region read as f32 is widened into a copy; written as f32, its copy is
+//! rounded back to bf16 (to nearest, ties to even) when the borrow ends (DESIGN §6.9).
 
-use super::Region;
+use super::{FloatFormat, Region, words};
 use crate::{Error, Result};
+use half::bf16;
+use half::slice::HalfFloatSliceExt;
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut, Range};
 use std::sync::Mutex;
 
-/// f32 elements, borrowed by region.
+/// 4-byte words, borrowed by region.
 #[derive(Default)]
 pub(crate) struct HostArena {
-    /// `UnsafeCell` per element: a shared reference to the cells permits writing through them,
-    /// which [`HostArena::write`] does only inside a range it has leased exclusively.
+    /// `UnsafeCell` per word: a shared reference to the cells permits writing through them,
+    /// which [`HostArena::lend_mut`] does only inside a range it has leased exclusively.
     cells: Box<[UnsafeCell<f32>]>,
     leases: Mutex<Leases>,
 }
 
-// SAFETY: the elements are reached only through `Read` and `Write`, whose ranges are checked
-// against every live lease under the `leases` lock: a `Write` is never alive beside another
+// SAFETY: the words are reached only through `Lent` and `LentMut`, whose ranges are checked
+// against every live lease under the `leases` lock: a `LentMut` is never alive beside another
 // borrow of an overlapping range.
 unsafe impl Sync for HostArena {}
 
@@ -37,59 +44,125 @@ struct Lease {
     exclusive: bool,
 }
 
+/// A format elements are stored in.
+///
+/// # Safety
+/// `Self` is 4 or 2 bytes of plain data, valid for every bit pattern, aligned to at most 4, and
+/// `FORMAT` is the format whose elements it is.
+pub(crate) unsafe trait Stored: Copy + 'static {
+    const FORMAT: FloatFormat;
+}
+
+// SAFETY: f32 is 4 bytes, every bit pattern valid.
+unsafe impl Stored for f32 {
+    const FORMAT: FloatFormat = FloatFormat::Fp32;
+}
+
+// SAFETY: bf16 is a transparent u16.
+unsafe impl Stored for bf16 {
+    const FORMAT: FloatFormat = FloatFormat::Bf16;
+}
+
 impl HostArena {
-    /// An arena of `elements` zeros; fails (never aborts) when the host has not that much memory.
-    pub(crate) fn zeroed(elements: usize) -> Result<HostArena> {
+    /// An arena of `words` zeros; fails (never aborts) when the host has not that much memory.
+    pub(crate) fn zeroed(words: usize) -> Result<HostArena> {
         let mut cells = Vec::new();
-        cells.try_reserve_exact(elements).map_err(|e| {
+        cells.try_reserve_exact(words).map_err(|e| {
             Error::Backend(format!(
                 "cannot allocate the {} MiB arena: {e}",
-                (elements * 4) >> 20
+                (words * 4) >> 20
             ))
         })?;
-        cells.resize_with(elements, || UnsafeCell::new(0.0));
+        cells.resize_with(words, || UnsafeCell::new(0.0));
         Ok(HostArena {
             cells: cells.into_boxed_slice(),
             leases: Mutex::default(),
         })
     }
 
-    /// The elements of `region`, to read; fails while any part of them is borrowed to write.
-    pub(crate) fn read(&self, region: Region) -> Result<Read<'_>> {
-        let (id, cells) = self.lease(region, false)?;
-        // SAFETY: no `Write` overlapping these cells is alive (checked by `lease`) and none can
-        // be created until this lease is returned on drop; `UnsafeCell<f32>` has f32's layout.
-        let slice =
-            unsafe { std::slice::from_raw_parts(cells.as_ptr().cast::<f32>(), cells.len()) };
-        Ok(Read {
-            arena: self,
-            id,
+    /// The elements of `region` as stored, to read; fails while any part of them is borrowed to
+    /// write, or when the region holds another format than `T`.
+    pub(crate) fn lend<T: Stored>(&self, region: Region) -> Result<Lent<'_, T>> {
+        let (lease, cells) = self.lease::<T>(region, false)?;
+        // SAFETY: no `LentMut` overlapping these cells is alive (checked by `lease`) and none can
+        // be created until this lease is returned on drop; the words hold `region.len` elements
+        // of `T` (`Stored`), whose alignment the words' meets.
+        let slice = unsafe { std::slice::from_raw_parts(cells.as_ptr().cast::<T>(), region.len) };
+        Ok(Lent {
+            _lease: lease,
             slice,
         })
     }
 
-    /// The elements of `region`, to write; fails while any part of them is borrowed at all.
-    pub(crate) fn write(&self, region: Region) -> Result<Write<'_>> {
-        let (id, cells) = self.lease(region, true)?;
+    /// The elements of `region` as stored, to write; fails while any part of them is borrowed
+    /// at all, or when the region holds another format than `T`.
+    pub(crate) fn lend_mut<T: Stored>(&self, region: Region) -> Result<LentMut<'_, T>> {
+        let (lease, cells) = self.lease::<T>(region, true)?;
         // SAFETY: this lease is the only live borrow of these cells (checked by `lease`) until it
-        // is returned on drop; writing through a shared `UnsafeCell` is allowed.
+        // is returned on drop; writing through a shared `UnsafeCell` is allowed; the layout is
+        // as in `lend`.
         let slice = unsafe {
-            std::slice::from_raw_parts_mut(UnsafeCell::raw_get(cells.as_ptr()), cells.len())
+            std::slice::from_raw_parts_mut(
+                UnsafeCell::raw_get(cells.as_ptr()).cast::<T>(),
+                region.len,
+            )
         };
-        Ok(Write {
-            arena: self,
-            id,
+        Ok(LentMut {
+            _lease: lease,
             slice,
         })
     }
 
-    /// Records a borrow of `region` after checking it against the live ones.
-    fn lease(&self, region: Region, exclusive: bool) -> Result<(u64, &[UnsafeCell<f32>])> {
-        let end = region.offset.saturating_add(region.len);
+    /// The elements of `region` as f32, to read (a widened copy of bf16 ones).
+    pub(crate) fn read(&self, region: Region) -> Result<Read<'_>> {
+        Ok(match region.format {
+            FloatFormat::Fp32 => Read::Stored(self.lend(region)?),
+            FloatFormat::Bf16 => {
+                let lent = self.lend::<bf16>(region)?;
+                let mut values = vec![0.0; region.len];
+                lent.convert_to_f32_slice(&mut values);
+                Read::Widened {
+                    _lent: lent,
+                    values,
+                }
+            }
+        })
+    }
+
+    /// The elements of `region` as f32, to write (bf16 ones widened, and rounded back when the
+    /// borrow ends).
+    pub(crate) fn write(&self, region: Region) -> Result<Write<'_>> {
+        Ok(Write(match region.format {
+            FloatFormat::Fp32 => Target::Stored(self.lend_mut(region)?),
+            FloatFormat::Bf16 => {
+                let lent = self.lend_mut::<bf16>(region)?;
+                let mut values = vec![0.0; region.len];
+                lent.convert_to_f32_slice(&mut values);
+                Target::Rounded(lent, values)
+            }
+        }))
+    }
+
+    /// Records a borrow of `region`'s words after checking them against the live ones.
+    fn lease<T: Stored>(
+        &self,
+        region: Region,
+        exclusive: bool,
+    ) -> Result<(LeaseGuard<'_>, &[UnsafeCell<f32>])> {
+        if region.format != T::FORMAT {
+            return Err(Error::Backend(format!(
+                "a region of {} elements lent as {}",
+                region.format.name(),
+                T::FORMAT.name()
+            )));
+        }
+        let end = region
+            .offset
+            .saturating_add(words(region.format, region.len));
         let range = region.offset..end;
         let cells = self.cells.get(range.clone()).ok_or_else(|| {
             Error::Backend(format!(
-                "region {range:?} lies outside the {}-element arena",
+                "region {range:?} lies outside the {}-word arena",
                 self.cells.len()
             ))
         })?;
@@ -103,7 +176,7 @@ impl HostArena {
         if let Some(clash) = clash {
             let access = |exclusive| if exclusive { "write" } else { "read" };
             return Err(Error::Backend(format!(
-                "arena elements {range:?} borrowed to {} while {:?} are borrowed to {}: the \
+                "arena words {range:?} borrowed to {} while {:?} are borrowed to {}: the \
                  schedule let two operations use the same memory at once",
                 access(exclusive),
                 clash.range,
@@ -117,7 +190,7 @@ impl HostArena {
             range,
             exclusive,
         });
-        Ok((id, cells))
+        Ok((LeaseGuard { arena: self, id }, cells))
     }
 
     fn release(&self, id: u64) {
@@ -132,49 +205,103 @@ fn poisoned() -> Error {
     Error::Backend("the arena's borrow record was poisoned by a panicking thread".into())
 }
 
-/// Region elements borrowed to read; returned on drop.
-pub(crate) struct Read<'a> {
+/// A live lease; returned on drop.
+struct LeaseGuard<'a> {
     arena: &'a HostArena,
     id: u64,
-    slice: &'a [f32],
+}
+
+impl Drop for LeaseGuard<'_> {
+    fn drop(&mut self) {
+        self.arena.release(self.id);
+    }
+}
+
+/// Region elements as stored, borrowed to read.
+pub(crate) struct Lent<'a, T> {
+    _lease: LeaseGuard<'a>,
+    slice: &'a [T],
+}
+
+impl<T> Deref for Lent<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        self.slice
+    }
+}
+
+/// Region elements as stored, borrowed to write.
+pub(crate) struct LentMut<'a, T> {
+    _lease: LeaseGuard<'a>,
+    slice: &'a mut [T],
+}
+
+impl<T> Deref for LentMut<'_, T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        self.slice
+    }
+}
+
+impl<T> DerefMut for LentMut<'_, T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        self.slice
+    }
+}
+
+/// Region elements as f32, borrowed to read.
+pub(crate) enum Read<'a> {
+    Stored(Lent<'a, f32>),
+    /// bf16 elements (borrowed while the copy is read) and their widened copy.
+    Widened {
+        _lent: Lent<'a, bf16>,
+        values: Vec<f32>,
+    },
 }
 
 impl Deref for Read<'_> {
     type Target = [f32];
     fn deref(&self) -> &[f32] {
-        self.slice
+        match self {
+            Read::Stored(lent) => lent,
+            Read::Widened { values, .. } => values,
+        }
     }
 }
 
-impl Drop for Read<'_> {
-    fn drop(&mut self) {
-        self.arena.release(self.id);
-    }
-}
+/// Region elements as f32, borrowed to write.
+pub(crate) struct Write<'a>(Target<'a>);
 
-/// Region elements borrowed to write; returned on drop.
-pub(crate) struct Write<'a> {
-    arena: &'a HostArena,
-    id: u64,
-    slice: &'a mut [f32],
+enum Target<'a> {
+    Stored(LentMut<'a, f32>),
+    /// bf16 elements and the f32 values rounded into them on drop.
+    Rounded(LentMut<'a, bf16>, Vec<f32>),
 }
 
 impl Deref for Write<'_> {
     type Target = [f32];
     fn deref(&self) -> &[f32] {
-        self.slice
+        match &self.0 {
+            Target::Stored(lent) => lent,
+            Target::Rounded(_, values) => values,
+        }
     }
 }
 
 impl DerefMut for Write<'_> {
     fn deref_mut(&mut self) -> &mut [f32] {
-        self.slice
+        match &mut self.0 {
+            Target::Stored(lent) => lent,
+            Target::Rounded(_, values) => values,
+        }
     }
 }
 
 impl Drop for Write<'_> {
     fn drop(&mut self) {
-        self.arena.release(self.id);
+        if let Target::Rounded(lent, values) = &mut self.0 {
+            lent.convert_from_f32_slice(values);
+        }
     }
 }
 
@@ -197,7 +324,7 @@ mod tests {
     use super::*;
 
     fn region(offset: usize, len: usize) -> Region {
-        Region { offset, len }
+        Region::f32(offset, len)
     }
 
     #[test]
@@ -236,6 +363,56 @@ mod tests {
         assert!(arena.write(region(5, 0)).is_err());
         assert!(arena.read(region(4, 0)).is_ok());
         assert!(arena.read(region(1, usize::MAX)).is_err());
+    }
+
+    fn bf16_region(offset: usize, len: usize) -> Region {
+        Region {
+            offset,
+            len,
+            format: FloatFormat::Bf16,
+        }
+    }
+
+    /// bf16 keeps 8 significant bits: between 1 and 2 its neighbours are 2^-7 apart.
+    #[test]
+    fn a_bf16_region_written_as_f32_rounds_to_nearest_ties_to_even() {
+        let arena = HostArena::zeroed(2).unwrap();
+        let ulp = 2f32.powi(-7);
+        let written = [
+            1.0 + ulp / 2.0,                  // a tie: to 1 (even)
+            1.0 + 1.5 * ulp,                  // a tie: to 1 + 2 ulp (even)
+            1.0 + ulp / 2.0 + 2f32.powi(-20), // past the tie: up
+            -3.0 - 2.0 * ulp,                 // exact: between 2 and 4, neighbours are 2 ulp apart
+        ];
+        arena
+            .write(bf16_region(0, 4))
+            .unwrap()
+            .copy_from_slice(&written);
+        let read = arena.read(bf16_region(0, 4)).unwrap();
+        assert_eq!(&*read, &[1.0, 1.0 + 2.0 * ulp, 1.0 + ulp, -3.0 - 2.0 * ulp]);
+        let bits = arena.lend::<bf16>(bf16_region(0, 4)).unwrap();
+        assert_eq!(bits[0].to_bits(), 0x3f80, "1.0's upper half");
+    }
+
+    #[test]
+    fn bf16_elements_share_words_and_keep_their_format() {
+        let arena = HostArena::zeroed(4).unwrap();
+        // Elements 0..3 take words 0 and 1; a region from word 1 overlaps the second.
+        let w = arena.write(bf16_region(0, 3)).unwrap();
+        assert!(arena.read(bf16_region(1, 2)).is_err());
+        assert!(arena.read(region(1, 1)).is_err());
+        arena.read(bf16_region(2, 4)).unwrap();
+        drop(w);
+        let err = arena
+            .lend::<f32>(bf16_region(0, 2))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("bf16 elements lent as fp32"), "{err}");
+        assert!(
+            arena.read(bf16_region(2, 5)).is_err(),
+            "5 bf16 elements need 3 words"
+        );
     }
 
     #[test]

@@ -19,6 +19,8 @@ pub(crate) use host_arena::each;
 pub use mpi::environment::Universe as MpiUniverse;
 
 use crate::{Error, Result};
+pub use shardplan_scheduler::precision::FloatFormat;
+use shardplan_scheduler::precision::Precision;
 use std::time::Duration;
 
 /// How long a host thread that only enqueues polls for the other stream's signal before it
@@ -26,26 +28,62 @@ use std::time::Duration;
 /// short enough that a host far ahead of its device soon sleeps.
 pub const ENQUEUE_SPIN: Duration = Duration::from_millis(1);
 
-/// A range of f32 elements in the arena.
+/// A range of elements of one format in the arena: `offset` counts 4-byte words from the
+/// arena's start (an fp32 element each, two bf16 ones), `len` the region's elements. A bf16
+/// region starts on a word; its parts and carvings keep that where their element offsets are
+/// even, which the layout's blocks (multiples of 16 per rank) and the models' tensor sizes are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Region {
     pub offset: usize,
     pub len: usize,
+    pub format: FloatFormat,
 }
 
 impl Region {
-    /// Whether the two ranges share an element.
+    /// `len` fp32 elements at word `offset`.
+    pub fn f32(offset: usize, len: usize) -> Region {
+        Region {
+            offset,
+            len,
+            format: FloatFormat::Fp32,
+        }
+    }
+
+    /// The 4-byte words its elements take.
+    pub fn words(self) -> usize {
+        words(self.format, self.len)
+    }
+
+    /// Whether the two ranges share a word.
     pub fn overlaps(self, other: Region) -> bool {
-        self.offset < other.offset + other.len && other.offset < self.offset + self.len
+        self.offset < other.offset + other.words() && other.offset < self.offset + self.words()
+    }
+
+    /// The `len` elements from element `start` on (an even `start` for bf16).
+    pub fn sub(self, start: usize, len: usize) -> Region {
+        debug_assert!(
+            self.format == FloatFormat::Fp32 || start.is_multiple_of(2),
+            "a bf16 region split at odd element {start}"
+        );
+        Region {
+            offset: self.offset + words(self.format, start),
+            len,
+            format: self.format,
+        }
     }
 
     /// The `index`-th of `parts` equal sub-ranges.
     pub fn part(self, index: usize, parts: usize) -> Region {
         let len = self.len / parts;
-        Region {
-            offset: self.offset + index * len,
-            len,
-        }
+        self.sub(index * len, len)
+    }
+}
+
+/// The 4-byte words `len` elements of `format` take.
+pub fn words(format: FloatFormat, len: usize) -> usize {
+    match format {
+        FloatFormat::Fp32 => len,
+        FloatFormat::Bf16 => len.div_ceil(2),
     }
 }
 
@@ -231,6 +269,11 @@ pub trait Backend: Sync {
     /// both streams have completed; stops the clock.
     fn launch_times(&self) -> Result<Vec<LaunchTime>> {
         Ok(Vec::new())
+    }
+    /// Refuses, naming the setting, a precision policy (DESIGN §6.9) whose kernels this backend
+    /// lacks, before anything is allocated.
+    fn check_precision(&self, _precision: Precision) -> Result<()> {
+        Ok(())
     }
     /// Called first on the host thread that drives `stream`, before its first operation. The CPU
     /// backend lowers its compute threads' priority there (DESIGN §6.1); a backend whose threads

@@ -113,12 +113,7 @@ impl CudaBackend {
     /// compute stream through cuBLAS's column-major call ([`Strided::cublas`]).
     pub fn product(&self, product: &Strided, operands: [usize; 3], beta: f32) -> Result<()> {
         let extents = product.extents();
-        let [a, b, c] = [0, 1, 2].map(|i| {
-            self.ptr(Region {
-                offset: operands[i],
-                len: extents[i],
-            })
-        });
+        let [a, b, c] = [0, 1, 2].map(|i| self.ptr(Region::f32(operands[i], extents[i])));
         let (a, b, c) = (a?, b?, c?);
         let call = BlasCall::of(product)?;
         let alpha = 1.0f32;

@@ -10,7 +10,7 @@ use super::program::{Block, Kind};
 use super::watchdog::InFlight;
 use super::{PendingSpan, Walk};
 use crate::backend::{Backend, COMMUNICATION_THREAD, Region, Stream};
-use crate::train::Train;
+use crate::train::{Train, optimize_unit};
 use crate::{Error, Result};
 use shardplan_scheduler::profile::Link;
 
@@ -155,7 +155,7 @@ impl<B: Backend, W: Train<B>> Walk<'_, B, W> {
         }
         if b.step_reduction && b.index + 1 == u.blocks {
             let trained = self.options.first_step as u32 + step + 1;
-            self.workload.optimize(backend, layout, b.unit, trained)?;
+            optimize_unit(self.workload, backend, layout, b.unit, trained)?;
         }
         Ok(())
     }

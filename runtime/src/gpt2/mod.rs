@@ -26,7 +26,7 @@ pub mod tensors;
 pub mod token_file;
 pub mod weights;
 
-use crate::backend::{Backend, Region};
+use crate::backend::{Backend, FloatFormat, Region};
 use crate::layout::Layout;
 use crate::train::Train;
 use crate::workload::{Pass, UnitBuffers, Workload, carve};
@@ -35,6 +35,7 @@ use attention::AttentionShape;
 use data::Tokens;
 use kernels::AdamW;
 use shardplan_scheduler::model::{ModelSpec, Norm, PositionEmbedding, TrainingSpec};
+use shardplan_scheduler::precision::Precision;
 use shardplan_scheduler::timeline::Level;
 use std::ops::Range;
 use std::sync::Mutex;
@@ -217,6 +218,7 @@ pub struct Gpt2 {
     global_batch: usize,
     /// K, micro-batches of `global_batch` sequences per optimizer step.
     micro_batches: usize,
+    precision: Precision,
     rank: usize,
     world: usize,
     units: Vec<Vec<Tensor>>,
@@ -271,6 +273,16 @@ impl Gpt2 {
                 "{origin}: field `training.batch_size`: expected a multiple of the {world} ranks, got {global_batch}"
             )));
         }
+        let precision = training
+            .policy()
+            .map_err(|why| Error::Mismatch(format!("{origin}: field `training.reduce`: {why}")))?;
+        if precision.param() == FloatFormat::Bf16 && (model.hidden % 2 == 1 || model.ffn % 2 == 1) {
+            return Err(Error::Mismatch(format!(
+                "{origin}: fields `hidden` and `ffn`: even sizes under `training.precision = \
+                 \"bf16\"` (each bf16 tensor starts on a 4-byte word), got {} and {}",
+                model.hidden, model.ffn
+            )));
+        }
         let shape = Shape {
             layers: model.layers as usize,
             hidden: model.hidden as usize,
@@ -302,6 +314,7 @@ impl Gpt2 {
             },
             global_batch,
             micro_batches: training.micro_batches as usize,
+            precision,
             rank,
             world,
             units,
@@ -437,6 +450,9 @@ impl Workload for Gpt2 {
     fn micro_batches(&self) -> usize {
         self.micro_batches
     }
+    fn precision(&self) -> Precision {
+        self.precision
+    }
 }
 
 impl<B: Gpt2Kernels> Train<B> for Gpt2 {
@@ -543,7 +559,7 @@ impl<B: Gpt2Kernels> Train<B> for Gpt2 {
         let u = &layout.units[unit];
         let decayed = self.local_decayed(layout, unit);
         let adam = AdamRegions {
-            params: u.params,
+            params: u.trained(),
             grads: u.grads,
             m: u.adam_m,
             v: u.adam_v,

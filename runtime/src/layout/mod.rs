@@ -61,7 +61,12 @@ pub struct UnitLayout<R = Region> {
     /// An hpZ unit's secondary group H and its secondary shard (the (r mod H)-th part of every
     /// gathered block, kept from F_i to B_i: its backward gather's source).
     pub secondary: Option<(usize, R)>,
+    /// The parameters as gathered and computed with (bf16 under the bf16 policy).
     pub params: R,
+    /// Under the bf16 policy, the fp32 master of `params` (same elements), which the optimizer
+    /// updates and rounds into `params` (DESIGN §6.9).
+    pub master: Option<R>,
+    /// The gradient shard (or full gradient of a replicated unit) in the reduction's format.
     pub grads: R,
     pub adam_m: R,
     pub adam_v: R,
@@ -85,6 +90,7 @@ impl<R: Copy> UnitLayout<R> {
             shard_ranks: self.shard_ranks,
             secondary: self.secondary.map(|(h, r)| (h, f(r))),
             params: f(self.params),
+            master: self.master.map(&f),
             grads: f(self.grads),
             adam_m: f(self.adam_m),
             adam_v: f(self.adam_v),
@@ -126,6 +132,11 @@ impl UnitLayout {
             .collect()
     }
 
+    /// The persistent parameters the optimizer updates: the fp32 master where there is one.
+    pub fn trained(&self) -> Region {
+        self.master.unwrap_or(self.params)
+    }
+
     /// The full parameters compute reads in the forward (gathered or replicated).
     pub fn forward_params(&self) -> Region {
         self.gathered_forward.unwrap_or(self.params)
@@ -165,10 +176,7 @@ impl UnitLayout {
     pub fn backward_internals(&self) -> Region {
         match self.activations {
             Activations::Kept(internals) => internals,
-            Activations::Recomputed(r) => Region {
-                offset: r.offset + self.saved.len,
-                len: r.len - self.saved.len,
-            },
+            Activations::Recomputed(r) => r.sub(self.saved.len, r.len - self.saved.len),
         }
     }
 }
@@ -247,11 +255,9 @@ impl Placement {
         let (region, request) = &self.regions[k];
         // The last part's padding is not part of the region.
         request.extents().map(|(start, end, alive)| {
-            let region = Region {
-                offset: region.offset + (start / 4) as usize,
-                len: ((end.min(request.bytes()) - start) / 4) as usize,
-            };
-            (region, alive)
+            let element = region.format.bytes();
+            let len = (end.min(request.bytes()) - start) / element;
+            (region.sub((start / element) as usize, len as usize), alive)
         })
     }
 
@@ -272,6 +278,21 @@ impl Placement {
 
 /// Checks that the profile describes `workload`: the same units, names and parameter counts.
 pub fn check_profile(workload: &dyn Workload, profile: &Profile) -> Result<()> {
+    let precision = workload.precision();
+    if profile.bytes_per_param != precision.bytes_per_param() {
+        let b = profile.bytes_per_param;
+        return Err(Error::Mismatch(format!(
+            "the profile counts (param, grad, optimizer) = ({}, {}, {}) bytes per parameter; \
+             the model `{}` trains with {} ([training]), whose bytes are {:?}: measure the \
+             profile under the model's precision",
+            b.param,
+            b.grad,
+            b.optimizer,
+            workload.name(),
+            precision.describe(),
+            precision.bytes_per_param()
+        )));
+    }
     if profile.unit_count() != workload.unit_count() {
         return Err(Error::Mismatch(format!(
             "the profile has {} units, the model `{}` {}: the profile was made for another model",

@@ -3,9 +3,10 @@
 
 use super::{Activations, Layout, Placement, UnitLayout, check_profile};
 use crate::arena::{Part, Request, Tenure, pack_by_parity};
-use crate::backend::Region;
+use crate::backend::{FloatFormat, Region};
 use crate::workload::Workload;
 use crate::{Error, Result};
+use shardplan_scheduler::precision::Precision;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::Schedule;
 use shardplan_scheduler::timeline::{Level, Op};
@@ -23,6 +24,8 @@ struct Birth {
 struct Builder {
     slots: usize,
     requests: Vec<Request>,
+    /// Per request, its elements' format.
+    formats: Vec<FloatFormat>,
     tenures: Vec<Tenure>,
     /// Per request, whether a data step's contents are born in the iteration before the step's
     /// (a forward gather launched after the unit's backward serves the next step).
@@ -30,22 +33,34 @@ struct Builder {
 }
 
 impl Builder {
-    fn push(&mut self, request: Request, tenure: Tenure, born_before_step: bool) -> usize {
+    fn push(
+        &mut self,
+        request: Request,
+        format: FloatFormat,
+        tenure: Tenure,
+        born_before_step: bool,
+    ) -> usize {
         self.requests.push(request);
+        self.formats.push(format);
         self.tenures.push(tenure);
         self.born_before_step.push(born_before_step);
         self.requests.len() - 1
     }
 
-    /// No slot alive.
-    fn none(&self) -> Vec<bool> {
-        vec![false; self.slots]
+    /// Alive in `spans` (cyclic, inclusive).
+    fn alive(&self, spans: &[(usize, usize)]) -> Vec<bool> {
+        let mut alive = vec![false; self.slots];
+        for &(first, last) in spans {
+            mark(&mut alive, first, last);
+        }
+        alive
     }
 
     /// State kept from step to step, alive throughout.
-    fn add_kept(&mut self, name: String, elements: usize) -> usize {
-        let request = Request::whole(name, 4 * elements as u64, vec![true; self.slots]);
-        self.push(request, Tenure::Kept, false)
+    fn add_kept(&mut self, name: String, elements: usize, format: FloatFormat) -> usize {
+        let bytes = format.bytes() * elements as u64;
+        let request = Request::whole(name, bytes, vec![true; self.slots]);
+        self.push(request, format, Tenure::Kept, false)
     }
 
     /// A buffer of one step's contents, born in slot `birth` of the step's iteration, alive in
@@ -57,26 +72,23 @@ impl Builder {
         birth: usize,
         spans: &[(usize, usize)],
     ) -> usize {
-        let mut alive = self.none();
-        for &(first, last) in spans {
-            mark(&mut alive, first, last);
-        }
+        let alive = self.alive(spans);
         let request = Request::whole(name, 4 * elements as u64, alive);
-        self.push(request, Tenure::Step { birth }, false)
+        self.push(request, FloatFormat::Fp32, Tenure::Step { birth }, false)
     }
 
-    /// A buffer of an op's blocks, block j alive in `alive[j]`; neighbouring blocks alive in the
-    /// same slots form one part.
+    /// A buffer of an op's blocks of `format`, block j alive in `alive[j]`; neighbouring blocks
+    /// alive in the same slots form one part.
     fn add_blocks(
         &mut self,
         name: String,
-        block_elements: usize,
+        (block_elements, format): (usize, FloatFormat),
         alive: Vec<Vec<bool>>,
         birth: Birth,
     ) -> usize {
         let mut parts: Vec<Part> = Vec::new();
         for block in alive {
-            let bytes = 4 * block_elements as u64;
+            let bytes = format.bytes() * block_elements as u64;
             match parts.last_mut() {
                 Some(part) if part.alive == block => part.bytes += bytes,
                 _ => parts.push(Part {
@@ -86,7 +98,12 @@ impl Builder {
             }
         }
         let tenure = Tenure::Step { birth: birth.slot };
-        self.push(Request { name, parts }, tenure, birth.previous_iteration)
+        self.push(
+            Request { name, parts },
+            format,
+            tenure,
+            birth.previous_iteration,
+        )
     }
 
     /// Packs the requests (by parity where one layout misses the live peak) and resolves each
@@ -95,9 +112,16 @@ impl Builder {
     fn place(self, pending: &[UnitLayout<usize>], kept_fsdp: &[bool]) -> Placement {
         let packed = pack_by_parity(self.requests, &self.tenures);
         let offsets = &packed.arena.offsets;
+        // Each packed request's format: its buffer's (a buffer packed twice has two requests).
+        let mut formats = vec![FloatFormat::Fp32; packed.requests.len()];
+        for (copies, &format) in packed.copies.iter().zip(&self.formats) {
+            copies.iter().for_each(|&c| formats[c] = format);
+        }
+        let formats = &formats;
         let region_of = |k: usize, request: &Request| Region {
             offset: (offsets[k] / 4) as usize,
-            len: (request.bytes() / 4) as usize,
+            len: (request.bytes() / formats[k].bytes()) as usize,
+            format: formats[k],
         };
         let region = |k: usize| region_of(k, &packed.requests[k]);
         let largest_block = pending.iter().map(|u| u.block_elements).max().unwrap_or(0);
@@ -170,12 +194,18 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
         )));
     }
     let world = profile.world_size as usize;
+    let precision = Precision::of_bytes(profile.bytes_per_param).map_err(|expected| {
+        Error::Mismatch(format!(
+            "the profile's field `bytes_per_param`: expected {expected}"
+        ))
+    })?;
     let step = Unrolled::of(schedule);
     let (timeline, k) = (step.timeline, step.micro_batches);
     let slots = step.slot_count();
     let mut b = Builder {
         slots,
         requests: Vec::new(),
+        formats: Vec::new(),
         tenures: Vec::new(),
         born_before_step: Vec::new(),
     };
@@ -192,10 +222,14 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
         };
         let persistent = padded / shard_ranks;
         let name = workload.unit_name(i);
-        let params = b.add_kept(format!("{name} params"), persistent);
-        let grads = b.add_kept(format!("{name} grads"), persistent);
-        let adam_m = b.add_kept(format!("{name} adam m"), persistent);
-        let adam_v = b.add_kept(format!("{name} adam v"), persistent);
+        let (param, grad) = (precision.param(), precision.reduce());
+        let params = b.add_kept(format!("{name} params"), persistent, param);
+        let master = precision
+            .has_master()
+            .then(|| b.add_kept(format!("{name} master"), persistent, FloatFormat::Fp32));
+        let grads = b.add_kept(format!("{name} grads"), persistent, grad);
+        let adam_m = b.add_kept(format!("{name} adam m"), persistent, FloatFormat::Fp32);
+        let adam_v = b.add_kept(format!("{name} adam v"), persistent, FloatFormat::Fp32);
         let (f, bw) = (timeline.forward(i), timeline.backward(i));
         // The backward of the unit that borrows this unit's parameters, if any (the profile's
         // `reads_params_of`, which `check_profile` found equal to the workload's), writes its
@@ -247,7 +281,7 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
             };
             Some(b.add_blocks(
                 format!("{name} full gradient"),
-                block_elements,
+                (block_elements, grad),
                 alive,
                 birth,
             ))
@@ -269,7 +303,8 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
                 };
                 vec![(launch, until)]
             })?;
-            Some(b.add_blocks(format!("{name} gathered"), block_elements, alive, birth))
+            let name = format!("{name} gathered");
+            Some(b.add_blocks(name, (block_elements, param), alive, birth))
         };
         let gathered_backward = if u.level == Level::Fsdp {
             let (alive, birth) = blocks_alive(Op::GatherBackward, &|instance, launch| {
@@ -283,7 +318,7 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
             })?;
             Some(b.add_blocks(
                 format!("{name} gathered for backward"),
-                block_elements,
+                (block_elements, param),
                 alive,
                 birth,
             ))
@@ -294,7 +329,9 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
         // An hpZ unit's secondary shard, written at F_i, read by its backward gather.
         let secondary = u.secondary_group.map(|h| {
             let (h, name) = (h as usize, format!("{name} secondary shard"));
-            (h, b.add(name, padded / h, f, &[(f, bw)]))
+            let alive = b.alive(&[(f, bw)]);
+            let request = Request::whole(name, param.bytes() * (padded / h) as u64, alive);
+            (h, b.push(request, param, Tenure::Step { birth: f }, false))
         });
         let sizes = workload.buffers(i);
         if u.recompute && sizes.forward_workspace < sizes.internals {
@@ -347,6 +384,7 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
             shard_ranks,
             secondary,
             params,
+            master,
             grads,
             adam_m,
             adam_v,

@@ -9,7 +9,7 @@ use super::timing::compute_slot;
 use crate::Result;
 use crate::backend::{Backend, LaunchTime};
 use crate::layout::Layout;
-use crate::train::Train;
+use crate::train::{Train, optimize_unit};
 
 /// One launch name's time within one pass of one unit kind, summed over a step.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -54,7 +54,7 @@ pub fn time_launches<B: Backend, W: Train<B>>(
     }
     for i in 0..l {
         backend.start_launch_clock()?;
-        workload.optimize(backend, layout, i, 1)?;
+        optimize_unit(workload, backend, layout, i, 1)?;
         add(
             &mut rows,
             &unit_kind(&workload.unit_name(i)),

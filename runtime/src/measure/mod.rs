@@ -26,9 +26,7 @@ use crate::layout::{Placement, place};
 use crate::workload::Workload;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::curve::CommCurve;
-use shardplan_scheduler::profile::{
-    BytesPerParam, CommCurves, PROFILE_SCHEMA, Profile, UnitProfile,
-};
+use shardplan_scheduler::profile::{CommCurves, PROFILE_SCHEMA, Profile, UnitProfile};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -48,9 +46,6 @@ pub struct UnitTime {
 
 /// Measured times of each unit.
 pub type UnitTimes = Vec<UnitTime>;
-
-/// Parameters per shard quantum of the runtime's buffers: the arena's 64-byte alignment in fp32.
-const SHARD_QUANTUM_PARAMS: u64 = crate::arena::ALIGN / 4;
 
 /// The profile of `workload` on `world` ranks from unit times and collective curves.
 pub fn workload_profile(
@@ -102,13 +97,10 @@ pub fn workload_profile(
         comm_slowdown: 0.0,
         update_slowdown: None,
         iteration_extra_us: 0.0,
-        bytes_per_param: BytesPerParam {
-            param: 4,
-            grad: 4,
-            optimizer: 8,
-        },
+        bytes_per_param: workload.precision().bytes_per_param(),
         micro_batches: workload.micro_batches() as u32,
-        shard_quantum_params: SHARD_QUANTUM_PARAMS,
+        // Parameters per shard quantum of the runtime's buffers: the arena's 64-byte alignment.
+        shard_quantum_params: crate::arena::ALIGN / workload.precision().param().bytes(),
         units,
         comm,
         topology: None,
@@ -130,7 +122,7 @@ pub fn compute_placements(workload: &dyn Workload, world: u32) -> Result<[Placem
         all_reduce: flat,
     };
     let largest = (0..workload.unit_count())
-        .map(|i| 4 * workload.params(i) as u64)
+        .map(|i| workload.precision().param().bytes() * workload.params(i) as u64)
         .max()
         .unwrap_or(4);
     let times = vec![

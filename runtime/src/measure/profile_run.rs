@@ -15,7 +15,7 @@ use crate::executor::initialise;
 use crate::layout::Placement;
 use crate::model_file::ModelFile;
 use crate::process::Oversubscribed;
-use crate::train::Train;
+use crate::train::{Train, optimize_unit};
 use crate::transformer::{UnitKind, backward_gemms, forward_gemms};
 use crate::{Error, Result};
 use serde_json::json;
@@ -215,6 +215,7 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
     options: &MeasureOptions,
 ) -> Result<Measured> {
     let world = backend.world_size();
+    backend.check_precision(workload.precision())?;
     if options.launch_times {
         // Refused at once by a backend without a launch clock, not after the units are timed.
         backend.start_launch_clock()?;
@@ -275,7 +276,7 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
         block(Collective::ReduceScatter)?,
         block(Collective::AllGather)?,
     );
-    let update = |s: usize| workload.optimize(&backend, &copy, s % l, 1);
+    let update = |s: usize| optimize_unit(workload, &backend, &copy, s % l, 1);
     let slots = Slots {
         slots: 2 * l,
         compute: &pass,

@@ -7,7 +7,7 @@ use crate::Result;
 use crate::backend::{Allocation, Backend, Group, Region, Stream, StreamWork, on_both_streams};
 use crate::gradients::{GradientStart, first_written_by};
 use crate::layout::Layout;
-use crate::train::Train;
+use crate::train::{Train, optimize_unit};
 use crate::workload::Pass;
 use shardplan_scheduler::timeline::Collective;
 
@@ -45,14 +45,8 @@ impl MessagePairs {
     /// The full message of `elements` and its shard in pair `k` (modulo the count).
     fn pair(&self, k: usize, elements: usize, world: usize) -> (Region, Region) {
         let offset = self.start + (k % self.count) * self.stride;
-        let full = Region {
-            offset,
-            len: elements,
-        };
-        let shard = Region {
-            offset: offset + elements.div_ceil(16) * 16,
-            len: elements / world,
-        };
+        let full = Region::f32(offset, elements);
+        let shard = Region::f32(offset + elements.div_ceil(16) * 16, elements / world);
         (full, shard)
     }
 
@@ -173,7 +167,7 @@ pub fn time_units<B: Backend, W: Train<B>>(
         backend.wait_mark(Stream::Communication, &computed)?;
         for i in 0..l {
             let start = backend.mark(Stream::Communication)?;
-            workload.optimize(backend, layout, i, 1)?;
+            optimize_unit(workload, backend, layout, i, 1)?;
             marks.push([start, backend.mark(Stream::Communication)?]);
         }
         let updated = backend.mark(Stream::Communication)?;
@@ -359,14 +353,8 @@ pub fn block_collectives<B: Backend>(
     kind: Collective,
 ) -> Result<impl Fn() -> Result<()> + Sync + '_> {
     let bytes = from_first_rank(backend, bytes)?;
-    let full = Region {
-        offset: start,
-        len: message_elements(bytes, backend.world_size()),
-    };
-    let shard = Region {
-        offset: start + full.len,
-        len: full.len / backend.world_size(),
-    };
+    let full = Region::f32(start, message_elements(bytes, backend.world_size()));
+    let shard = Region::f32(start + full.len, full.len / backend.world_size());
     Ok(move || -> Result<()> {
         for _ in 0..rounds {
             match kind {
@@ -528,6 +516,15 @@ mod tests {
             for ((r, s), p) in recv.iter_mut().zip(send).zip(&self.peer) {
                 *r = s + p;
             }
+        }
+        fn all_gather_bits(&self, _: &[u16], _: &mut [u16]) {
+            unreachable!("not used")
+        }
+        fn reduce_scatter_bf16(&self, _: &[u16], _: &mut [u16]) {
+            unreachable!("not used")
+        }
+        fn all_reduce_bf16(&self, _: &[u16], _: &mut [u16]) {
+            unreachable!("not used")
         }
     }
 

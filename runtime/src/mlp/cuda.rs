@@ -116,10 +116,7 @@ impl MlpKernels for CudaBackend {
     ) -> Result<()> {
         use KernelArg::{Int, Int32, Pointer};
         let device = self.workload_device::<MlpDevice>()?;
-        let bias = Region {
-            offset: params.offset + dout * din,
-            len: dout,
-        };
+        let bias = params.sub(dout * din, dout);
         let (o, n) = (self.pointer(out)?, (rows * dout) as i64);
         let fill = [
             Pointer(o),
@@ -184,10 +181,7 @@ impl MlpKernels for CudaBackend {
             [grad_out.offset, x.offset, grads.offset],
             1.0,
         )?;
-        let bias_grad = Region {
-            offset: grads.offset + dout * din,
-            len: dout,
-        };
+        let bias_grad = grads.sub(dout * din, dout);
         let sums = [
             Pointer(self.pointer(bias_grad)?),
             Pointer(self.pointer(grad_out)?),

@@ -223,7 +223,7 @@ impl<B: MlpKernels> Train<B> for Mlp {
     fn optimize(&self, backend: &B, layout: &Layout, unit: usize, step: u32) -> Result<()> {
         let u = &layout.units[unit];
         backend.adam(
-            u.params,
+            u.trained(),
             u.grads,
             u.adam_m,
             u.adam_v,

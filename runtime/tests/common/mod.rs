@@ -11,6 +11,7 @@ use shardplan_runtime::executor::RunOptions;
 use shardplan_runtime::mlp::{Mlp, MlpSpec};
 use shardplan_runtime::session;
 use shardplan_scheduler::plan::{Producer, plan_with_prediction};
+use shardplan_scheduler::precision::FloatFormat;
 use shardplan_scheduler::profile::{CommCurves, Profile};
 use shardplan_scheduler::schedule::Schedule;
 use shardplan_scheduler::sim::Semantics;
@@ -40,6 +41,32 @@ pub fn gpt2_tiny_accumulating_path(dir: &Path, micro_batches: u32) -> PathBuf {
     let text = std::fs::read_to_string(gpt2_tiny_path()).unwrap();
     let path = dir.join(format!("gpt2-tiny-k{micro_batches}.toml"));
     let training = format!("[training]\nmicro_batches = {micro_batches}\n");
+    std::fs::write(&path, text.replace("[training]\n", &training)).unwrap();
+    path
+}
+
+/// gpt2-tiny under the bf16 policy with reductions in `reduce` (DESIGN §6.9), as rank 0 of
+/// `world` lays it out.
+pub fn gpt2_tiny_bf16(world: usize, reduce: FloatFormat) -> shardplan_runtime::gpt2::Gpt2 {
+    let mut model = shardplan_scheduler::model::ModelSpec::load(&gpt2_tiny_path()).unwrap();
+    let training = model.training.as_mut().unwrap();
+    (training.precision, training.reduce) = (FloatFormat::Bf16, reduce);
+    shardplan_runtime::gpt2::Gpt2::synthetic(&model, "gpt2-tiny", 0, world).unwrap()
+}
+
+/// [`gpt2_tiny_profile`] of [`gpt2_tiny_bf16`].
+pub fn gpt2_tiny_bf16_profile(world: usize, reduce: FloatFormat) -> Profile {
+    runtime_profile(&gpt2_tiny_bf16(world, reduce), world as u32, 32 << 10)
+}
+
+/// models/gpt2-tiny.toml under the bf16 policy with reductions in `reduce`, written into `dir`.
+pub fn gpt2_tiny_bf16_path(dir: &Path, reduce: FloatFormat) -> PathBuf {
+    let text = std::fs::read_to_string(gpt2_tiny_path()).unwrap();
+    let path = dir.join(format!("gpt2-tiny-bf16-{}.toml", reduce.name()));
+    let training = format!(
+        "[training]\nprecision = \"bf16\"\nreduce = \"{}\"\n",
+        reduce.name()
+    );
     std::fs::write(&path, text.replace("[training]\n", &training)).unwrap();
     path
 }
@@ -131,6 +158,15 @@ impl Collectives for SlowMirror {
         self.wait();
         let n = self.size as f32;
         recv.iter_mut().zip(send).for_each(|(r, s)| *r = n * s);
+    }
+    fn all_gather_bits(&self, _: &[u16], _: &mut [u16]) {
+        unreachable!("the mirrored plans train in fp32")
+    }
+    fn reduce_scatter_bf16(&self, _: &[u16], _: &mut [u16]) {
+        unreachable!("the mirrored plans train in fp32")
+    }
+    fn all_reduce_bf16(&self, _: &[u16], _: &mut [u16]) {
+        unreachable!("the mirrored plans train in fp32")
     }
 }
 

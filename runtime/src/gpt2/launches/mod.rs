@@ -76,7 +76,7 @@ impl Launch {
             } => operands
                 .iter()
                 .zip(product.extents())
-                .map(|(&offset, len)| Region { offset, len })
+                .map(|(&offset, len)| Region::f32(offset, len))
                 .collect(),
         }
     }
@@ -370,10 +370,7 @@ pub fn adamw(adam: &AdamRegions, step: u32, hp: &AdamW, decayed: &[Range<usize>]
         m,
         v,
     } = *adam;
-    let sub = |r: Region, range: &Range<usize>| Region {
-        offset: r.offset + range.start,
-        len: range.len(),
-    };
+    let sub = |r: Region, range: &Range<usize>| r.sub(range.start, range.len());
     decay_runs(decayed, params.len)
         .into_iter()
         .map(|(range, decay)| {
