@@ -4,7 +4,10 @@
 //!
 //! Buffer roles, and when each is alive (DESIGN §3; slot names of the timeline):
 //!
-//! | buffer | elements | alive | profile field |
+//! Sizes are 4-byte words: a buffer holds parts of fp32 or bf16 elements ([`carve_parts`]), so
+//! under the bf16 policy its bf16 activations take half the words (DESIGN §6.9).
+//!
+//! | buffer | holds | alive | profile field |
 //! |---|---|---|---|
 //! | `saved` | kept through recompute (the unit's output, data it was given) | F_i … B_i | `checkpoint_activation_bytes` = 4·saved |
 //! | `internals` | what the forward saves for the backward besides `saved` | F_i … B_i without recompute | `activation_bytes` = 4·(saved + internals) |
@@ -14,9 +17,11 @@
 //! | `input_gradient` | dL/d(input) handed to unit i−1 | B_i and B_{i−1} | counted in ws_b of units i and i−1 |
 
 use crate::Result;
+use crate::backend::{FloatFormat, Region, words};
 use shardplan_scheduler::precision::Precision;
 
-/// Elements (f32) of one unit's activation and workspace buffers on one rank.
+/// 4-byte words of one unit's activation and workspace buffers on one rank (an fp32 element
+/// each, two bf16 ones: a workload lays its parts out with [`carve_parts`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct UnitBuffers {
     pub saved: usize,
@@ -68,10 +73,7 @@ pub enum Pass {
 
 /// Consecutive sub-regions of `region` with the given lengths (what a unit's buffer holds, in
 /// order); the lengths must fit.
-pub fn carve<const K: usize>(
-    region: crate::backend::Region,
-    lens: [usize; K],
-) -> [crate::backend::Region; K] {
+pub fn carve<const K: usize>(region: Region, lens: [usize; K]) -> [Region; K] {
     let mut start = 0;
     let parts = lens.map(|len| {
         let r = region.sub(start, len);
@@ -84,4 +86,56 @@ pub fn carve<const K: usize>(
         region.len
     );
     parts
+}
+
+/// One part of a unit's buffer: its elements and their format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Part {
+    pub len: usize,
+    pub format: FloatFormat,
+}
+
+impl Part {
+    pub fn fp32(len: usize) -> Part {
+        Part {
+            len,
+            format: FloatFormat::Fp32,
+        }
+    }
+
+    /// The 4-byte words it takes.
+    pub fn words(self) -> usize {
+        words(self.format, self.len)
+    }
+}
+
+/// The words a buffer of `parts` takes, each part starting on a word.
+pub fn words_of(parts: &[Part]) -> usize {
+    parts.iter().map(|p| p.words()).sum()
+}
+
+/// Consecutive parts of `region` (a buffer counted in words, fp32), each starting on a word and
+/// holding its own format; they must fit.
+pub fn carve_parts<const K: usize>(region: Region, parts: [Part; K]) -> [Region; K] {
+    assert_eq!(
+        region.format,
+        FloatFormat::Fp32,
+        "buffers of parts are counted in words"
+    );
+    let mut at = 0;
+    let regions = parts.map(|part| {
+        let r = Region {
+            offset: region.offset + at,
+            len: part.len,
+            format: part.format,
+        };
+        at += part.words();
+        r
+    });
+    assert!(
+        at <= region.len,
+        "carving {at} words out of a {}-word region",
+        region.len
+    );
+    regions
 }

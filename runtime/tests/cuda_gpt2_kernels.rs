@@ -8,7 +8,7 @@
 //! launch that writes outside its operands fails too. What both backends share (attention's
 //! products) is checked against transformers by python/tests/test_gpt2.py.
 
-use shardplan_runtime::backend::{Allocation, Backend, CpuBackend, Loopback, Region};
+use shardplan_runtime::backend::{Allocation, Backend, CpuBackend, FloatFormat, Loopback, Region};
 use shardplan_runtime::cuda::module::{Param, per_element};
 use shardplan_runtime::gpt2::cuda_source::{KERNELS, SOURCE, check_arguments};
 use shardplan_runtime::gpt2::kernels::AdamW;
@@ -16,6 +16,7 @@ use shardplan_runtime::gpt2::launches::{Arg, Launch, NLL_PARTIALS};
 use shardplan_runtime::gpt2::{
     AdamRegions, BlockBackward, Gpt2Kernels, Head, HeadGrads, Shape, launches,
 };
+use shardplan_runtime::workload::words_of;
 use std::ffi::c_void;
 
 mod shim;
@@ -238,6 +239,7 @@ fn shapes() -> [Shape; 3] {
             vocab: 37,
             seq: 6,
             batch: 3,
+            activations: FloatFormat::Fp32,
         },
         // Rows longer than a block's lanes: every lane walks several elements (LayerNorm's 264
         // columns, the logits' 300, attention rows up to 258 positions).
@@ -249,6 +251,7 @@ fn shapes() -> [Shape; 3] {
             vocab: 300,
             seq: 258,
             batch: 1,
+            activations: FloatFormat::Fp32,
         },
         // hidden = seq: a stride mixed up between the two shows.
         Shape {
@@ -259,6 +262,7 @@ fn shapes() -> [Shape; 3] {
             vocab: 70,
             seq: 8,
             batch: 2,
+            activations: FloatFormat::Fp32,
         },
     ]
 }
@@ -302,7 +306,7 @@ fn embedding_equals_the_cpu_backend_bitwise() {
 fn head_equals_the_cpu_backend_bitwise() {
     for shape in shapes() {
         let (rows, c, v) = (shape.rows(), shape.hidden, shape.vocab);
-        let internals: usize = shape.head_internals().iter().sum();
+        let internals = words_of(&shape.head_internals());
         let mut at = 0;
         let [
             params,
@@ -387,11 +391,11 @@ fn block_equals_the_cpu_backend_bitwise() {
                 params_len,
                 rows * c,
                 rows * c,
-                shape.block_internals().iter().sum(),
+                words_of(&shape.block_internals()),
                 rows * c,
                 params_len,
                 rows * c,
-                shape.block_workspace().iter().sum(),
+                words_of(&shape.block_workspace()),
             ],
         );
         let mut pair = Pair::new(at, 3 + seed as u64);

@@ -29,7 +29,8 @@ pub mod weights;
 use crate::backend::{Backend, FloatFormat, Region};
 use crate::layout::Layout;
 use crate::train::Train;
-use crate::workload::{Pass, UnitBuffers, Workload, carve};
+pub use crate::workload::Part;
+use crate::workload::{Pass, UnitBuffers, Workload, carve, carve_parts, words_of};
 use crate::{Error, Result};
 use attention::AttentionShape;
 use data::Tokens;
@@ -52,6 +53,9 @@ pub struct Shape {
     pub seq: usize,
     /// Sequences per rank.
     pub batch: usize,
+    /// The format activations and their gradients are stored in: the parameters' (DESIGN §6.9;
+    /// LayerNorm's mean and rstd and the loss's probabilities stay fp32, as PyTorch keeps them).
+    pub activations: FloatFormat,
 }
 
 impl Shape {
@@ -80,36 +84,72 @@ impl Shape {
         [c, c, c * 3 * c, 3 * c, c * c, c, c, c, c * f, f, f * c, c]
     }
 
-    /// Lengths of a block's internals, in the order the module doc lists them.
-    pub fn block_internals(&self) -> [usize; 12] {
+    /// `len` elements in the activations' format.
+    pub fn act(&self, len: usize) -> Part {
+        Part {
+            len,
+            format: self.activations,
+        }
+    }
+
+    /// A unit's output, or its gradient: rows × hidden activations.
+    pub fn hidden_states(&self) -> Part {
+        self.act(self.rows() * self.hidden)
+    }
+
+    /// `values` as the activations' format holds them (bf16: rounded to nearest, ties to even):
+    /// what the next operation of a bf16 run reads. fp32 leaves them.
+    pub fn round(&self, values: &mut [f32]) {
+        if self.activations == FloatFormat::Bf16 {
+            values
+                .iter_mut()
+                .for_each(|v| *v = half::bf16::from_f32(*v).to_f32());
+        }
+    }
+
+    /// The embedding's saved buffer: the step's tokens (fp32, exact to 2^24) and its output.
+    pub fn embedding_saved(&self) -> [Part; 2] {
+        [Part::fp32(self.rows()), self.hidden_states()]
+    }
+
+    /// A block's internals, in the order the module doc lists them.
+    pub fn block_internals(&self) -> [Part; 12] {
         let (r, c, f) = (self.rows(), self.hidden, self.ffn);
         let p = self.attention().probs_len();
+        let stats = Part::fp32(r);
         [
-            r * c,
-            r,
-            r,
-            3 * r * c,
-            p,
-            r * c,
-            r * c,
-            r * c,
-            r,
-            r,
-            r * f,
-            r * f,
+            self.act(r * c),
+            stats,
+            stats,
+            self.act(3 * r * c),
+            self.act(p),
+            self.act(r * c),
+            self.act(r * c),
+            self.act(r * c),
+            stats,
+            stats,
+            self.act(r * f),
+            self.act(r * f),
         ]
     }
 
-    /// Lengths of a block's backward workspace.
-    pub fn block_workspace(&self) -> [usize; 5] {
+    /// A block's backward workspace.
+    pub fn block_workspace(&self) -> [Part; 5] {
         let (r, c, f) = (self.rows(), self.hidden, self.ffn);
-        [r * f, r * c, r * c, 3 * r * c, self.attention().probs_len()]
+        let p = self.attention().probs_len();
+        [r * f, r * c, r * c, 3 * r * c, p].map(|len| self.act(len))
     }
 
-    /// Lengths of the head's internals.
-    pub fn head_internals(&self) -> [usize; 4] {
+    /// The head's internals: ln_f's output, its mean and rstd, and the loss's probabilities
+    /// (fp32: the loss is taken over the logits widened, as transformers' loss does).
+    pub fn head_internals(&self) -> [Part; 4] {
         let r = self.rows();
-        [r * self.hidden, r, r, r * self.vocab]
+        [
+            self.hidden_states(),
+            Part::fp32(r),
+            Part::fp32(r),
+            Part::fp32(r * self.vocab),
+        ]
     }
 }
 
@@ -291,6 +331,7 @@ impl Gpt2 {
             vocab: model.vocab as usize,
             seq: model.seq_len as usize,
             batch: global_batch / world,
+            activations: precision.param(),
         };
         let units: Vec<Vec<Tensor>> = (0..shape.layers + 2)
             .map(|u| tensors::unit_tensors(&shape, u))
@@ -361,13 +402,16 @@ impl Gpt2 {
     fn output(&self, layout: &Layout, unit: usize) -> Region {
         let saved = layout.units[unit].saved;
         if unit == 0 {
-            carve(
-                saved,
-                [self.shape.rows(), self.shape.rows() * self.shape.hidden],
-            )[1]
+            carve_parts(saved, self.shape.embedding_saved())[1]
         } else {
-            saved
+            self.hidden_states(saved)
         }
+    }
+
+    /// A buffer of rows × hidden activations (a block's output, an input gradient, the head's
+    /// backward workspace) in the activations' format.
+    fn hidden_states(&self, buffer: Region) -> Region {
+        carve_parts(buffer, [self.shape.hidden_states()])[0]
     }
 
     fn wte(&self, params: Region) -> Region {
@@ -413,30 +457,30 @@ impl Workload for Gpt2 {
     }
     fn buffers(&self, unit: usize) -> UnitBuffers {
         let s = &self.shape;
-        let (rows, c) = (s.rows(), s.hidden);
+        let hidden = s.hidden_states().words();
         match unit {
             0 => UnitBuffers {
-                saved: rows + rows * c,
+                saved: words_of(&s.embedding_saved()),
                 ..UnitBuffers::default()
             },
             u if u == self.head() => {
-                let internals = s.head_internals().iter().sum();
+                let internals = words_of(&s.head_internals());
                 UnitBuffers {
-                    saved: rows,
+                    saved: s.rows(),
                     internals,
                     forward_workspace: internals,
-                    backward_workspace: rows * c,
-                    input_gradient: rows * c,
+                    backward_workspace: hidden,
+                    input_gradient: hidden,
                 }
             }
             _ => {
-                let internals = s.block_internals().iter().sum();
+                let internals = words_of(&s.block_internals());
                 UnitBuffers {
-                    saved: rows * c,
+                    saved: hidden,
                     internals,
                     forward_workspace: internals,
-                    backward_workspace: s.block_workspace().iter().sum(),
-                    input_gradient: rows * c,
+                    backward_workspace: words_of(&s.block_workspace()),
+                    input_gradient: hidden,
                 }
             }
         }
@@ -474,7 +518,7 @@ impl<B: Gpt2Kernels> Train<B> for Gpt2 {
         let internals = u.forward_internals(pass);
         match unit {
             0 => {
-                let [tokens, out] = carve(u.saved, [s.rows(), s.rows() * s.hidden]);
+                let [tokens, out] = carve_parts(u.saved, s.embedding_saved());
                 if pass == Pass::Forward {
                     let mut batch = self.batch.lock().expect("batch lock is never poisoned");
                     let (inputs, targets) = &mut *batch;
@@ -504,7 +548,8 @@ impl<B: Gpt2Kernels> Train<B> for Gpt2 {
             }
             b => {
                 let x = self.output(layout, b - 1);
-                backend.block_forward(s, params, x, u.saved, internals)
+                let out = self.hidden_states(u.saved);
+                backend.block_forward(s, params, x, out, internals)
             }
         }
     }
@@ -513,13 +558,16 @@ impl<B: Gpt2Kernels> Train<B> for Gpt2 {
         let s = &self.shape;
         let u = &layout.units[unit];
         let grad_in = || {
-            u.input_gradient
-                .expect("units after the first pass an input gradient")
+            self.hidden_states(
+                u.input_gradient
+                    .expect("units after the first pass an input gradient"),
+            )
         };
         match unit {
             0 => {
-                let tokens = carve(u.saved, [s.rows()])[0];
-                backend.embedding_backward(s, tokens, layout.output_gradient(0), u.backward_grads())
+                let [tokens, _] = carve_parts(u.saved, s.embedding_saved());
+                let grad_out = self.hidden_states(layout.output_gradient(0));
+                backend.embedding_backward(s, tokens, grad_out, u.backward_grads())
             }
             h if h == self.head() => {
                 let lender = &layout.units[0];
@@ -536,7 +584,7 @@ impl<B: Gpt2Kernels> Train<B> for Gpt2 {
                     grads: u.backward_grads(),
                     wte_grad,
                     grad_in: grad_in(),
-                    workspace: u.backward_workspace,
+                    workspace: self.hidden_states(u.backward_workspace),
                 };
                 backend.head_backward(s, &head, &grads, self.loss_scale())
             }
@@ -546,7 +594,7 @@ impl<B: Gpt2Kernels> Train<B> for Gpt2 {
                     params: u.backward_params(),
                     x: self.output(layout, b - 1),
                     internals: u.backward_internals(),
-                    grad_out: layout.output_gradient(b),
+                    grad_out: self.hidden_states(layout.output_gradient(b)),
                     grads: u.backward_grads(),
                     grad_in: grad_in(),
                     workspace: u.backward_workspace,

@@ -57,7 +57,7 @@ pub fn workload_profile(
     source: BTreeMap<String, String>,
 ) -> Result<Profile> {
     let l = workload.unit_count();
-    let bytes = |elements: usize| 4 * elements as u64;
+    let bytes = |words: usize| 4 * words as u64;
     let units = (0..l)
         .map(|i| {
             let b = workload.buffers(i);

@@ -10,7 +10,7 @@ use crate::backend::Region;
 use crate::gpt2::BlockBackward;
 use crate::gpt2::attention::{Buffer, Product as AttentionProduct};
 use crate::gpt2::kernels::LANES;
-use crate::workload::carve;
+use crate::workload::{carve, carve_parts};
 
 /// An attention product of [`crate::gpt2::attention`] on the regions of its buffers.
 fn attention_product(p: AttentionProduct, region: impl Fn(Buffer) -> Region) -> Launch {
@@ -109,7 +109,7 @@ pub fn block_forward(
         bfp,
     ] = carve(params, shape.block_params());
     let [ln1, m1, r1, qkv, probs, atty, res1, ln2, m2, r2, fch, gelu] =
-        carve(internals, shape.block_internals());
+        carve_parts(internals, shape.block_internals());
     let mut l = vec![layernorm_forward(x, [ln1w, ln1b], [ln1, m1, r1], shape)];
     l.extend(linear_forward(ln1, wqkv, bqkv, qkv, c, 3 * c, rows));
     l.extend(attention_forward(qkv, probs, atty, shape));
@@ -155,8 +155,8 @@ pub fn block_backward(shape: &Shape, regions: &BlockBackward) -> Vec<Launch> {
         dbfp,
     ] = carve(grads, shape.block_params());
     let [ln1, m1, r1, qkv, probs, atty, res1, ln2, m2, r2, fch, gelu] =
-        carve(internals, shape.block_internals());
-    let [d_ff, d_h, d_res1, d_qkv, d_probs] = carve(workspace, shape.block_workspace());
+        carve_parts(internals, shape.block_internals());
+    let [d_ff, d_h, d_res1, d_qkv, d_probs] = carve_parts(workspace, shape.block_workspace());
     let mut l = Vec::new();
     // MLP: out = res1 + gelu(ln2·Wfc + bfc)·Wfp + bfp.
     l.extend(linear_backward(

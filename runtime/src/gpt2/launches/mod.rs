@@ -13,7 +13,7 @@ use super::kernels::{AdamW, LANES, ROW_LANES, decay_runs};
 use super::{AdamRegions, Head, HeadGrads, Shape};
 use crate::backend::Region;
 use crate::gemm::{Gemm, Strided};
-use crate::workload::carve;
+use crate::workload::{carve, carve_parts};
 use std::ops::Range;
 
 /// Partial sums of the loss (f64, one thread each, rows strided over them); then one thread adds
@@ -274,7 +274,7 @@ pub fn head_forward(shape: &Shape, head: &Head, scale: f32, step: usize) -> Vec<
     } = *head;
     let (rows, c, v) = (shape.rows(), shape.hidden, shape.vocab);
     let [w, b] = carve(params, [c, c]);
-    let [lnf, mean, rstd, probs] = carve(internals, shape.head_internals());
+    let [lnf, mean, rstd, probs] = carve_parts(internals, shape.head_internals());
     let parts = NLL_PARTIALS.min(rows);
     vec![
         layernorm_forward(x, [w, b], [lnf, mean, rstd], shape),
@@ -320,7 +320,7 @@ pub fn head_backward(shape: &Shape, head: &Head, out: &HeadGrads, scale: f32) ->
     let (rows, c, v) = (shape.rows(), shape.hidden, shape.vocab);
     let w = carve(head.params, [c])[0];
     let [dw, db] = carve(out.grads, [c, c]);
-    let [lnf, mean, rstd, probs] = carve(head.internals, shape.head_internals());
+    let [lnf, mean, rstd, probs] = carve_parts(head.internals, shape.head_internals());
     let [input_grad, weight_grad] = Gemm::linear(rows, c, v).backward();
     let mut l = vec![
         kernel(
