@@ -343,7 +343,13 @@ impl<C: Collectives> Backend for CpuBackend<C> {
         Ok(None)
     }
     fn upload(&self, region: Region, data: &[f32]) -> Result<()> {
-        self.write(region)?.copy_from_slice(data);
+        match region.format {
+            FloatFormat::Fp32 => self.arena.lend_mut::<f32>(region)?.copy_from_slice(data),
+            FloatFormat::Bf16 => self
+                .arena
+                .lend_mut::<bf16>(region)?
+                .convert_from_f32_slice(data),
+        }
         Ok(())
     }
     fn download(&self, region: Region, out: &mut [f32]) -> Result<()> {
@@ -360,7 +366,10 @@ impl<C: Collectives> Backend for CpuBackend<C> {
         })
     }
     fn zero(&self, region: Region) -> Result<()> {
-        self.write(region)?.fill(0.0);
+        match region.format {
+            FloatFormat::Fp32 => self.arena.lend_mut::<f32>(region)?.fill(0.0),
+            FloatFormat::Bf16 => self.arena.lend_mut::<bf16>(region)?.fill(bf16::ZERO),
+        }
         Ok(())
     }
     fn copy(&self, from: Region, to: Region) -> Result<()> {
@@ -370,7 +379,16 @@ impl<C: Collectives> Backend for CpuBackend<C> {
                 from.len, to.len
             )));
         }
-        self.write(to)?.copy_from_slice(&self.read(from)?);
+        // Rounded (or widened) on the way where the formats differ: the master into bf16
+        // parameters.
+        let from = self.read(from)?;
+        match to.format {
+            FloatFormat::Fp32 => self.arena.lend_mut::<f32>(to)?.copy_from_slice(&from),
+            FloatFormat::Bf16 => self
+                .arena
+                .lend_mut::<bf16>(to)?
+                .convert_from_f32_slice(&from),
+        }
         Ok(())
     }
     fn open_groups(&mut self, groups: &[Group]) -> Result<()> {
