@@ -47,19 +47,6 @@ impl CommCurve {
         Ok(())
     }
 
-    /// The curve with `measured` points added (a plan's own message sizes, DESIGN §6.6), each
-    /// replacing the point at its size; the points stay strictly increasing in bytes.
-    pub fn with_points(&self, measured: &[(u64, f64)]) -> CommCurve {
-        let mut points: Vec<(u64, f64)> = (self.points.iter())
-            .filter(|(bytes, _)| !measured.iter().any(|(b, _)| b == bytes))
-            .chain(measured)
-            .copied()
-            .collect();
-        points.sort_by_key(|&(bytes, _)| bytes);
-        points.dedup_by_key(|&mut (bytes, _)| bytes);
-        CommCurve { points }
-    }
-
     /// Time of one collective on a message of `bytes`: linear interpolation between points; below
     /// the first point its time (latency floor); above the last, the last segment extended.
     pub fn time_us(&self, bytes: f64) -> f64 {
@@ -108,28 +95,6 @@ mod tests {
                 .map(|e| (1u64 << e, latency + (1u64 << e) as f64 / bytes_per_us))
                 .collect(),
         }
-    }
-
-    #[test]
-    fn measured_points_join_the_curve_in_order_and_replace_their_size() {
-        let c = CommCurve {
-            points: vec![(100, 10.0), (200, 20.0), (400, 30.0)],
-        };
-        let refined = c.with_points(&[(300, 40.0), (200, 25.0), (50, 1.0)]);
-        assert_eq!(
-            refined.points,
-            vec![
-                (50, 1.0),
-                (100, 10.0),
-                (200, 25.0),
-                (300, 40.0),
-                (400, 30.0)
-            ]
-        );
-        assert!(refined.check().is_ok());
-        // Between the measured sizes the curve now bends at the message a plan sends.
-        assert_eq!(refined.time_us(300.0), 40.0);
-        assert_eq!(c.time_us(300.0), 25.0);
     }
 
     #[test]

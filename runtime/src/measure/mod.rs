@@ -9,16 +9,17 @@
 //! checkpointed, for f^c_i), in slot order, each round followed by every unit's optimizer step on
 //! the communication stream, where a run takes it.
 
-mod curves;
 mod launches;
 mod profile_run;
 mod slots;
 mod timing;
 
-pub use curves::{block_collectives, measurement_allocation, time_collectives, time_messages};
 pub use launches::{LaunchRow, time_launches};
 pub use profile_run::{MeasureOptions, Measured, measure_model, measure_workload};
-pub use timing::{Slowdowns, TimedLayouts, compute_slot, time_interference, time_units};
+pub use timing::{
+    Slowdowns, TimedLayouts, block_collectives, compute_slot, measurement_allocation,
+    time_collectives, time_interference, time_units,
+};
 
 use crate::Result;
 use crate::layout::{Placement, place};

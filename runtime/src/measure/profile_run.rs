@@ -5,8 +5,8 @@
 use super::slots::{Slots, time_slot_interference};
 use super::{
     DataSteps, LaunchRow, TimedLayouts, block_collectives, compute_placements, compute_slot,
-    measurement_allocation, time_collectives, time_interference, time_launches, time_messages,
-    time_units, workload_profile,
+    measurement_allocation, time_collectives, time_interference, time_launches, time_units,
+    workload_profile,
 };
 use crate::backend::{Backend, Group};
 use crate::cuda::CudaBackend;
@@ -22,14 +22,13 @@ use serde_json::json;
 use shardplan_scheduler::analytic::{
     AnalyticOptions, NCCL_COMMUNICATOR_BYTES, analytic_profile, analytic_topology, comm_curves,
 };
-use shardplan_scheduler::cost::block_bytes;
 use shardplan_scheduler::hardware::Catalog;
 use shardplan_scheduler::model::ModelSpec;
 use shardplan_scheduler::profile::{
     CommCurves, Group as TopologyGroup, GroupCurves, Link, Profile, Topology, offered_groups,
 };
 use shardplan_scheduler::size::format_bytes;
-use shardplan_scheduler::timeline::{Collective, Op};
+use shardplan_scheduler::timeline::Collective;
 use std::collections::BTreeMap;
 
 /// What to measure, as `profile measure`'s options give it.
@@ -115,22 +114,6 @@ impl Job for MeasureJob<'_> {
     }
 }
 
-/// How the source of curves timed on this job's ranks begins.
-const MEASURED: &str = "measured";
-
-/// The bytes of every unit's blocks, per collective (AllGather: Ψ'_i·p/nb_i; ReduceScatter and
-/// AllReduce: Ψ'_i·g/nb_i, `cost::block_bytes`): the messages a plan of the profile sends.
-fn block_messages(profile: &Profile) -> [Vec<u64>; 3] {
-    [Op::GatherForward, Op::ReduceScatter, Op::AllReduce].map(|op| {
-        let mut bytes: Vec<u64> = (0..profile.unit_count())
-            .map(|i| block_bytes(profile, i, op) as u64)
-            .collect();
-        bytes.sort_unstable();
-        bytes.dedup();
-        bytes
-    })
-}
-
 /// The curves: measured on the ranks this runs on, which must be the profile's world size; or,
 /// on one rank with a device (required for a profile of more ranks), the catalog's curves for
 /// the profile's ranks of that device (DESIGN §6.6). With a node size, the topology's groups
@@ -180,7 +163,7 @@ fn curves<B: Backend>(
     Ok((
         curves,
         topology,
-        format!("{MEASURED} on {ranks} ranks ({})", backend.name()),
+        format!("measured on {ranks} ranks ({})", backend.name()),
     ))
 }
 
@@ -266,7 +249,6 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
         false => Vec::new(),
     };
     let (comm, topology, comm_source) = curves(&mut backend, start, options)?;
-    let measured_curves = comm_source.starts_with(MEASURED);
     let mut source = BTreeMap::from([
         ("generator".to_string(), "measured".to_string()),
         ("backend".to_string(), backend.name().to_string()),
@@ -285,18 +267,6 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
         source,
     )?;
     profile.topology = topology;
-    if measured_curves {
-        // The curves' powers of two miss the steps between them (an MPI algorithm's switch):
-        // each collective is also timed at the exact messages of the profile's blocks.
-        let messages = block_messages(&profile);
-        let at = (start, message_bytes);
-        let exact = time_messages(&backend, Group::World, at, options.repeats, &messages)?;
-        let [ag, rs, ar] = exact;
-        let comm = &mut profile.comm;
-        comm.all_gather = comm.all_gather.with_points(&ag);
-        comm.reduce_scatter = comm.reduce_scatter.with_points(&rs);
-        comm.all_reduce = comm.all_reduce.with_points(&ar);
-    }
     let kappa_bytes = profile.block_size_bytes.min(message_bytes);
     let l = workload.unit_count();
     let pass = |s: usize| compute_slot(&backend, workload, layout, s, &steps);

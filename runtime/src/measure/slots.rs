@@ -275,7 +275,7 @@ pub fn fit_load(samples: &[SlotSample], comm: f64) -> f64 {
 
 /// Each slot's value, the largest over the ranks (every rank gets the same).
 fn slowest<B: Backend>(backend: &B, values: &[f64]) -> Result<Vec<f64>> {
-    let ranks = super::curves::every_rank(backend, values)?;
+    let ranks = super::timing::every_rank(backend, values)?;
     Ok((0..values.len())
         .map(|s| ranks.iter().map(|r| r[s]).fold(0.0, f64::max))
         .collect())
