@@ -275,7 +275,8 @@ fn accumulating_random_plans_train_like_ddp_on_one() {
 
 /// The bf16 policy (DESIGN §6.9): random plans at N = 2 and 4, strict and relaxed, train like
 /// bf16 DDP at N = 1 — gathers carry the bf16 rounding of the same fp32 master, whichever rank
-/// holds it; the N = 1 run trains otherwise than fp32's (python/tests/test_bf16.py
+/// holds it; the hsdp and hpz baselines at N = 4 as two nodes of two alike; the N = 1 run trains
+/// otherwise than fp32's (python/tests/test_bf16.py
 /// checks both against PyTorch's FSDP2 under the same policy). Each rank rounds its share's
 /// parameter gradient to bf16, as PyTorch's bf16 parameters receive it, so the update is checked
 /// at 5e-2; with bf16 reductions, which round every addition, the losses at 1e-3.
@@ -298,6 +299,16 @@ fn bf16_random_plans_train_like_bf16_ddp_on_one() {
                 let name = format!("bf16-{}-random{k}-n{world}", reduce.name());
                 s.train_like(&reference, (world, &name), &profile, &schedule);
             }
+        }
+        // HSDP's replica AllReduce in the reduction's format, hpZ's bf16 secondary shard.
+        let nodes = common::two_nodes_of_two(s.profile(4));
+        for kind in [BaselineKind::Hsdp, BaselineKind::Hpz] {
+            let schedule = baseline(&nodes, kind, true, None).unwrap().schedule;
+            let grouped = (schedule.units().iter())
+                .any(|u| u.shard_group.is_some() || u.secondary_group.is_some());
+            assert!(grouped, "{} shards over a group", kind.name());
+            let name = format!("bf16-{}-{}-2x2", reduce.name(), kind.name());
+            s.train_like(&reference, (4, &name), &nodes, &schedule);
         }
     }
 }
