@@ -408,8 +408,15 @@ fn a_resumed_accumulating_run_trains_like_an_uninterrupted_one() {
     resumed_like_uninterrupted(setup_accumulating(4), BaselineKind::Zero2);
 }
 
+/// The same under the bf16 policy: a checkpoint keeps the fp32 master beside the bf16 parameters
+/// and the moments, so the resumed steps are the uninterrupted ones bit for bit.
+#[test]
+fn a_resumed_bf16_run_trains_like_an_uninterrupted_one() {
+    resumed_like_uninterrupted(setup_bf16(FloatFormat::Fp32), BaselineKind::Zero3);
+}
+
 fn resumed_like_uninterrupted(s: Setup, kind: BaselineKind) {
-    let profile = gpt2_tiny_accumulating_profile(2, s.micro_batches);
+    let profile = s.profile(2);
     let schedule = baseline(&profile, kind, true, None).unwrap().schedule;
     let (profile_path, plan) = s.save("resumed", &profile, &schedule);
     let checkpoints = s.path("checkpoints");
