@@ -6,7 +6,6 @@ use crate::Result;
 use crate::mlp::MlpSpec;
 use shardplan_scheduler::hf_config;
 use shardplan_scheduler::model::ModelSpec;
-use shardplan_scheduler::precision::Precision;
 use std::path::Path;
 
 pub enum ModelFile {
@@ -25,18 +24,6 @@ impl ModelFile {
         } else {
             ModelFile::Transformer(ModelSpec::load(path)?)
         })
-    }
-
-    /// The precision policy its `[training]` table asks for (fp32 without one; the table was
-    /// validated when the file was loaded).
-    pub fn precision(&self) -> Precision {
-        match self {
-            ModelFile::Transformer(ModelSpec {
-                training: Some(training),
-                ..
-            }) => training.policy().unwrap_or(Precision::FP32),
-            _ => Precision::FP32,
-        }
     }
 
     /// K, the micro-batches per optimizer step its `[training]` table asks for (1 without one).

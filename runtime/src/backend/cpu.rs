@@ -343,14 +343,7 @@ impl<C: Collectives> Backend for CpuBackend<C> {
         Ok(None)
     }
     fn upload(&self, region: Region, data: &[f32]) -> Result<()> {
-        match region.format {
-            FloatFormat::Fp32 => self.arena.lend_mut::<f32>(region)?.copy_from_slice(data),
-            FloatFormat::Bf16 => self
-                .arena
-                .lend_mut::<bf16>(region)?
-                .convert_from_f32_slice(data),
-        }
-        Ok(())
+        self.arena.store(region, data)
     }
     fn download(&self, region: Region, out: &mut [f32]) -> Result<()> {
         out.copy_from_slice(&self.read(region)?);
@@ -381,15 +374,7 @@ impl<C: Collectives> Backend for CpuBackend<C> {
         }
         // Rounded (or widened) on the way where the formats differ: the master into bf16
         // parameters.
-        let from = self.read(from)?;
-        match to.format {
-            FloatFormat::Fp32 => self.arena.lend_mut::<f32>(to)?.copy_from_slice(&from),
-            FloatFormat::Bf16 => self
-                .arena
-                .lend_mut::<bf16>(to)?
-                .convert_from_f32_slice(&from),
-        }
-        Ok(())
+        self.arena.store(to, &self.read(from)?)
     }
     fn open_groups(&mut self, groups: &[Group]) -> Result<()> {
         let world = self.collectives.size();

@@ -143,6 +143,17 @@ impl HostArena {
         }))
     }
 
+    /// Stores `values` in `region`'s elements (rounded to nearest-even where they are bf16).
+    pub(crate) fn store(&self, region: Region, values: &[f32]) -> Result<()> {
+        match region.format {
+            FloatFormat::Fp32 => self.lend_mut::<f32>(region)?.copy_from_slice(values),
+            FloatFormat::Bf16 => self
+                .lend_mut::<bf16>(region)?
+                .convert_from_f32_slice(values),
+        }
+        Ok(())
+    }
+
     /// Records a borrow of `region`'s words after checking them against the live ones.
     fn lease<T: Stored>(
         &self,

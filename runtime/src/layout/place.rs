@@ -6,7 +6,6 @@ use crate::arena::{Part, Request, Tenure, pack_by_parity};
 use crate::backend::{FloatFormat, Region};
 use crate::workload::Workload;
 use crate::{Error, Result};
-use shardplan_scheduler::precision::Precision;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::Schedule;
 use shardplan_scheduler::timeline::{Level, Op};
@@ -194,11 +193,8 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
         )));
     }
     let world = profile.world_size as usize;
-    let precision = Precision::of_bytes(profile.bytes_per_param).map_err(|expected| {
-        Error::Mismatch(format!(
-            "the profile's field `bytes_per_param`: expected {expected}"
-        ))
-    })?;
+    // `check_profile` found the profile's bytes per parameter to be this policy's.
+    let precision = workload.precision();
     let step = Unrolled::of(schedule);
     let (timeline, k) = (step.timeline, step.micro_batches);
     let slots = step.slot_count();
