@@ -15,9 +15,10 @@
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, sys};
 use cudarc::driver::{CudaModule, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
+use shardplan_runtime::backend::FloatFormat;
 use shardplan_runtime::cuda::libraries::{self, Needed};
 use shardplan_runtime::cuda::module::architecture;
-use shardplan_runtime::cuda::nccl::{DeviceFloats, Nccl, NcclSetup};
+use shardplan_runtime::cuda::nccl::{DeviceBuffer, Nccl, NcclSetup};
 use shardplan_runtime::cuda::nvrtc;
 use shardplan_runtime::{Error, Result};
 use std::sync::Arc;
@@ -160,7 +161,7 @@ fn check(held: &Held, released: &AtomicBool, stage: &dyn Fn(&str)) -> Result<Out
     stage("spinning kernel launched");
     let (address, _) = held.data.device_ptr(&held.stream);
     // SAFETY: `data` holds 2^20 floats on this GPU and is never freed (the process exits first).
-    let floats = unsafe { DeviceFloats::new(address, 1 << 20) };
+    let floats = unsafe { DeviceBuffer::new(address, 1 << 20, FloatFormat::Fp32) };
     nccl.all_reduce(floats, floats, &held.stream)?;
     stage("AllReduce enqueued behind it");
     if released.load(Ordering::SeqCst) {

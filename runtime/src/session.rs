@@ -73,7 +73,6 @@ impl<B: Backend> Prepared<B> {
                 plan.world_size, plan.world_size
             )));
         }
-        backend.check_precision(workload.precision())?;
         let placement = place(workload, profile, &schedule)?;
         check_cap(&placement, plan, origin)?;
         // The shard, replica and secondary groups' communicators (DESIGN §6.11).

@@ -5,146 +5,26 @@
 //! host product — against the CPU backend's `Gpt2Kernels` on the same arena. The kernels round
 //! as the CPU does and both backends run the same products (attention's too,
 //! `gpt2::attention`), so every operation agrees bitwise. The whole arena is compared, so a
-//! launch that writes outside its operands fails too. What both backends share (attention's
-//! products) is checked against transformers by python/tests/test_gpt2.py.
+//! launch that writes outside its operands fails too. Every check runs under each precision
+//! policy — fp32, bf16 with fp32 reductions, bf16 — the source compiled after that policy's
+//! prelude (`cuda::storage`), bf16 regions holding bf16 values, the products widening their
+//! operands and rounding their output to its format (`gpt2_host`). What both backends share
+//! (attention's products) is checked against transformers by python/tests/test_gpt2.py.
 
 use shardplan_runtime::backend::{Allocation, Backend, CpuBackend, FloatFormat, Loopback, Region};
-use shardplan_runtime::cuda::module::{Param, per_element};
-use shardplan_runtime::gpt2::cuda_source::{KERNELS, SOURCE, check_arguments};
+use shardplan_runtime::cuda::storage;
 use shardplan_runtime::gpt2::kernels::AdamW;
-use shardplan_runtime::gpt2::launches::{Arg, Launch, NLL_PARTIALS};
+use shardplan_runtime::gpt2::launches::{Launch, token_links_len};
 use shardplan_runtime::gpt2::{
     AdamRegions, BlockBackward, Gpt2Kernels, Head, HeadGrads, Shape, launches,
 };
-use shardplan_runtime::workload::words_of;
-use std::ffi::c_void;
+use shardplan_runtime::workload::{Part, words_of};
+use shardplan_scheduler::precision::Precision;
 
+mod gpt2_host;
 mod shim;
 
-/// `run_<kernel>(blocks, threads, args)`: every thread of the grid in turn, the arguments read
-/// from an array of pointers to them (as `cuLaunchKernel` takes them), cast to the signature's
-/// types.
-fn wrappers() -> String {
-    let mut out = String::new();
-    for (name, params) in KERNELS.signatures() {
-        let args: Vec<String> = params
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let ty = match p {
-                    Param::Floats => "float*",
-                    Param::Doubles => "double*",
-                    Param::Int => "long long",
-                    Param::Int32 => "int",
-                    Param::Float => "float",
-                };
-                format!("*({ty}*)args[{i}]")
-            })
-            .collect();
-        let grid = if synchronises(name) {
-            "block_grid"
-        } else {
-            "grid"
-        };
-        out.push_str(&format!(
-            "extern \"C\" void run_{name}(unsigned g, unsigned t, void** args) {{\n    {grid}(g, t, [&] {{ {name}({}); }});\n}}\n",
-            args.join(", ")
-        ));
-    }
-    out
-}
-
-/// Whether kernel `name` synchronises its block (its body declares shared memory, which only
-/// the block reductions use).
-fn synchronises(name: &str) -> bool {
-    let start = SOURCE
-        .find(&format!("__global__ void {name}("))
-        .unwrap_or_else(|| panic!("{name} is not in the source"));
-    let body = &SOURCE[start..];
-    let end = body[1..].find("__global__").map_or(body.len(), |e| e + 1);
-    body[..end].contains("__shared__")
-}
-
-type Wrapper = unsafe extern "C" fn(u32, u32, *mut *mut c_void);
-
-/// The CUDA backend's work on the host: an arena, the loss partials and slots, the kernels.
-struct HostDevice {
-    lib: libloading::Library,
-    /// Where the library lies (removed when dropped).
-    _dir: tempfile::TempDir,
-    arena: Vec<f32>,
-    partials: Vec<f64>,
-    losses: Vec<f32>,
-}
-
-/// One argument's storage, pointed to from the argument array.
-enum Value {
-    Pointer(*mut c_void),
-    Int(i64),
-    Float(f32),
-}
-
-impl HostDevice {
-    fn run(&mut self, launches: &[Launch]) {
-        let kernels = KERNELS.signatures();
-        for launch in launches {
-            for r in launch.regions() {
-                assert!(r.offset + r.len <= self.arena.len(), "{r:?} in {launch:?}");
-            }
-            match launch {
-                Launch::Kernel(k) => {
-                    let params = &kernels.iter().find(|(n, _)| *n == k.name).unwrap().1;
-                    check_arguments(k, params).unwrap();
-                    let mut values: Vec<Value> = k
-                        .args
-                        .iter()
-                        .map(|a| match *a {
-                            Arg::Floats(r) => {
-                                Value::Pointer(self.arena[r.offset..].as_mut_ptr().cast())
-                            }
-                            Arg::LossPartials => Value::Pointer(self.partials.as_mut_ptr().cast()),
-                            Arg::LossSlot(step) => {
-                                Value::Pointer(self.losses[step..].as_mut_ptr().cast())
-                            }
-                            Arg::Int(v) => Value::Int(v),
-                            Arg::Float(v) => Value::Float(v),
-                        })
-                        .collect();
-                    let mut pointers: Vec<*mut c_void> = values
-                        .iter_mut()
-                        .map(|v| match v {
-                            Value::Pointer(p) => (p as *mut *mut c_void).cast(),
-                            Value::Int(i) => (i as *mut i64).cast(),
-                            Value::Float(f) => (f as *mut f32).cast(),
-                        })
-                        .collect();
-                    let config = per_element(k.threads);
-                    let symbol = format!("run_{}", k.name);
-                    // SAFETY: the wrapper reads each argument as its signature's type, and
-                    // `check_arguments` matched the arguments to that signature; every region
-                    // lies in the arena (asserted above).
-                    unsafe {
-                        let run: libloading::Symbol<Wrapper> =
-                            self.lib.get(symbol.as_bytes()).unwrap();
-                        run(config.grid_dim.0, config.block_dim.0, pointers.as_mut_ptr());
-                    }
-                }
-                Launch::Product {
-                    product,
-                    operands: [a, b, c],
-                    beta,
-                } => {
-                    let [ea, eb, ec] = product.extents();
-                    let (a, b) = (
-                        self.arena[*a..a + ea].to_vec(),
-                        self.arena[*b..b + eb].to_vec(),
-                    );
-                    product.host(1.0, &a, &b, *beta, &mut self.arena[*c..c + ec]);
-                }
-            }
-        }
-    }
-}
+use gpt2_host::HostDevice;
 
 /// `len` deterministic values in [−1, 1).
 fn values(len: usize, seed: u64) -> Vec<f32> {
@@ -158,13 +38,22 @@ fn values(len: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// Consecutive regions of the given lengths from `at` on.
-fn regions<const N: usize>(at: &mut usize, lens: [usize; N]) -> [Region; N] {
-    lens.map(|len| {
-        let r = Region::f32(*at, len);
-        *at += len;
+/// Consecutive regions of the given parts from word `at` on.
+fn regions<const N: usize>(at: &mut usize, parts: [Part; N]) -> [Region; N] {
+    parts.map(|part| {
+        let r = Region {
+            offset: *at,
+            len: part.len,
+            format: part.format,
+        };
+        *at += part.words();
         r
     })
+}
+
+/// A buffer of parts, counted in words.
+fn words(parts: &[Part]) -> Part {
+    Part::fp32(words_of(parts))
 }
 
 /// The CPU backend and the host device on one arena of random values.
@@ -174,37 +63,41 @@ struct Pair {
 }
 
 impl Pair {
-    fn new(elements: usize, seed: u64) -> Pair {
-        let (dir, lib) = shim::compile(SOURCE, &wrappers());
-        let arena = values(elements, seed);
+    /// An arena of `words` random words, each of `typed` (regions of their formats, bf16 ones
+    /// among them) holding random values of its format.
+    fn new(precision: Precision, words: usize, seed: u64, typed: &[Region]) -> Pair {
         let mut cpu = CpuBackend::new(Loopback);
         cpu.allocate(Allocation {
-            arena_elements: elements,
+            arena_elements: words,
             largest_block: 0,
             loss_slots: 2,
         })
         .unwrap();
-        let all = Region::f32(0, elements);
-        cpu.upload(all, &arena).unwrap();
+        cpu.upload(Region::f32(0, words), &values(words, seed))
+            .unwrap();
+        for (k, r) in typed.iter().enumerate() {
+            cpu.upload(*r, &values(r.len, seed + 100 + k as u64))
+                .unwrap();
+        }
+        let mut arena = vec![0.0; words];
+        cpu.download(Region::f32(0, words), &mut arena).unwrap();
         Pair {
             cpu,
-            host: HostDevice {
-                lib,
-                _dir: dir,
-                arena,
-                partials: vec![f64::NAN; NLL_PARTIALS],
-                losses: vec![f32::NAN; 2],
-            },
+            host: HostDevice::new(precision, arena),
         }
     }
 
-    /// Writes `data` into both arenas.
+    /// Writes `data` into both arenas (rounded to the region's format).
     fn set(&mut self, region: Region, data: &[f32]) {
         self.cpu.upload(region, data).unwrap();
-        self.host.arena[region.offset..region.offset + region.len].copy_from_slice(data);
+        let words = Region::f32(region.offset, region.words());
+        let at = region.offset;
+        self.cpu
+            .download(words, &mut self.host.arena[at..at + words.len])
+            .unwrap();
     }
 
-    /// Asserts the two arenas hold the same bits, naming the first element that differs.
+    /// Asserts the two arenas hold the same bits, naming the first word that differs.
     fn assert_bitwise(&self, what: &str) {
         let mut cpu = vec![0.0; self.host.arena.len()];
         let all = Region::f32(0, cpu.len());
@@ -215,8 +108,10 @@ impl Pair {
             .position(|(c, h)| c.to_bits() != h.to_bits());
         if let Some(i) = differs {
             panic!(
-                "{what}: element {i} is {} on the CPU, {} from the launches",
-                cpu[i], self.host.arena[i]
+                "{what} under {}: word {i} is {:#010x} on the CPU, {:#010x} from the launches",
+                self.host.precision.describe(),
+                cpu[i].to_bits(),
+                self.host.arena[i].to_bits()
             );
         }
     }
@@ -229,8 +124,9 @@ fn tokens(rows: usize, vocab: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-fn shapes() -> [Shape; 3] {
-    [
+/// Each shape under each precision policy.
+fn shapes() -> Vec<Shape> {
+    let shapes = [
         Shape {
             layers: 1,
             hidden: 16,
@@ -239,7 +135,7 @@ fn shapes() -> [Shape; 3] {
             vocab: 37,
             seq: 6,
             batch: 3,
-            activations: FloatFormat::Fp32,
+            precision: Precision::FP32,
         },
         // Rows longer than a block's lanes: every lane walks several elements (LayerNorm's 264
         // columns, the logits' 300, attention rows up to 258 positions).
@@ -251,7 +147,7 @@ fn shapes() -> [Shape; 3] {
             vocab: 300,
             seq: 258,
             batch: 1,
-            activations: FloatFormat::Fp32,
+            precision: Precision::FP32,
         },
         // hidden = seq: a stride mixed up between the two shows.
         Shape {
@@ -262,9 +158,25 @@ fn shapes() -> [Shape; 3] {
             vocab: 70,
             seq: 8,
             batch: 2,
-            activations: FloatFormat::Fp32,
+            precision: Precision::FP32,
         },
-    ]
+    ];
+    Precision::ALL
+        .into_iter()
+        .flat_map(|precision| shapes.map(|s| Shape { precision, ..s }))
+        .collect()
+}
+
+/// `len` parameters (or activations) of `shape`'s policy, and `len` parameter gradients.
+fn act(shape: &Shape, len: usize) -> Part {
+    shape.act(len)
+}
+
+fn grad(shape: &Shape, len: usize) -> Part {
+    Part {
+        len,
+        format: shape.precision.reduce(),
+    }
 }
 
 /// The embedding forward and backward (the token gradient added to what the head wrote).
@@ -272,18 +184,21 @@ fn shapes() -> [Shape; 3] {
 fn embedding_equals_the_cpu_backend_bitwise() {
     for shape in shapes() {
         let (rows, h) = (shape.rows(), shape.hidden);
+        let params_len = shape.embedding_params().iter().sum();
         let mut at = 0;
-        let [params, tokens_at, out, grad_out, grads] = regions(
+        let typed = regions(
             &mut at,
             [
-                shape.embedding_params().iter().sum(),
-                rows,
-                rows * h,
-                rows * h,
-                shape.embedding_params().iter().sum(),
+                act(&shape, params_len),
+                Part::fp32(rows),
+                act(&shape, rows * h),
+                act(&shape, rows * h),
+                grad(&shape, params_len),
             ],
         );
-        let mut pair = Pair::new(at, 1);
+        let [params, tokens_at, out, grad_out, grads] = typed;
+        let mut pair = Pair::new(shape.precision, at, 1, &typed);
+        pair.host.links = vec![f32::NAN; token_links_len(rows)];
         pair.set(tokens_at, &tokens(rows, shape.vocab, 1));
         pair.cpu
             .embedding_forward(&shape, params, tokens_at, out)
@@ -306,8 +221,21 @@ fn embedding_equals_the_cpu_backend_bitwise() {
 fn head_equals_the_cpu_backend_bitwise() {
     for shape in shapes() {
         let (rows, c, v) = (shape.rows(), shape.hidden, shape.vocab);
-        let internals = words_of(&shape.head_internals());
         let mut at = 0;
+        let typed = regions(
+            &mut at,
+            [
+                act(&shape, 2 * c),
+                act(&shape, v * c),
+                act(&shape, rows * c),
+                Part::fp32(rows),
+                words(&shape.head_internals()),
+                grad(&shape, 2 * c),
+                grad(&shape, v * c),
+                act(&shape, rows * c),
+                words(&shape.head_workspace()),
+            ],
+        );
         let [
             params,
             wte,
@@ -318,21 +246,8 @@ fn head_equals_the_cpu_backend_bitwise() {
             wte_grad,
             grad_in,
             workspace,
-        ] = regions(
-            &mut at,
-            [
-                2 * c,
-                v * c,
-                rows * c,
-                rows,
-                internals,
-                2 * c,
-                v * c,
-                rows * c,
-                rows * c,
-            ],
-        );
-        let mut pair = Pair::new(at, 2);
+        ] = typed;
+        let mut pair = Pair::new(shape.precision, at, 2, &typed);
         pair.set(targets, &tokens(rows, v, 2));
         // Logits of a few units at most, as a trained model's: wte scaled by 1/√hidden (at 264
         // columns of [−1, 1) values some targets' probabilities underflow to 0 otherwise).
@@ -376,6 +291,19 @@ fn block_equals_the_cpu_backend_bitwise() {
         let (rows, c) = (shape.rows(), shape.hidden);
         let params_len: usize = shape.block_params().iter().sum();
         let mut at = 0;
+        let typed = regions(
+            &mut at,
+            [
+                act(&shape, params_len),
+                act(&shape, rows * c),
+                act(&shape, rows * c),
+                words(&shape.block_internals()),
+                act(&shape, rows * c),
+                grad(&shape, params_len),
+                act(&shape, rows * c),
+                words(&shape.block_workspace()),
+            ],
+        );
         let [
             params,
             x,
@@ -385,20 +313,8 @@ fn block_equals_the_cpu_backend_bitwise() {
             grads,
             grad_in,
             workspace,
-        ] = regions(
-            &mut at,
-            [
-                params_len,
-                rows * c,
-                rows * c,
-                words_of(&shape.block_internals()),
-                rows * c,
-                params_len,
-                rows * c,
-                words_of(&shape.block_workspace()),
-            ],
-        );
-        let mut pair = Pair::new(at, 3 + seed as u64);
+        ] = typed;
+        let mut pair = Pair::new(shape.precision, at, 3 + seed as u64, &typed);
         pair.cpu
             .block_forward(&shape, params, x, out, internals)
             .unwrap();
@@ -421,30 +337,109 @@ fn block_equals_the_cpu_backend_bitwise() {
 }
 
 /// AdamW over runs that decay and runs that do not (a step past the first, so the bias
-/// corrections matter).
+/// corrections matter), its gradient in each policy's reduction format.
 #[test]
 fn adamw_equals_the_cpu_backend_bitwise() {
     let n = 40;
-    let mut at = 0;
-    let [params, grads, m, v] = regions(&mut at, [n; 4]);
-    let mut pair = Pair::new(at, 5);
-    let second_moment: Vec<f32> = values(n, 6).iter().map(|x| x * x).collect();
-    pair.set(v, &second_moment);
-    let hp = AdamW {
-        learning_rate: 1e-2,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        weight_decay: 0.1,
-    };
-    let decayed = [0..3, 10..25, 31..32];
-    let adam = AdamRegions {
-        params,
-        grads,
-        m,
-        v,
-    };
-    pair.cpu.adamw(&adam, 3, &hp, &decayed).unwrap();
-    pair.host.run(&launches::adamw(&adam, 3, &hp, &decayed));
-    pair.assert_bitwise("AdamW");
+    for shape in shapes() {
+        let mut at = 0;
+        let fp32 = Part::fp32(n);
+        let typed = regions(&mut at, [fp32, grad(&shape, n), fp32, fp32]);
+        let [params, grads, m, v] = typed;
+        let mut pair = Pair::new(shape.precision, at, 5, &typed);
+        let second_moment: Vec<f32> = values(n, 6).iter().map(|x| x * x).collect();
+        pair.set(v, &second_moment);
+        let hp = AdamW {
+            learning_rate: 1e-2,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        };
+        let decayed = [0..3, 10..25, 31..32];
+        let adam = AdamRegions {
+            params,
+            grads,
+            m,
+            v,
+        };
+        pair.cpu.adamw(&shape, &adam, 3, &hp, &decayed).unwrap();
+        pair.host.run(&launches::adamw(&adam, 3, &hp, &decayed));
+        pair.assert_bitwise("AdamW");
+    }
+}
+
+/// The prelude's rounding to bf16 (`bf16_bits`, on the host) is `half`'s, the CPU backend's:
+/// every exponent with mantissas around each rounding boundary, zeros, infinities and NaNs.
+#[test]
+fn the_preludes_bf16_rounding_is_the_cpus() {
+    let wrapper = r#"
+extern "C" unsigned short round_bits(float v) { return bf16_bits(v); }
+"#;
+    let (_dir, lib) = shim::compile(&storage::prelude(Precision::FP32), wrapper);
+    // SAFETY: `round_bits` is defined above with this signature.
+    let round: libloading::Symbol<unsafe extern "C" fn(f32) -> u16> =
+        unsafe { lib.get(b"round_bits") }.unwrap();
+    let mut checked = 0;
+    for sign in [0u32, 0x8000_0000] {
+        for exponent in 0..=255u32 {
+            for low in [
+                0u32, 1, 0x7fff, 0x8000, 0x8001, 0xffff, 0x1_7fff, 0x1_8000, 0x7f_ffff,
+            ] {
+                for high in [0u32, 0x1_0000, 0x7f_0000] {
+                    let bits = sign | (exponent << 23) | ((high | low) & 0x7f_ffff);
+                    let v = f32::from_bits(bits);
+                    // SAFETY: a plain function of a float.
+                    let got = unsafe { round(v) };
+                    let want = half::bf16::from_f32(v).to_bits();
+                    assert_eq!(got, want, "{bits:#010x}");
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(checked, 2 * 256 * 9 * 3);
+}
+
+/// The launches follow the policy: fp32 runs launch no rounding and their products read and
+/// write fp32; bf16 runs round the fp32 gradients and logits, their products take bf16 operands.
+#[test]
+fn launches_round_exactly_under_bf16() {
+    for shape in shapes() {
+        let (rows, c) = (shape.rows(), shape.hidden);
+        let params_len: usize = shape.block_params().iter().sum();
+        let mut at = 0;
+        let [params, x, internals, grads, workspace] = regions(
+            &mut at,
+            [
+                act(&shape, params_len),
+                act(&shape, rows * c),
+                words(&shape.block_internals()),
+                grad(&shape, params_len),
+                words(&shape.block_workspace()),
+            ],
+        );
+        let backward = BlockBackward {
+            params,
+            x,
+            internals,
+            grad_out: x,
+            grads,
+            grad_in: x,
+            workspace,
+        };
+        let launches = launches::block_backward(&shape, &backward);
+        let rounds = launches
+            .iter()
+            .filter(|l| matches!(l, Launch::Kernel(k) if k.name == "round_values"))
+            .count();
+        let bf16_fp32 = shape.activations() == FloatFormat::Bf16
+            && shape.precision.reduce() == FloatFormat::Fp32;
+        assert_eq!(rounds, usize::from(bf16_fp32), "{:?}", shape.precision);
+        for l in &launches {
+            if let Launch::Product { operands, .. } = l {
+                assert_eq!(operands[0].region.format, shape.activations());
+            }
+        }
+    }
 }

@@ -13,7 +13,7 @@ use crate::profile::BytesPerParam;
 use serde::{Deserialize, Serialize};
 
 /// A floating-point format of parameters or gradients.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FloatFormat {
     #[default]
@@ -51,7 +51,7 @@ impl FloatFormat {
 }
 
 /// A run's precision policy; the only value with reductions in bf16 has bf16 parameters too.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Precision {
     param: FloatFormat,
     reduce: FloatFormat,
@@ -62,6 +62,19 @@ impl Precision {
         param: FloatFormat::Fp32,
         reduce: FloatFormat::Fp32,
     };
+
+    /// Every policy: fp32; bf16 with fp32 reductions; bf16.
+    pub const ALL: [Precision; 3] = [
+        Precision::FP32,
+        Precision {
+            param: FloatFormat::Bf16,
+            reduce: FloatFormat::Fp32,
+        },
+        Precision {
+            param: FloatFormat::Bf16,
+            reduce: FloatFormat::Bf16,
+        },
+    ];
 
     /// The policy of `[training] precision` and `reduce`; an error (the expected values) for bf16
     /// reductions of fp32 parameters, which no master copy would need and none of ours runs.

@@ -9,6 +9,7 @@ use crate::output::outln;
 use shardplan_runtime::cuda::libraries::{self, Needed, SearchPaths, find};
 use shardplan_runtime::cuda::{inventory, nvrtc};
 use shardplan_runtime::dispatch::KERNEL_SOURCES;
+use shardplan_scheduler::precision::Precision;
 
 /// The architecture the kernels are compiled for when neither `--arch` nor a GPU says: Hopper.
 const DEFAULT_ARCHITECTURE: &str = "sm_90";
@@ -86,18 +87,21 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
             } else {
                 " outside calls of the math library"
             };
-            match source.compile(&arch) {
-                Ok(compiled) => report(
-                    "kernels",
-                    format!(
-                        "{version} compiled the {count} {model} kernels for {arch}: {} bytes of PTX (no fused multiply-add{except}), {} bytes of machine code",
-                        compiled.ptx.len(),
-                        compiled.cubin.len()
+            for precision in Precision::ALL {
+                let policy = precision.describe();
+                match source.compile(&arch, precision) {
+                    Ok(compiled) => report(
+                        "kernels",
+                        format!(
+                            "{version} compiled the {count} {model} kernels for {arch} under {policy}: {} bytes of PTX (no fused multiply-add{except}), {} bytes of machine code",
+                            compiled.ptx.len(),
+                            compiled.cubin.len()
+                        ),
                     ),
-                ),
-                Err(e) => {
-                    report("kernels", e);
-                    problems.push(format!("the {model} kernels do not compile"));
+                    Err(e) => {
+                        report("kernels", e);
+                        problems.push(format!("the {model} kernels do not compile under {policy}"));
+                    }
                 }
             }
         }

@@ -20,7 +20,6 @@ pub use mpi::environment::Universe as MpiUniverse;
 
 use crate::{Error, Result};
 pub use shardplan_scheduler::precision::FloatFormat;
-use shardplan_scheduler::precision::Precision;
 use std::time::Duration;
 
 /// How long a host thread that only enqueues polls for the other stream's signal before it
@@ -76,6 +75,21 @@ impl Region {
     pub fn part(self, index: usize, parts: usize) -> Region {
         let len = self.len / parts;
         self.sub(index * len, len)
+    }
+}
+
+/// A product's operand: the elements of `region` from element `at` on (attention's products
+/// read Q, K and V inside the fused QKV rows, at offsets a bf16 region cannot start at).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Operand {
+    pub region: Region,
+    pub at: usize,
+}
+
+impl Operand {
+    /// The whole region, from its first element.
+    pub fn whole(region: Region) -> Operand {
+        Operand { region, at: 0 }
     }
 }
 
@@ -269,11 +283,6 @@ pub trait Backend: Sync {
     /// both streams have completed; stops the clock.
     fn launch_times(&self) -> Result<Vec<LaunchTime>> {
         Ok(Vec::new())
-    }
-    /// Refuses, naming the setting, a precision policy (DESIGN §6.9) whose kernels this backend
-    /// lacks, before anything is allocated.
-    fn check_precision(&self, _precision: Precision) -> Result<()> {
-        Ok(())
     }
     /// Called first on the host thread that drives `stream`, before its first operation. The CPU
     /// backend lowers its compute threads' priority there (DESIGN §6.1); a backend whose threads

@@ -10,7 +10,9 @@
 use super::clock::LaunchClock;
 use super::driver_error;
 use super::memory;
-use super::nccl::{DeviceFloats, Nccl, NcclSetup};
+use super::module::KernelArg;
+use super::nccl::{DeviceBuffer, Nccl, NcclSetup};
+use super::storage::{Conversions, pack_bf16, unpack_bf16};
 use super::work::WorkloadDevices;
 use crate::backend::{
     Allocation, Backend, DeviceMemory, FloatFormat, Group, LaunchTime, Region, Stream,
@@ -21,7 +23,6 @@ use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice, result as driver,
 };
-use shardplan_scheduler::precision::Precision;
 use shardplan_scheduler::size::format_bytes;
 use std::sync::{Arc, Mutex};
 
@@ -60,7 +61,7 @@ pub struct CudaBackend {
     pub(super) workloads: WorkloadDevices,
     staging: Mutex<(usize, Vec<StagingSlot>)>,
     memory: DeviceMemory,
-    math: ProductMath,
+    pub(super) math: ProductMath,
     /// Times each launch while `profile measure --launch-times` asks for it.
     pub(super) clock: LaunchClock,
 }
@@ -160,16 +161,13 @@ impl CudaBackend {
         Ok(base + 4 * step as u64)
     }
 
-    /// The device address of a region (checked against the arena).
+    /// The device address of a region (its words checked against the arena).
     pub(super) fn ptr(&self, r: Region) -> Result<CUdeviceptr> {
-        if r.format != FloatFormat::Fp32 {
-            return Err(bf16_not_built());
-        }
-        if r.offset + r.len > self.elements {
+        if r.offset + r.words() > self.elements {
             return Err(Error::Backend(format!(
-                "region {}..{} lies outside the {}-element arena",
+                "region of words {}..{} lies outside the {}-word arena",
                 r.offset,
-                r.offset + r.len,
+                r.offset + r.words(),
                 self.elements
             )));
         }
@@ -177,11 +175,26 @@ impl CudaBackend {
     }
 
     /// A region as the collectives take it (checked against the arena).
-    fn floats(&self, r: Region) -> Result<DeviceFloats> {
+    fn buffer(&self, r: Region) -> Result<DeviceBuffer> {
         let ptr = self.ptr(r)?;
         // SAFETY: `ptr` checked the region against the arena, which lives as long as the backend
         // and is freed only after its streams are synchronised; the executor orders every access.
-        Ok(unsafe { DeviceFloats::new(ptr, r.len) })
+        Ok(unsafe { DeviceBuffer::new(ptr, r.len, r.format) })
+    }
+
+    /// `from` converted into `to` (another format) on the compute stream.
+    fn convert(&self, from: Region, to: Region) -> Result<()> {
+        let conversions = self.workload_device::<Conversions>()?;
+        let kernel = match to.format {
+            FloatFormat::Bf16 => "narrow_values",
+            FloatFormat::Fp32 => "widen_values",
+        };
+        let args = [
+            KernelArg::Pointer(self.pointer(from)?),
+            KernelArg::Pointer(self.pointer(to)?),
+            KernelArg::Int(from.len as i64),
+        ];
+        self.launch(&conversions.0, kernel, &args, from.len, Stream::Compute)
     }
 }
 
@@ -210,12 +223,6 @@ impl CudaBackend {
 impl Backend for CudaBackend {
     type Mark = Arc<CudaEvent>;
 
-    fn check_precision(&self, precision: Precision) -> Result<()> {
-        match precision == Precision::FP32 {
-            true => Ok(()),
-            false => Err(bf16_not_built()),
-        }
-    }
     fn name(&self) -> &'static str {
         match self.math {
             ProductMath::Fp32 => "cuda",
@@ -283,6 +290,14 @@ impl Backend for CudaBackend {
             )));
         }
         let dst = self.ptr(region)?;
+        let packed;
+        let data = match region.format {
+            FloatFormat::Fp32 => data,
+            FloatFormat::Bf16 => {
+                packed = pack_bf16(data);
+                &packed[..]
+            }
+        };
         let mut staging = self.staging.lock().expect("staging lock is never poisoned");
         let (next, slots) = &mut *staging;
         if slots.len() < STAGING_SLOTS {
@@ -328,15 +343,27 @@ impl Backend for CudaBackend {
     fn download(&self, region: Region, out: &mut [f32]) -> Result<()> {
         let src = self.ptr(region)?;
         self.synchronize()?;
-        // SAFETY: `src` spans `out.len()` = region.len elements; the stream is synchronised
-        // before `out` is read.
+        let mut words = match region.format {
+            FloatFormat::Fp32 => Vec::new(),
+            FloatFormat::Bf16 => vec![0.0f32; region.words()],
+        };
+        let into = match region.format {
+            FloatFormat::Fp32 => &mut out[..region.len],
+            FloatFormat::Bf16 => &mut words[..],
+        };
+        // SAFETY: `src` spans the region's words, which `into` holds; the stream is
+        // synchronised before `into` is read.
         unsafe {
-            driver::memcpy_dtoh_async(&mut out[..region.len], src, self.compute.cu_stream())
+            driver::memcpy_dtoh_async(into, src, self.compute.cu_stream())
                 .map_err(driver_error("copying from the GPU"))?;
         }
         self.compute
             .synchronize()
-            .map_err(driver_error("copying from the GPU"))
+            .map_err(driver_error("copying from the GPU"))?;
+        if region.format == FloatFormat::Bf16 {
+            unpack_bf16(&words, &mut out[..region.len]);
+        }
+        Ok(())
     }
     fn losses(&self, steps: usize) -> Result<Vec<f32>> {
         if steps > self.loss_slots {
@@ -357,7 +384,7 @@ impl Backend for CudaBackend {
         let dst = self.ptr(region)?;
         // SAFETY: `ptr` checked the region against the arena; the executor orders every access.
         unsafe {
-            driver::memset_d8_async(dst, 0, 4 * region.len, self.compute.cu_stream())
+            driver::memset_d8_async(dst, 0, 4 * region.words(), self.compute.cu_stream())
                 .map_err(driver_error("zeroing device memory"))
         }
     }
@@ -369,10 +396,13 @@ impl Backend for CudaBackend {
             )));
         }
         let (src, dst) = (self.ptr(from)?, self.ptr(to)?);
+        if from.format != to.format {
+            return self.convert(from, to);
+        }
         // SAFETY: both regions were checked against the arena and are disjoint; the executor
         // orders every access.
         unsafe {
-            driver::memcpy_dtod_async(dst, src, 4 * from.len, self.compute.cu_stream())
+            driver::memcpy_dtod_async(dst, src, 4 * from.words(), self.compute.cu_stream())
                 .map_err(driver_error("copying device memory"))
         }
     }
@@ -390,17 +420,17 @@ impl Backend for CudaBackend {
     }
     fn all_gather(&self, group: Group, shard: Region, full: Region) -> Result<()> {
         self.world_only(group)?;
-        let (send, recv) = (self.floats(shard)?, self.floats(full)?);
+        let (send, recv) = (self.buffer(shard)?, self.buffer(full)?);
         self.nccl.all_gather(send, recv, &self.communication)
     }
     fn reduce_scatter(&self, group: Group, full: Region, shard: Region) -> Result<()> {
         self.world_only(group)?;
-        let (send, recv) = (self.floats(full)?, self.floats(shard)?);
+        let (send, recv) = (self.buffer(full)?, self.buffer(shard)?);
         self.nccl.reduce_scatter(send, recv, &self.communication)
     }
     fn all_reduce(&self, group: Group, data: Region) -> Result<()> {
         self.world_only(group)?;
-        let data = self.floats(data)?;
+        let data = self.buffer(data)?;
         self.nccl.all_reduce(data, data, &self.communication)
     }
     fn all_reduce_host(&self, data: &mut [f32]) -> Result<()> {
@@ -411,7 +441,7 @@ impl Backend for CudaBackend {
         let (p, _) = device.device_ptr(&self.communication);
         // SAFETY: `device` holds `data.len()` floats and lives until the stream is synchronised
         // below; nothing else uses it.
-        let floats = unsafe { DeviceFloats::new(p, data.len()) };
+        let floats = unsafe { DeviceBuffer::new(p, data.len(), FloatFormat::Fp32) };
         self.nccl.all_reduce(floats, floats, &self.communication)?;
         self.communication
             .memcpy_dtoh(&device, data)
@@ -462,15 +492,5 @@ impl Backend for CudaBackend {
     fn launch_times(&self) -> Result<Vec<LaunchTime>> {
         self.synchronize()?;
         self.clock.stop()
-    }
-}
-
-/// Why a bf16 region reached the CUDA backend: its bf16 kernels are issue 45's next step.
-pub(crate) fn bf16_not_built() -> Error {
-    Error::Setting {
-        setting: "[training] precision",
-        expected: "\"fp32\" on --backend cuda (bf16 products and kernels are built on the CPU \
-                   backend only; run --backend cpu)"
-            .into(),
     }
 }

@@ -6,6 +6,7 @@ use super::driver_error;
 use super::module::{KernelModule, KernelSource, architecture};
 use crate::{Error, Result};
 use cudarc::driver::CudaContext;
+use shardplan_scheduler::precision::Precision;
 
 /// One visible GPU.
 #[derive(Debug, Clone)]
@@ -59,11 +60,13 @@ pub fn gpus() -> Result<Vec<Gpu>> {
         .collect()
 }
 
-/// Compiles each of `sources` for GPU `ordinal` and loads its machine code there, as the backend
-/// does when it first runs the source's workload.
+/// Compiles each of `sources` for GPU `ordinal` and every precision policy and loads its machine
+/// code there, as the backend does when it first runs the source's workload.
 pub fn load_kernels(ordinal: usize, sources: &[KernelSource]) -> Result<()> {
     let ctx = CudaContext::new(ordinal).map_err(driver_error("opening a GPU"))?;
-    sources
-        .iter()
-        .try_for_each(|source| KernelModule::load(&ctx, source).map(drop))
+    sources.iter().try_for_each(|source| {
+        Precision::ALL
+            .into_iter()
+            .try_for_each(|precision| KernelModule::load(&ctx, source, precision).map(drop))
+    })
 }

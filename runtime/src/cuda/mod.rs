@@ -2,7 +2,8 @@
 //! cuBLAS, NVRTC and NCCL at run time): plumbing that knows no model. `libraries` finds the
 //! libraries before any CUDA call, `backend` is the [`crate::backend::Backend`], `work` what a
 //! workload's CUDA side calls (checked launches and products, its own buffers and state),
-//! `module` a workload's kernel source compiled, loaded and its launches checked, `nccl` the
+//! `module` a workload's kernel source compiled, loaded and its launches checked, `storage` how
+//! kernels store floats under a precision policy (the prelude, format conversions), `nccl` the
 //! communicator, `replay` a transformer unit's products, `inventory` the versions and GPUs
 //! `doctor` reports, `nvrtc` run-time compilation to PTX and machine code, `memory` the device
 //! memory the driver and the pool report, `clock` the per-launch timing of `profile measure
@@ -17,6 +18,7 @@ pub mod module;
 pub mod nccl;
 pub mod nvrtc;
 pub mod replay;
+pub mod storage;
 pub mod work;
 
 pub use backend::{CudaBackend, ProductMath};

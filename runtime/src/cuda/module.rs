@@ -4,15 +4,20 @@
 //! against its kernel's parameters before it runs. The backend launches only through
 //! [`KernelModule::checked`], so a workload cannot pass a kernel what it does not take.
 //!
-//! A kernel's parameters are pointers (`float*`, `const float*`, `double*`), `long long` (or its
-//! `i64` typedef), `int` or `float`; a source with any other type is refused when it is read.
+//! A kernel's parameters are pointers (`float*`, `bf16*`, `double*`, and `act_t*` or `grad_t*`,
+//! the storage types of the precision policy a module is compiled for: [`super::storage`]; each
+//! also `const`), `long long` (or its `i64` typedef), `int` or `float`; a source with any other
+//! type is refused when it is read.
 
 use super::driver_error;
 use super::nvrtc::{self, Compiled};
+use super::storage;
+use crate::backend::FloatFormat;
 use crate::{Error, Result};
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaContext, CudaFunction, LaunchConfig};
 use cudarc::nvrtc::Ptx;
+use shardplan_scheduler::precision::Precision;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -31,6 +36,12 @@ pub struct KernelSource {
 pub enum Param {
     /// `float*` or `const float*`.
     Floats,
+    /// `bf16*` or `const bf16*`.
+    Bf16s,
+    /// `act_t*`: the policy's parameter format ([`Param::resolve`]).
+    Activations,
+    /// `grad_t*`: the policy's reduction format.
+    Gradients,
     /// `double*` or `const double*`.
     Doubles,
     /// `long long` (`i64`).
@@ -39,6 +50,22 @@ pub enum Param {
     Int32,
     /// `float`.
     Float,
+}
+
+impl Param {
+    /// The parameter in a module compiled for `precision`: `act_t*` and `grad_t*` become the
+    /// pointers to the formats they stand for.
+    pub fn resolve(self, precision: Precision) -> Param {
+        let pointer = |format| match format {
+            FloatFormat::Fp32 => Param::Floats,
+            FloatFormat::Bf16 => Param::Bf16s,
+        };
+        match self {
+            Param::Activations => pointer(precision.param()),
+            Param::Gradients => pointer(precision.reduce()),
+            other => other,
+        }
+    }
 }
 
 impl KernelSource {
@@ -68,6 +95,9 @@ impl KernelSource {
                             .map_or("", |(t, _)| t);
                         match ty.trim() {
                             "float*" | "const float*" => Param::Floats,
+                            "bf16*" | "const bf16*" => Param::Bf16s,
+                            "act_t*" | "const act_t*" => Param::Activations,
+                            "grad_t*" | "const grad_t*" => Param::Gradients,
                             "double*" | "const double*" => Param::Doubles,
                             "i64" | "long long" => Param::Int,
                             "int" => Param::Int32,
@@ -94,12 +124,13 @@ impl KernelSource {
             .collect()
     }
 
-    /// The source compiled for the real architecture `arch` (`sm_90` for Hopper) by NVRTC alone
-    /// (no driver or GPU) without fused multiply-adds, with IEEE division and square root and
-    /// denormals kept, as the CPU backend rounds. Checks that every kernel is in the PTX under its
-    /// unmangled name and that no fused multiply-add is, except in the kernels of
-    /// [`Self::library_math`] (`--fmad` governs only the source's own expressions).
-    pub fn compile(&self, arch: &str) -> Result<Compiled> {
+    /// The source, after the prelude of `precision` ([`storage::prelude`]), compiled for the real
+    /// architecture `arch` (`sm_90` for Hopper) by NVRTC alone (no driver or GPU) without fused
+    /// multiply-adds, with IEEE division and square root and denormals kept, as the CPU backend
+    /// rounds. Checks that every kernel is in the PTX under its unmangled name and that no fused
+    /// multiply-add is, except in the kernels of [`Self::library_math`] (`--fmad` governs only
+    /// the source's own expressions).
+    pub fn compile(&self, arch: &str, precision: Precision) -> Result<Compiled> {
         let options = [
             "--fmad=false",
             "--prec-div=true",
@@ -108,7 +139,8 @@ impl KernelSource {
             &format!("--gpu-architecture={arch}"),
         ]
         .map(String::from);
-        let compiled = nvrtc::compile(self.text, self.file, &options)?;
+        let text = format!("{}{}", storage::prelude(precision), self.text);
+        let compiled = nvrtc::compile(&text, self.file, &options)?;
         let name = self.file;
         if let Some((entry, _)) = self
             .signatures()
@@ -166,7 +198,18 @@ pub fn per_element(n: usize) -> LaunchConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Element {
     F32,
+    Bf16,
     F64,
+}
+
+impl Element {
+    /// The element of a region of `format`.
+    pub fn of(format: FloatFormat) -> Element {
+        match format {
+            FloatFormat::Fp32 => Element::F32,
+            FloatFormat::Bf16 => Element::Bf16,
+        }
+    }
 }
 
 /// Device memory a kernel may be given: made only by the backend, from a region checked against
@@ -204,20 +247,29 @@ fn accepts(param: Param, arg: &KernelArg) -> bool {
         (Param::Floats, Pointer(p)) if p.element == Element::F32
     ) || matches!(
         (param, arg),
+        (Param::Bf16s, Pointer(p)) if p.element == Element::Bf16
+    ) || matches!(
+        (param, arg),
         (Param::Doubles, Pointer(p)) if p.element == Element::F64
     )
 }
 
-/// A source's kernels loaded into one context, by name, with their parameters.
+/// A source's kernels compiled for one precision policy and loaded into one context, by name,
+/// with their parameters (resolved for that policy).
 pub struct KernelModule {
     model: &'static str,
     functions: HashMap<&'static str, (CudaFunction, Vec<Param>)>,
 }
 
 impl KernelModule {
-    /// Compiles `source` for the context's GPU and loads its machine code into `ctx`.
-    pub fn load(ctx: &Arc<CudaContext>, source: &KernelSource) -> Result<Self> {
-        let compiled = source.compile(&architecture(ctx)?)?;
+    /// Compiles `source` for the context's GPU and `precision` and loads its machine code into
+    /// `ctx`.
+    pub fn load(
+        ctx: &Arc<CudaContext>,
+        source: &KernelSource,
+        precision: Precision,
+    ) -> Result<Self> {
+        let compiled = source.compile(&architecture(ctx)?, precision)?;
         let module = ctx
             .load_module(Ptx::from_binary(compiled.cubin))
             .map_err(|e| {
@@ -227,6 +279,7 @@ impl KernelModule {
             .signatures()
             .into_iter()
             .map(|(name, params)| {
+                let params = params.into_iter().map(|p| p.resolve(precision)).collect();
                 module
                     .load_function(name)
                     .map(|f| (name, (f, params)))
@@ -272,6 +325,10 @@ extern "C" __global__ void scale(float* x, const float* y, float s, i64 n) {
 extern "C" __global__ void rows(double* out, int rows, long long cols) {
     out[0] = expf((float)rows * cols);
 }
+extern "C" __global__ void stored(const act_t* x, grad_t* g, bf16* b) {
+    st(g, ld(x));
+    st(b, ld(x));
+}
 "#,
     };
 
@@ -286,9 +343,32 @@ extern "C" __global__ void rows(double* out, int rows, long long cols) {
                     vec![Param::Floats, Param::Floats, Param::Float, Param::Int]
                 ),
                 ("rows", vec![Param::Doubles, Param::Int32, Param::Int]),
+                (
+                    "stored",
+                    vec![Param::Activations, Param::Gradients, Param::Bf16s]
+                ),
             ]
         );
         assert_eq!(SOURCE.library_math(), ["rows"]);
+    }
+
+    /// `act_t*` and `grad_t*` become the pointers of each policy's formats.
+    #[test]
+    fn storage_parameters_resolve_to_each_policys_formats() {
+        let [fp32, bf16_fp32, bf16] = Precision::ALL;
+        let resolved = |p: Precision| {
+            [
+                Param::Activations,
+                Param::Gradients,
+                Param::Floats,
+                Param::Int,
+            ]
+            .map(|q| q.resolve(p))
+        };
+        use Param::*;
+        assert_eq!(resolved(fp32), [Floats, Floats, Floats, Int]);
+        assert_eq!(resolved(bf16_fp32), [Bf16s, Floats, Floats, Int]);
+        assert_eq!(resolved(bf16), [Bf16s, Bf16s, Floats, Int]);
     }
 
     /// A pointer is accepted only for its own element type, a number only for its own width.
@@ -296,8 +376,15 @@ extern "C" __global__ void rows(double* out, int rows, long long cols) {
     fn arguments_fit_only_their_own_parameter_types() {
         let floats = KernelArg::Pointer(DevicePointer::new(256, Element::F32));
         let doubles = KernelArg::Pointer(DevicePointer::new(256, Element::F64));
+        let halves = KernelArg::Pointer(DevicePointer::new(256, Element::Bf16));
         assert!(accepts(Param::Floats, &floats));
         assert!(!accepts(Param::Floats, &doubles));
+        assert!(!accepts(Param::Floats, &halves));
+        assert!(accepts(Param::Bf16s, &halves));
+        assert!(!accepts(Param::Bf16s, &floats));
+        // An unresolved storage parameter takes nothing: a module resolves them when it loads.
+        assert!(!accepts(Param::Activations, &floats));
+        assert!(!accepts(Param::Activations, &halves));
         assert!(accepts(Param::Doubles, &doubles));
         assert!(!accepts(Param::Doubles, &floats));
         assert!(accepts(Param::Int, &KernelArg::Int(3)));

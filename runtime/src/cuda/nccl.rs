@@ -8,6 +8,7 @@
 //! cannot reach it, and the watchdog reads the communicator's own errors (a peer's connection
 //! lost) as they happen.
 
+use crate::backend::FloatFormat;
 use crate::{Error, Result};
 use cudarc::driver::CudaStream;
 use cudarc::nccl::{result, sys};
@@ -211,8 +212,8 @@ impl Nccl {
     /// `send` from every rank into `recv` (size × as many floats), in rank order.
     pub fn all_gather(
         &self,
-        send: DeviceFloats,
-        recv: DeviceFloats,
+        send: DeviceBuffer,
+        recv: DeviceBuffer,
         stream: &CudaStream,
     ) -> Result<()> {
         self.collective(Collective::AllGather, send, recv, stream)
@@ -221,8 +222,8 @@ impl Nccl {
     /// The sum over ranks of `send`, this rank's share (1/size of it) into `recv`.
     pub fn reduce_scatter(
         &self,
-        send: DeviceFloats,
-        recv: DeviceFloats,
+        send: DeviceBuffer,
+        recv: DeviceBuffer,
         stream: &CudaStream,
     ) -> Result<()> {
         self.collective(Collective::ReduceScatter, send, recv, stream)
@@ -231,8 +232,8 @@ impl Nccl {
     /// The sum over ranks of `send` into `recv` (the same length; in place when they are one).
     pub fn all_reduce(
         &self,
-        send: DeviceFloats,
-        recv: DeviceFloats,
+        send: DeviceBuffer,
+        recv: DeviceBuffer,
         stream: &CudaStream,
     ) -> Result<()> {
         self.collective(Collective::AllReduce, send, recv, stream)
@@ -242,8 +243,8 @@ impl Nccl {
     fn collective(
         &self,
         op: Collective,
-        send: DeviceFloats,
-        recv: DeviceFloats,
+        send: DeviceBuffer,
+        recv: DeviceBuffer,
         stream: &CudaStream,
     ) -> Result<()> {
         let (count, expected_recv) = match op {
@@ -258,21 +259,28 @@ impl Nccl {
             )));
         }
         let whole = op != Collective::ReduceScatter || send.len.is_multiple_of(self.size);
-        if !whole || recv.len != expected_recv {
+        if !whole || recv.len != expected_recv || send.format != recv.format {
             return Err(Error::Backend(format!(
-                "NCCL {}: {} floats sent and {} received do not fit {} ranks",
+                "NCCL {}: {} {} elements sent and {} {} received do not fit {} ranks",
                 op.name(),
                 send.len,
+                send.format.name(),
                 recv.len,
+                recv.format.name(),
                 self.size
             )));
         }
         let (send_ptr, recv_ptr) = (send.ptr as *const c_void, recv.ptr as *mut c_void);
-        let (float, sum) = (sys::ncclDataType_t::ncclFloat32, sys::ncclRedOp_t::ncclSum);
+        let float = match send.format {
+            FloatFormat::Fp32 => sys::ncclDataType_t::ncclFloat32,
+            FloatFormat::Bf16 => sys::ncclDataType_t::ncclBfloat16,
+        };
+        let sum = sys::ncclRedOp_t::ncclSum;
         let cu_stream = stream.cu_stream() as sys::cudaStream_t;
-        // SAFETY: NCCL reads `count` (AllGather, AllReduce) or count·size (ReduceScatter) floats
-        // of `send` and writes `expected_recv` floats of `recv`; the lengths were checked above,
-        // and `DeviceFloats`' contract keeps both allocated until the stream has run it.
+        // SAFETY: NCCL reads `count` (AllGather, AllReduce) or count·size (ReduceScatter) elements
+        // of `send` and writes `expected_recv` elements of `recv`, of the one format both have;
+        // the lengths were checked above,
+        // and `DeviceBuffer`' contract keeps both allocated until the stream has run it.
         let called = unsafe {
             match op {
                 Collective::AllGather => {
@@ -290,21 +298,23 @@ impl Nccl {
     }
 }
 
-/// `len` f32 values of device memory, as a collective reads or writes them.
+/// `len` values of `format` in device memory, as a collective reads or writes them (bf16 sums
+/// are NCCL's `ncclBfloat16`: each addition rounded, as the CPU backend's).
 #[derive(Debug, Clone, Copy)]
-pub struct DeviceFloats {
+pub struct DeviceBuffer {
     ptr: u64,
     len: usize,
+    format: FloatFormat,
 }
 
-impl DeviceFloats {
+impl DeviceBuffer {
     /// # Safety
-    /// `ptr` must address `len` f32 values of device memory on the communicator's GPU that stay
+    /// `ptr` must address `len` values of `format` in device memory on the communicator's GPU that stay
     /// allocated until every operation enqueued on them has completed, and that no other
     /// operation writes while a collective reading them, or reads or writes while a collective
     /// writing them, runs (the executor's ordering).
-    pub unsafe fn new(ptr: u64, len: usize) -> Self {
-        DeviceFloats { ptr, len }
+    pub unsafe fn new(ptr: u64, len: usize, format: FloatFormat) -> Self {
+        DeviceBuffer { ptr, len, format }
     }
 }
 

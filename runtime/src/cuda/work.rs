@@ -7,12 +7,15 @@
 use super::CudaBackend;
 use super::driver_error;
 use super::module::{DevicePointer, Element, KernelArg, KernelModule, per_element};
-use crate::backend::{Region, Stream};
+use crate::backend::{FloatFormat, Operand, Region, Stream};
 use crate::gemm::Strided;
 use crate::{Error, Result};
+use cublas_sys::cudaDataType;
 use cudarc::cublas::{result as cublas, sys as cublas_sys};
+use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaSlice, DevicePtr, PushKernelArg};
 use std::any::Any;
+use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
 /// A workload's state on one backend: its loaded kernels and buffers.
@@ -45,9 +48,25 @@ impl CudaBackend {
         Ok(state)
     }
 
-    /// `region`'s first element, checked against the arena.
+    /// `region`'s first element, of the region's format, checked against the arena.
     pub fn pointer(&self, region: Region) -> Result<DevicePointer> {
-        Ok(DevicePointer::new(self.ptr(region)?, Element::F32))
+        Ok(DevicePointer::new(
+            self.ptr(region)?,
+            Element::of(region.format),
+        ))
+    }
+
+    /// The address of `operand`'s first element, once the `extent` elements from it are found
+    /// inside its region (which is checked against the arena).
+    fn operand(&self, operand: Operand, extent: usize) -> Result<CUdeviceptr> {
+        let Operand { region, at } = operand;
+        if at + extent > region.len {
+            return Err(Error::Backend(format!(
+                "a product's operand of {extent} elements from element {at} of a {}-element region",
+                region.len
+            )));
+        }
+        Ok(self.ptr(region)? + region.format.bytes() * at as u64)
     }
 
     /// Step `step`'s loss slot (one f32).
@@ -61,6 +80,11 @@ impl CudaBackend {
         Ok(match element {
             Element::F32 => Scratch::F32(self.compute.alloc_zeros::<f32>(len).map_err(failed)?),
             Element::F64 => Scratch::F64(self.compute.alloc_zeros::<f64>(len).map_err(failed)?),
+            Element::Bf16 => {
+                return Err(Error::Backend(
+                    "a workload's buffer of bf16: the backend makes f32 and f64 ones".into(),
+                ));
+            }
         })
     }
 
@@ -108,13 +132,30 @@ impl CudaBackend {
         )
     }
 
-    /// Row-major C = op(A)·op(B) + beta·C for every product of the batch, A, B and C at arena
-    /// offsets `operands` (each checked with the extent the product reads or writes), on the
-    /// compute stream through cuBLAS's column-major call ([`Strided::cublas`]).
-    pub fn product(&self, product: &Strided, operands: [usize; 3], beta: f32) -> Result<()> {
+    /// Row-major C = op(A)·op(B) + beta·C for every product of the batch (each operand checked
+    /// with the extent the product reads or writes), on the compute stream through cuBLAS's
+    /// column-major `cublasGemmStridedBatchedEx` ([`Strided::cublas`]): A and B of one format, C
+    /// of that format or fp32, accumulated in fp32 — bf16 operands on the tensor cores, fp32 ones
+    /// as the backend's [`super::ProductMath`] says.
+    pub fn product(&self, product: &Strided, operands: [Operand; 3], beta: f32) -> Result<()> {
         let extents = product.extents();
-        let [a, b, c] = [0, 1, 2].map(|i| self.ptr(Region::f32(operands[i], extents[i])));
+        let [a, b, c] = [0, 1, 2].map(|i| self.operand(operands[i], extents[i]));
         let (a, b, c) = (a?, b?, c?);
+        let [fa, fb, fc] = operands.map(|o| o.region.format);
+        if fa != fb || (fc != fa && fc != FloatFormat::Fp32) {
+            return Err(Error::Backend(format!(
+                "a product of {} by {} into {}: cuBLAS takes A and B of one format, C of theirs                  or fp32",
+                fa.name(),
+                fb.name(),
+                fc.name()
+            )));
+        }
+        let compute = match (fa, self.math) {
+            (FloatFormat::Fp32, super::ProductMath::Tf32) => {
+                cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+            }
+            _ => cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        };
         let call = BlasCall::of(product)?;
         let alpha = 1.0f32;
         self.ctx
@@ -129,32 +170,46 @@ impl CudaBackend {
             format!("product {}×{}×{}{batch}", gemm.m, gemm.n, gemm.k)
         };
         self.clock.around(&self.compute, name, gemm.flops(), || {
-            // SAFETY: the operands lie in the arena with the extents the product names (checked
-            // above); alpha and beta live across the call; cuBLAS runs on the compute stream.
+            // SAFETY: the operands lie in the arena with the extents the product names, in the
+            // formats passed (checked above); alpha and beta (f32, as the fp32 compute type
+            // takes them) live across the call; cuBLAS runs on the compute stream.
             unsafe {
-                cublas::sgemm_strided_batched(
+                cublas::gemm_strided_batched_ex(
                     self.blas,
                     call.transa,
                     call.transb,
                     call.m,
                     call.n,
                     call.k,
-                    &alpha,
-                    b as *const f32,
+                    &alpha as *const f32 as *const c_void,
+                    b as *const c_void,
+                    blas_type(fb),
                     call.lda,
                     call.stride_a,
-                    a as *const f32,
+                    a as *const c_void,
+                    blas_type(fa),
                     call.ldb,
                     call.stride_b,
-                    &beta,
-                    c as *mut f32,
+                    &beta as *const f32 as *const c_void,
+                    c as *mut c_void,
+                    blas_type(fc),
                     call.ldc,
                     call.stride_c,
                     call.batch,
+                    compute,
+                    cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
                 )
             }
-            .map_err(|e| Error::Backend(format!("cuBLAS sgemm {product:?}: {e:?}")))
+            .map_err(|e| Error::Backend(format!("cuBLAS GemmStridedBatchedEx {product:?}: {e:?}")))
         })
+    }
+}
+
+/// cuBLAS's name of a format.
+fn blas_type(format: FloatFormat) -> cudaDataType {
+    match format {
+        FloatFormat::Fp32 => cudaDataType::CUDA_R_32F,
+        FloatFormat::Bf16 => cudaDataType::CUDA_R_16BF,
     }
 }
 

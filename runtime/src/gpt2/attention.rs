@@ -207,8 +207,15 @@ pub fn causal_softmax_backward(probs: &[f32], dprobs: &mut [f32], scale: f32, se
 }
 
 /// Causal multi-head attention from the fused `qkv` (`rows × 3h`): `probs` (saved) and `y`
-/// (`rows × h`, heads concatenated).
-pub fn attention_forward(qkv: &[f32], probs: &mut [f32], y: &mut [f32], shape: AttentionShape) {
+/// (`rows × h`, heads concatenated). `round` stores the scores and the probabilities as the
+/// activations' format holds them ([`super::Shape::round`]), as each is a tensor of PyTorch's.
+pub fn attention_forward(
+    qkv: &[f32],
+    probs: &mut [f32],
+    y: &mut [f32],
+    shape: AttentionShape,
+    round: impl Fn(&mut [f32]),
+) {
     for b in 0..shape.batch {
         shape.forward_scores(b).host(
             (Buffer::Qkv, qkv),
@@ -216,7 +223,9 @@ pub fn attention_forward(qkv: &[f32], probs: &mut [f32], y: &mut [f32], shape: A
             (Buffer::Probs, probs),
         );
     }
+    round(probs);
     causal_softmax(&mut probs[..shape.probs_len()], shape.scale(), shape.seq);
+    round(probs);
     for b in 0..shape.batch {
         shape.forward_values(b).host(
             (Buffer::Probs, probs),
@@ -227,7 +236,7 @@ pub fn attention_forward(qkv: &[f32], probs: &mut [f32], y: &mut [f32], shape: A
 }
 
 /// Backward of [`attention_forward`]: `dqkv` (written) from `dy`; `dprobs` is scratch of
-/// [`AttentionShape::probs_len`] elements.
+/// [`AttentionShape::probs_len`] elements, rounded by `round` after each step that writes it.
 pub fn attention_backward(
     dy: &[f32],
     qkv: &[f32],
@@ -235,6 +244,7 @@ pub fn attention_backward(
     dprobs: &mut [f32],
     dqkv: &mut [f32],
     shape: AttentionShape,
+    round: impl Fn(&mut [f32]),
 ) {
     for b in 0..shape.batch {
         let [dp, dv] = shape.backward_values(b);
@@ -250,7 +260,9 @@ pub fn attention_backward(
         );
     }
     let n = shape.probs_len();
+    round(dprobs);
     causal_softmax_backward(&probs[..n], &mut dprobs[..n], shape.scale(), shape.seq);
+    round(dprobs);
     for b in 0..shape.batch {
         let [dq, dk] = shape.backward_queries_keys(b);
         dq.host(

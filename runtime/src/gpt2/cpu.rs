@@ -3,15 +3,17 @@
 //! arena refuses a borrow that overlaps another operation's).
 //!
 //! Under the bf16 policy (DESIGN §6.9) the kernels compute in f32 on widened copies; every
-//! activation, activation gradient and parameter gradient a later kernel of the same call reads
-//! is rounded to bf16 first ([`Shape::round`], a no-op in fp32), as PyTorch's next operation
-//! reads the bf16 tensor; what a call leaves in a bf16 region is rounded when its borrow ends.
+//! tensor PyTorch stores in bf16 is rounded where it is written ([`Shape::round`], a no-op in
+//! fp32): an activation, activation gradient or parameter gradient a later kernel of the same
+//! call reads, a linear layer's output before its residual is added, attention's scores and
+//! probabilities — so the CUDA kernels, which store each value once, agree bit for bit; what a
+//! call leaves in a bf16 region is rounded when its borrow ends.
 
 use super::attention::{attention_backward, attention_forward};
 use super::kernels::{self as k, AdamW};
 use super::{AdamRegions, BlockBackward, Gpt2Kernels, Head, HeadGrads, Shape};
 use crate::Result;
-use crate::backend::{Collectives, CpuBackend, Region, each};
+use crate::backend::{Backend, Collectives, CpuBackend, Region, each};
 use crate::workload::{carve, carve_parts};
 use std::ops::Range;
 
@@ -91,9 +93,10 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
         round(ln1);
         k::matmul_forward(ln1, wqkv, Some(bqkv), qkv, rows, c, 3 * c);
         round(qkv);
-        attention_forward(qkv, probs, atty, shape.attention());
+        attention_forward(qkv, probs, atty, shape.attention(), round);
         round(atty);
         k::matmul_forward(atty, wproj, Some(bproj), res1, rows, c, c);
+        round(res1);
         res1.iter_mut().zip(x).for_each(|(r, v)| *r += v);
         round(res1);
         k::layernorm_forward(res1, ln2w, ln2b, ln2, m2, r2, rows, c);
@@ -103,6 +106,7 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
         k::gelu_forward(fch, gelu);
         round(gelu);
         k::matmul_forward(gelu, wfp, Some(bfp), out, rows, f, c);
+        round(out);
         out.iter_mut().zip(&*res1).for_each(|(o, r)| *o += r);
         Ok(())
     }
@@ -165,7 +169,7 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
             c,
         );
         round(d_h);
-        attention_backward(d_h, qkv, probs, d_probs, d_qkv, shape.attention());
+        attention_backward(d_h, qkv, probs, d_probs, d_qkv, shape.attention(), round);
         round(d_qkv);
         k::matmul_backward(
             d_qkv,
@@ -212,7 +216,12 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
             })?;
         k::cross_entropy_backward_inplace(&mut probs, &self.read(head.targets)?, v, scale);
         shape.round(&mut probs);
-        let (mut dlnf, mut dwte) = (self.write(out.workspace)?, self.write(out.wte_grad)?);
+        let [dlnf, dlogits] = carve_parts(out.workspace, shape.head_workspace());
+        if dlogits.len > 0 {
+            // The bf16 tensor the device's products read (the same values as `probs` now).
+            self.upload(dlogits, &probs)?;
+        }
+        let (mut dlnf, mut dwte) = (self.write(dlnf)?, self.write(out.wte_grad)?);
         let wte = self.read(head.wte)?;
         k::tied_logits_backward(&probs, &lnf, &wte, &mut dlnf, &mut dwte, rows, c, v);
         shape.round(&mut dlnf);
@@ -230,6 +239,7 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
 
     fn adamw(
         &self,
+        _shape: &Shape,
         adam: &AdamRegions,
         step: u32,
         hp: &AdamW,

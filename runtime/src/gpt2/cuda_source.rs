@@ -13,13 +13,18 @@
 //! else one thread after another (runtime/tests/cuda_gpt2_kernels.rs). The products are
 //! cuBLAS's ([`super::launches`]).
 //!
-//! Every kernel's parameters are pointers (`float*`, `const float*`, `double*`), `long long` or
-//! `float`, so a launch is a list of [`Arg`]s checked against the signatures
-//! [`KERNELS`] reads from the source ([`check_arguments`], on the host; the backend checks the
-//! device arguments again at launch).
+//! Every kernel's parameters are pointers (`float*`, `double*`, and `act_t*` or `grad_t*`: the
+//! storage of the precision policy the module is compiled for, [`crate::cuda::storage`]),
+//! `long long` or `float`, so a launch is a list of [`Arg`]s checked against the signatures
+//! [`KERNELS`] reads from the source, resolved for the policy ([`check_arguments`], on the host;
+//! the backend checks the device arguments again at launch). The kernels compute in `float` and
+//! load and store through `ld`/`st`, so under bf16 each stored value is rounded once, where the
+//! CPU backend rounds it (`gpt2/cpu.rs`); a kernel that updates an element in place keeps its
+//! intermediate values in registers.
 
 pub use super::kernels::LANES;
 use super::launches::{Arg, Kernel};
+use crate::backend::FloatFormat;
 use crate::cuda::module::{KernelSource, Param};
 use crate::{Error, Result};
 
@@ -65,102 +70,131 @@ static __device__ float block_max(float* lanes, float partial) {
     return max;
 }
 
-extern "C" __global__ void fill_values(float* x, float value, i64 n) {
+extern "C" __global__ void fill_values(act_t* x, float value, i64 n) {
     i64 i = THREAD;
-    if (i < n) x[i] = value;
+    if (i < n) st(x + i, value);
 }
 
-extern "C" __global__ void copy_values(const float* src, float* dst, i64 n) {
+extern "C" __global__ void copy_values(const act_t* src, act_t* dst, i64 n) {
     i64 i = THREAD;
-    if (i < n) dst[i] = src[i];
+    if (i < n) st(dst + i, ld(src + i));
 }
 
-extern "C" __global__ void add_values(const float* src, float* dst, i64 n) {
+extern "C" __global__ void add_values(const act_t* src, act_t* dst, i64 n) {
     i64 i = THREAD;
-    if (i < n) dst[i] = dst[i] + src[i];
+    if (i < n) st(dst + i, ld(dst + i) + ld(src + i));
+}
+
+// x rounded to bf16's precision in its fp32 storage: what a bf16 run keeps in fp32 (the logits
+// and their gradient, parameter gradients reduced in fp32) as its bf16 tensor holds it.
+extern "C" __global__ void round_values(float* x, i64 n) {
+    i64 i = THREAD;
+    if (i < n) x[i] = bf16_round(x[i]);
+}
+
+// dst = src in the activations' format.
+extern "C" __global__ void store_values(const float* src, act_t* dst, i64 n) {
+    i64 i = THREAD;
+    if (i < n) st(dst + i, src[i]);
 }
 
 // out[r, j] = bias[j]: a linear layer's output before its product is added.
-extern "C" __global__ void bias_rows(float* out, const float* bias, i64 rows, i64 cols) {
+extern "C" __global__ void bias_rows(act_t* out, const act_t* bias, i64 rows, i64 cols) {
     i64 i = THREAD;
-    if (i < rows * cols) out[i] = bias[i % cols];
+    if (i < rows * cols) st(out + i, ld(bias + i % cols));
 }
 
 // out[j] += the sum over the rows of x[r, j] (a bias gradient): a block per COLUMNS columns;
 // row lane q sums rows q, q + ROW_LANES, ... in order, then out[j] adds the lanes' sums in lane
 // order (gpt2::kernels::RowLanes).
-extern "C" __global__ void column_sums_add(const float* x, float* out, i64 rows, i64 cols) {
+extern "C" __global__ void column_sums_add(const act_t* x, grad_t* out, i64 rows, i64 cols) {
     __shared__ float lanes[LANES];
     unsigned c = threadIdx.x % COLUMNS, q = threadIdx.x / COLUMNS;
     i64 j = (i64)blockIdx.x * COLUMNS + c;
     float sum = 0.0f;
     if (j < cols)
-        for (i64 r = q; r < rows; r += ROW_LANES) sum += x[r * cols + j];
+        for (i64 r = q; r < rows; r += ROW_LANES) sum += ld(x + r * cols + j);
     lanes[threadIdx.x] = sum;
     __syncthreads();
     if (q == 0 && j < cols) {
-        float total = out[j];
+        float total = ld(out + j);
         for (unsigned p = 0; p < ROW_LANES; ++p) total += lanes[p * COLUMNS + c];
-        out[j] = total;
+        st(out + j, total);
     }
 }
 
 // out[r] = wte[token[r]] + wpe[r mod seq].
-extern "C" __global__ void embedding_forward(const float* tokens, const float* wte,
-                                             const float* wpe, float* out, i64 rows, i64 seq,
+extern "C" __global__ void embedding_forward(const float* tokens, const act_t* wte,
+                                             const act_t* wpe, act_t* out, i64 rows, i64 seq,
                                              i64 hidden) {
     i64 i = THREAD;
     if (i >= rows * hidden) return;
     i64 r = i / hidden, k = i % hidden;
     i64 token = (i64)tokens[r];
-    out[i] = wte[token * hidden + k] + wpe[(r % seq) * hidden + k];
+    st(out + i, ld(wte + token * hidden + k) + ld(wpe + (r % seq) * hidden + k));
 }
 
-// dwte[token[r], k] += dout[r, k] over the rows in order; thread (slice, k) takes the tokens
-// that are slice modulo `slices`, so no two threads write one element.
-extern "C" __global__ void embedding_backward_tokens(const float* tokens, const float* dout,
-                                                     float* dwte, i64 rows, i64 hidden,
-                                                     i64 slices) {
+// links[r] = the next row after r with r's token (-1: none); links[rows + r] = 1 where no row
+// before r has its token (r leads its token's rows), else 0.
+extern "C" __global__ void token_links(const float* tokens, float* links, i64 rows) {
+    i64 r = THREAD;
+    if (r >= rows) return;
+    float token = tokens[r];
+    i64 next = -1, lead = 1;
+    for (i64 q = r + 1; q < rows && next < 0; ++q)
+        if (tokens[q] == token) next = q;
+    for (i64 q = r - 1; q >= 0 && lead == 1; --q)
+        if (tokens[q] == token) lead = 0;
+    links[r] = (float)next;
+    links[rows + r] = (float)lead;
+}
+
+// dwte[token, k] += dout[r, k] over the token's rows in order (token_links): thread (r, k) of a
+// row that leads its token follows the links, its sum in a float, stored once.
+extern "C" __global__ void embedding_backward_tokens(const float* tokens, const float* links,
+                                                     const act_t* dout, grad_t* dwte, i64 rows,
+                                                     i64 hidden) {
     i64 i = THREAD;
-    if (i >= slices * hidden) return;
-    i64 slice = i / hidden, k = i % hidden;
-    for (i64 r = 0; r < rows; ++r) {
-        i64 token = (i64)tokens[r];
-        if (token % slices != slice) continue;
-        dwte[token * hidden + k] = dwte[token * hidden + k] + dout[r * hidden + k];
-    }
+    if (i >= rows * hidden) return;
+    i64 r = i / hidden, k = i % hidden;
+    if (links[rows + r] == 0.0f) return;
+    grad_t* d = dwte + (i64)tokens[r] * hidden + k;
+    float sum = ld(d);
+    for (i64 q = r; q >= 0; q = (i64)links[q]) sum = sum + ld(dout + q * hidden + k);
+    st(d, sum);
 }
 
 // dwpe[p, k] += dout[r, k] over the rows r of position p, in order.
-extern "C" __global__ void embedding_backward_positions(const float* dout, float* dwpe,
+extern "C" __global__ void embedding_backward_positions(const act_t* dout, grad_t* dwpe,
                                                         i64 rows, i64 seq, i64 hidden) {
     i64 i = THREAD;
     if (i >= seq * hidden) return;
     i64 p = i / hidden, k = i % hidden;
-    float sum = dwpe[i];
-    for (i64 r = p; r < rows; r += seq) sum += dout[r * hidden + k];
-    dwpe[i] = sum;
+    float sum = ld(dwpe + i);
+    for (i64 r = p; r < rows; r += seq) sum += ld(dout + r * hidden + k);
+    st(dwpe + i, sum);
 }
 
 // One block per row, lane l over the columns l, l + LANES, ...: mean, 1/sigma (saved),
 // out = (x - mean) / sigma * weight + bias.
-extern "C" __global__ void layernorm_forward(const float* x, const float* weight,
-                                             const float* bias, float* out, float* mean,
+extern "C" __global__ void layernorm_forward(const act_t* x, const act_t* weight,
+                                             const act_t* bias, act_t* out, float* mean,
                                              float* rstd, i64 rows, i64 width) {
     __shared__ float lanes[LANES];
     i64 r = blockIdx.x;
     if (r >= rows) return;
     unsigned l = threadIdx.x;
-    const float* row = x + r * width;
+    const act_t* row = x + r * width;
     float sum = 0.0f;
-    for (i64 k = l; k < width; k += LANES) sum += row[k];
+    for (i64 k = l; k < width; k += LANES) sum += ld(row + k);
     float m = block_sum(lanes, sum) / (float)width;
     float squares = 0.0f;
-    for (i64 k = l; k < width; k += LANES) squares += (row[k] - m) * (row[k] - m);
+    for (i64 k = l; k < width; k += LANES) squares += (ld(row + k) - m) * (ld(row + k) - m);
     float var = block_sum(lanes, squares) / (float)width;
     float s = 1.0f / sqrtf(var + 1e-5f);
-    float* o = out + r * width;
-    for (i64 k = l; k < width; k += LANES) o[k] = (row[k] - m) * s * weight[k] + bias[k];
+    act_t* o = out + r * width;
+    for (i64 k = l; k < width; k += LANES)
+        st(o + k, (ld(row + k) - m) * s * ld(weight + k) + ld(bias + k));
     if (l == 0) {
         mean[r] = m;
         rstd[r] = s;
@@ -168,38 +202,38 @@ extern "C" __global__ void layernorm_forward(const float* x, const float* weight
 }
 
 // One block per row: dx += the input gradient (the residual stream's is already there).
-extern "C" __global__ void layernorm_backward_input(const float* dout, const float* x,
-                                                    const float* weight, const float* mean,
-                                                    const float* rstd, float* dx, i64 rows,
+extern "C" __global__ void layernorm_backward_input(const act_t* dout, const act_t* x,
+                                                    const act_t* weight, const float* mean,
+                                                    const float* rstd, act_t* dx, i64 rows,
                                                     i64 width) {
     __shared__ float lanes[LANES];
     i64 r = blockIdx.x;
     if (r >= rows) return;
     unsigned l = threadIdx.x;
     float m = mean[r], s = rstd[r];
-    const float* row = x + r * width;
-    const float* g = dout + r * width;
+    const act_t* row = x + r * width;
+    const act_t* g = dout + r * width;
     float dn_sum = 0.0f, dn_xhat_sum = 0.0f;
     for (i64 k = l; k < width; k += LANES) {
-        float xhat = (row[k] - m) * s;
-        float dn = g[k] * weight[k];
+        float xhat = (ld(row + k) - m) * s;
+        float dn = ld(g + k) * ld(weight + k);
         dn_sum += dn;
         dn_xhat_sum += dn * xhat;
     }
     float mean_dn = block_sum(lanes, dn_sum) / (float)width;
     float mean_dn_xhat = block_sum(lanes, dn_xhat_sum) / (float)width;
-    float* d = dx + r * width;
+    act_t* d = dx + r * width;
     for (i64 k = l; k < width; k += LANES) {
-        float xhat = (row[k] - m) * s;
-        d[k] = d[k] + s * (g[k] * weight[k] - mean_dn - xhat * mean_dn_xhat);
+        float xhat = (ld(row + k) - m) * s;
+        st(d + k, ld(d + k) + s * (ld(g + k) * ld(weight + k) - mean_dn - xhat * mean_dn_xhat));
     }
 }
 
 // dweight += sum over rows of dout * xhat, dbias += sum of dout, per column as column_sums_add
 // sums (a block per COLUMNS columns, ROW_LANES row lanes, the lanes' sums in lane order).
-extern "C" __global__ void layernorm_backward_params(const float* dout, const float* x,
+extern "C" __global__ void layernorm_backward_params(const act_t* dout, const act_t* x,
                                                      const float* mean, const float* rstd,
-                                                     float* dweight, float* dbias, i64 rows,
+                                                     grad_t* dweight, grad_t* dbias, i64 rows,
                                                      i64 width) {
     __shared__ float weight_lanes[LANES];
     __shared__ float bias_lanes[LANES];
@@ -208,8 +242,8 @@ extern "C" __global__ void layernorm_backward_params(const float* dout, const fl
     float dw = 0.0f, db = 0.0f;
     if (k < width)
         for (i64 r = q; r < rows; r += ROW_LANES) {
-            float g = dout[r * width + k];
-            float xhat = (x[r * width + k] - mean[r]) * rstd[r];
+            float g = ld(dout + r * width + k);
+            float xhat = (ld(x + r * width + k) - mean[r]) * rstd[r];
             db = db + g;
             dw = dw + g * xhat;
         }
@@ -217,13 +251,13 @@ extern "C" __global__ void layernorm_backward_params(const float* dout, const fl
     bias_lanes[threadIdx.x] = db;
     __syncthreads();
     if (q == 0 && k < width) {
-        float w = dweight[k], b = dbias[k];
+        float w = ld(dweight + k), b = ld(dbias + k);
         for (unsigned p = 0; p < ROW_LANES; ++p) {
             w = w + weight_lanes[p * COLUMNS + c];
             b = b + bias_lanes[p * COLUMNS + c];
         }
-        dweight[k] = w;
-        dbias[k] = b;
+        st(dweight + k, w);
+        st(dbias + k, b);
     }
 }
 
@@ -256,66 +290,61 @@ static __device__ float tanh_poly(float u) {
 }
 
 // GELU, tanh approximation (transformers' gelu_new).
-extern "C" __global__ void gelu_forward(const float* x, float* out, i64 n) {
+extern "C" __global__ void gelu_forward(const act_t* x, act_t* out, i64 n) {
     i64 i = THREAD;
     if (i >= n) return;
-    float v = x[i];
+    float v = ld(x + i);
     float cube = 0.044715f * v * v * v;
-    out[i] = 0.5f * v * (1.0f + tanh_poly(GELU_SCALE * (v + cube)));
+    st(out + i, 0.5f * v * (1.0f + tanh_poly(GELU_SCALE * (v + cube))));
 }
 
 // d *= gelu'(x), in place.
-extern "C" __global__ void gelu_backward(const float* x, float* d, i64 n) {
+extern "C" __global__ void gelu_backward(const act_t* x, act_t* d, i64 n) {
     i64 i = THREAD;
     if (i >= n) return;
-    float v = x[i];
+    float v = ld(x + i);
     float cube = 0.044715f * v * v * v;
     float t = tanh_poly(GELU_SCALE * (v + cube));
     float sech2 = 1.0f - t * t;
     float local = 0.5f * (1.0f + t) + 0.5f * v * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * v * v);
-    d[i] = d[i] * local;
+    st(d + i, ld(d + i) * local);
 }
 
 // One block per score row (sample, head, t), in place: softmax of scale * q.k over the
-// positions up to t, zero after it.
-extern "C" __global__ void causal_softmax(float* scores, float scale, i64 rows, i64 seq) {
+// positions up to t, zero after it. Each score is read three times and written once, so a bf16
+// row is rounded once (the exponentials are taken again rather than stored).
+extern "C" __global__ void causal_softmax(act_t* scores, float scale, i64 rows, i64 seq) {
     __shared__ float lanes[LANES];
     i64 i = blockIdx.x;
     if (i >= rows) return;
     unsigned l = threadIdx.x;
     i64 t = i % seq;
-    float* p = scores + i * seq;
+    act_t* p = scores + i * seq;
     float max = minus_infinity();
-    for (i64 u = l; u <= t; u += LANES) {
-        p[u] = p[u] * scale;
-        max = fmaxf(max, p[u]);
-    }
+    for (i64 u = l; u <= t; u += LANES) max = fmaxf(max, ld(p + u) * scale);
     max = block_max(lanes, max);
     float sum = 0.0f;
-    for (i64 u = l; u <= t; u += LANES) {
-        p[u] = expf(p[u] - max);
-        sum += p[u];
-    }
+    for (i64 u = l; u <= t; u += LANES) sum += expf(ld(p + u) * scale - max);
     sum = block_sum(lanes, sum);
-    for (i64 u = l; u <= t; u += LANES) p[u] = p[u] / sum;
-    for (i64 u = t + 1 + l; u < seq; u += LANES) p[u] = 0.0f;
+    for (i64 u = l; u <= t; u += LANES) st(p + u, expf(ld(p + u) * scale - max) / sum);
+    for (i64 u = t + 1 + l; u < seq; u += LANES) st(p + u, 0.0f);
 }
 
 // One block per row, in place on d(probs): d(scores) = p * (dp - sum p*dp) * scale.
-extern "C" __global__ void causal_softmax_backward(const float* probs, float* dprobs,
+extern "C" __global__ void causal_softmax_backward(const act_t* probs, act_t* dprobs,
                                                    float scale, i64 rows, i64 seq) {
     __shared__ float lanes[LANES];
     i64 i = blockIdx.x;
     if (i >= rows) return;
     unsigned l = threadIdx.x;
     i64 t = i % seq;
-    const float* p = probs + i * seq;
-    float* dp = dprobs + i * seq;
+    const act_t* p = probs + i * seq;
+    act_t* dp = dprobs + i * seq;
     float inner = 0.0f;
-    for (i64 u = l; u <= t; u += LANES) inner += p[u] * dp[u];
+    for (i64 u = l; u <= t; u += LANES) inner += ld(p + u) * ld(dp + u);
     inner = block_sum(lanes, inner);
-    for (i64 u = l; u <= t; u += LANES) dp[u] = p[u] * (dp[u] - inner) * scale;
-    for (i64 u = t + 1 + l; u < seq; u += LANES) dp[u] = 0.0f;
+    for (i64 u = l; u <= t; u += LANES) st(dp + u, ld(p + u) * (ld(dp + u) - inner) * scale);
+    for (i64 u = t + 1 + l; u < seq; u += LANES) st(dp + u, 0.0f);
 }
 
 // One block per row of logits, replaced by its softmax.
@@ -367,14 +396,16 @@ extern "C" __global__ void cross_entropy_backward(float* probs, const float* tar
     probs[i] = v * scale;
 }
 
-// One AdamW step; the step's scalars come from the host (AdamW::at_step).
-extern "C" __global__ void adamw(float* params, const float* grads, float* m, float* v, i64 n,
-                                 float shrink, float beta2, float eps, float one_minus_beta1,
-                                 float one_minus_beta2, float step_size,
+// One AdamW step on elements from, ..., from + n - 1 (a run that decays alike); the step's
+// scalars come from the host (AdamW::at_step).
+extern "C" __global__ void adamw(float* params, const grad_t* grads, float* m, float* v, i64 from,
+                                 i64 n, float shrink, float beta2, float eps,
+                                 float one_minus_beta1, float one_minus_beta2, float step_size,
                                  float bias_correction2_sqrt) {
     i64 k = THREAD;
     if (k >= n) return;
-    float g = grads[k];
+    k += from;
+    float g = ld(grads + k);
     float p = params[k] * shrink;
     m[k] = m[k] + (g - m[k]) * one_minus_beta1;
     v[k] = v[k] * beta2 + one_minus_beta2 * g * g;
@@ -390,18 +421,25 @@ pub const KERNELS: KernelSource = KernelSource {
     text: SOURCE,
 };
 
-/// Whether `arg` can be passed for a parameter of type `param`.
+/// Whether `arg` can be passed for a parameter of type `param` (resolved for a policy).
 fn accepts(param: Param, arg: &Arg) -> bool {
     matches!(
         (param, arg),
-        (Param::Floats, Arg::Floats(_) | Arg::LossSlot(_))
+        (Param::Floats, Arg::LossSlot(_) | Arg::TokenLinks)
             | (Param::Doubles, Arg::LossPartials)
             | (Param::Int, Arg::Int(_))
             | (Param::Float, Arg::Float(_))
+    ) || matches!(
+        (param, arg),
+        (Param::Floats, Arg::Floats(r)) if r.format == FloatFormat::Fp32
+    ) || matches!(
+        (param, arg),
+        (Param::Bf16s, Arg::Floats(r)) if r.format == FloatFormat::Bf16
     )
 }
 
-/// Why `kernel`'s arguments do not fit `params`, if they do not.
+/// Why `kernel`'s arguments do not fit `params` (resolved for the policy of its module), if they
+/// do not.
 pub fn check_arguments(kernel: &Kernel, params: &[Param]) -> Result<()> {
     let fits = kernel.args.len() == params.len()
         && params.iter().zip(&kernel.args).all(|(p, a)| accepts(*p, a));
@@ -430,7 +468,7 @@ mod tests {
         );
         let (name, params) = &kernels[0];
         assert_eq!(*name, "fill_values");
-        assert_eq!(params, &[Param::Floats, Param::Float, Param::Int]);
+        assert_eq!(params, &[Param::Activations, Param::Float, Param::Int]);
         let nll = kernels.iter().find(|(n, _)| *n == "nll_partials").unwrap();
         assert_eq!(nll.1.last(), Some(&Param::Doubles));
     }

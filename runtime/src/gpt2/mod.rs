@@ -14,7 +14,8 @@
 //!   forward workspace = internals (what a recomputed block's forward writes); backward
 //!   workspace = d(gelu) (rows·ffn) | d(h) | d(residual) | d(qkv) | d(probs); input gradient rows·h.
 //! - head: saved = targets (rows); internals = ln_f | mean | rstd | probabilities (rows·V);
-//!   forward workspace = internals; backward workspace = d(ln_f); input gradient rows·h.
+//!   forward workspace = internals; backward workspace = d(ln_f) | under bf16 d(logits) as bf16
+//!   (rows·V); input gradient rows·h.
 
 pub mod attention;
 mod cpu;
@@ -46,9 +47,10 @@ use tensors::Tensor;
 /// The device kernels of GPT-2's units, on whole-unit regions (a backend implements them once;
 /// the workload never touches memory itself).
 pub trait Gpt2Kernels: Backend {
-    /// Loads what the kernels need on this backend (compiled kernels, buffers of their own),
-    /// before anything is timed; a backend that needs nothing keeps the default.
-    fn load_kernels(&self) -> Result<()> {
+    /// Loads what the kernels of `shape`'s precision policy need on this backend (compiled
+    /// kernels, buffers of their own), before anything is timed; a backend that needs nothing
+    /// keeps the default.
+    fn load_kernels(&self, _shape: &Shape) -> Result<()> {
         Ok(())
     }
     /// `out = wte[tokens] + wpe[positions]`; `params` = wte | wpe.
@@ -85,6 +87,7 @@ pub trait Gpt2Kernels: Backend {
     /// One AdamW step on `adam.params`; elements in `decayed` (indices into the region) decay.
     fn adamw(
         &self,
+        shape: &Shape,
         adam: &AdamRegions,
         step: u32,
         hp: &AdamW,
@@ -221,7 +224,7 @@ impl Gpt2 {
             vocab: model.vocab as usize,
             seq: model.seq_len as usize,
             batch: global_batch / world,
-            activations: precision.param(),
+            precision,
         };
         let units: Vec<Vec<Tensor>> = (0..shape.layers + 2)
             .map(|u| tensors::unit_tensors(&shape, u))
@@ -298,8 +301,8 @@ impl Gpt2 {
         }
     }
 
-    /// A buffer of rows × hidden activations (a block's output, an input gradient, the head's
-    /// backward workspace) in the activations' format.
+    /// A buffer of rows × hidden activations (a block's output, an input gradient) in the
+    /// activations' format.
     fn hidden_states(&self, buffer: Region) -> Region {
         carve_parts(buffer, [self.shape.hidden_states()])[0]
     }
@@ -359,7 +362,7 @@ impl Workload for Gpt2 {
                     saved: s.rows(),
                     internals,
                     forward_workspace: internals,
-                    backward_workspace: hidden,
+                    backward_workspace: words_of(&s.head_workspace()),
                     input_gradient: hidden,
                 }
             }
@@ -391,7 +394,7 @@ impl Workload for Gpt2 {
 
 impl<B: Gpt2Kernels> Train<B> for Gpt2 {
     fn load_kernels(&self, backend: &B) -> Result<()> {
-        backend.load_kernels()
+        backend.load_kernels(&self.shape)
     }
 
     fn forward(
@@ -474,7 +477,7 @@ impl<B: Gpt2Kernels> Train<B> for Gpt2 {
                     grads: u.backward_grads(),
                     wte_grad,
                     grad_in: grad_in(),
-                    workspace: self.hidden_states(u.backward_workspace),
+                    workspace: u.backward_workspace,
                 };
                 backend.head_backward(s, &head, &grads, self.loss_scale())
             }
@@ -502,6 +505,6 @@ impl<B: Gpt2Kernels> Train<B> for Gpt2 {
             m: u.adam_m,
             v: u.adam_v,
         };
-        backend.adamw(&adam, step, &self.hp, &decayed)
+        backend.adamw(&self.shape, &adam, step, &self.hp, &decayed)
     }
 }

@@ -5,6 +5,7 @@
 use super::attention::AttentionShape;
 use crate::backend::FloatFormat;
 use crate::workload::Part;
+use shardplan_scheduler::precision::Precision;
 
 /// GPT-2's sizes on one rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,12 +18,18 @@ pub struct Shape {
     pub seq: usize,
     /// Sequences per rank.
     pub batch: usize,
-    /// The format activations and their gradients are stored in: the parameters' (DESIGN §6.9;
-    /// LayerNorm's mean and rstd and the loss's probabilities stay fp32, as PyTorch keeps them).
-    pub activations: FloatFormat,
+    /// The precision policy (DESIGN §6.9): activations and their gradients are stored in the
+    /// parameters' format (LayerNorm's mean and rstd and the loss's probabilities stay fp32, as
+    /// PyTorch keeps them), parameter gradients in the reductions'.
+    pub precision: Precision,
 }
 
 impl Shape {
+    /// The format activations and their gradients are stored in.
+    pub fn activations(&self) -> FloatFormat {
+        self.precision.param()
+    }
+
     pub fn rows(&self) -> usize {
         self.batch * self.seq
     }
@@ -52,7 +59,7 @@ impl Shape {
     pub fn act(&self, len: usize) -> Part {
         Part {
             len,
-            format: self.activations,
+            format: self.activations(),
         }
     }
 
@@ -64,7 +71,7 @@ impl Shape {
     /// `values` as the activations' format holds them (bf16: rounded to nearest, ties to even):
     /// what the next operation of a bf16 run reads. fp32 leaves them.
     pub fn round(&self, values: &mut [f32]) {
-        if self.activations == FloatFormat::Bf16 {
+        if self.activations() == FloatFormat::Bf16 {
             values
                 .iter_mut()
                 .for_each(|v| *v = half::bf16::from_f32(*v).to_f32());
@@ -102,6 +109,16 @@ impl Shape {
         let (r, c, f) = (self.rows(), self.hidden, self.ffn);
         let p = self.attention().probs_len();
         [r * f, r * c, r * c, 3 * r * c, p].map(|len| self.act(len))
+    }
+
+    /// The head's backward workspace: d(ln_f), and under bf16 the logits' gradient as bf16 (the
+    /// products' operand; fp32 runs read it where the probabilities were).
+    pub fn head_workspace(&self) -> [Part; 2] {
+        let logits = match self.activations() {
+            FloatFormat::Fp32 => 0,
+            FloatFormat::Bf16 => self.rows() * self.vocab,
+        };
+        [self.hidden_states(), self.act(logits)]
     }
 
     /// The head's internals: ln_f's output, its mean and rstd, and the loss's probabilities

@@ -128,7 +128,7 @@ pub fn initial_params(tensors: &[Tensor], seed: u64, unit: usize) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::FloatFormat;
+    use shardplan_scheduler::precision::Precision;
 
     /// The kernels carve flat parameters with `Shape`'s lengths; they must be the tensors' own.
     #[test]
@@ -141,7 +141,7 @@ mod tests {
             vocab: 11,
             seq: 5,
             batch: 1,
-            activations: FloatFormat::Fp32,
+            precision: Precision::FP32,
         };
         let lens = |unit| {
             unit_tensors(&shape, unit)

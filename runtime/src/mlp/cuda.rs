@@ -10,11 +10,12 @@
 
 use super::{BETA1, BETA2, EPSILON, LOSS_PARTIALS, MlpKernels};
 use crate::Result;
-use crate::backend::{Region, Stream};
+use crate::backend::{Operand, Region, Stream};
 use crate::cuda::CudaBackend;
 use crate::cuda::module::{Element, KernelArg, KernelModule, KernelSource};
 use crate::cuda::work::{Scratch, WorkloadDevice};
 use crate::gemm::Gemm;
+use shardplan_scheduler::precision::Precision;
 
 /// The CUDA C source: one `extern "C"` kernel per operation.
 pub const SOURCE: &str = r#"
@@ -94,7 +95,7 @@ struct MlpDevice {
 impl WorkloadDevice for MlpDevice {
     fn load(backend: &CudaBackend) -> Result<Self> {
         Ok(MlpDevice {
-            kernels: KernelModule::load(backend.context(), &KERNELS)?,
+            kernels: KernelModule::load(backend.context(), &KERNELS, Precision::FP32)?,
             loss_partials: backend.scratch(LOSS_PARTIALS, Element::F32)?,
         })
     }
@@ -132,7 +133,7 @@ impl MlpKernels for CudaBackend {
             Stream::Compute,
         )?;
         let product = Gemm::linear(rows, din, dout).dense();
-        self.product(&product, [x.offset, params.offset, out.offset], 1.0)?;
+        self.product(&product, [x, params, out].map(Operand::whole), 1.0)?;
         if relu {
             self.launch(
                 &device.kernels,
@@ -178,7 +179,7 @@ impl MlpKernels for CudaBackend {
         let [input_grad, weight_grad] = Gemm::linear(rows, din, dout).backward();
         self.product(
             &weight_grad.dense(),
-            [grad_out.offset, x.offset, grads.offset],
+            [grad_out, x, grads].map(Operand::whole),
             1.0,
         )?;
         let bias_grad = grads.sub(dout * din, dout);
@@ -196,7 +197,7 @@ impl MlpKernels for CudaBackend {
             Stream::Compute,
         )?;
         if let Some(grad_in) = grad_in {
-            let operands = [grad_out.offset, params.offset, grad_in.offset];
+            let operands = [grad_out, params, grad_in].map(Operand::whole);
             self.product(&input_grad.dense(), operands, 0.0)?;
         }
         Ok(())

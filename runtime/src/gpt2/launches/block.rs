@@ -4,9 +4,9 @@
 use super::{Arg, Shape};
 use super::{
     Launch, add, copy, int, kernel, layernorm_backward_add, layernorm_forward, linear_backward,
-    linear_forward, product,
+    linear_forward, round_fp32,
 };
-use crate::backend::Region;
+use crate::backend::{Operand, Region};
 use crate::gpt2::BlockBackward;
 use crate::gpt2::attention::{Buffer, Product as AttentionProduct};
 use crate::gpt2::kernels::LANES;
@@ -14,8 +14,14 @@ use crate::workload::{carve, carve_parts};
 
 /// An attention product of [`crate::gpt2::attention`] on the regions of its buffers.
 fn attention_product(p: AttentionProduct, region: impl Fn(Buffer) -> Region) -> Launch {
-    let [a, b, c] = p.operands.map(|(buffer, at)| region(buffer).offset + at);
-    product(p.product, a, b, c, 0.0)
+    Launch::Product {
+        product: p.product,
+        operands: p.operands.map(|(buffer, at)| Operand {
+            region: region(buffer),
+            at,
+        }),
+        beta: 0.0,
+    }
 }
 
 /// [`crate::gpt2::attention::attention_forward`]'s products and softmax.
@@ -226,5 +232,6 @@ pub fn block_backward(shape: &Shape, regions: &BlockBackward) -> Vec<Launch> {
         [dln1w, dln1b],
         shape,
     ));
+    l.extend(round_fp32(shape, &[grads]));
     l
 }

@@ -11,7 +11,7 @@ pub use block::{block_backward, block_forward};
 
 use super::kernels::{AdamW, LANES, ROW_LANES, decay_runs};
 use super::{AdamRegions, Head, HeadGrads, Shape};
-use crate::backend::Region;
+use crate::backend::{FloatFormat, Operand, Region};
 use crate::gemm::{Gemm, Strided};
 use crate::workload::{carve, carve_parts};
 use std::ops::Range;
@@ -21,15 +21,13 @@ use std::ops::Range;
 /// summed in the CPU's order.
 pub const NLL_PARTIALS: usize = 8192;
 
-/// Slices of the vocabulary in the token-embedding backward: thread (slice, column) adds the rows
-/// whose token is that slice modulo this, so no two threads write one element.
-pub const TOKEN_SLICES: usize = 64;
-
 /// One argument of a kernel, in the order of its parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Arg {
-    /// The device address of an arena region (`float*`).
+    /// The device address of an arena region (`float*` or `bf16*`, as its format).
     Floats(Region),
+    /// The backend's links between rows of one token ([`token_links_len`] floats, `float*`).
+    TokenLinks,
     /// The backend's [`NLL_PARTIALS`] loss partials (`double*`).
     LossPartials,
     /// The loss slot of a step (`float*`).
@@ -46,15 +44,22 @@ pub struct Kernel {
     pub args: Vec<Arg>,
 }
 
+/// The floats of the token links the embedding's backward needs for `rows` rows: the next row of
+/// each row's token, and whether each row is its token's first.
+pub fn token_links_len(rows: usize) -> usize {
+    2 * rows
+}
+
 /// One piece of device work on the compute stream (AdamW's on the communication stream).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Launch {
     Kernel(Kernel),
-    /// C ← op(A)·op(B) + beta·C for every product of the batch; A, B and C start at these
-    /// element offsets of the arena and span the product's [`Strided::extents`].
+    /// C ← op(A)·op(B) + beta·C for every product of the batch, computed in f32 from the
+    /// operands' formats (A's and B's one format), C stored in its own; each operand spans the
+    /// product's [`Strided::extents`] from its start.
     Product {
         product: Strided,
-        operands: [usize; 3],
+        operands: [Operand; 3],
         beta: f32,
     },
 }
@@ -71,13 +76,7 @@ impl Launch {
                     _ => None,
                 })
                 .collect(),
-            Launch::Product {
-                product, operands, ..
-            } => operands
-                .iter()
-                .zip(product.extents())
-                .map(|(&offset, len)| Region::f32(offset, len))
-                .collect(),
+            Launch::Product { operands, .. } => operands.iter().map(|o| o.region).collect(),
         }
     }
 }
@@ -124,12 +123,24 @@ fn add(src: Region, dst: Region) -> Launch {
     )
 }
 
-fn product(product: Strided, a: usize, b: usize, c: usize, beta: f32) -> Launch {
+/// A product on whole regions.
+fn product(product: Strided, a: Region, b: Region, c: Region, beta: f32) -> Launch {
     Launch::Product {
         product,
-        operands: [a, b, c],
+        operands: [a, b, c].map(Operand::whole),
         beta,
     }
+}
+
+/// Under bf16 parameters, `regions` stored in fp32 (parameter gradients reduced in fp32, the
+/// logits) rounded to bf16's precision, as the CPU backend rounds them ([`Shape::round`]).
+fn round_fp32(shape: &Shape, regions: &[Region]) -> Vec<Launch> {
+    let rounds = shape.activations() == FloatFormat::Bf16;
+    regions
+        .iter()
+        .filter(|r| rounds && r.format == FloatFormat::Fp32)
+        .map(|&r| kernel("round_values", r.len, vec![Arg::Floats(r), int(r.len)]))
+        .collect()
 }
 
 fn layernorm_forward(x: Region, params: [Region; 2], saved: [Region; 3], shape: &Shape) -> Launch {
@@ -183,7 +194,7 @@ fn linear_forward(
             rows * dout,
             vec![Arg::Floats(out), Arg::Floats(b), int(rows), int(dout)],
         ),
-        product(gemm, x.offset, w.offset, out.offset, 1.0),
+        product(gemm, x, w, out, 1.0),
     ]
 }
 
@@ -201,8 +212,8 @@ fn linear_backward(
 ) -> [Launch; 3] {
     let [input_grad, weight_grad] = Gemm::new(rows, n, din).backward();
     [
-        product(input_grad.dense(), dout.offset, w.offset, dx.offset, 0.0),
-        product(weight_grad.dense(), x.offset, dout.offset, dw.offset, 1.0),
+        product(input_grad.dense(), dout, w, dx, 0.0),
+        product(weight_grad.dense(), x, dout, dw, 1.0),
         kernel(
             "column_sums_add",
             column_blocks(n),
@@ -225,7 +236,7 @@ pub fn embedding_forward(
     vec![kernel("embedding_forward", rows * h, args)]
 }
 
-/// [`super::Gpt2Kernels::embedding_backward`]: wte's gradient added to, wpe's written.
+/// [`super::Gpt2Kernels::embedding_backward`]: both gradients added to (wte's holds the head's).
 pub fn embedding_backward(
     shape: &Shape,
     tokens: Region,
@@ -234,18 +245,22 @@ pub fn embedding_backward(
 ) -> Vec<Launch> {
     let [dwte, dwpe] = carve(grads, shape.embedding_params());
     let (rows, h, seq) = (shape.rows(), shape.hidden, shape.seq);
-    let slices = TOKEN_SLICES.min(shape.vocab);
-    vec![
+    let mut launches = vec![
+        kernel(
+            "token_links",
+            rows,
+            vec![Arg::Floats(tokens), Arg::TokenLinks, int(rows)],
+        ),
         kernel(
             "embedding_backward_tokens",
-            slices * h,
+            rows * h,
             vec![
                 Arg::Floats(tokens),
+                Arg::TokenLinks,
                 Arg::Floats(grad_out),
                 Arg::Floats(dwte),
                 int(rows),
                 int(h),
-                int(slices),
             ],
         ),
         kernel(
@@ -259,7 +274,9 @@ pub fn embedding_backward(
                 int(h),
             ],
         ),
-    ]
+    ];
+    launches.extend(round_fp32(shape, &[grads]));
+    launches
 }
 
 /// [`super::Gpt2Kernels::head_forward`]: ln_f, the tied logits, their softmax and the loss of
@@ -278,13 +295,11 @@ pub fn head_forward(shape: &Shape, head: &Head, scale: f32, step: usize) -> Vec<
     let parts = NLL_PARTIALS.min(rows);
     vec![
         layernorm_forward(x, [w, b], [lnf, mean, rstd], shape),
-        product(
-            Gemm::linear(rows, c, v).dense(),
-            lnf.offset,
-            wte.offset,
-            probs.offset,
-            0.0,
-        ),
+        product(Gemm::linear(rows, c, v).dense(), lnf, wte, probs, 0.0),
+    ]
+    .into_iter()
+    .chain(round_fp32(shape, &[probs]))
+    .chain([
         kernel(
             "softmax_rows",
             rows * LANES,
@@ -312,46 +327,54 @@ pub fn head_forward(shape: &Shape, head: &Head, scale: f32, step: usize) -> Vec<
                 Arg::LossSlot(step),
             ],
         ),
-    ]
+    ])
+    .collect()
 }
 
-/// [`super::Gpt2Kernels::head_backward`].
+/// [`super::Gpt2Kernels::head_backward`]. Under bf16 the logits' gradient is rounded in place
+/// and stored as bf16 in the workspace, which the products read; in fp32 they read it in place.
 pub fn head_backward(shape: &Shape, head: &Head, out: &HeadGrads, scale: f32) -> Vec<Launch> {
     let (rows, c, v) = (shape.rows(), shape.hidden, shape.vocab);
     let w = carve(head.params, [c])[0];
     let [dw, db] = carve(out.grads, [c, c]);
     let [lnf, mean, rstd, probs] = carve_parts(head.internals, shape.head_internals());
+    let [dlnf, stored_dlogits] = carve_parts(out.workspace, shape.head_workspace());
     let [input_grad, weight_grad] = Gemm::linear(rows, c, v).backward();
-    let mut l = vec![
-        kernel(
-            "cross_entropy_backward",
-            rows * v,
-            vec![
-                Arg::Floats(probs),
-                Arg::Floats(head.targets),
-                int(rows),
-                int(v),
-                Arg::Float(scale),
-            ],
-        ),
-        product(
-            input_grad.dense(),
-            probs.offset,
-            head.wte.offset,
-            out.workspace.offset,
-            0.0,
-        ),
-        product(
-            weight_grad.dense(),
-            probs.offset,
-            lnf.offset,
-            out.wte_grad.offset,
-            1.0,
-        ),
+    let mut l = vec![kernel(
+        "cross_entropy_backward",
+        rows * v,
+        vec![
+            Arg::Floats(probs),
+            Arg::Floats(head.targets),
+            int(rows),
+            int(v),
+            Arg::Float(scale),
+        ],
+    )];
+    let dlogits = match shape.activations() {
+        FloatFormat::Fp32 => probs,
+        FloatFormat::Bf16 => {
+            l.extend(round_fp32(shape, &[probs]));
+            l.push(kernel(
+                "store_values",
+                probs.len,
+                vec![
+                    Arg::Floats(probs),
+                    Arg::Floats(stored_dlogits),
+                    int(probs.len),
+                ],
+            ));
+            stored_dlogits
+        }
+    };
+    l.extend([
+        product(input_grad.dense(), dlogits, head.wte, dlnf, 0.0),
+        product(weight_grad.dense(), dlogits, lnf, out.wte_grad, 1.0),
         fill(out.grad_in, 0.0),
-    ];
+    ]);
+    l.extend(round_fp32(shape, &[out.wte_grad]));
     l.extend(layernorm_backward_add(
-        out.workspace,
+        dlnf,
         head.x,
         w,
         [mean, rstd],
@@ -359,10 +382,12 @@ pub fn head_backward(shape: &Shape, head: &Head, out: &HeadGrads, scale: f32) ->
         [dw, db],
         shape,
     ));
+    l.extend(round_fp32(shape, &[out.grads]));
     l
 }
 
-/// [`super::Gpt2Kernels::adamw`]: one launch per run of elements that decay alike.
+/// [`super::Gpt2Kernels::adamw`]: one launch per run of elements that decay alike, on the whole
+/// regions from the run's first element (a bf16 gradient's run may start inside a word).
 pub fn adamw(adam: &AdamRegions, step: u32, hp: &AdamW, decayed: &[Range<usize>]) -> Vec<Launch> {
     let AdamRegions {
         params,
@@ -370,15 +395,12 @@ pub fn adamw(adam: &AdamRegions, step: u32, hp: &AdamW, decayed: &[Range<usize>]
         m,
         v,
     } = *adam;
-    let sub = |r: Region, range: &Range<usize>| r.sub(range.start, range.len());
     decay_runs(decayed, params.len)
         .into_iter()
         .map(|(range, decay)| {
             let s = hp.at_step(step, decay);
-            let mut args: Vec<Arg> = [params, grads, m, v]
-                .map(|r| Arg::Floats(sub(r, &range)))
-                .into();
-            args.push(int(range.len()));
+            let mut args: Vec<Arg> = [params, grads, m, v].map(Arg::Floats).into();
+            args.extend([int(range.start), int(range.len())]);
             args.extend(
                 [
                     s.shrink,
