@@ -448,6 +448,15 @@ fn cases(inputs: &Inputs) -> Vec<Case> {
             Some("--tf32"),
         ),
         case(
+            "cuda graphs on the cpu",
+            format!(
+                "profile measure --backend cpu --cuda-graphs --model models/gpt2-tiny.toml --world-size 1 --out {out}"
+            ),
+            2,
+            "--backend cuda: the CPU backend's operations are host calls",
+            Some("--cuda-graphs"),
+        ),
+        case(
             "launch times on the cpu",
             format!(
                 "profile measure --backend cpu --launch-times --model models/gpt2-tiny.toml --world-size 1 --out {out}"

@@ -9,7 +9,7 @@
 
 use crate::backend::{Backend, CpuBackend, Loopback, Mpi, MpiUniverse};
 use crate::cuda::module::KernelSource;
-use crate::cuda::{CudaBackend, ProductMath};
+use crate::cuda::{CudaBackend, CudaOptions};
 use crate::gpt2::{self, Gpt2};
 use crate::launch::{cuda_backend, under_mpi};
 use crate::mlp::{self, Mlp, ReferenceCheck};
@@ -25,9 +25,8 @@ use std::path::Path;
 pub enum BackendKind {
     /// The CPU: MPI ranks under mpirun, else one rank alone.
     Cpu,
-    /// One GPU per process: NCCL ranks under mpirun, else one GPU alone; its fp32 products in
-    /// `math`.
-    Cuda { math: ProductMath },
+    /// One GPU per process: NCCL ranks under mpirun, else one GPU alone, run as `options` say.
+    Cuda(CudaOptions),
 }
 
 /// This rank's backend.
@@ -47,8 +46,8 @@ pub fn start(kind: BackendKind) -> Result<(Option<MpiUniverse>, AnyBackend)> {
             (Some(universe), AnyBackend::CpuRanks(CpuBackend::new(mpi)))
         }
         BackendKind::Cpu => (None, AnyBackend::CpuAlone(CpuBackend::new(Loopback))),
-        BackendKind::Cuda { math } => {
-            let (universe, backend) = cuda_backend(math)?;
+        BackendKind::Cuda(options) => {
+            let (universe, backend) = cuda_backend(options)?;
             (universe, AnyBackend::Cuda(Box::new(backend)))
         }
     })

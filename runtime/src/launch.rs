@@ -3,7 +3,7 @@
 
 use crate::Result;
 use crate::backend::{Collectives, Mpi, MpiUniverse};
-use crate::cuda::{CudaBackend, NcclSetup, ProductMath, libraries, unique_id};
+use crate::cuda::{CudaBackend, CudaOptions, NcclSetup, libraries, unique_id};
 
 /// Whether this process was started by an MPI launcher.
 pub fn under_mpi() -> bool {
@@ -40,10 +40,10 @@ fn local_rank(rank: usize) -> usize {
 /// This rank's GPU: the libraries first (before MPI or any thread: finding them may re-execute
 /// the process), then under mpirun MPI for the rank and rank 0's NCCL id, else one GPU alone.
 /// The MPI universe, when there is one, must outlive the backend's use of MPI.
-pub fn cuda_backend(math: ProductMath) -> Result<(Option<MpiUniverse>, CudaBackend)> {
+pub fn cuda_backend(options: CudaOptions) -> Result<(Option<MpiUniverse>, CudaBackend)> {
     libraries::prepare()?;
     if !under_mpi() {
-        return Ok((None, CudaBackend::new(0, NcclSetup::Single, math)?));
+        return Ok((None, CudaBackend::new(0, NcclSetup::Single, options)?));
     }
     let (universe, mpi) = Mpi::init()?;
     let (rank, size) = (mpi.rank(), mpi.size());
@@ -52,7 +52,7 @@ pub fn cuda_backend(math: ProductMath) -> Result<(Option<MpiUniverse>, CudaBacke
     let setup = NcclSetup::Rank { rank, size, id };
     Ok((
         Some(universe),
-        CudaBackend::new(local_rank(rank), setup, math)?,
+        CudaBackend::new(local_rank(rank), setup, options)?,
     ))
 }
 

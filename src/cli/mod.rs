@@ -5,7 +5,7 @@ mod values;
 pub use values::{CapsArg, MemoryCap, MethodsArg, NodeSize, bytes_arg};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use shardplan_runtime::cuda::ProductMath;
+use shardplan_runtime::cuda::{CudaOptions, ProductMath};
 use shardplan_runtime::dispatch::BackendKind;
 use shardplan_scheduler::baselines::BaselineKind;
 use std::num::NonZeroUsize;
@@ -321,23 +321,37 @@ pub struct BackendChoice {
     /// the CPU backend's.
     #[arg(long)]
     pub tf32: bool,
+    /// CUDA: each operation's launches (a unit's forward, backward, recompute) captured as a CUDA
+    /// graph the second time it runs and replayed after (DESIGN §6.9). Off by default.
+    #[arg(long)]
+    pub cuda_graphs: bool,
 }
 
 impl BackendChoice {
-    /// The backend to start; `--tf32` without `--backend cuda` is refused.
+    /// The backend to start; `--tf32` or `--cuda-graphs` without `--backend cuda` is refused.
     pub fn kind(self) -> Result<BackendKind, shardplan_runtime::Error> {
         let math = if self.tf32 {
             ProductMath::Tf32
         } else {
             ProductMath::Fp32
         };
+        let cuda_only = |setting, expected: &str| shardplan_runtime::Error::Setting {
+            setting,
+            expected: format!("--backend cuda: {expected}"),
+        };
         match self.backend {
-            BackendArg::Cpu if self.tf32 => Err(shardplan_runtime::Error::Setting {
-                setting: "--tf32",
-                expected: "--backend cuda: the CPU backend's products are fp32".into(),
-            }),
+            BackendArg::Cpu if self.tf32 => {
+                Err(cuda_only("--tf32", "the CPU backend's products are fp32"))
+            }
+            BackendArg::Cpu if self.cuda_graphs => Err(cuda_only(
+                "--cuda-graphs",
+                "the CPU backend's operations are host calls",
+            )),
             BackendArg::Cpu => Ok(BackendKind::Cpu),
-            BackendArg::Cuda => Ok(BackendKind::Cuda { math }),
+            BackendArg::Cuda => Ok(BackendKind::Cuda(CudaOptions {
+                math,
+                graphs: self.cuda_graphs,
+            })),
         }
     }
 }

@@ -9,6 +9,7 @@
 
 use super::clock::LaunchClock;
 use super::driver_error;
+use super::graphs::Graphs;
 use super::memory;
 use super::module::KernelArg;
 use super::nccl::{DeviceBuffer, Nccl, NcclSetup};
@@ -45,6 +46,14 @@ pub enum ProductMath {
     Tf32,
 }
 
+/// How a CUDA backend runs its work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaOptions {
+    pub math: ProductMath,
+    /// Operations replayed as CUDA graphs ([`super::graphs`]; `--cuda-graphs`).
+    pub graphs: bool,
+}
+
 /// One GPU of one rank.
 pub struct CudaBackend {
     pub(super) ctx: Arc<CudaContext>,
@@ -64,6 +73,7 @@ pub struct CudaBackend {
     pub(super) math: ProductMath,
     /// Times each launch while `profile measure --launch-times` asks for it.
     pub(super) clock: LaunchClock,
+    pub(super) graphs: Graphs,
 }
 
 // SAFETY: the cuBLAS handle is used only on the compute stream's host thread during the steps
@@ -73,9 +83,11 @@ unsafe impl Sync for CudaBackend {}
 unsafe impl Send for CudaBackend {}
 
 impl CudaBackend {
-    /// Opens GPU `ordinal`, creates both streams, cuBLAS on the compute stream (its products in
-    /// `math`), and NCCL on the communication stream. Call [`super::libraries::prepare`] first.
-    pub fn new(ordinal: usize, setup: NcclSetup, math: ProductMath) -> Result<Self> {
+    /// Opens GPU `ordinal`, creates both streams, cuBLAS on the compute stream (its fp32
+    /// products in `options.math`), and NCCL on the communication stream. Call
+    /// [`super::libraries::prepare`] first.
+    pub fn new(ordinal: usize, setup: NcclSetup, options: CudaOptions) -> Result<Self> {
+        let math = options.math;
         let count = CudaContext::device_count().map_err(driver_error("counting GPUs"))?;
         if ordinal >= count.max(0) as usize {
             return Err(Error::Backend(format!(
@@ -131,6 +143,7 @@ impl CudaBackend {
             memory,
             math,
             clock: LaunchClock::default(),
+            graphs: Graphs::new(options.graphs),
         })
     }
 
@@ -224,9 +237,11 @@ impl Backend for CudaBackend {
     type Mark = Arc<CudaEvent>;
 
     fn name(&self) -> &'static str {
-        match self.math {
-            ProductMath::Fp32 => "cuda",
-            ProductMath::Tf32 => "cuda (tf32 products)",
+        match (self.math, self.graphs.enabled()) {
+            (ProductMath::Fp32, false) => "cuda",
+            (ProductMath::Tf32, false) => "cuda (tf32 products)",
+            (ProductMath::Fp32, true) => "cuda (graphs)",
+            (ProductMath::Tf32, true) => "cuda (tf32 products, graphs)",
         }
     }
     fn rank(&self) -> usize {

@@ -27,6 +27,11 @@ impl LaunchClock {
         *self.lock() = Some(Vec::new());
     }
 
+    /// Whether the clock runs (launches are being timed one by one).
+    pub(super) fn running(&self) -> bool {
+        self.lock().is_some()
+    }
+
     /// Enqueues `launch` on `stream`, bracketed by timing events while the clock runs.
     pub(super) fn around(
         &self,

@@ -7,10 +7,11 @@
 //! communicator, `replay` a transformer unit's products, `inventory` the versions and GPUs
 //! `doctor` reports, `nvrtc` run-time compilation to PTX and machine code, `memory` the device
 //! memory the driver and the pool report, `clock` the per-launch timing of `profile measure
-//! --launch-times`. The models' kernels live with the models (`mlp::cuda`, `gpt2::cuda`).
+//! --launch-times`, `graphs` operations captured and replayed as CUDA graphs (`--cuda-graphs`). The models' kernels live with the models (`mlp::cuda`, `gpt2::cuda`).
 
 pub mod backend;
 mod clock;
+mod graphs;
 pub mod inventory;
 pub mod libraries;
 mod memory;
@@ -21,7 +22,7 @@ pub mod replay;
 pub mod storage;
 pub mod work;
 
-pub use backend::{CudaBackend, ProductMath};
+pub use backend::{CudaBackend, CudaOptions, ProductMath};
 pub use nccl::{NcclSetup, unique_id};
 
 /// A driver error as the backend's, naming what was being done.

@@ -64,8 +64,8 @@ impl Gpt2Device {
 }
 
 /// Enqueues `launches` in order on `stream` (products only on the compute stream, where cuBLAS
-/// runs); every region of every launch is checked against the arena before the first is
-/// enqueued.
+/// runs), as one CUDA graph when the backend replays graphs; every region of every launch is
+/// checked against the arena before the first is enqueued.
 fn run_launches(
     backend: &CudaBackend,
     shape: &Shape,
@@ -86,25 +86,30 @@ fn run_launches(
         kernels: &kernels,
         links,
     };
-    for launch in launches {
-        match launch {
-            Launch::Kernel(kernel) => launch_kernel(backend, &devices, kernel, stream)?,
-            Launch::Product {
-                product,
-                operands,
-                beta,
-            } => {
-                if stream != Stream::Compute {
-                    return Err(Error::Backend(format!(
-                        "a product on the {} stream: cuBLAS runs on the compute stream",
-                        stream.name()
-                    )));
+    // The operation's launches (and the links' buffer they may read) are its key: the same
+    // list replays the same graph.
+    let key = || format!("{links:?} {launches:?}");
+    backend.graphed(stream, key, || {
+        for launch in launches {
+            match launch {
+                Launch::Kernel(kernel) => launch_kernel(backend, &devices, kernel, stream)?,
+                Launch::Product {
+                    product,
+                    operands,
+                    beta,
+                } => {
+                    if stream != Stream::Compute {
+                        return Err(Error::Backend(format!(
+                            "a product on the {} stream: cuBLAS runs on the compute stream",
+                            stream.name()
+                        )));
+                    }
+                    backend.product(product, *operands, *beta)?;
                 }
-                backend.product(product, *operands, *beta)?;
             }
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 fn uses_token_links(launch: &Launch) -> bool {

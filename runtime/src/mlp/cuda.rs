@@ -117,33 +117,36 @@ impl MlpKernels for CudaBackend {
     ) -> Result<()> {
         use KernelArg::{Int, Int32, Pointer};
         let device = self.workload_device::<MlpDevice>()?;
-        let bias = params.sub(dout * din, dout);
-        let (o, n) = (self.pointer(out)?, (rows * dout) as i64);
-        let fill = [
-            Pointer(o),
-            Pointer(self.pointer(bias)?),
-            Int32(rows as i32),
-            Int32(dout as i32),
-        ];
-        self.launch(
-            &device.kernels,
-            "fill_rows",
-            &fill,
-            rows * dout,
-            Stream::Compute,
-        )?;
-        let product = Gemm::linear(rows, din, dout).dense();
-        self.product(&product, [x, params, out].map(Operand::whole), 1.0)?;
-        if relu {
+        let key = || format!("linear_forward {x:?} {params:?} {out:?} {rows} {din} {dout} {relu}");
+        self.graphed(Stream::Compute, key, || {
+            let bias = params.sub(dout * din, dout);
+            let (o, n) = (self.pointer(out)?, (rows * dout) as i64);
+            let fill = [
+                Pointer(o),
+                Pointer(self.pointer(bias)?),
+                Int32(rows as i32),
+                Int32(dout as i32),
+            ];
             self.launch(
                 &device.kernels,
-                "relu",
-                &[Pointer(o), Int(n)],
+                "fill_rows",
+                &fill,
                 rows * dout,
                 Stream::Compute,
             )?;
-        }
-        Ok(())
+            let product = Gemm::linear(rows, din, dout).dense();
+            self.product(&product, [x, params, out].map(Operand::whole), 1.0)?;
+            if relu {
+                self.launch(
+                    &device.kernels,
+                    "relu",
+                    &[Pointer(o), Int(n)],
+                    rows * dout,
+                    Stream::Compute,
+                )?;
+            }
+            Ok(())
+        })
     }
 
     fn linear_backward(
@@ -160,47 +163,54 @@ impl MlpKernels for CudaBackend {
     ) -> Result<()> {
         use KernelArg::{Int, Int32, Pointer};
         let device = self.workload_device::<MlpDevice>()?;
-        let n = (rows * dout) as i64;
-        if relu {
-            let mask = [
+        let key = || {
+            format!(
+                "linear_backward {x:?} {params:?} {output:?} {grad_out:?} {grads:?} {grad_in:?} {rows} {din} {dout} {relu}"
+            )
+        };
+        self.graphed(Stream::Compute, key, || {
+            let n = (rows * dout) as i64;
+            if relu {
+                let mask = [
+                    Pointer(self.pointer(grad_out)?),
+                    Pointer(self.pointer(output)?),
+                    Int(n),
+                ];
+                self.launch(
+                    &device.kernels,
+                    "relu_mask",
+                    &mask,
+                    rows * dout,
+                    Stream::Compute,
+                )?;
+            }
+            // dX = dZ · W and dW = dZᵀ · x: the products `Gemm::backward` names.
+            let [input_grad, weight_grad] = Gemm::linear(rows, din, dout).backward();
+            self.product(
+                &weight_grad.dense(),
+                [grad_out, x, grads].map(Operand::whole),
+                1.0,
+            )?;
+            let bias_grad = grads.sub(dout * din, dout);
+            let sums = [
+                Pointer(self.pointer(bias_grad)?),
                 Pointer(self.pointer(grad_out)?),
-                Pointer(self.pointer(output)?),
-                Int(n),
+                Int32(rows as i32),
+                Int32(dout as i32),
             ];
             self.launch(
                 &device.kernels,
-                "relu_mask",
-                &mask,
-                rows * dout,
+                "column_sums_add",
+                &sums,
+                dout,
                 Stream::Compute,
             )?;
-        }
-        // dX = dZ · W and dW = dZᵀ · x: the products `Gemm::backward` names.
-        let [input_grad, weight_grad] = Gemm::linear(rows, din, dout).backward();
-        self.product(
-            &weight_grad.dense(),
-            [grad_out, x, grads].map(Operand::whole),
-            1.0,
-        )?;
-        let bias_grad = grads.sub(dout * din, dout);
-        let sums = [
-            Pointer(self.pointer(bias_grad)?),
-            Pointer(self.pointer(grad_out)?),
-            Int32(rows as i32),
-            Int32(dout as i32),
-        ];
-        self.launch(
-            &device.kernels,
-            "column_sums_add",
-            &sums,
-            dout,
-            Stream::Compute,
-        )?;
-        if let Some(grad_in) = grad_in {
-            let operands = [grad_out, params, grad_in].map(Operand::whole);
-            self.product(&input_grad.dense(), operands, 0.0)?;
-        }
-        Ok(())
+            if let Some(grad_in) = grad_in {
+                let operands = [grad_out, params, grad_in].map(Operand::whole);
+                self.product(&input_grad.dense(), operands, 0.0)?;
+            }
+            Ok(())
+        })
     }
 
     fn mse_grad(&self, z: Region, y: Region, grad: Region, scale: f32, step: usize) -> Result<()> {
