@@ -93,6 +93,14 @@ impl WorkloadDevice for Conversions {
     }
 }
 
+impl CudaBackend {
+    /// Compiles and loads the conversion kernels now (a policy with an fp32 master converts at
+    /// every optimizer step), so that no step compiles them.
+    pub fn load_conversions(&self) -> Result<()> {
+        self.workload_device::<Conversions>().map(drop)
+    }
+}
+
 /// `data` as bf16, two to a 4-byte word (the first in the low half), as the arena stores them.
 pub fn pack_bf16(data: &[f32]) -> Vec<f32> {
     data.chunks(2)

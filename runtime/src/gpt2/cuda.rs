@@ -156,7 +156,11 @@ fn launch_kernel(
 impl Gpt2Kernels for CudaBackend {
     fn load_kernels(&self, shape: &Shape) -> Result<()> {
         let device = self.workload_device::<Gpt2Device>()?;
-        device.kernels(self, shape.precision).map(drop)
+        device.kernels(self, shape.precision)?;
+        if shape.precision.has_master() {
+            self.load_conversions()?;
+        }
+        Ok(())
     }
 
     fn embedding_forward(
