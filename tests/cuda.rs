@@ -4,6 +4,7 @@
 //! environment and NVRTC compiles the MLP and GPT-2 kernels, which needs no GPU.
 
 use shardplan_runtime::cuda::libraries::{Needed, SearchPaths, find};
+use shardplan_scheduler::precision::Precision;
 use std::process::Command;
 
 fn driver_present() -> bool {
@@ -103,8 +104,8 @@ fn doctor(venv: &str, args: &[&str]) -> (Option<i32>, String, String) {
 
 /// The real wheels, found where pip puts them (cuBLAS and NVRTC in `nvidia/cu13/lib`, NCCL only
 /// as `nvidia/nccl/lib/libnccl.so.2`), made loadable (links + one re-execution, from a relative
-/// `VIRTUAL_ENV`), and NVRTC compiling the MLP kernels for Hopper: every entry point, no fused
-/// multiply-add, machine code. A virtual architecture is refused with a clear line.
+/// `VIRTUAL_ENV`), and NVRTC compiling the MLP and GPT-2 kernels for Hopper under each precision
+/// policy (the bf16 prelude included): every entry point, no fused multiply-add, machine code. A virtual architecture is refused with a clear line.
 #[test]
 #[ignore = "needs SHARDPLAN_CUDA_WHEELS, a Python environment with torch's nvidia wheels; scripts/test sets it"]
 fn doctor_finds_the_wheels_and_nvrtc_compiles_the_kernels() {
@@ -135,13 +136,16 @@ fn doctor_finds_the_wheels_and_nvrtc_compiles_the_kernels() {
         .collect();
     for source in shardplan_runtime::dispatch::KERNEL_SOURCES {
         let (model, count) = (source.model, source.signatures().len());
-        let compiled = format!("compiled the {count} {model} kernels for sm_90");
-        let found = kernels
-            .iter()
-            .find(|l| l.contains(&compiled))
-            .unwrap_or_else(|| panic!("`{compiled}` missing from:\n{stdout}"));
-        for part in ["(no fused multiply-add", "bytes of machine code"] {
-            assert!(found.contains(part), "`{part}` missing from: {found}");
+        for precision in Precision::ALL {
+            let policy = precision.describe();
+            let compiled = format!("compiled the {count} {model} kernels for sm_90 under {policy}");
+            let found = kernels
+                .iter()
+                .find(|l| l.contains(&compiled))
+                .unwrap_or_else(|| panic!("`{compiled}` missing from:\n{stdout}"));
+            for part in ["(no fused multiply-add", "bytes of machine code"] {
+                assert!(found.contains(part), "`{part}` missing from: {found}");
+            }
         }
     }
     if !driver_present() {

@@ -53,8 +53,9 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Run the main job on a bundled profile: every baseline under the device's memory.
     Demo(DemoArgs),
-    /// Check what the CUDA backend finds here: its libraries, the GPUs, the MLP kernels compiled
-    /// by NVRTC (no GPU needed); exit 1 when `run --backend cuda` cannot start.
+    /// Check what the CUDA backend finds here: its libraries, the GPUs, the MLP and GPT-2 kernels
+    /// compiled by NVRTC under each precision policy (no GPU needed); exit 1 when `run --backend
+    /// cuda` cannot start.
     Doctor(DoctorArgs),
 }
 
