@@ -95,8 +95,12 @@ impl AnyBackend {
     }
 }
 
-/// Every model's CUDA kernels (what `doctor` compiles and loads).
-pub const KERNEL_SOURCES: [KernelSource; 2] = [mlp::cuda::KERNELS, gpt2::cuda_source::KERNELS];
+/// Every model's CUDA kernels and the backend's own (what `doctor` compiles and loads).
+pub const KERNEL_SOURCES: [KernelSource; 3] = [
+    mlp::cuda::KERNELS,
+    gpt2::cuda_source::KERNELS,
+    crate::cuda::convert::CONVERSIONS,
+];
 
 /// What a GPT-2 trains on.
 #[derive(Debug, Clone, Copy)]

@@ -8,12 +8,13 @@
 //! lifetimes and the executor's marks already order every access).
 
 use super::clock::LaunchClock;
+use super::convert::Conversions;
 use super::driver_error;
 use super::graphs::Graphs;
 use super::memory;
 use super::module::KernelArg;
 use super::nccl::{DeviceBuffer, Nccl, NcclSetup};
-use super::storage::{Conversions, pack_bf16, unpack_bf16};
+use super::storage::{pack_bf16, unpack_bf16};
 use super::work::WorkloadDevices;
 use crate::backend::{
     Allocation, Backend, DeviceMemory, FloatFormat, Group, LaunchTime, Region, Stream,

@@ -3,7 +3,8 @@
 //! libraries before any CUDA call, `backend` is the [`crate::backend::Backend`], `work` what a
 //! workload's CUDA side calls (checked launches and products, its own buffers and state),
 //! `module` a workload's kernel source compiled, loaded and its launches checked, `storage` how
-//! kernels store floats under a precision policy (the prelude, format conversions), `nccl` the
+//! kernels store floats under a precision policy (the prelude, bf16 packing), `convert` the
+//! backend's conversion kernels between formats, `nccl` the
 //! communicator, `replay` a transformer unit's products, `inventory` the versions and GPUs
 //! `doctor` reports, `nvrtc` run-time compilation to PTX and machine code, `memory` the device
 //! memory the driver and the pool report, `clock` the per-launch timing of `profile measure
@@ -11,6 +12,7 @@
 
 pub mod backend;
 mod clock;
+pub mod convert;
 mod graphs;
 pub mod inventory;
 pub mod libraries;

@@ -8,13 +8,8 @@
 //! serves every policy (DESIGN §6.9).
 //!
 //! The prelude is plain C++ apart from `__device__`, so the host tests compile it too. Here too:
-//! the backend's conversion kernels ([`CONVERSIONS`]) and the host's packing of bf16 values into
-//! the arena's words (uploads and downloads).
+//! the host's packing of bf16 values into the arena's words (uploads and downloads).
 
-use super::CudaBackend;
-use super::module::{KernelModule, KernelSource};
-use super::work::WorkloadDevice;
-use crate::Result;
 use crate::backend::FloatFormat;
 use shardplan_scheduler::precision::Precision;
 
@@ -64,41 +59,6 @@ pub fn prelude(precision: Precision) -> String {
         c_type(precision.param()),
         c_type(precision.reduce())
     )
-}
-
-/// The backend's own kernels: a region converted between formats (an fp32 master rounded into
-/// bf16 parameters, say).
-pub const CONVERSIONS: KernelSource = KernelSource {
-    model: "format conversion",
-    file: "shardplan_formats.cu",
-    text: r#"
-typedef long long i64;
-extern "C" __global__ void narrow_values(const float* src, bf16* dst, i64 n) {
-    i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) st(dst + i, src[i]);
-}
-extern "C" __global__ void widen_values(const bf16* src, float* dst, i64 n) {
-    i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] = ld(src + i);
-}
-"#,
-};
-
-/// [`CONVERSIONS`] loaded on one backend.
-pub(super) struct Conversions(pub(super) KernelModule);
-
-impl WorkloadDevice for Conversions {
-    fn load(backend: &CudaBackend) -> Result<Self> {
-        KernelModule::load(backend.context(), &CONVERSIONS, Precision::FP32).map(Conversions)
-    }
-}
-
-impl CudaBackend {
-    /// Compiles and loads the conversion kernels now (a policy with an fp32 master converts at
-    /// every optimizer step), so that no step compiles them.
-    pub fn load_conversions(&self) -> Result<()> {
-        self.workload_device::<Conversions>().map(drop)
-    }
 }
 
 /// `data` as bf16, two to a 4-byte word (the first in the low half), as the arena stores them.
