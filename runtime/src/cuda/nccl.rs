@@ -271,7 +271,7 @@ impl Nccl {
             )));
         }
         let (send_ptr, recv_ptr) = (send.ptr as *const c_void, recv.ptr as *mut c_void);
-        let float = match send.format {
+        let dtype = match send.format {
             FloatFormat::Fp32 => sys::ncclDataType_t::ncclFloat32,
             FloatFormat::Bf16 => sys::ncclDataType_t::ncclBfloat16,
         };
@@ -279,18 +279,18 @@ impl Nccl {
         let cu_stream = stream.cu_stream() as sys::cudaStream_t;
         // SAFETY: NCCL reads `count` (AllGather, AllReduce) or count·size (ReduceScatter) elements
         // of `send` and writes `expected_recv` elements of `recv`, of the one format both have;
-        // the lengths were checked above,
-        // and `DeviceBuffer`' contract keeps both allocated until the stream has run it.
+        // the lengths were checked above, and `DeviceBuffer`'s contract keeps both allocated until
+        // the stream has run it.
         let called = unsafe {
             match op {
                 Collective::AllGather => {
-                    result::all_gather(send_ptr, recv_ptr, count, float, self.comm, cu_stream)
+                    result::all_gather(send_ptr, recv_ptr, count, dtype, self.comm, cu_stream)
                 }
                 Collective::ReduceScatter => result::reduce_scatter(
-                    send_ptr, recv_ptr, count, float, sum, self.comm, cu_stream,
+                    send_ptr, recv_ptr, count, dtype, sum, self.comm, cu_stream,
                 ),
                 Collective::AllReduce => {
-                    result::all_reduce(send_ptr, recv_ptr, count, float, sum, self.comm, cu_stream)
+                    result::all_reduce(send_ptr, recv_ptr, count, dtype, sum, self.comm, cu_stream)
                 }
             }
         };
@@ -309,10 +309,10 @@ pub struct DeviceBuffer {
 
 impl DeviceBuffer {
     /// # Safety
-    /// `ptr` must address `len` values of `format` in device memory on the communicator's GPU that stay
-    /// allocated until every operation enqueued on them has completed, and that no other
-    /// operation writes while a collective reading them, or reads or writes while a collective
-    /// writing them, runs (the executor's ordering).
+    /// `ptr` must address `len` values of `format` in device memory on the communicator's GPU
+    /// that stay allocated until every operation enqueued on them has completed, and that no
+    /// other operation writes while a collective reading them, or reads or writes while a
+    /// collective writing them, runs (the executor's ordering).
     pub unsafe fn new(ptr: u64, len: usize, format: FloatFormat) -> Self {
         DeviceBuffer { ptr, len, format }
     }
