@@ -6,7 +6,7 @@ use crate::cli::MeasureArgs;
 use crate::output::{outln, print_json};
 use serde_json::json;
 use shardplan_runtime::dispatch::start;
-use shardplan_runtime::measure::{LaunchRow, MeasureOptions, Measured, measure_model};
+use shardplan_runtime::measure::{LaunchRow, MeasureOptions, Measured, by_category, measure_model};
 use shardplan_runtime::model_file::ModelFile;
 use shardplan_scheduler::cost::Interference;
 use shardplan_scheduler::io::check_outputs_distinct;
@@ -84,6 +84,14 @@ fn print_launches(rows: &[LaunchRow]) {
         "  launches of one step, one by one: {:.3} ms in all",
         total / 1e3
     );
+    let categories: Vec<String> = by_category(rows)
+        .iter()
+        .map(|(category, us)| {
+            let name = category.name();
+            format!("{name} {:.3} ms ({:.1}%)", us / 1e3, 100.0 * us / total)
+        })
+        .collect();
+    outln!("  by kind: {}", categories.join(", "));
     outln!(
         "  {:<10} {:<9} {:<32} {:>6} {:>10} {:>6} {:>8}",
         "unit",

@@ -2,7 +2,8 @@
 //! units are timed, one more compute round in slot order and every unit's optimizer step, each
 //! slot alone on the device with the backend's launch clock on, so every kernel and product is
 //! timed by itself. The launches are summed per unit kind (the unit's name without its index:
-//! every `block.<n>` is a `block`), pass and launch name.
+//! every `block.<n>` is a `block`), pass and launch name, and per [`LaunchCategory`] (where the
+//! time goes: products, attention, element-wise kernels, the loss, the optimizer).
 
 use super::DataSteps;
 use super::timing::compute_slot;
@@ -23,6 +24,77 @@ pub struct LaunchRow {
     pub launches: usize,
     pub us: f64,
     pub flops: f64,
+}
+
+/// What a launch is, for the summary of where a step's device time goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaunchCategory {
+    /// A layer's product (one product, not a batch).
+    Products,
+    /// Attention: its batched products (one per head) and its softmax kernels.
+    Attention,
+    /// The loss: the logits' softmax, the log-likelihood, its gradient (the head's, the MLP's).
+    Loss,
+    /// Every launch of the optimizer's pass (AdamW, the master rounded into the parameters).
+    Optimizer,
+    /// Every other kernel: norms, activations, biases, residual adds, embeddings, roundings.
+    ElementWise,
+}
+
+/// The kernels of the loss, by name.
+const LOSS_KERNELS: [&str; 7] = [
+    "softmax_rows",
+    "nll_partials",
+    "sum_loss",
+    "cross_entropy_backward",
+    "store_values",
+    "mse_grad",
+    "mse_loss_partials",
+];
+
+impl LaunchCategory {
+    pub fn name(self) -> &'static str {
+        match self {
+            LaunchCategory::Products => "products",
+            LaunchCategory::Attention => "attention",
+            LaunchCategory::Loss => "loss",
+            LaunchCategory::Optimizer => "optimizer",
+            LaunchCategory::ElementWise => "element-wise",
+        }
+    }
+}
+
+impl LaunchRow {
+    pub fn category(&self) -> LaunchCategory {
+        let name = self.name.as_str();
+        if self.pass == "optimizer" {
+            LaunchCategory::Optimizer
+        } else if name.starts_with("product ") {
+            match name.contains(" × ") {
+                true => LaunchCategory::Attention,
+                false => LaunchCategory::Products,
+            }
+        } else if name.starts_with("causal_softmax") {
+            LaunchCategory::Attention
+        } else if LOSS_KERNELS.contains(&name) {
+            LaunchCategory::Loss
+        } else {
+            LaunchCategory::ElementWise
+        }
+    }
+}
+
+/// The rows' time per category (µs), the longest first; categories without time left out.
+pub fn by_category(rows: &[LaunchRow]) -> Vec<(LaunchCategory, f64)> {
+    let mut sums: Vec<(LaunchCategory, f64)> = Vec::new();
+    for row in rows {
+        match sums.iter_mut().find(|(c, _)| *c == row.category()) {
+            Some((_, us)) => *us += row.us,
+            None => sums.push((row.category(), row.us)),
+        }
+    }
+    sums.sort_by(|a, b| b.1.total_cmp(&a.1));
+    sums
 }
 
 /// Every launch of a step (one compute round of `layout` and each unit's optimizer step), each
@@ -104,7 +176,56 @@ fn add(rows: &mut Vec<LaunchRow>, unit: &str, pass: &'static str, times: Vec<Lau
 
 #[cfg(test)]
 mod tests {
-    use super::{LaunchTime, add, unit_kind};
+    use super::{LaunchCategory, LaunchRow, LaunchTime, add, by_category, unit_kind};
+
+    /// Linear products, attention's batched products and softmaxes, the loss's kernels, the
+    /// optimizer's pass and the rest fall in their categories, summed the longest first.
+    #[test]
+    fn launches_fall_in_their_categories() {
+        let row = |pass, name: &str, us| LaunchRow {
+            unit: "block".into(),
+            pass,
+            name: name.into(),
+            launches: 1,
+            us,
+            flops: 0.0,
+        };
+        let rows = [
+            row("forward", "product 4096×2304×768", 30.0),
+            row("forward", "product 1024×1024×64 × 12", 8.0),
+            row("backward", "causal_softmax_backward", 2.0),
+            row("forward", "softmax_rows", 5.0),
+            row("optimizer", "adamw", 4.0),
+            row("optimizer", "narrow_values", 1.0),
+            row("forward", "layernorm_forward", 3.0),
+            row("backward", "round_values", 0.5),
+        ];
+        use LaunchCategory::*;
+        let categories: Vec<_> = rows.iter().map(LaunchRow::category).collect();
+        assert_eq!(
+            categories,
+            [
+                Products,
+                Attention,
+                Attention,
+                Loss,
+                Optimizer,
+                Optimizer,
+                ElementWise,
+                ElementWise
+            ]
+        );
+        assert_eq!(
+            by_category(&rows),
+            [
+                (Products, 30.0),
+                (Attention, 10.0),
+                (Loss, 5.0),
+                (Optimizer, 5.0),
+                (ElementWise, 3.5)
+            ]
+        );
+    }
 
     #[test]
     fn a_units_kind_drops_only_a_numeric_index() {

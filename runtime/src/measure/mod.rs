@@ -14,7 +14,7 @@ mod profile_run;
 mod slots;
 mod timing;
 
-pub use launches::{LaunchRow, time_launches};
+pub use launches::{LaunchCategory, LaunchRow, by_category, time_launches};
 pub use profile_run::{MeasureOptions, Measured, measure_model, measure_workload};
 pub use timing::{
     Slowdowns, TimedLayouts, block_collectives, compute_slot, measurement_allocation,

@@ -300,6 +300,11 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
     });
     if options.launch_times {
         details["launches"] = json!(launches);
+        let categories: serde_json::Map<String, serde_json::Value> = super::by_category(&launches)
+            .into_iter()
+            .map(|(category, us)| (category.name().to_string(), json!(us)))
+            .collect();
+        details["launch_categories_us"] = json!(categories);
     }
     Ok(Measured {
         profile,
