@@ -6,9 +6,8 @@ use super::driver_error;
 use super::work::BlasCall;
 use crate::transformer::Gemm;
 use crate::{Error, Result};
-use cudarc::cublas::{result as cublas, sys};
+use cudarc::cublas::sys;
 use cudarc::driver::{CudaSlice, DevicePtr};
-use std::ffi::c_void;
 
 /// Buffers large enough for every product of a list, filled with random bf16 values (all-zero
 /// inputs run measurably faster on Hopper).
@@ -55,8 +54,8 @@ impl CudaBackend {
 
     /// Enqueues every product of `gemms` once on the compute stream.
     pub fn replay(&self, gemms: &[Gemm], buffers: &ReplayBuffers) -> Result<()> {
-        use sys::cudaDataType::CUDA_R_16BF;
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let bf16 = [sys::cudaDataType::CUDA_R_16BF; 3];
+        let compute = sys::cublasComputeType_t::CUBLAS_COMPUTE_32F;
         let (a, _) = buffers.a.device_ptr(&self.compute);
         let (b, _) = buffers.b.device_ptr(&self.compute);
         let (c, _) = buffers.c.device_ptr(&self.compute);
@@ -65,35 +64,10 @@ impl CudaBackend {
             .map_err(driver_error("binding the context"))?;
         for g in gemms {
             let call = BlasCall::of(&g.dense())?;
-            // SAFETY: the buffers hold the largest batch of each operand (`replay_buffers`).
-            unsafe {
-                cublas::gemm_strided_batched_ex(
-                    self.blas,
-                    call.transa,
-                    call.transb,
-                    call.m,
-                    call.n,
-                    call.k,
-                    &alpha as *const f32 as *const c_void,
-                    b as *const c_void,
-                    CUDA_R_16BF,
-                    call.lda,
-                    call.stride_a,
-                    a as *const c_void,
-                    CUDA_R_16BF,
-                    call.ldb,
-                    call.stride_b,
-                    &beta as *const f32 as *const c_void,
-                    c as *mut c_void,
-                    CUDA_R_16BF,
-                    call.ldc,
-                    call.stride_c,
-                    call.batch,
-                    sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
-            }
-            .map_err(|e| Error::Backend(format!("cuBLAS GemmStridedBatchedEx {g:?}: {e:?}")))?;
+            // SAFETY: the buffers hold the largest batch of each operand (`replay_buffers`), bf16;
+            // only this replay uses them.
+            unsafe { call.enqueue(self.blas, [a, b, c], bf16, 0.0, compute) }
+                .map_err(|e| Error::Backend(format!("cuBLAS GemmStridedBatchedEx {g:?}: {e:?}")))?;
         }
         Ok(())
     }

@@ -157,7 +157,6 @@ impl CudaBackend {
             _ => cublas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
         };
         let call = BlasCall::of(product)?;
-        let alpha = 1.0f32;
         self.ctx
             .bind_to_thread()
             .map_err(driver_error("binding the context"))?;
@@ -170,37 +169,12 @@ impl CudaBackend {
             format!("product {}×{}×{}{batch}", gemm.m, gemm.n, gemm.k)
         };
         self.clock.around(&self.compute, name, gemm.flops(), || {
+            let types = [fa, fb, fc].map(blas_type);
             // SAFETY: the operands lie in the arena with the extents the product names, in the
-            // formats passed (checked above); alpha and beta (f32, as the fp32 compute type
-            // takes them) live across the call; cuBLAS runs on the compute stream.
-            unsafe {
-                cublas::gemm_strided_batched_ex(
-                    self.blas,
-                    call.transa,
-                    call.transb,
-                    call.m,
-                    call.n,
-                    call.k,
-                    &alpha as *const f32 as *const c_void,
-                    b as *const c_void,
-                    blas_type(fb),
-                    call.lda,
-                    call.stride_a,
-                    a as *const c_void,
-                    blas_type(fa),
-                    call.ldb,
-                    call.stride_b,
-                    &beta as *const f32 as *const c_void,
-                    c as *mut c_void,
-                    blas_type(fc),
-                    call.ldc,
-                    call.stride_c,
-                    call.batch,
-                    compute,
-                    cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
-            }
-            .map_err(|e| Error::Backend(format!("cuBLAS GemmStridedBatchedEx {product:?}: {e:?}")))
+            // formats passed (checked above); cuBLAS runs on the compute stream.
+            unsafe { call.enqueue(self.blas, [a, b, c], types, beta, compute) }.map_err(|e| {
+                Error::Backend(format!("cuBLAS GemmStridedBatchedEx {product:?}: {e:?}"))
+            })
         })
     }
 }
@@ -235,6 +209,52 @@ pub(super) struct BlasCall {
 }
 
 impl BlasCall {
+    /// Enqueues C = op(A)·op(B) + beta·C on `handle`'s stream through
+    /// `cublasGemmStridedBatchedEx` (α = 1; α and β f32, as an fp32 compute type takes them;
+    /// cuBLAS's A is the product's B).
+    ///
+    /// # Safety
+    /// `a`, `b` and `c` must address device memory holding the product's extents in `types`
+    /// ([A's, B's, C's]) that no other work touches while the stream runs the product.
+    pub(super) unsafe fn enqueue(
+        &self,
+        handle: cublas_sys::cublasHandle_t,
+        [a, b, c]: [CUdeviceptr; 3],
+        [ta, tb, tc]: [cudaDataType; 3],
+        beta: f32,
+        compute: cublas_sys::cublasComputeType_t,
+    ) -> std::result::Result<(), cublas::CublasError> {
+        let alpha = 1.0f32;
+        // SAFETY: the caller's contract; alpha and beta live across the call.
+        unsafe {
+            cublas::gemm_strided_batched_ex(
+                handle,
+                self.transa,
+                self.transb,
+                self.m,
+                self.n,
+                self.k,
+                &alpha as *const f32 as *const c_void,
+                b as *const c_void,
+                tb,
+                self.lda,
+                self.stride_a,
+                a as *const c_void,
+                ta,
+                self.ldb,
+                self.stride_b,
+                &beta as *const f32 as *const c_void,
+                c as *mut c_void,
+                tc,
+                self.ldc,
+                self.stride_c,
+                self.batch,
+                compute,
+                cublas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+    }
+
     pub(super) fn of(product: &Strided) -> Result<Self> {
         use cublas_sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
         let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
