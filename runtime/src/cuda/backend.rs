@@ -411,10 +411,10 @@ impl Backend for CudaBackend {
                 from.len, to.len
             )));
         }
-        let (src, dst) = (self.ptr(from)?, self.ptr(to)?);
         if from.format != to.format {
             return self.convert(from, to);
         }
+        let (src, dst) = (self.ptr(from)?, self.ptr(to)?);
         // SAFETY: both regions were checked against the arena and are disjoint; the executor
         // orders every access.
         unsafe {

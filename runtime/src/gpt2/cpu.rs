@@ -215,15 +215,20 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
                 self.write(r)
             })?;
         k::cross_entropy_backward_inplace(&mut probs, &self.read(head.targets)?, v, scale);
-        shape.round(&mut probs);
-        let [dlnf, dlogits] = carve_parts(out.workspace, shape.head_workspace());
-        if dlogits.len > 0 {
-            // The bf16 tensor the device's products read (the same values as `probs` now).
-            self.upload(dlogits, &probs)?;
-        }
+        // Under bf16 the logits' gradient is stored as a bf16 tensor, the products' operand on
+        // both backends; in fp32 it is `probs` itself.
+        let [dlnf, stored_dlogits] = carve_parts(out.workspace, shape.head_workspace());
+        let stored;
+        let dlogits: &[f32] = if stored_dlogits.len > 0 {
+            self.upload(stored_dlogits, &probs)?;
+            stored = self.read(stored_dlogits)?;
+            &stored
+        } else {
+            &probs
+        };
         let (mut dlnf, mut dwte) = (self.write(dlnf)?, self.write(out.wte_grad)?);
         let wte = self.read(head.wte)?;
-        k::tied_logits_backward(&probs, &lnf, &wte, &mut dlnf, &mut dwte, rows, c, v);
+        k::tied_logits_backward(dlogits, &lnf, &wte, &mut dlnf, &mut dwte, rows, c, v);
         shape.round(&mut dlnf);
         shape.round(&mut dwte);
         let mut dx = self.write(out.grad_in)?;

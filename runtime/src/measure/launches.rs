@@ -88,9 +88,10 @@ impl LaunchRow {
 pub fn by_category(rows: &[LaunchRow]) -> Vec<(LaunchCategory, f64)> {
     let mut sums: Vec<(LaunchCategory, f64)> = Vec::new();
     for row in rows {
-        match sums.iter_mut().find(|(c, _)| *c == row.category()) {
+        let category = row.category();
+        match sums.iter_mut().find(|(c, _)| *c == category) {
             Some((_, us)) => *us += row.us,
-            None => sums.push((row.category(), row.us)),
+            None => sums.push((category, row.us)),
         }
     }
     sums.sort_by(|a, b| b.1.total_cmp(&a.1));

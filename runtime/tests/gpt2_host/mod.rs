@@ -81,24 +81,20 @@ enum Value {
     Float(f32),
 }
 
-/// The `extent` elements of `operand` in `arena`, widened.
+/// The `extent` elements of `operand` in `arena`, widened (bf16 as the backend unpacks a
+/// download, `storage::unpack_bf16`).
 fn read_operand(arena: &[f32], operand: Operand, extent: usize) -> Vec<f32> {
     let Operand { region, at } = operand;
     assert!(at + extent <= region.len, "{operand:?} of {extent}");
-    (at..at + extent)
-        .map(|e| match region.format {
-            FloatFormat::Fp32 => arena[region.offset + e],
-            FloatFormat::Bf16 => {
-                let word = arena[region.offset + e / 2].to_bits();
-                let bits = if e % 2 == 0 {
-                    word & 0xffff
-                } else {
-                    word >> 16
-                };
-                half::bf16::from_bits(bits as u16).to_f32()
-            }
-        })
-        .collect()
+    let words = &arena[region.offset..region.offset + region.words()];
+    match region.format {
+        FloatFormat::Fp32 => words[at..at + extent].to_vec(),
+        FloatFormat::Bf16 => {
+            let mut values = vec![0.0; at + extent];
+            storage::unpack_bf16(words, &mut values);
+            values.split_off(at)
+        }
+    }
 }
 
 /// `values` into `operand` in `arena`, rounded to its format.

@@ -331,8 +331,8 @@ pub fn head_forward(shape: &Shape, head: &Head, scale: f32, step: usize) -> Vec<
     .collect()
 }
 
-/// [`super::Gpt2Kernels::head_backward`]. Under bf16 the logits' gradient is rounded in place
-/// and stored as bf16 in the workspace, which the products read; in fp32 they read it in place.
+/// [`super::Gpt2Kernels::head_backward`]. Under bf16 the logits' gradient is stored as bf16 in
+/// the workspace (rounded on the way), which the products read; in fp32 they read it in place.
 pub fn head_backward(shape: &Shape, head: &Head, out: &HeadGrads, scale: f32) -> Vec<Launch> {
     let (rows, c, v) = (shape.rows(), shape.hidden, shape.vocab);
     let w = carve(head.params, [c])[0];
@@ -354,7 +354,6 @@ pub fn head_backward(shape: &Shape, head: &Head, out: &HeadGrads, scale: f32) ->
     let dlogits = match shape.activations() {
         FloatFormat::Fp32 => probs,
         FloatFormat::Bf16 => {
-            l.extend(round_fp32(shape, &[probs]));
             l.push(kernel(
                 "store_values",
                 probs.len,
