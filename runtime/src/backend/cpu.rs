@@ -5,7 +5,7 @@
 
 use super::host_arena::{HostArena, Read, Write};
 use super::{Allocation, Backend, DeviceMemory, FloatFormat, Group, Region, Stream};
-use crate::process::check_host_memory;
+use crate::process::{check_host_memory, keep_freed_memory};
 use crate::{Error, Result};
 use half::bf16;
 use half::slice::HalfFloatSliceExt;
@@ -271,6 +271,7 @@ pub struct CpuBackend<C: Collectives> {
 
 impl<C: Collectives> CpuBackend<C> {
     pub fn new(collectives: C) -> Self {
+        keep_freed_memory();
         CpuBackend {
             collectives,
             groups: Vec::new(),

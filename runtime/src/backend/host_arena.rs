@@ -119,8 +119,7 @@ impl HostArena {
             FloatFormat::Fp32 => Read::Stored(self.lend(region)?),
             FloatFormat::Bf16 => {
                 let lent = self.lend::<bf16>(region)?;
-                let mut values = vec![0.0; region.len];
-                lent.convert_to_f32_slice(&mut values);
+                let values = widened(&lent);
                 Read::Widened {
                     _lent: lent,
                     values,
@@ -136,8 +135,7 @@ impl HostArena {
             FloatFormat::Fp32 => Target::Stored(self.lend_mut(region)?),
             FloatFormat::Bf16 => {
                 let lent = self.lend_mut::<bf16>(region)?;
-                let mut values = vec![0.0; region.len];
-                lent.convert_to_f32_slice(&mut values);
+                let values = widened(&lent);
                 Target::Rounded(lent, values)
             }
         }))
@@ -214,6 +212,12 @@ impl HostArena {
 
 fn poisoned() -> Error {
     Error::Backend("the arena's borrow record was poisoned by a panicking thread".into())
+}
+
+/// bf16 elements as f32, each written once (no zero-filled buffer first: a widened copy is made at
+/// every read of a bf16 region, several per kernel call).
+fn widened(elements: &[bf16]) -> Vec<f32> {
+    elements.iter().map(|e| e.to_f32()).collect()
 }
 
 /// A live lease; returned on drop.
