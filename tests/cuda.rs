@@ -105,7 +105,8 @@ fn doctor(venv: &str, args: &[&str]) -> (Option<i32>, String, String) {
 /// The real wheels, found where pip puts them (cuBLAS and NVRTC in `nvidia/cu13/lib`, NCCL only
 /// as `nvidia/nccl/lib/libnccl.so.2`), made loadable (links + one re-execution, from a relative
 /// `VIRTUAL_ENV`), and NVRTC compiling the MLP and GPT-2 kernels for Hopper under each precision
-/// policy (the bf16 prelude included): every entry point, no fused multiply-add, machine code. A virtual architecture is refused with a clear line.
+/// policy (the bf16 prelude included): every entry point, no fused multiply-add, machine code. A
+/// virtual architecture is refused with a clear line.
 #[test]
 #[ignore = "needs SHARDPLAN_CUDA_WHEELS, a Python environment with torch's nvidia wheels; scripts/test sets it"]
 fn doctor_finds_the_wheels_and_nvrtc_compiles_the_kernels() {

@@ -5,15 +5,12 @@
 
 mod common;
 
-use common::{gpt2_tiny_bf16, gpt2_tiny_bf16_profile};
+use common::{gpt2_tiny_bf16, gpt2_tiny_bf16_profile, run_options, uncapped_plan};
 use shardplan_runtime::backend::{CpuBackend, Loopback};
-use shardplan_runtime::executor::RunOptions;
 use shardplan_runtime::session::Prepared;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
-use shardplan_scheduler::plan::{Producer, plan_with_prediction};
 use shardplan_scheduler::precision::FloatFormat;
 use shardplan_scheduler::sim::Semantics;
-use std::time::Duration;
 
 /// Steps run before counting (their first touches of the arena and the temporaries fault).
 const WARM_STEPS: usize = 2;
@@ -35,18 +32,6 @@ fn minor_faults() -> u64 {
     unsafe { usage.assume_init() }.ru_minflt as u64
 }
 
-fn options(first_step: usize, steps: usize) -> RunOptions {
-    RunOptions {
-        steps,
-        first_step,
-        semantics: Semantics::Strict,
-        timeout: Duration::from_secs(60),
-        trace: false,
-        on_step: None,
-        on_stall: None,
-    }
-}
-
 /// gpt2-tiny under bf16 (widened copies of every bf16 region a kernel reads, the products' packing
 /// buffers) takes almost no page faults once warm, with and without checkpointing.
 #[test]
@@ -59,11 +44,7 @@ fn steps_after_the_first_reuse_their_pages() {
         let schedule = baseline(&profile, BaselineKind::Ddp, checkpoint, None)
             .unwrap()
             .schedule;
-        let producer = Producer {
-            name: "ddp".into(),
-            details: Default::default(),
-        };
-        let (plan, _) = plan_with_prediction(&profile, &schedule, producer, None);
+        let plan = uncapped_plan("ddp", &profile, &schedule);
         let steps = WARM_STEPS + SHORT_RUN + LONG_RUN;
         let prepared = Prepared::new(
             CpuBackend::new(Loopback),
@@ -74,10 +55,14 @@ fn steps_after_the_first_reuse_their_pages() {
             steps,
         )
         .unwrap();
-        prepared.execute(&g, &options(0, WARM_STEPS)).unwrap();
+        prepared
+            .execute(&g, &run_options(0, WARM_STEPS, Semantics::Strict))
+            .unwrap();
         let faults_of = |first_step: usize, steps: usize| {
             let before = minor_faults();
-            prepared.execute(&g, &options(first_step, steps)).unwrap();
+            prepared
+                .execute(&g, &run_options(first_step, steps, Semantics::Strict))
+                .unwrap();
             minor_faults() - before
         };
         let short = faults_of(WARM_STEPS, SHORT_RUN);

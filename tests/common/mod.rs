@@ -8,7 +8,6 @@ mod runtime_fixtures;
 pub use runtime_fixtures::*;
 use shardplan_runtime::mlp::MlpSpec;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
-use shardplan_scheduler::plan::{Producer, plan_with_prediction};
 use shardplan_scheduler::profile::{GroupCurves, Link, Profile, Topology};
 use shardplan_scheduler::schedule::Schedule;
 use std::path::{Path, PathBuf};
@@ -75,15 +74,7 @@ pub fn run_plan(
 
 /// Writes `schedule` of `profile` as plan `name` (with its prediction) in `dir`.
 pub fn write_plan(dir: &Path, name: &str, profile: &Profile, schedule: &Schedule) -> PathBuf {
-    let (plan, _) = plan_with_prediction(
-        profile,
-        schedule,
-        Producer {
-            name: name.into(),
-            details: Default::default(),
-        },
-        None,
-    );
+    let plan = uncapped_plan(name, profile, schedule);
     let path = dir.join(format!("{name}.plan.toml"));
     plan.save(&path).unwrap();
     path

@@ -10,7 +10,7 @@ use shardplan_runtime::backend::{Collectives, CpuBackend};
 use shardplan_runtime::executor::RunOptions;
 use shardplan_runtime::mlp::{Mlp, MlpSpec};
 use shardplan_runtime::session;
-use shardplan_scheduler::plan::{Producer, plan_with_prediction};
+use shardplan_scheduler::plan::{Plan, Producer, plan_with_prediction};
 use shardplan_scheduler::precision::FloatFormat;
 use shardplan_scheduler::profile::{CommCurves, Profile};
 use shardplan_scheduler::schedule::Schedule;
@@ -170,6 +170,29 @@ impl Collectives for SlowMirror {
     }
 }
 
+/// `schedule` of `profile` as the plan `name`, with its prediction and no memory cap.
+pub fn uncapped_plan(name: &str, profile: &Profile, schedule: &Schedule) -> Plan {
+    let producer = Producer {
+        name: name.into(),
+        details: Default::default(),
+    };
+    plan_with_prediction(profile, schedule, producer, None).0
+}
+
+/// The options of an in-process run of `steps` steps from `first_step`: no trace, no callbacks, a
+/// minute's patience.
+pub fn run_options(first_step: usize, steps: usize, semantics: Semantics) -> RunOptions {
+    RunOptions {
+        first_step,
+        steps,
+        semantics,
+        timeout: Duration::from_secs(60),
+        trace: false,
+        on_step: None,
+        on_stall: None,
+    }
+}
+
 /// Runs `schedule` for 3 steps on rank 0 of `world` [`SlowMirror`] ranks, strict and relaxed: the CPU arena
 /// refuses any borrow of memory an operation in flight still uses, and the losses agree exactly.
 pub fn assert_relaxed_is_strict_with_slow_communication(
@@ -179,21 +202,9 @@ pub fn assert_relaxed_is_strict_with_slow_communication(
     schedule: &Schedule,
 ) {
     let g = gpt2_tiny_accumulating(world, profile.micro_batches);
-    let producer = Producer {
-        name: name.into(),
-        details: Default::default(),
-    };
-    let (plan, _) = plan_with_prediction(profile, schedule, producer, None);
+    let plan = uncapped_plan(name, profile, schedule);
     let losses = |semantics| {
-        let options = RunOptions {
-            first_step: 0,
-            steps: 3,
-            semantics,
-            timeout: Duration::from_secs(60),
-            trace: false,
-            on_step: None,
-            on_stall: None,
-        };
+        let options = run_options(0, 3, semantics);
         let backend = CpuBackend::new(SlowMirror { size: world });
         let run = session::run_plan(
             backend,
