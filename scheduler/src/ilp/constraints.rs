@@ -2,7 +2,7 @@
 //! Units i, slots s, window positions k; nb_i blocks per op; κ_c, κ_q the interference (compute
 //! slowed by communication, communication slowed by compute).
 
-use super::variables::{Col, GroupVars, OpVars, UnitVars};
+use super::variables::{Col, GroupVars, OpVars, UnitLevel, UnitVars};
 use crate::cost::{Interference, compute_us, most_compute_us};
 use crate::profile::{Link, Profile};
 use crate::timeline::{Level, Timeline};
@@ -341,6 +341,25 @@ fn group_memory(
     if let Some(hpz) = g.hpz.filter(|_| (forward..=backward).contains(&s)) {
         m.add_mul(g.secondary_bytes / scale, hpz.var);
     }
+}
+
+/// Fixed levels (`super::placement`): each unit at its given level and recompute,
+///
+/// ```text
+/// y_{i,ĉ_i} = 1,    r_i = r̂_i
+/// ```
+///
+/// (one level per unit then sets every other y_i to 0). The levels are read from a model of the
+/// same shape, so every fixed choice has its column.
+pub(super) fn fixed_levels(units: &[UnitVars], levels: &[UnitLevel]) -> Vec<Constraint> {
+    let mut rows = Vec::new();
+    for (u, fixed) in units.iter().zip(levels) {
+        rows.push(constraint!(u.choice(fixed.choice) == 1.0));
+        if let Some(r) = u.recompute {
+            rows.push(constraint!(r.var == f64::from(u8::from(fixed.recompute))));
+        }
+    }
+    rows
 }
 
 /// The memory cap, scaled and inclusive: M_s / M ≤ 1 for every slot s.

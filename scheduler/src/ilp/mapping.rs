@@ -1,7 +1,7 @@
 //! Between schedules and column values: a schedule as a warm start, a solution as a schedule,
 //! and the ILP's own evaluation of an integer solution (for the consistency check).
 
-use super::variables::{Choice, Col, OpVars, UnitVars};
+use super::variables::{Choice, Col, OpVars, UnitLevel, UnitVars};
 use crate::Result;
 use crate::cost::{Interference, compute_us};
 use crate::profile::Profile;
@@ -114,15 +114,10 @@ pub(super) fn schedule_from_values(
     units: &[UnitVars],
     values: &[f64],
 ) -> Result<Schedule> {
-    let on = |c: Option<super::variables::Col>| c.is_some_and(|c| values[c.index] > 0.5);
-    let units = units
-        .iter()
-        .map(|u| {
-            let choice = u
-                .choices()
-                .into_iter()
-                .find(|&(_, column)| on(column))
-                .map_or(Choice::Sdp(0), |(choice, _)| choice);
+    let units = levels_from_values(units, values)
+        .into_iter()
+        .zip(units)
+        .map(|(UnitLevel { choice, recompute }, u)| {
             let level = choice.level();
             let group = choice.group().map(|g| &u.groups[g]);
             let secondary_group = group
@@ -141,7 +136,7 @@ pub(super) fn schedule_from_values(
                 .collect::<BTreeMap<_, _>>();
             UnitSchedule {
                 level,
-                recompute: on(u.recompute),
+                recompute,
                 launches,
                 accumulation: Default::default(),
                 shard_group: group.and_then(|g| g.shard),
@@ -150,6 +145,22 @@ pub(super) fn schedule_from_values(
         })
         .collect();
     Schedule::new(profile, units)
+}
+
+/// Each unit's level and recompute in a solution's column values (binaries rounded).
+pub(super) fn levels_from_values(units: &[UnitVars], values: &[f64]) -> Vec<UnitLevel> {
+    let on = |c: Option<Col>| c.is_some_and(|c| values[c.index] > 0.5);
+    units
+        .iter()
+        .map(|u| UnitLevel {
+            choice: u
+                .choices()
+                .into_iter()
+                .find(|&(_, column)| on(column))
+                .map_or(Choice::Sdp(0), |(choice, _)| choice),
+            recompute: on(u.recompute),
+        })
+        .collect()
 }
 
 /// Per slot (c_s, max_ℓ Q^ℓ_s, L_s) of an integer solution, from the ILP's own coefficients: the

@@ -5,11 +5,12 @@
 //! family; `model` builds one phase's model for HiGHS; `bound` proves bounds over every plan
 //! (the full-window LP relaxation, or the same priced from a small window's LP); `far` builds the
 //! far-band relaxation, a MIP whose bound holds over every plan, and `refine` the far-band search
-//! of large models; `mapping` moves between schedules and column values; `pool` keeps the plans
-//! met; `staged` runs the staged phases of large models, on two threads as two searches that
-//! share their plan and bound (`race`) through HiGHS' callbacks (`callback`); `solve` drives
-//! HiGHS, warm-starts from the best feasible baseline and checks every answer against the strict
-//! simulator. A profile of K ≥ 2 micro-batches is solved by `micro`'s MIP instead.
+//! of large models; `placement` places a plan's levels anew (profiles with nodes); `mapping`
+//! moves between schedules and column values; `pool` keeps the plans met; `staged` runs the
+//! staged phases of large models, on two threads as two searches that share their plan and bound
+//! (`race`) through HiGHS' callbacks (`callback`); `solve` drives HiGHS, warm-starts from the best
+//! feasible baseline and checks every answer against the strict simulator. A profile of K ≥ 2
+//! micro-batches is solved by `micro`'s MIP instead.
 
 mod bands;
 mod bound;
@@ -21,6 +22,7 @@ mod limits;
 mod mapping;
 mod micro;
 mod model;
+mod placement;
 mod pool;
 mod race;
 mod refine;

@@ -4,11 +4,11 @@
 use super::constraints::link_position;
 use super::constraints::{
     communication_per_slot, communicator_in_use, compute_per_slot, coverage, cumulative_counts,
-    links_in_use, longer_blocks, memory_cap, memory_peak, memory_per_slot, one_level_per_unit,
-    reductions_before_gathers, slot_durations, time_ceiling, whole_blocks,
+    fixed_levels, links_in_use, longer_blocks, memory_cap, memory_peak, memory_per_slot,
+    one_level_per_unit, reductions_before_gathers, slot_durations, time_ceiling, whole_blocks,
 };
 use super::far::{Slack, pooled_bands, slack_running_sums};
-use super::variables::{Col, Columns, ExtraPositions, Shape, UnitVars, declare_units};
+use super::variables::{Col, Columns, ExtraPositions, Shape, UnitLevel, UnitVars, declare_units};
 use super::{Objective, SolveOptions};
 use crate::cost::Interference;
 use crate::profile::{Link, Profile};
@@ -59,9 +59,12 @@ impl RowStarts {
 
 /// Which model of the plans within the windows is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Form {
+pub(super) enum Form<'a> {
     /// The MIP: its integer solutions are the plans.
     Mip,
+    /// The MIP with every unit's level and recompute fixed: its solutions are plans, its dual
+    /// bound holds only over plans of those levels (`super::placement`).
+    Placement(&'a [UnitLevel]),
     /// The LP relaxation (integrality dropped).
     Lp,
     /// The far-band relaxation of the plans outside the window limits (`super::far`): a MIP
@@ -124,7 +127,10 @@ pub(super) fn build(
         (&comm, &load),
         Interference::of(profile),
     ));
-    if matches!(form, Form::Mip | Form::FarBands) {
+    if let Form::Placement(levels) = form {
+        constraints.extend(fixed_levels(&units, levels));
+    }
+    if !matches!(form, Form::Lp | Form::FarBandsLp) {
         // Valid for integer launches only; the LP forms stay as the pricing reads them.
         let longer = longer_blocks(profile, &units, timeline);
         constraints.extend(whole_blocks(&longer, &durations, &compute));

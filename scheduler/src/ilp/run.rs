@@ -3,10 +3,12 @@
 //! the strict simulator.
 
 use super::callback::{PlanValues, Watch, solve_watched};
-use super::mapping::{schedule_from_values, schedule_values, slot_terms, tight_time};
+use super::mapping::{
+    levels_from_values, schedule_from_values, schedule_values, slot_terms, tight_time,
+};
 use super::model::{Form, build, highs_model};
 use super::race::Shared;
-use super::variables::{ExtraPositions, UnitVars};
+use super::variables::{ExtraPositions, UnitLevel, UnitVars};
 use super::{Objective, PhaseReport, Relaxation, SolveOptions, SolveStatus, WindowLimits};
 use crate::cost::Interference;
 use crate::profile::Profile;
@@ -22,6 +24,8 @@ const CONSISTENCY: f64 = 1e-6;
 /// What one HiGHS run returned.
 pub(super) struct Run {
     pub schedule: Option<Schedule>,
+    /// The levels and recompute of the MIP's answer (`Form::Mip`).
+    pub levels: Option<Vec<UnitLevel>>,
     /// The positions of the band columns its solution launches in (far-band relaxation).
     pub bands_used: ExtraPositions,
     pub phase: PhaseReport,
@@ -50,7 +54,7 @@ pub(super) fn run_highs(
 ) -> Result<Run> {
     let started = Instant::now();
     let built = build(profile, options, (form, extra));
-    let plans = form == Form::Mip;
+    let plans = matches!(form, Form::Mip | Form::Placement(_));
     let rows = built.constraints.len();
     let mut model = highs_model(
         built.problem,
@@ -83,16 +87,26 @@ pub(super) fn run_highs(
         }
         Some(values)
     };
-    if let Some(values) = warm.iter().find_map(|(s, _)| values_of(s)) {
+    // A placement starts only from a plan of its own levels.
+    let of_form = |values: &Vec<f64>| match form {
+        Form::Placement(levels) => levels_from_values(units, values) == levels,
+        _ => true,
+    };
+    if let Some(values) = warm.iter().filter_map(|(s, _)| values_of(s)).find(of_form) {
         model
             .try_set_solution(Some(&values), None, None, None)
             .map_err(|e| Error::Solver(format!("HiGHS warm start: {e:?}")))?;
     }
-    let bounds_every_plan = form != Form::Mip || options.limits.is_full() && extra.is_empty();
+    let bounds_every_plan = match form {
+        Form::Mip => options.limits.is_full() && extra.is_empty(),
+        Form::Placement(_) => false,
+        Form::Lp | Form::FarBands | Form::FarBandsLp => true,
+    };
+    // A placement takes no other plan: the shared one has other levels.
     let watch = stop.shared.map(|shared| Watch {
         shared,
         bounds_every_plan,
-        values_of: plans.then_some(&values_of as &PlanValues),
+        values_of: (form == Form::Mip).then_some(&values_of as &PlanValues),
     });
     let solved = solve_watched(model, watch.as_ref())
         .map_err(|e| Error::Solver(format!("HiGHS failed: {e:?}")))?;
@@ -104,19 +118,17 @@ pub(super) fn run_highs(
     );
     let values = solved.get_solution().columns().to_vec();
     let gap = solved.mip_gap();
-    let bound = if form == Form::FarBandsLp {
+    let bound = match form {
         // An LP's value bounds only at its optimum.
-        if status == HighsModelStatus::Optimal {
-            solved.objective_value()
-        } else {
-            f64::NEG_INFINITY
-        }
-    } else {
-        solved
+        Form::FarBandsLp if status == HighsModelStatus::Optimal => solved.objective_value(),
+        // A placement's bound holds only over the plans of its levels.
+        Form::FarBandsLp | Form::Placement(_) => f64::NEG_INFINITY,
+        _ => solved
             .double_info_value(c"mip_dual_bound")
-            .unwrap_or(f64::NEG_INFINITY)
+            .unwrap_or(f64::NEG_INFINITY),
     };
     let answered = has_solution && !infeasible && form != Form::FarBandsLp;
+    let levels = (answered && form == Form::Mip).then(|| levels_from_values(&built.units, &values));
     let schedule = answered
         .then(|| schedule_from_values(profile, &built.units, &values))
         .transpose();
@@ -157,6 +169,8 @@ pub(super) fn run_highs(
     };
     let gap = if objective.is_finite() && bound.is_finite() {
         ((objective - bound) / objective.abs().max(1e-12)).max(0.0)
+    } else if matches!(form, Form::Placement(_)) {
+        f64::INFINITY
     } else {
         gap
     };
@@ -185,6 +199,7 @@ pub(super) fn run_highs(
     tracing::debug!(?phase, "HiGHS phase done");
     Ok(Run {
         schedule,
+        levels,
         // The LP's fractional launches count wherever they are above rounding noise.
         bands_used: bands_used(
             &built.units,

@@ -6,17 +6,18 @@
 use super::bound::FullWindowBound;
 use super::limits::PLACEMENT_DEPTH;
 use super::model::Form;
+use super::placement::place_each;
 use super::pool::Pool;
 use super::race::Shared;
 use super::refine::far_band_search;
 use super::run::{Run, Stop, run_highs, seconds_until};
-use super::variables::ExtraPositions;
+use super::variables::{ExtraPositions, UnitLevel};
 use super::{Objective, PhaseReport, SolveOptions, WindowLimits};
 use crate::profile::Profile;
 use crate::{Error, Result};
 use std::num::NonZeroUsize;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The staged solve's phases before the full windows, with their share of the time limit: D = 1
 /// fixes every launch next to its consumer (only levels and recompute are chosen); D = 4 places
@@ -27,6 +28,9 @@ const PLACEMENT_SHARE: f64 = 0.6;
 /// depth 4 too, and the full-window MIP needs the time (Llama 3 8B at 59.82 GiB: depth 4 spent
 /// its 6 s of 10 on a plan 1.9% slower than the pair's).
 const TWO_SEARCHES_PLACEMENT_SHARE: f64 = 0.25;
+/// On a profile with nodes, the share of depth 4's time its own MIP takes; the placements of
+/// fixed levels (`super::placement`) take the rest.
+const OWN_SEARCH_SHARE: f64 = 0.9;
 /// Depth 4's gap target, relative to the solve's, when the bound over every plan is tight.
 const TIGHT_BOUND_GAP_FACTOR: f64 = 0.25;
 /// Integer columns (full windows) above which the staged strategy pays.
@@ -85,13 +89,21 @@ pub(super) fn staged_phases(
         pool.offer(schedule);
     }
     phases.push(run.phase);
+    let first_levels = run.levels;
     // A bound over every plan before placing launches, so that depth 4 stops at the first plan it
     // proves within the target.
     let bound = FullWindowBound::start(profile, options, seconds_until(deadline))?;
     let too_large = full_window_integers(profile) > FULL_WINDOW_MIP_MAX_INTEGERS;
     let time_objective = options.objective == Objective::Time;
     if options.threads >= 2 && time_objective && !too_large {
-        return two_searches(profile, options, pool, phases, bound, deadline);
+        return two_searches(
+            profile,
+            options,
+            pool,
+            phases,
+            (bound, first_levels),
+            deadline,
+        );
     }
     place(
         profile,
@@ -99,7 +111,7 @@ pub(super) fn staged_phases(
         pool,
         phases,
         (&bound, PLACEMENT_SHARE),
-        deadline,
+        (first_levels, deadline),
     )?;
     widen_and_search(profile, options, pool, phases, bound, deadline, too_large)?;
     Ok(if !pool.is_empty() && (too_large || pool.proven(phases)) {
@@ -110,26 +122,19 @@ pub(super) fn staged_phases(
 }
 
 /// Depth 4 for at most `share` of the time limit, unless the bound proves the best plan already.
+/// On a profile with nodes its own MIP takes 90% of that, and the placements at fixed levels of
+/// the depth-1 plan and of its own answer the rest.
 fn place(
     profile: &Profile,
     options: &SolveOptions,
     pool: &mut Pool,
     phases: &mut Vec<PhaseReport>,
     (bound, share): (&FullWindowBound, f64),
-    deadline: Instant,
+    (first_levels, deadline): (Option<Vec<UnitLevel>>, Instant),
 ) -> Result<()> {
-    let with_bound: Vec<_> = phases.iter().cloned().chain(bound.phase()).collect();
-    if pool.proven(&with_bound) {
+    if proven_with(pool, phases, bound) {
         return Ok(());
     }
-    let shared = pool.shared();
-    let stop = Stop {
-        time_limit: seconds_until(deadline).min(options.time_limit_s * share),
-        objective_target: bound
-            .phase()
-            .map(|b| b.best_bound / (1.0 - options.relative_gap)),
-        shared: shared.as_deref(),
-    };
     // Where the bound is tight, depth 4 searches past its own target toward a plan the bound
     // proves (it stops at the first); elsewhere its own target is the claim.
     let placement = SolveOptions {
@@ -140,13 +145,62 @@ fn place(
         },
         ..limited(options, PLACEMENT_DEPTH)
     };
+    let budget = seconds_until(deadline).min(options.time_limit_s * share);
+    let started = Instant::now();
+    let at = |fraction: f64| started + Duration::from_secs_f64(budget * fraction);
+    let own = profile.topology.as_ref().map_or(1.0, |_| OWN_SEARCH_SHARE);
+    let own_levels = own_mip(
+        profile,
+        (options, &placement),
+        pool,
+        phases,
+        (bound, at(own)),
+    )?;
+    if profile.topology.is_none() {
+        return Ok(());
+    }
+    if proven_with(pool, phases, bound) {
+        return Ok(());
+    }
+    place_each(
+        profile,
+        &placement,
+        pool,
+        phases,
+        ([first_levels, own_levels], at(1.0)),
+    )
+}
+
+/// Whether `phases` and `bound` prove the pool's best plan.
+fn proven_with(pool: &Pool, phases: &[PhaseReport], bound: &FullWindowBound) -> bool {
+    let with_bound: Vec<_> = phases.iter().cloned().chain(bound.phase()).collect();
+    pool.proven(&with_bound)
+}
+
+/// Depth 4's own MIP from the best plan until `deadline`, stopping at the first plan `bound`
+/// proves; the levels of its answer.
+fn own_mip(
+    profile: &Profile,
+    (options, placement): (&SolveOptions, &SolveOptions),
+    pool: &mut Pool,
+    phases: &mut Vec<PhaseReport>,
+    (bound, deadline): (&FullWindowBound, Instant),
+) -> Result<Option<Vec<UnitLevel>>> {
+    let shared = pool.shared();
+    let stop = Stop {
+        time_limit: seconds_until(deadline),
+        objective_target: bound
+            .phase()
+            .map(|b| b.best_bound / (1.0 - options.relative_gap)),
+        shared: shared.as_deref(),
+    };
     let none = ExtraPositions::new();
-    let run = run_highs(profile, (&placement, Form::Mip, &none), pool.plans(), stop)?;
+    let run = run_highs(profile, (placement, Form::Mip, &none), pool.plans(), stop)?;
     if let Some(schedule) = run.schedule {
         pool.offer(schedule);
     }
     phases.push(run.phase);
-    Ok(())
+    Ok(run.levels)
 }
 
 /// The bound priced from deeper windows, and, when `far_bands` (time objective), the far-band
@@ -186,7 +240,7 @@ fn two_searches(
     options: &SolveOptions,
     pool: &mut Pool,
     phases: &mut Vec<PhaseReport>,
-    bound: FullWindowBound,
+    (bound, first_levels): (FullWindowBound, Option<Vec<UnitLevel>>),
     deadline: Instant,
 ) -> Result<FullWindow> {
     let single = SolveOptions {
@@ -201,7 +255,7 @@ fn two_searches(
         pool,
         phases,
         (&bound, TWO_SEARCHES_PLACEMENT_SHARE),
-        deadline,
+        (first_levels, deadline),
     )?;
     let mut other_pool = pool.clone();
     let mut other_phases = phases.clone();

@@ -203,6 +203,13 @@ impl Choice {
     }
 }
 
+/// What a plan fixes of a unit before its launches: its level (over which group) and recompute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct UnitLevel {
+    pub choice: Choice,
+    pub recompute: bool,
+}
+
 /// The variables of a unit sharded over one group of ranks: the world, or a shard group of S < N
 /// ranks (HSDP, whose RS blocks bring their replica AllReduce a position later).
 pub(super) struct GroupVars {

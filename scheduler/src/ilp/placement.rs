@@ -1,0 +1,139 @@
+//! Placement at fixed levels (DESIGN §4.5, "placement at fixed levels"): on a profile with nodes,
+//! the depth-4 MIP with every unit's level and recompute fixed to a plan's. With several groups
+//! of ranks per unit, HiGHS' own search of the depth-4 MIP changes levels and launches together
+//! and stays near its warm start; with the levels fixed the MIP is a placement problem it solves
+//! in a fraction of a second, and the depth-1 plan's levels (chosen with every launch next to its
+//! consumer) placed at depth 4 give a plan its own search does not reach. Its answers are plans;
+//! its bound holds only over plans of those levels, so its phase claims none.
+
+use super::model::Form;
+use super::pool::Pool;
+use super::run::{Stop, run_highs, seconds_until};
+use super::variables::{ExtraPositions, UnitLevel};
+use super::{PhaseReport, SolveOptions};
+use crate::Result;
+use crate::profile::Profile;
+use std::time::Instant;
+
+/// Time below which no placement starts (s).
+const LEAST_PLACEMENT_S: f64 = 0.05;
+
+/// The placement of each distinct levels of `candidates` (in order, those present), each in an
+/// equal share of the time left until `deadline`.
+pub(super) fn place_each<const N: usize>(
+    profile: &Profile,
+    options: &SolveOptions,
+    pool: &mut Pool,
+    phases: &mut Vec<PhaseReport>,
+    (candidates, deadline): ([Option<Vec<UnitLevel>>; N], Instant),
+) -> Result<()> {
+    let mut distinct: Vec<Vec<UnitLevel>> = Vec::new();
+    for levels in candidates.into_iter().flatten() {
+        if !distinct.contains(&levels) {
+            distinct.push(levels);
+        }
+    }
+    let count = distinct.len();
+    for (k, levels) in distinct.iter().enumerate() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.as_secs_f64() < LEAST_PLACEMENT_S {
+            break;
+        }
+        let share = u32::try_from(count - k).unwrap_or(u32::MAX);
+        let until = Instant::now() + left / share;
+        place_levels(profile, options, pool, phases, (levels, until))?;
+    }
+    Ok(())
+}
+
+/// The placement MIP of `levels` until `deadline`, warm-started from the best plan of those levels
+/// in `pool`: its plan joins `pool`, its run `phases`.
+fn place_levels(
+    profile: &Profile,
+    options: &SolveOptions,
+    pool: &mut Pool,
+    phases: &mut Vec<PhaseReport>,
+    (levels, deadline): (&[UnitLevel], Instant),
+) -> Result<()> {
+    let shared = pool.shared();
+    let stop = Stop {
+        time_limit: seconds_until(deadline),
+        objective_target: None,
+        shared: shared.as_deref(),
+    };
+    let none = ExtraPositions::new();
+    let placement = run_highs(
+        profile,
+        (options, Form::Placement(levels), &none),
+        pool.plans(),
+        stop,
+    )?;
+    phases.push(placement.phase);
+    if let Some(schedule) = placement.schedule {
+        pool.offer(schedule);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analytic::{AnalyticOptions, analytic_profile, zoo};
+    use crate::baselines::{BaselineKind, baseline};
+    use crate::hardware::Catalog;
+    use crate::ilp::WindowLimits;
+    use crate::ilp::variables::Choice;
+    use crate::sim::{Semantics, simulate};
+    use std::num::NonZeroUsize;
+
+    /// Llama-2 7B on 2 nodes of 8 H100s, at a cap halfway between fsdp2+ckpt's peak and
+    /// hsdp+ckpt's: the depth-1 MIP's optimum mixes levels over the world and the node. Placing its
+    /// own levels gives a plan of those levels at its value, and claims no bound.
+    #[test]
+    fn placing_the_optimums_levels_gives_it_back_and_claims_no_bound() {
+        let options = AnalyticOptions {
+            topology: Some(Some(8)),
+            ..AnalyticOptions::new("h100-sxm", 16)
+        };
+        let catalog = Catalog::bundled().unwrap();
+        let profile = analytic_profile(&zoo("llama2-7b"), &catalog, &options).unwrap();
+        let peak = |kind| {
+            let plan = baseline(&profile, kind, true, None).unwrap();
+            plan.simulation.peak_memory_bytes
+        };
+        let cap = (peak(BaselineKind::Fsdp2) + peak(BaselineKind::Hsdp)) / 2.0;
+        let options = SolveOptions {
+            memory_cap_bytes: Some(cap as u64),
+            relative_gap: 0.0,
+            limits: WindowLimits::depth(NonZeroUsize::MIN),
+            ..SolveOptions::default()
+        };
+        let none = ExtraPositions::new();
+        let stop = || Stop {
+            time_limit: 60.0,
+            objective_target: None,
+            shared: None,
+        };
+        let run = |form| run_highs(&profile, (&options, form, &none), &[], stop()).unwrap();
+        let optimum = run(Form::Mip);
+        assert_eq!(optimum.phase.status, crate::ilp::SolveStatus::Optimal);
+        let value = optimum.phase.objective;
+        let levels = optimum.levels.unwrap();
+        let groups: std::collections::BTreeSet<_> =
+            levels.iter().filter_map(|l| l.choice.group()).collect();
+        assert!(groups.len() > 1, "levels over one group only: {levels:?}");
+        assert!(levels.iter().any(|l| l.choice != Choice::Sdp(0)));
+
+        let placed = run(Form::Placement(&levels));
+        let schedule = placed.schedule.unwrap();
+        assert!((placed.phase.objective - value).abs() <= 1e-9 * value);
+        assert_eq!(placed.phase.best_bound, f64::NEG_INFINITY);
+        assert!(placed.phase.gap.is_infinite());
+        for (unit, fixed) in schedule.units().iter().zip(&levels) {
+            assert_eq!(unit.level, fixed.choice.level());
+            assert_eq!(unit.recompute, fixed.recompute);
+        }
+        let sim = simulate(&profile, &schedule, Semantics::Strict);
+        assert!((sim.iteration_time_us - value).abs() <= 1e-6 * value);
+    }
+}
