@@ -148,7 +148,8 @@ fn place(
     let budget = seconds_until(deadline).min(options.time_limit_s * share);
     let started = Instant::now();
     let at = |fraction: f64| started + Duration::from_secs_f64(budget * fraction);
-    let own = profile.topology.as_ref().map_or(1.0, |_| OWN_SEARCH_SHARE);
+    let nodes = profile.topology.is_some();
+    let own = if nodes { OWN_SEARCH_SHARE } else { 1.0 };
     let own_levels = own_mip(
         profile,
         (options, &placement),
@@ -156,10 +157,7 @@ fn place(
         phases,
         (bound, at(own)),
     )?;
-    if profile.topology.is_none() {
-        return Ok(());
-    }
-    if proven_with(pool, phases, bound) {
+    if !nodes || proven_with(pool, phases, bound) {
         return Ok(());
     }
     place_each(
