@@ -120,7 +120,7 @@ fn profile_baseline_simulate_inspect_pipeline() {
 /// (its warm start), and every row's `fits_cap` agrees with its peak and the cap.
 #[test]
 fn demo_runs_on_the_bundled_profile() {
-    let json = ok_json(&["demo", "--json"]);
+    let json = ok_json(&["demo", "--json", "--time-limit", "4"]);
     let cap = json["memory_cap_bytes"].as_u64().unwrap();
     let rows = json["methods"].as_array().unwrap();
     for row in rows {

@@ -103,104 +103,113 @@ fn packed_baselines(
 /// the bound of the solve under the cap asked for.
 #[test]
 fn a_plan_solved_with_the_model_packs_within_its_cap() {
-    let (mut resolved, mut run_refusals) = (0, 0);
-    for world in [2usize, 4] {
-        let g = gpt2(world);
-        let profile = runtime_profile(&g, world as u32, 32 << 10);
-        let (mut resolved_here, mut refused_caps, mut baselines) = (0, 0, 0);
-        for cap in caps(&profile, 25) {
-            let plain = solve(&profile, &options(cap)).unwrap();
-            let plain_arena = place(&g, &profile, &plain.schedule).unwrap().arena;
-            let packed = packed_baselines(&g, &profile, cap);
-            let fitted = match solve_to_fit(&g, &profile, &options(cap)) {
-                Ok(fitted) => fitted,
-                Err(Error::OverCap(message)) => {
-                    assert!(
-                        plain_arena.size_bytes > cap && packed.is_empty(),
-                        "N={world} cap {cap}: {message}"
-                    );
-                    assert!(message.contains("packed arena fits"), "{message}");
-                    refused_caps += 1;
-                    continue;
-                }
-                Err(e) => panic!("N={world} cap {cap}: {e}"),
-            };
-            let Fitted { solved, packing } = &fitted;
-            let Packing {
-                arena_bytes,
-                live_peak_bytes,
-                refused,
-                baseline: returned_baseline,
-            } = packing;
-            let own = place(&g, &profile, &solved.schedule).unwrap().arena;
-            assert_eq!(
-                (own.size_bytes, own.live_peak_bytes),
-                (*arena_bytes, *live_peak_bytes)
-            );
-            assert!(
-                *arena_bytes <= cap,
-                "N={world} cap {cap}: arena {arena_bytes}"
-            );
-            assert!(solved.simulation.peak_memory_bytes <= cap as f64);
-            let time = solved.simulation.iteration_time_us;
-            assert!(
-                time >= plain.simulation.iteration_time_us * (1.0 - 1e-4),
-                "N={world} cap {cap}: a lower cap cannot give a faster optimum"
-            );
-            for (label, baseline_time) in &packed {
-                assert!(
-                    time <= baseline_time * (1.0 + 1e-9),
-                    "N={world} cap {cap}: {label} packs and takes {baseline_time}, the answer {time}"
-                );
-            }
-            let r = &solved.report;
-            assert!((r.objective - time).abs() <= time * 1e-9, "{r:?}");
-            assert!(r.best_bound <= time * (1.0 + 1e-9), "{r:?}");
-            assert!(
-                (r.gap - (time - r.best_bound).max(0.0) / time).abs() < 1e-9,
-                "{r:?}"
-            );
-            if let Some(label) = returned_baseline {
-                let (_, baseline_time) = packed.iter().find(|(l, _)| l == label).unwrap();
-                assert_eq!(time, *baseline_time);
-                baselines += 1;
-            }
-            assert!(refused.iter().all(|&(_, arena)| arena > cap));
-            let plan = solved.plan(&profile, Some(cap));
-            let prepare = |plan| {
-                let backend = CpuBackend::new(Rank0 { size: world });
-                Prepared::new(backend, &g, &profile, plan, "fitted", 1).map(|_| ())
-            };
-            prepare(&plan).unwrap_or_else(|e| panic!("N={world} cap {cap}: {e}"));
-            if plain_arena.size_bytes > cap {
-                assert!(!refused.is_empty());
-                resolved_here += 1;
-                let refused_plan = plain.plan(&profile, Some(cap));
-                // `run` refuses a plan whose live peak fits its cap but whose arena does not
-                // (a live peak above the cap by alignment alone is not its refusal's case).
-                if plain_arena.live_peak_bytes <= cap {
-                    assert!(
-                        matches!(prepare(&refused_plan), Err(Error::OverCap(_))),
-                        "N={world} cap {cap}"
-                    );
-                    run_refusals += 1;
-                }
-            } else {
-                assert!(refused.is_empty());
-                assert_eq!(
-                    solved.simulation.iteration_time_us,
-                    plain.simulation.iteration_time_us
-                );
-            }
-        }
-        eprintln!(
-            "N={world}: {resolved_here} of 25 caps solved again, {baselines} answered by a \
-             baseline, {refused_caps} refused"
-        );
-        resolved += resolved_here;
-    }
+    let checked: Vec<(usize, usize)> = std::thread::scope(|scope| {
+        let worlds = [2, 4].map(|world| scope.spawn(move || check_caps(world)));
+        worlds.map(|w| w.join().unwrap()).into()
+    });
+    let resolved: usize = checked.iter().map(|c| c.0).sum();
+    let run_refusals: usize = checked.iter().map(|c| c.1).sum();
     assert!(resolved > 0, "no cap needed a second solve");
     assert!(run_refusals > 0, "`run` refused no plain plan");
+}
+
+/// The checks above at `world` ranks (each world on a thread of its own): how many caps were
+/// solved again, and how many plain plans `run` refused.
+fn check_caps(world: usize) -> (usize, usize) {
+    let mut run_refusals = 0;
+    let g = gpt2(world);
+    let profile = runtime_profile(&g, world as u32, 32 << 10);
+    let (mut resolved, mut refused_caps, mut baselines) = (0, 0, 0);
+    for cap in caps(&profile, 25) {
+        let plain = solve(&profile, &options(cap)).unwrap();
+        let plain_arena = place(&g, &profile, &plain.schedule).unwrap().arena;
+        let packed = packed_baselines(&g, &profile, cap);
+        let fitted = match solve_to_fit(&g, &profile, &options(cap)) {
+            Ok(fitted) => fitted,
+            Err(Error::OverCap(message)) => {
+                assert!(
+                    plain_arena.size_bytes > cap && packed.is_empty(),
+                    "N={world} cap {cap}: {message}"
+                );
+                assert!(message.contains("packed arena fits"), "{message}");
+                refused_caps += 1;
+                continue;
+            }
+            Err(e) => panic!("N={world} cap {cap}: {e}"),
+        };
+        let Fitted { solved, packing } = &fitted;
+        let Packing {
+            arena_bytes,
+            live_peak_bytes,
+            refused,
+            baseline: returned_baseline,
+        } = packing;
+        let own = place(&g, &profile, &solved.schedule).unwrap().arena;
+        assert_eq!(
+            (own.size_bytes, own.live_peak_bytes),
+            (*arena_bytes, *live_peak_bytes)
+        );
+        assert!(
+            *arena_bytes <= cap,
+            "N={world} cap {cap}: arena {arena_bytes}"
+        );
+        assert!(solved.simulation.peak_memory_bytes <= cap as f64);
+        let time = solved.simulation.iteration_time_us;
+        assert!(
+            time >= plain.simulation.iteration_time_us * (1.0 - 1e-4),
+            "N={world} cap {cap}: a lower cap cannot give a faster optimum"
+        );
+        for (label, baseline_time) in &packed {
+            assert!(
+                time <= baseline_time * (1.0 + 1e-9),
+                "N={world} cap {cap}: {label} packs and takes {baseline_time}, the answer {time}"
+            );
+        }
+        let r = &solved.report;
+        assert!((r.objective - time).abs() <= time * 1e-9, "{r:?}");
+        assert!(r.best_bound <= time * (1.0 + 1e-9), "{r:?}");
+        assert!(
+            (r.gap - (time - r.best_bound).max(0.0) / time).abs() < 1e-9,
+            "{r:?}"
+        );
+        if let Some(label) = returned_baseline {
+            let (_, baseline_time) = packed.iter().find(|(l, _)| l == label).unwrap();
+            assert_eq!(time, *baseline_time);
+            baselines += 1;
+        }
+        assert!(refused.iter().all(|&(_, arena)| arena > cap));
+        let plan = solved.plan(&profile, Some(cap));
+        let prepare = |plan| {
+            let backend = CpuBackend::new(Rank0 { size: world });
+            Prepared::new(backend, &g, &profile, plan, "fitted", 1).map(|_| ())
+        };
+        prepare(&plan).unwrap_or_else(|e| panic!("N={world} cap {cap}: {e}"));
+        if plain_arena.size_bytes > cap {
+            assert!(!refused.is_empty());
+            resolved += 1;
+            let refused_plan = plain.plan(&profile, Some(cap));
+            // `run` refuses a plan whose live peak fits its cap but whose arena does not
+            // (a live peak above the cap by alignment alone is not its refusal's case).
+            if plain_arena.live_peak_bytes <= cap {
+                assert!(
+                    matches!(prepare(&refused_plan), Err(Error::OverCap(_))),
+                    "N={world} cap {cap}"
+                );
+                run_refusals += 1;
+            }
+        } else {
+            assert!(refused.is_empty());
+            assert_eq!(
+                solved.simulation.iteration_time_us,
+                plain.simulation.iteration_time_us
+            );
+        }
+    }
+    eprintln!(
+        "N={world}: {resolved} of 25 caps solved again, {baselines} answered by a \
+         baseline, {refused_caps} refused"
+    );
+    (resolved, run_refusals)
 }
 
 /// The command: `solve --model` reports the arena, the live peak and each earlier solve that

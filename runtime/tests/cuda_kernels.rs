@@ -1,7 +1,8 @@
 //! The NVRTC kernels' very source, compiled by the host C++ compiler with a shim that runs every
 //! thread of the launch grid one after another (the kernels use no barriers or shared memory, so
 //! this is their semantics), against the CPU backend's functions: the results must be bitwise
-//! equal. The grids come from the backend's own launch configuration.
+//! equal. The grids come from the backend's own launch configuration. The shim's barrier, which
+//! the GPT-2 row kernels (runtime/tests/cuda_gpt2_kernels.rs) need, is checked here too.
 
 use shardplan_runtime::cuda::module::per_element;
 use shardplan_runtime::mlp::cuda::SOURCE;
@@ -228,4 +229,55 @@ fn loss_and_adam_kernels_equal_the_cpu_backend() {
         }
     }
     assert_eq!((p, m, v), (cp, cm, cv), "three Adam steps");
+}
+
+/// Kernels that synchronise their block, for the shim's own check below.
+const BARRIER_KERNELS: &str = r#"
+__global__ void rotate(float* out) {
+    __shared__ float lanes[64];
+    lanes[threadIdx.x] = blockIdx.x * 100.0f + threadIdx.x;
+    __syncthreads();
+    out[blockIdx.x * blockDim.x + threadIdx.x] = lanes[(threadIdx.x + 1) % blockDim.x];
+}
+__global__ void leave_early(float* out) {
+    if (threadIdx.x == 0) return;
+    __syncthreads();
+    out[threadIdx.x] = 1.0f;
+}
+extern "C" void run_rotate(unsigned g, unsigned t, float* out) {
+    block_grid(g, t, [&] { rotate(out); });
+}
+extern "C" void run_leave_early(unsigned g, unsigned t, float* out) {
+    block_grid(g, t, [&] { leave_early(out); });
+}
+"#;
+
+/// The shim's barrier (what the GPT-2 row kernels' check rests on): each thread reads its
+/// neighbour's shared value, written before the barrier, in every block; a block whose thread
+/// returns while the others wait at a barrier is named.
+#[test]
+fn the_shims_barrier_holds_a_blocks_threads_together() {
+    let (_dir, lib) = shim::compile("", BARRIER_KERNELS);
+    type Run = unsafe extern "C" fn(u32, u32, *mut f32);
+    let (blocks, threads) = (3, 64);
+    let mut out = vec![f32::NAN; blocks * threads];
+    // SAFETY: the wrappers take (blocks, threads, out); `out` holds every thread's element.
+    unsafe {
+        let rotate: libloading::Symbol<Run> = lib.get(b"run_rotate").unwrap();
+        rotate(blocks as u32, threads as u32, out.as_mut_ptr());
+    }
+    let expected: Vec<f32> = (0..blocks * threads)
+        .map(|i| (i / threads * 100 + (i % threads + 1) % threads) as f32)
+        .collect();
+    assert_eq!(out, expected);
+    assert_eq!(shim::failure(&lib), None);
+    // SAFETY: as above, with 8 threads of one block.
+    unsafe {
+        let leave: libloading::Symbol<Run> = lib.get(b"run_leave_early").unwrap();
+        leave(1, 8, out.as_mut_ptr());
+    }
+    assert_eq!(
+        shim::failure(&lib).as_deref(),
+        Some("block 0: 1 of 8 threads returned while the others wait at a barrier")
+    );
 }

@@ -214,6 +214,9 @@ pub struct DemoArgs {
     /// before the topology (DESIGN §3.11).
     #[arg(long)]
     pub flat: bool,
+    /// Seconds the ILP may spend (all phases together), or `unlimited`.
+    #[arg(long, default_value_t = 20.0, value_parser = time_limit_arg)]
+    pub time_limit: f64,
     #[arg(long)]
     pub json: bool,
 }

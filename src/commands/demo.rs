@@ -70,7 +70,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     }
     let options = SolveOptions {
         memory_cap_bytes: Some(cap),
-        time_limit_s: 20.0,
+        time_limit_s: args.time_limit,
         relative_gap: 1e-3,
         ..SolveOptions::default()
     };

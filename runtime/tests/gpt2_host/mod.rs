@@ -172,6 +172,9 @@ impl HostDevice {
                             self.lib.get(symbol.as_bytes()).unwrap();
                         run(config.grid_dim.0, config.block_dim.0, pointers.as_mut_ptr());
                     }
+                    if let Some(failure) = shim::failure(&self.lib) {
+                        panic!("{}: {failure}", k.name);
+                    }
                 }
                 Launch::Product {
                     product,
