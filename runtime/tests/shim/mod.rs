@@ -6,8 +6,9 @@
 //! `__syncthreads()` a barrier of the block's threads: each thread runs to its next barrier in
 //! turn, and a round in which all of them reached it releases them together — the semantics of a
 //! kernel that synchronises its block. No block may leave a barrier behind (a thread that returns
-//! while others wait would hang a GPU): the launch stops there and [`failure`] names it. Compiled without
-//! floating-point contraction, as NVRTC compiles them without fused multiply-adds.
+//! while others wait would hang a GPU): the launch stops there and [`failure`] names it.
+//! Compiled without floating-point contraction, as NVRTC compiles them without fused
+//! multiply-adds.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -34,7 +35,7 @@ static Dim blockDim, blockIdx, threadIdx;
 static ucontext_t block_scheduler;
 static ucontext_t* running_thread;
 static bool at_barrier;
-// What went wrong in the last launch (empty: nothing), read by `failure`.
+// What went wrong in the last launch (empty: nothing; each launch clears it), read by `failure`.
 static char shim_failure[200];
 extern "C" const char* shim_failure_message() { return shim_failure; }
 static void sync_block() {
@@ -44,6 +45,7 @@ static void sync_block() {
 #define __syncthreads() sync_block()
 
 template <class F> static void grid(unsigned blocks, unsigned threads, F kernel) {
+    shim_failure[0] = 0;
     blockDim = {threads, 1, 1};
     for (unsigned b = 0; b < blocks; ++b)
         for (unsigned t = 0; t < threads; ++t) {
@@ -60,6 +62,7 @@ template <class F> F* Running<F>::kernel;
 // until all have returned.
 template <class F> static void block_grid(unsigned blocks, unsigned threads, F kernel) {
     const size_t stack_bytes = 64 * 1024;
+    shim_failure[0] = 0;
     blockDim = {threads, 1, 1};
     Running<F>::kernel = &kernel;
     std::vector<ucontext_t> fibers(threads);
