@@ -14,8 +14,8 @@ use shardplan_scheduler::Error;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::groups::{secondary_group, shard_groups};
 use shardplan_scheduler::ilp::{
-    Objective, SolveOptions, WindowLimits, far_band_bound, lp_relaxation_bound, priced_lp_bound,
-    solve,
+    Objective, SolveOptions, WindowLimits, far_band_bound, generated_lp_bound, lp_relaxation_bound,
+    priced_lp_bound, solve,
 };
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::UnitSchedule;
@@ -330,7 +330,8 @@ fn bound_instance(seed: u64, mut rng: Rng) -> (Profile, bool) {
 /// instances and without one, and is not a trivial bound: it is within 50% of the optimum
 /// everywhere and equal to it on some instances. The bound a large solve claims over every plan,
 /// priced from the LP of depth-1 windows, is never above the full-window LP's optimum (so never
-/// above any plan), and equals it where the launches depth 1 leaves out price out.
+/// above any plan), and equals it where the launches depth 1 leaves out price out; column
+/// generation from depth 1 ends at the full-window LP's optimum, solved outright by HiGHS.
 #[test]
 fn the_lp_relaxation_bounds_every_plan_from_below() {
     let (mut checked, mut exact) = (0, 0);
@@ -376,6 +377,14 @@ fn the_lp_relaxation_bounds_every_plan_from_below() {
             } else {
                 priced_below += 1;
             }
+            let (generated, full_lp) = generated_lp_bound(&profile, &options, NonZeroUsize::MIN)
+                .unwrap()
+                .unwrap_or_else(|| panic!("seed {seed} cap {cap:?}: no generated bound"));
+            assert!(
+                full_lp && (generated - bound).abs() <= 1e-6 * bound.abs().max(1.0),
+                "seed {seed} cap {cap:?}: column generation ended at {generated} (at the full LP: \
+                 {full_lp}), the full LP's optimum is {bound}"
+            );
         }
     }
     eprintln!(

@@ -56,23 +56,25 @@ pub(super) fn coverage(units: &[UnitVars]) -> Vec<Constraint> {
 ///   x_{i,RS,k} ≤ nb_i·(1 − Z_{i,k+γ−1})   (a reduction at k needs boundary ≥ k + γ);
 ///   x_{i,FG,k} ≤ nb_i·Z_{i,k}             (a forward gather at k needs boundary ≤ k).
 /// Positions outside the range where the two ops' allowed positions can conflict need no row.
-pub(super) fn reductions_before_gathers(units: &[UnitVars]) -> Vec<Constraint> {
+/// Each row comes with the launch column it bounds (None for the monotone rows): a launch is in
+/// one such row at most.
+pub(super) fn reductions_before_gathers(units: &[UnitVars]) -> Vec<(Constraint, Option<Col>)> {
     let mut rows = Vec::new();
     for u in units {
         let nb = f64::from(u.blocks);
         for g in &u.groups {
             let z = |k: usize| g.boundary.iter().find(|(p, _)| *p == k).map(|(_, c)| c.var);
             for pair in g.boundary.windows(2) {
-                rows.push(constraint!(pair[1].1.var >= pair[0].1.var));
+                rows.push((constraint!(pair[1].1.var >= pair[0].1.var), None));
             }
             for (&k, x) in g.rs.positions.iter().zip(&g.rs.launches) {
                 if let Some(previous) = (k + g.gap).checked_sub(1).and_then(z) {
-                    rows.push(constraint!(x.var <= nb - nb * previous));
+                    rows.push((constraint!(x.var <= nb - nb * previous), Some(*x)));
                 }
             }
             for (&k, x) in g.fg.positions.iter().zip(&g.fg.launches) {
                 if let Some(zk) = z(k) {
-                    rows.push(constraint!(x.var <= nb * zk));
+                    rows.push((constraint!(x.var <= nb * zk), Some(*x)));
                 }
             }
         }

@@ -68,7 +68,7 @@ impl WindowLimits {
     pub(crate) fn admit_or(
         self,
         schedule: &Schedule,
-        also: impl Fn(usize, Op, usize) -> bool,
+        mut also: impl FnMut(usize, Op, usize) -> bool,
     ) -> bool {
         let timeline = schedule.timeline();
         // A replica AllReduce follows its RS block (DESIGN §3.11): RS's position is the choice.

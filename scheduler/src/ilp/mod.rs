@@ -24,6 +24,7 @@ mod micro;
 mod model;
 mod placement;
 mod pool;
+mod pricing;
 mod race;
 mod refine;
 mod run;
@@ -31,7 +32,7 @@ mod solve;
 mod staged;
 mod variables;
 
-pub use bound::{lp_relaxation_bound, priced_lp_bound};
+pub use bound::{generated_lp_bound, lp_relaxation_bound, priced_lp_bound};
 pub use limits::WindowLimits;
 pub use micro::rows_at as micro_rows_at;
 pub use refine::far_band_bound;
@@ -93,8 +94,8 @@ pub struct SolveOptions {
     pub allow_recompute: bool,
     /// Solve with D = 1 and D = 4 first and warm-start the full windows, when the model is large.
     pub two_phase: bool,
-    /// A plan to start from when it fits (e.g. the plan of a neighbouring cap in a sweep): the
-    /// answer is never worse than it.
+    /// A plan to start from when it fits and beats the best baseline (e.g. the plan of a
+    /// neighbouring cap in a sweep): the answer is never worse than it.
     pub hint: Option<Schedule>,
 }
 

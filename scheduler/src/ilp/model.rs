@@ -15,6 +15,7 @@ use crate::profile::{Link, Profile};
 use crate::timeline::Timeline;
 use crate::{Error, Result};
 use good_lp::{Constraint, Expression, ProblemVariables, SolverModel};
+use std::collections::HashMap;
 
 /// HiGHS primal and integer feasibility tolerance.
 const FEASIBILITY_TOLERANCE: f64 = 1e-9;
@@ -40,13 +41,15 @@ pub(super) struct Built {
 /// Where the row families that a bound's pricing reads start (`constraints` indices): one
 /// coverage row per op (in `units`' op order), 1 + |links| duration rows per slot (d ≥ c + L,
 /// then d ≥ Q^ℓ + κ_q·c per link in use), one memory-cap row per slot (time objective under a
-/// cap only).
+/// cap only); and the RS→AG order row of each launch column that has one.
 pub(super) struct RowStarts {
     pub coverage: usize,
     pub durations: usize,
     /// The links in use, in the order of their duration rows.
     pub links: Vec<Link>,
     pub memory_cap: Option<usize>,
+    /// Launch column index → its RS→AG order row (coefficient 1 on the launch).
+    pub order_rows: HashMap<usize, usize>,
 }
 
 impl RowStarts {
@@ -106,7 +109,13 @@ pub(super) fn build(
     constraints.extend(cumulative_counts(&units));
     let coverage_start = constraints.len();
     constraints.extend(coverage(&units));
-    constraints.extend(reductions_before_gathers(&units));
+    let mut order_rows = HashMap::new();
+    for (row, launch) in reductions_before_gathers(&units) {
+        if let Some(x) = launch {
+            order_rows.insert(x.index, constraints.len());
+        }
+        constraints.push(row);
+    }
     constraints.extend(communicator_in_use(&units));
     let (mut comm, mut load) = communication_per_slot(&units, timeline.slot_count(), &links);
     if let Some(slack) = &slack {
@@ -179,6 +188,7 @@ pub(super) fn build(
             durations: durations_start,
             links,
             memory_cap: memory_cap_start,
+            order_rows,
         },
     }
 }

@@ -25,7 +25,7 @@ pub(super) fn place_each<const N: usize>(
     options: &SolveOptions,
     pool: &mut Pool,
     phases: &mut Vec<PhaseReport>,
-    (candidates, deadline): ([Option<Vec<UnitLevel>>; N], Instant),
+    (candidates, deadline, extra): ([Option<Vec<UnitLevel>>; N], Instant, &ExtraPositions),
 ) -> Result<()> {
     let mut distinct: Vec<Vec<UnitLevel>> = Vec::new();
     for levels in candidates.into_iter().flatten() {
@@ -41,7 +41,7 @@ pub(super) fn place_each<const N: usize>(
         }
         let share = u32::try_from(count - k).unwrap_or(u32::MAX);
         let until = Instant::now() + left / share;
-        place_levels(profile, options, pool, phases, (levels, until))?;
+        place_levels(profile, options, pool, phases, (levels, until, extra))?;
     }
     Ok(())
 }
@@ -53,7 +53,7 @@ fn place_levels(
     options: &SolveOptions,
     pool: &mut Pool,
     phases: &mut Vec<PhaseReport>,
-    (levels, deadline): (&[UnitLevel], Instant),
+    (levels, deadline, extra): (&[UnitLevel], Instant, &ExtraPositions),
 ) -> Result<()> {
     let shared = pool.shared();
     let stop = Stop {
@@ -61,11 +61,11 @@ fn place_levels(
         objective_target: None,
         shared: shared.as_deref(),
     };
-    let none = ExtraPositions::new();
+    let warm = pool.within(options.limits, extra);
     let placement = run_highs(
         profile,
-        (options, Form::Placement(levels), &none),
-        pool.plans(),
+        (options, Form::Placement(levels), extra),
+        &warm,
         stop,
     )?;
     phases.push(placement.phase);

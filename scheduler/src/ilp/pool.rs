@@ -110,6 +110,23 @@ impl<'a> Pool<'a> {
             .collect()
     }
 
+    /// The positions of the best plan's launches that `limits` leaves out, so that a model of
+    /// `limits` with them as extra positions holds it (a sweep's hint, the plan of a smaller cap,
+    /// may launch far ahead).
+    pub fn best_outside(&self, limits: WindowLimits) -> ExtraPositions {
+        let mut outside = ExtraPositions::new();
+        if let Some((schedule, _)) = self.plans.first() {
+            limits.admit_or(schedule, |unit, op, position| {
+                outside
+                    .entry((unit, ilp_op(op)))
+                    .or_default()
+                    .insert(position);
+                true
+            });
+        }
+        outside
+    }
+
     /// Keeps only the plans within `limits` (a limited solve answers within its limits only).
     pub fn retain_within(&mut self, limits: WindowLimits) {
         self.plans.retain(|(schedule, _)| limits.admit(schedule));
@@ -136,16 +153,20 @@ impl<'a> Pool<'a> {
 }
 
 /// Whether every launch of `schedule` is at a position `limits` allows or one of `extra` (keyed
-/// by the ILP's op: the forward gather of both sharded levels is `GatherForward`).
+/// by the ILP's op).
 fn launches_within(schedule: &Schedule, limits: WindowLimits, extra: &ExtraPositions) -> bool {
     limits.admit_or(schedule, |unit, op, position| {
-        let ilp_op = if op == Op::Gather {
-            Op::GatherForward
-        } else {
-            op
-        };
         extra
-            .get(&(unit, ilp_op))
+            .get(&(unit, ilp_op(op)))
             .is_some_and(|e| e.contains(&position))
     })
+}
+
+/// The ILP's op of a plan's op: the forward gather of both sharded levels is `GatherForward`.
+fn ilp_op(op: Op) -> Op {
+    if op == Op::Gather {
+        Op::GatherForward
+    } else {
+        op
+    }
 }

@@ -3,7 +3,9 @@
 //! launches outside depth 4 pay, and a MIP over depth 4 and those positions finds the plan.
 //!
 //! 1. The LP of the far-band relaxation of depth 4: a bound over every plan (its optimum is at most
-//!    the relaxation's, which is at most every plan's time), and the bands its solution launches in.
+//!    the relaxation's, which is at most every plan's time), and the bands its solution launches in,
+//!    beside the positions where launches pay in the full-window LP (column generation's); on a
+//!    profile with nodes, where this LP is too large for the time, those positions alone.
 //! 2. The MIP of depth 4 and every position of those bands (a restriction: its answers are plans),
 //!    warm-started from the best plan it can represent, stopping at the first plan the bound
 //!    proves within the target.
@@ -30,12 +32,14 @@ const LEAST_PHASE: f64 = 0.05;
 
 /// Runs the search until `deadline`, the best plan proven within the solve's gap over every plan,
 /// or the relaxation's answer launching in no band (it is then a plan of the positions searched).
+/// The positions where launches pay in the full-window LP (`paying`, from column generation) join
+/// the bands of step 1, which runs only where `bands_lp`.
 pub(super) fn far_band_search(
     profile: &Profile,
     options: &SolveOptions,
     pool: &mut Pool,
     phases: &mut Vec<PhaseReport>,
-    deadline: Instant,
+    (deadline, paying, bands_lp): (Instant, &ExtraPositions, bool),
 ) -> Result<()> {
     let left = || seconds_until(deadline);
     let limits = WindowLimits::depth(PLACEMENT_DEPTH);
@@ -53,15 +57,17 @@ pub(super) fn far_band_search(
         objective_target,
         shared: shared.as_deref(),
     };
-    let mut extra = ExtraPositions::new();
-    let lp = run_highs(
-        profile,
-        (&depth_options, Form::FarBandsLp, &extra),
-        &[],
-        stop(None),
-    )?;
-    phases.push(lp.phase);
-    add(&mut extra, lp.bands_used);
+    let mut extra = paying.clone();
+    if bands_lp {
+        let lp = run_highs(
+            profile,
+            (&depth_options, Form::FarBandsLp, &ExtraPositions::new()),
+            &[],
+            stop(None),
+        )?;
+        phases.push(lp.phase);
+        add(&mut extra, lp.bands_used);
+    }
     while !pool.proven(phases) && left() > LEAST_PHASE {
         let bound = phases
             .iter()

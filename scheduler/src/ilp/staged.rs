@@ -33,6 +33,10 @@ const TWO_SEARCHES_PLACEMENT_SHARE: f64 = 0.25;
 const OWN_SEARCH_SHARE: f64 = 0.9;
 /// Depth 4's gap target, relative to the solve's, when the bound over every plan is tight.
 const TIGHT_BOUND_GAP_FACTOR: f64 = 0.25;
+/// On a profile with nodes, the most of the time limit that placing the depth-1 plan's levels over
+/// depth 4 and the positions where launches pay may take (the demo: 5,546 ms in 3 s, which the
+/// far-band search's restricted MIP then improves to 5,505 ms).
+const FAR_PLACEMENT_SHARE: f64 = 0.15;
 /// Integer columns (full windows) above which the staged strategy pays.
 const STAGED_MIN_INTEGERS: usize = 3000;
 /// Integer columns (full windows) above which a staged solve ends after depth 4 and the bound:
@@ -95,6 +99,16 @@ pub(super) fn staged_phases(
     let bound = FullWindowBound::start(profile, options, seconds_until(deadline))?;
     let too_large = full_window_integers(profile) > FULL_WINDOW_MIP_MAX_INTEGERS;
     let time_objective = options.objective == Objective::Time;
+    if options.threads >= 2 && time_objective && too_large {
+        return far_launches_beside(
+            profile,
+            options,
+            pool,
+            phases,
+            (bound, first_levels),
+            deadline,
+        );
+    }
     if options.threads >= 2 && time_objective && !too_large {
         return two_searches(
             profile,
@@ -111,9 +125,10 @@ pub(super) fn staged_phases(
         pool,
         phases,
         (&bound, PLACEMENT_SHARE),
-        (first_levels, deadline),
+        (first_levels.clone(), deadline),
     )?;
-    widen_and_search(profile, options, pool, phases, bound, deadline, too_large)?;
+    let far = too_large.then_some(first_levels);
+    widen_and_search(profile, options, pool, phases, (bound, deadline), far)?;
     Ok(if !pool.is_empty() && (too_large || pool.proven(phases)) {
         FullWindow::Skip
     } else {
@@ -165,7 +180,7 @@ fn place(
         &placement,
         pool,
         phases,
-        ([first_levels, own_levels], at(1.0)),
+        ([first_levels, own_levels], at(1.0), &ExtraPositions::new()),
     )
 }
 
@@ -192,8 +207,10 @@ fn own_mip(
             .map(|b| b.best_bound / (1.0 - options.relative_gap)),
         shared: shared.as_deref(),
     };
-    let none = ExtraPositions::new();
-    let run = run_highs(profile, (placement, Form::Mip, &none), pool.plans(), stop)?;
+    // The best plan's launches outside depth 4 join its windows, so that it starts the search.
+    let extra = pool.best_outside(placement.limits);
+    let warm = pool.within(placement.limits, &extra);
+    let run = run_highs(profile, (placement, Form::Mip, &extra), &warm, stop)?;
     if let Some(schedule) = run.schedule {
         pool.offer(schedule);
     }
@@ -201,16 +218,18 @@ fn own_mip(
     Ok(run.levels)
 }
 
-/// The bound priced from deeper windows, and, when `far_bands` (time objective), the far-band
-/// search for the time left.
+/// The bound priced from deeper windows and by column generation, and, given `far` (time
+/// objective), the search of launches outside depth 4 for the time left: on a profile with nodes
+/// the placement of `far`'s levels (the depth-1 plan's) over depth 4 and the positions where
+/// launches pay in the full-window LP (for `FAR_PLACEMENT_SHARE` of the time limit at most), then
+/// the far-band search.
 fn widen_and_search(
     profile: &Profile,
     options: &SolveOptions,
     pool: &mut Pool,
     phases: &mut Vec<PhaseReport>,
-    mut bound: FullWindowBound,
-    deadline: Instant,
-    far_bands: bool,
+    (mut bound, deadline): (FullWindowBound, Instant),
+    far: Option<Option<Vec<UnitLevel>>>,
 ) -> Result<()> {
     if let Some(incumbent) = pool.best_value() {
         bound.widen(profile, options, incumbent, seconds_until(deadline))?;
@@ -219,11 +238,29 @@ fn widen_and_search(
         pool.offer_bound(&phase);
         phases.push(phase);
     }
-    // The far-band search takes the time left (time objective; the memory objective keeps the
-    // full-window LP bound).
+    // The memory objective keeps the full-window LP bound.
     let time_objective = options.objective == Objective::Time;
-    if far_bands && time_objective && !pool.is_empty() && !pool.proven(phases) {
-        far_band_search(profile, options, pool, phases, deadline)?;
+    let Some(levels) = far.filter(|_| time_objective && !pool.is_empty()) else {
+        return Ok(());
+    };
+    let none = ExtraPositions::new();
+    let paying = if bound.is_full_lp() {
+        bound.paying_positions()
+    } else {
+        &none
+    };
+    let nodes = profile.topology.is_some();
+    if nodes && !paying.is_empty() && !pool.proven(phases) {
+        let share = Duration::from_secs_f64(options.time_limit_s * FAR_PLACEMENT_SHARE);
+        let until = deadline.min(Instant::now() + share);
+        let placement = limited(options, PLACEMENT_DEPTH);
+        place_each(profile, &placement, pool, phases, ([levels], until, paying))?;
+    }
+    // On a profile with nodes the far-band relaxation's LP is too large for the time (the demo's:
+    // 30,893 columns, unsolved after 6 s); the positions where launches pay stand for its bands.
+    let bands_lp = !nodes || paying.is_empty();
+    if !pool.proven(phases) {
+        far_band_search(profile, options, pool, phases, (deadline, paying, bands_lp))?;
     }
     Ok(())
 }
@@ -241,52 +278,108 @@ fn two_searches(
     (bound, first_levels): (FullWindowBound, Option<Vec<UnitLevel>>),
     deadline: Instant,
 ) -> Result<FullWindow> {
-    let single = SolveOptions {
-        threads: 1,
-        ..options.clone()
-    };
-    let shared = Arc::new(Shared::new(options.relative_gap));
-    pool.share(Arc::clone(&shared));
+    let single = one_thread_shared(options, pool);
     place(
         profile,
         &single,
         pool,
         phases,
         (&bound, TWO_SEARCHES_PLACEMENT_SHARE),
-        (first_levels, deadline),
+        (first_levels.clone(), deadline),
     )?;
-    let mut other_pool = pool.clone();
-    let mut other_phases = phases.clone();
-    let before = phases.len();
-    let (full, other) = std::thread::scope(|scope| {
-        let other = scope.spawn(|| {
-            widen_and_search(
-                profile,
-                &single,
-                &mut other_pool,
-                &mut other_phases,
-                bound,
-                deadline,
-                true,
-            )
-        });
+    let far = (bound, first_levels, deadline);
+    let full = beside_far_search(profile, &single, (pool, phases), far, |pool, _| {
         // Its plan, shared at once, tells the other search whether it can stop.
-        let full = full_window_mip(profile, &single, pool, deadline).map(|mut run| {
+        full_window_mip(profile, &single, pool, deadline).map(|mut run| {
             if let Some(schedule) = run.schedule.take() {
                 pool.offer(schedule);
             }
             run
-        });
-        (full, other.join())
-    });
-    other.map_err(|_| Error::Solver("the far-band search's thread panicked".into()))??;
-    let full = full?;
-    pool.absorb(other_pool);
-    phases.extend(other_phases.drain(before..));
+        })
+    })??;
     phases.push(full.phase);
     Ok(FullWindow::Ran {
         infeasible: full.infeasible,
     })
+}
+
+/// Above 20,000 full-window columns, given two threads (time objective): depth 4 (its own MIP and,
+/// on a profile with nodes, the placements at fixed levels) on this thread until `deadline`,
+/// beside deeper pricing, column generation and the far-band search over the positions where
+/// launches pay on another, each HiGHS run on one thread, sharing their best plan and bound. On
+/// the demo column generation reaches the full-window LP's optimum in about 2.5 s, 5% under depth
+/// 4's, and the restricted MIP over depth 4 and its paying positions finds plans depth 4 cannot.
+fn far_launches_beside(
+    profile: &Profile,
+    options: &SolveOptions,
+    pool: &mut Pool,
+    phases: &mut Vec<PhaseReport>,
+    (bound, first_levels): (FullWindowBound, Option<Vec<UnitLevel>>),
+    deadline: Instant,
+) -> Result<FullWindow> {
+    let single = one_thread_shared(options, pool);
+    let start = bound.without_pricing();
+    let levels = first_levels.clone();
+    let far = (bound, first_levels, deadline);
+    beside_far_search(profile, &single, (pool, phases), far, |pool, phases| {
+        place(
+            profile,
+            &single,
+            pool,
+            phases,
+            (&start, 1.0),
+            (levels, deadline),
+        )
+    })??;
+    // As alone: without a plan, the full-window MIP still runs to tell an infeasible cap.
+    Ok(if pool.is_empty() {
+        FullWindow::Run
+    } else {
+        FullWindow::Skip
+    })
+}
+
+/// The options of a search on one thread of two, `pool` sharing its plans and bounds with the
+/// other from now on.
+fn one_thread_shared(options: &SolveOptions, pool: &mut Pool) -> SolveOptions {
+    pool.share(Arc::new(Shared::new(options.relative_gap)));
+    SolveOptions {
+        threads: 1,
+        ..options.clone()
+    }
+}
+
+/// `here` on this thread beside [`widen_and_search`] on another (the bound widened, then the
+/// search of launches outside depth 4 until the deadline), each on its own copy of the pool and
+/// phases, sharing their best plan and bound; the other's plans and phases then join these.
+fn beside_far_search<'a, T>(
+    profile: &Profile,
+    single: &SolveOptions,
+    (pool, phases): (&mut Pool<'a>, &mut Vec<PhaseReport>),
+    (bound, first_levels, deadline): (FullWindowBound, Option<Vec<UnitLevel>>, Instant),
+    here: impl FnOnce(&mut Pool<'a>, &mut Vec<PhaseReport>) -> T,
+) -> Result<T> {
+    let mut other_pool = pool.clone();
+    let mut other_phases = phases.clone();
+    let before = phases.len();
+    let (here, other) = std::thread::scope(|scope| {
+        let other = scope.spawn(|| {
+            widen_and_search(
+                profile,
+                single,
+                &mut other_pool,
+                &mut other_phases,
+                (bound, deadline),
+                Some(first_levels),
+            )
+        });
+        let here = here(pool, phases);
+        (here, other.join())
+    });
+    other.map_err(|_| Error::Solver("the far-band search's thread panicked".into()))??;
+    pool.absorb(other_pool);
+    phases.extend(other_phases.drain(before..));
+    Ok(here)
 }
 
 /// The full-window MIP for the time left, warm-started from the best plan it can represent.
