@@ -21,6 +21,8 @@ const LONG_RUN: usize = 8;
 /// The most minor faults a counted step may take. Before the allocator kept its pages, gpt2-tiny
 /// under bf16 took about 3,500 a step here (ddp at N = 1) and 2,000 at N = 2.
 const MOST_FAULTS_A_STEP: u64 = 100;
+/// Counted pairs of runs, until one is within [`MOST_FAULTS_A_STEP`].
+const TRIES: usize = 3;
 
 /// This process's minor page faults so far.
 fn minor_faults() -> u64 {
@@ -65,13 +67,23 @@ fn steps_after_the_first_reuse_their_pages() {
                 .unwrap();
             minor_faults() - before
         };
-        let short = faults_of(WARM_STEPS, SHORT_RUN);
-        let long = faults_of(WARM_STEPS + SHORT_RUN, LONG_RUN);
-        let per_step = long.saturating_sub(short) / (LONG_RUN - SHORT_RUN) as u64;
+        // A step that faults because its pages were given back faults in every try; a transient
+        // fault (a thread arena handed to the other thread, once in a CI run: 2,426 faults in 8
+        // steps after 0 in 2) does not repeat.
+        let mut counted = Vec::new();
+        for _ in 0..TRIES {
+            let short = faults_of(WARM_STEPS, SHORT_RUN);
+            let long = faults_of(WARM_STEPS + SHORT_RUN, LONG_RUN);
+            let per_step = long.saturating_sub(short) / (LONG_RUN - SHORT_RUN) as u64;
+            counted.push((per_step, short, long));
+            if per_step <= MOST_FAULTS_A_STEP {
+                break;
+            }
+        }
         assert!(
-            per_step <= MOST_FAULTS_A_STEP,
-            "checkpoint={checkpoint}: {per_step} minor page faults a step ({short} in \
-             {SHORT_RUN} steps, {long} in {LONG_RUN}; at most {MOST_FAULTS_A_STEP} expected)"
+            counted.iter().any(|c| c.0 <= MOST_FAULTS_A_STEP),
+            "checkpoint={checkpoint}: minor page faults a step, in {SHORT_RUN} steps and in \
+             {LONG_RUN}, each try: {counted:?} (at most {MOST_FAULTS_A_STEP} a step expected)"
         );
     }
 }
