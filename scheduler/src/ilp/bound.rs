@@ -101,7 +101,8 @@ pub fn generated_lp_bound(
     let mut bound = FullWindowBound::at_depth(profile, options, depth, options.time_limit_s)?;
     let left = options.time_limit_s - started.elapsed().as_secs_f64();
     bound.generate(profile, options, f64::INFINITY, left)?;
-    Ok(bound.best.map(|b| (b.best_bound, bound.full_lp)))
+    let full_lp = bound.is_full_lp();
+    Ok(bound.best.map(|b| (b.best_bound, full_lp)))
 }
 
 /// The bound over every plan that a staged solve claims (DESIGN §4.5), refined as the solve goes.
@@ -119,10 +120,8 @@ pub(super) struct FullWindowBound {
     ceiling: f64,
     /// Positions outside the windows of `depth` that column generation has added.
     extra: ExtraPositions,
-    /// The left-out positions of most negative reduced cost at the last pricing.
+    /// The left-out positions of most negative reduced cost at the last pricing that solved.
     entering: ExtraPositions,
-    /// Whether the last pricing left no position of negative reduced cost out.
-    full_lp: bool,
     seconds: f64,
 }
 
@@ -148,7 +147,6 @@ impl FullWindowBound {
             ceiling: f64::INFINITY,
             extra: ExtraPositions::new(),
             entering: ExtraPositions::new(),
-            full_lp: false,
             seconds: 0.0,
         };
         if time {
@@ -244,8 +242,8 @@ impl FullWindowBound {
         let started = Instant::now();
         while self.best.as_ref().is_none_or(|b| b.best_bound < needed) && !self.entering.is_empty()
         {
-            for (key, positions) in std::mem::take(&mut self.entering) {
-                self.extra.entry(key).or_default().extend(positions);
+            for (key, positions) in &self.entering {
+                self.extra.entry(*key).or_default().extend(positions);
             }
             let left = time_limit - started.elapsed().as_secs_f64();
             if !self.price(profile, options, left)? {
@@ -264,7 +262,7 @@ impl FullWindowBound {
     /// Whether the bound is the full-window LP's optimum: the last pricing found no left-out
     /// position of negative reduced cost.
     pub fn is_full_lp(&self) -> bool {
-        self.full_lp
+        self.best.is_some() && self.entering.is_empty()
     }
 
     /// The positions column generation added (outside the windows last priced): where launches
@@ -289,7 +287,6 @@ impl FullWindowBound {
             return Ok(false);
         };
         self.entering = priced.entering;
-        self.full_lp = self.entering.is_empty();
         self.seconds += priced.bound.seconds;
         self.ceiling = self.ceiling.min(priced.restricted_optimum);
         if self
