@@ -5,6 +5,7 @@
 
 pub mod analytic;
 pub mod baselines;
+pub mod classes;
 pub mod cost;
 pub mod curve;
 pub mod error;

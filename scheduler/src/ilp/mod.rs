@@ -92,7 +92,8 @@ pub struct SolveOptions {
     /// the first R slots after B_i.
     pub limits: WindowLimits,
     pub allow_recompute: bool,
-    /// Solve with D = 1 and D = 4 first and warm-start the full windows, when the model is large.
+    /// Solve with D = 1 and D = 4 first and warm-start the full windows, when the model is large;
+    /// off: the full windows directly (with micro-batches, not within depth 4 however large).
     pub two_phase: bool,
     /// A plan to start from when it fits and beats the best baseline (e.g. the plan of a
     /// neighbouring cap in a sweep): the answer is never worse than it.

@@ -4,7 +4,7 @@
 use super::claim::{claim, objective_of};
 use super::model::{Form, build};
 use super::pool::Pool;
-use super::run::{Stop, deadline_after, run_highs};
+use super::run::{Stop, deadline_after, run_highs, seconds_until};
 use super::staged::{FullWindow, full_window_mip, is_staged, staged_phases};
 use super::variables::ExtraPositions;
 use super::{Objective, PhaseReport, SolveOptions, SolveReport, Solved};
@@ -98,7 +98,7 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
                 ))
             )));
         }
-        return Err(explain_infeasible(profile, options));
+        return Err(explain_infeasible(profile, options, deadline));
     }
     let Some((schedule, objective)) = pool.into_best() else {
         return Err(Error::Infeasible(
@@ -148,7 +148,7 @@ fn model_size(profile: &Profile, options: &SolveOptions, phases: &[PhaseReport])
 }
 
 /// The smallest feasible cap (memory objective, no cap) and what dominates its peak slot.
-fn explain_infeasible(profile: &Profile, options: &SolveOptions) -> Error {
+fn explain_infeasible(profile: &Profile, options: &SolveOptions, deadline: Instant) -> Error {
     let cap = options
         .memory_cap_bytes
         .map_or("the memory cap".to_string(), |c| {
@@ -168,7 +168,7 @@ fn explain_infeasible(profile: &Profile, options: &SolveOptions) -> Error {
         ..options.clone()
     };
     let stop = Stop {
-        time_limit: options.time_limit_s,
+        time_limit: seconds_until(deadline),
         objective_target: None,
         shared: None,
     };

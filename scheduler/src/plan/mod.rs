@@ -400,14 +400,15 @@ impl Plan {
     }
 }
 
-/// The strict simulation of `schedule` and the plan file that records it as the prediction.
+/// The strict simulation of `schedule` (by its micro-batch classes, `classes`) and the plan file
+/// that records it as the prediction.
 pub fn plan_with_prediction(
     profile: &Profile,
     schedule: &Schedule,
     producer: Producer,
     memory_cap_bytes: Option<u64>,
 ) -> (Plan, crate::sim::Simulation) {
-    let sim = crate::sim::simulate(profile, schedule, crate::sim::Semantics::Strict);
+    let sim = crate::classes::simulate_strict(profile, schedule);
     (
         Plan::from_schedule(
             profile,

@@ -2,7 +2,7 @@
 //! indicators, the launch columns of both boundary kinds and the rows of the step unrolled to
 //! first, steady and last micro-batch; `linear` reads its forms back at a solution. This module
 //! runs HiGHS, turns the solution into a schedule, checks the MIP's time against the simulator
-//! (which unrolls all K micro-batches) and reports the claim.
+//! (at K' = 3 and 4, extended to K: `classes`) and reports the claim.
 
 mod linear;
 mod model;
@@ -10,12 +10,13 @@ mod model;
 use super::limits::PLACEMENT_DEPTH;
 use super::mapping::launches_of;
 use super::model::{highs_model, memory_scale};
+use super::run::{deadline_after, seconds_until};
 use super::{Objective, PhaseReport, SolveOptions, SolveReport, SolveStatus, Solved, WindowLimits};
-use crate::baselines::{BaselineKind, best_baseline};
+use crate::baselines::{BaselineKind, ChosenBaseline, best_baseline};
+use crate::classes::simulate_strict;
 use crate::cost::Interference;
 use crate::profile::Profile;
 use crate::schedule::{Accumulation, Launch, Schedule, UnitSchedule, inner_ops};
-use crate::sim::{Semantics, simulate};
 use crate::size::format_bytes;
 use crate::timeline::{Level, Op, Timeline, WindowKind};
 use crate::{Error, Result};
@@ -32,6 +33,7 @@ const CONSISTENCY: f64 = 1e-6;
 /// smallest peak under a time ceiling), with HiGHS' proven gap.
 pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     let started = Instant::now();
+    let deadline = deadline_after(started, options.time_limit_s);
     let limits = limits_for(profile, options);
     let peak_scale = match options.objective {
         Objective::Time => None,
@@ -84,13 +86,6 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
         peak,
         count: variables,
     };
-    let mut model = highs_model(
-        columns.problem,
-        objective,
-        rows,
-        options,
-        options.time_limit_s,
-    )?;
     // Warm start: the best baseline that fits (the answer is never worse than it).
     let warm = best_baseline(
         profile,
@@ -99,6 +94,15 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
         options.memory_cap_bytes,
         options.objective.preference(),
     );
+    // The time limit holds for the whole solve: HiGHS gets what the model and the baselines
+    // left of it.
+    let mut model = highs_model(
+        columns.problem,
+        objective,
+        rows,
+        options,
+        seconds_until(deadline),
+    )?;
     if let Some(values) = warm
         .as_ref()
         .and_then(|chosen| values_of(profile, &built_parts, &chosen.plan.schedule))
@@ -115,23 +119,29 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
         status,
         HighsModelStatus::Infeasible | HighsModelStatus::UnboundedOrInfeasible
     ) {
-        return Err(infeasible(profile, options));
+        return Err(infeasible(profile, options, deadline));
     }
-    if solved.primal_solution_status() != highs::HighsSolutionStatus::Feasible {
-        return Err(Error::Infeasible(
-            "the time limit ended before any feasible plan was found".into(),
-        ));
-    }
-    let values = solved.get_solution().columns().to_vec();
-    let (solution, simulation) = checked(profile, &units, (&terms, &weights), &values)?;
-    // A time limit can stop HiGHS above its warm start: the baseline is then the answer.
+    let found = if solved.primal_solution_status() == highs::HighsSolutionStatus::Feasible {
+        let values = solved.get_solution().columns().to_vec();
+        Some(checked(profile, &units, (&terms, &weights), &values)?)
+    } else {
+        None
+    };
+    // A time limit can stop HiGHS above its warm start, or before it holds any plan (the
+    // baselines took the time): the baseline is then the answer.
     let value_of = |s: &crate::sim::Simulation| options.objective.value_of(s);
-    let warm_value = warm.as_ref().map(|c| value_of(&c.plan.simulation));
-    let (schedule, simulation) = match &warm {
-        Some(chosen) if warm_value < Some(value_of(&simulation)) => {
-            (chosen.plan.schedule.clone(), chosen.plan.simulation.clone())
+    let baseline = |c: &ChosenBaseline| (c.plan.schedule.clone(), c.plan.simulation.clone());
+    let (schedule, simulation) = match (found, &warm) {
+        (Some(found), Some(chosen)) if value_of(&chosen.plan.simulation) < value_of(&found.1) => {
+            baseline(chosen)
         }
-        _ => (solution, simulation),
+        (Some(found), _) => found,
+        (None, Some(chosen)) => baseline(chosen),
+        (None, None) => {
+            return Err(Error::Infeasible(
+                "the time limit ended before any feasible plan was found".into(),
+            ));
+        }
     };
     let time = value_of(&simulation);
     let scale = peak.map_or(1.0, |(_, scale)| scale);
@@ -191,7 +201,7 @@ fn checked(
     values: &[f64],
 ) -> Result<(Schedule, crate::sim::Simulation)> {
     let schedule = schedule_from(profile, units, values)?;
-    let simulation = simulate(profile, &schedule, Semantics::Strict);
+    let simulation = simulate_strict(profile, &schedule);
     let interference = Interference::of(profile);
     let mip_time: f64 = terms
         .iter()
@@ -303,7 +313,7 @@ fn values_of(profile: &Profile, parts: &Parts, schedule: &Schedule) -> Option<Ve
     }
     if let Some((peak, scale)) = parts.peak {
         // A hair above the schedule's peak, so that rounding does not cut the start off.
-        let highest = simulate(profile, schedule, Semantics::Strict).peak_memory_bytes;
+        let highest = simulate_strict(profile, schedule).peak_memory_bytes;
         values[peak.index] = highest / scale * (1.0 + 1e-12);
     }
     Some(values)
@@ -356,10 +366,10 @@ fn schedule_from(profile: &Profile, units: &[model::UnitCols], values: &[f64]) -
 /// windows (the full MIP of a 70B model, ~50,000 of them, made no progress in a minute).
 const FULL_WINDOW_COLUMNS: usize = 10_000;
 
-/// The window limits of a solve: the user's, or depth 4 for a large model (the claim then holds
-/// within them).
+/// The window limits of a solve: the user's, the full windows when asked to solve them directly
+/// (`two_phase` off), or depth 4 for a large model (the claim then holds within them).
 fn limits_for(profile: &Profile, options: &SolveOptions) -> WindowLimits {
-    if !options.limits.is_full() {
+    if !options.limits.is_full() || !options.two_phase {
         return options.limits;
     }
     let timeline = Timeline::new(profile.unit_count());
@@ -387,13 +397,14 @@ fn model_op(op: Op) -> Op {
 
 /// Why nothing fits: the smallest feasible cap (the memory objective's optimum), its peak slot
 /// and what dominates there.
-fn infeasible(profile: &Profile, options: &SolveOptions) -> Error {
+fn infeasible(profile: &Profile, options: &SolveOptions, deadline: Instant) -> Error {
     let cap = options.memory_cap_bytes.unwrap_or(u64::MAX);
     let smallest = SolveOptions {
         objective: Objective::Memory {
             max_iteration_time_us: None,
         },
         memory_cap_bytes: None,
+        time_limit_s: seconds_until(deadline),
         ..options.clone()
     };
     let why = match solve(profile, &smallest) {
