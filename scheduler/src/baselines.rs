@@ -72,6 +72,59 @@ impl BaselineKind {
         kinds
     }
 
+    /// Why `self` has no plan on `profile` (a requirement the profile does not meet, named with
+    /// the way to meet it), or None where it has one: the no-sync baselines need micro-batches,
+    /// hsdp and hpz a node layout whose world spans nodes, with its groups' curves, at one
+    /// micro-batch per step (DESIGN §3.11). Every command that takes a baseline by name asks this.
+    pub fn unavailable_on(self, profile: &Profile) -> Option<String> {
+        let name = self.name();
+        if Self::NO_SYNC.contains(&self) {
+            return (profile.micro_batches < 2).then(|| {
+                format!(
+                    "{name}: gradient sync can only be skipped between micro-batches, and the \
+                     profile has micro_batches = 1 (there it is {})",
+                    name.trim_end_matches("-nosync")
+                )
+            });
+        }
+        let offered = match self {
+            BaselineKind::Hsdp => !whole_node_groups(profile).is_empty(),
+            BaselineKind::Hpz => secondary_group(profile).is_some(),
+            _ => return None,
+        };
+        if offered {
+            return None;
+        }
+        let Some(topology) = &profile.topology else {
+            return Some(format!(
+                "{name} needs a profile with a node layout, a [topology] as `profile analytic \
+                 --gpus-per-node G` writes it, and the profile has none"
+            ));
+        };
+        let (world, node) = (profile.world_size, topology.gpus_per_node);
+        Some(if profile.micro_batches != 1 {
+            format!(
+                "{name} is modelled at one micro-batch per step, and the profile has \
+                 micro_batches = {}",
+                profile.micro_batches
+            )
+        } else if world <= node {
+            format!(
+                "{name} needs a world that spans nodes, and the profile's {world} ranks fit in \
+                 one node of {node}"
+            )
+        } else {
+            let groups = match self {
+                BaselineKind::Hsdp => "a shard group of whole nodes and its replica group",
+                _ => "the node group",
+            };
+            format!(
+                "{name} needs the curves of {groups}, as `profile analytic --gpus-per-node G` \
+                 writes them, and the profile's [topology] has none"
+            )
+        })
+    }
+
     /// (a, k) of DESIGN §3.10 as the framework does it by default with several micro-batches:
     /// DDP, FSDP and ZeRO-3 reduce every micro-batch and re-gather; ZeRO-2 keeps its gathered
     /// parameters; the no-sync variants accumulate unsharded gradients.
@@ -294,13 +347,8 @@ pub fn baseline(
     let l = profile.unit_count();
     let mut details =
         BTreeMap::from([("checkpoint".to_string(), toml::Value::Boolean(checkpoint))]);
-    if BaselineKind::NO_SYNC.contains(&kind) && profile.micro_batches < 2 {
-        return Err(Error::Mismatch(format!(
-            "{}: gradient sync can only be skipped between micro-batches, and the profile has \
-             micro_batches = 1 (there it is {})",
-            kind.name(),
-            kind.name().trim_end_matches("-nosync")
-        )));
+    if let Some(reason) = kind.unavailable_on(profile) {
+        return Err(Error::Mismatch(reason));
     }
     let accumulation = kind.accumulation();
     let schedule = match kind {
@@ -318,12 +366,7 @@ pub fn baseline(
         )?,
         BaselineKind::Hpz => {
             let h = secondary_group(profile).ok_or_else(|| {
-                Error::Mismatch(
-                    "hpz: the profile offers no secondary group (it needs a [topology] whose \
-                     world spans nodes, with the node group's curves, and micro_batches = 1; \
-                     `profile analytic --gpus-per-node G` writes one)"
-                        .into(),
-                )
+                Error::Mismatch("hpz: the profile offers no secondary group".into())
             })?;
             details.insert("secondary_group".into(), toml::Value::Integer(h.into()));
             let groups = Groups {
@@ -368,14 +411,6 @@ pub fn baseline(
 /// node); the shard group and the schedule.
 fn hsdp(profile: &Profile, checkpoint: bool, cap: Option<u64>) -> Result<(u32, Schedule)> {
     let candidates = whole_node_groups(profile);
-    if candidates.is_empty() {
-        return Err(Error::Mismatch(
-            "hsdp: the profile offers no shard group of whole nodes smaller than the world (it \
-             needs a [topology] whose world spans nodes, with the shard and replica groups' \
-             curves, and micro_batches = 1; `profile analytic --gpus-per-node G` writes one)"
-                .into(),
-        ));
-    }
     let l = profile.unit_count();
     let mut smallest_peak = f64::INFINITY;
     for &s in &candidates {
@@ -390,7 +425,7 @@ fn hsdp(profile: &Profile, checkpoint: bool, cap: Option<u64>) -> Result<(u32, S
             checkpoint,
             (false, false),
         )?;
-        let sim = crate::sim::simulate(profile, &schedule, crate::sim::Semantics::Strict);
+        let sim = crate::classes::simulate_strict(profile, &schedule);
         if cap.is_none_or(|c| sim.peak_memory_bytes <= c as f64) {
             return Ok((s, schedule));
         }
@@ -432,7 +467,7 @@ fn best_grid(
                 continue;
             }
             let schedule = grid_point(profile, level, depth, checkpoint, accumulation)?;
-            let sim = crate::sim::simulate(profile, &schedule, crate::sim::Semantics::Strict);
+            let sim = crate::classes::simulate_strict(profile, &schedule);
             smallest_peak = smallest_peak.min(sim.peak_memory_bytes);
             if cap.is_some_and(|c| sim.peak_memory_bytes > c as f64) {
                 continue;

@@ -6,10 +6,11 @@
 //! with the cap, and each cap's bound still comes from its own solve.
 
 use crate::baselines::{BaselineKind, Preference, best_baseline};
+use crate::classes::simulate_strict;
 use crate::ilp::{Objective, SolveOptions, WindowLimits, solve};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
-use crate::sim::{Semantics, Simulation, simulate};
+use crate::sim::Simulation;
 use crate::size::whole_bytes;
 use crate::timeline::Level;
 use crate::{Error, Result};
@@ -34,6 +35,15 @@ impl Method {
         match self {
             Method::Ilp => "ilp",
             Method::Baseline(kind) => kind.name(),
+        }
+    }
+
+    /// Why the method has no plan on `profile`, or None where it has: the baselines'
+    /// [`BaselineKind::unavailable_on`]; the ILP runs on every profile.
+    pub fn unavailable_on(self, profile: &Profile) -> Option<String> {
+        match self {
+            Method::Ilp => None,
+            Method::Baseline(kind) => kind.unavailable_on(profile),
         }
     }
 }
@@ -213,7 +223,7 @@ pub fn ilp_rows(
         .map(|(&cap, point)| match point {
             None => SweepRow::new(cap, Method::Ilp, None),
             Some(p) => {
-                let sim = simulate(profile, &p.schedule, Semantics::Strict);
+                let sim = simulate_strict(profile, &p.schedule);
                 let mut row = SweepRow::new(cap, Method::Ilp, Some((&p.schedule, &sim)));
                 row.gap = p
                     .bound_us

@@ -1,6 +1,7 @@
 //! `shardplan baseline`.
 
 use crate::cli::{BaselineArgs, MemoryCap};
+use crate::failure::flag_error;
 use crate::output::{ms, outln, print_json};
 use serde_json::json;
 use shardplan_scheduler::baselines::baseline;
@@ -12,6 +13,15 @@ pub fn run(args: BaselineArgs) -> anyhow::Result<()> {
     let kind = args.kind;
     check_outputs_distinct(&[("--out", &args.out)], &[("--profile", &args.profile)])?;
     let profile = Profile::load(&args.profile)?;
+    if let Some(reason) = kind.unavailable_on(&profile) {
+        return Err(flag_error(
+            "--kind",
+            format!(
+                "a baseline that profile {} offers; {reason}",
+                args.profile.display()
+            ),
+        ));
+    }
     let cap = args.memory_cap.and_then(MemoryCap::bytes);
     let result = baseline(&profile, kind, args.checkpoint, cap)?;
     result.plan.save(&args.out)?;

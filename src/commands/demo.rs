@@ -49,6 +49,12 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         }
         Ok(())
     };
+    // The node layout's baselines this profile does not offer (--flat, or micro-batches), each
+    // with its reason.
+    let left_out: Vec<(BaselineKind, String)> = BaselineKind::HIERARCHICAL
+        .into_iter()
+        .filter_map(|kind| Some((kind, kind.unavailable_on(&profile)?)))
+        .collect();
     let mut rows = Vec::new();
     let mut baselines = Vec::new();
     for kind in BaselineKind::of(&profile) {
@@ -89,7 +95,14 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     });
     if args.json {
         let methods: Vec<_> = rows.iter().map(|row| row.json(cap)).collect();
-        print_json(&json!({"profile": profile.name, "memory_cap_bytes": cap, "methods": methods}));
+        let left_out: Vec<_> = left_out
+            .iter()
+            .map(|(kind, reason)| json!({"method": kind.name(), "reason": reason}))
+            .collect();
+        print_json(
+            &json!({"profile": profile.name, "memory_cap_bytes": cap, "methods": methods,
+                           "left_out": left_out}),
+        );
         return Ok(());
     }
     outln!(
@@ -117,6 +130,9 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         ]);
     }
     outln!("{}", table.render());
+    for (_, reason) in &left_out {
+        outln!("left out: {reason}");
+    }
     let fastest = Preference::Fastest.choose(&baselines, Some(cap), |(_, sim)| {
         (sim.iteration_time_us, sim.peak_memory_bytes)
     });
