@@ -247,3 +247,37 @@ fn a_measured_profile_carries_every_interference_factor() {
         "{moved} against {expected}"
     );
 }
+
+/// README's exit codes: `run` of a plan whose predicted peak is above its own cap exits 3 before
+/// allocating (no step runs); under a cap above its peak and its arena the same plan runs.
+#[test]
+fn a_plan_above_its_own_cap_is_refused_before_allocating() {
+    let dir = tempfile::tempdir().unwrap();
+    let (spec, model) = spec(dir.path());
+    let profile = profile(&spec, 1);
+    let profile_path = dir.path().join("profile.toml");
+    profile.save(&profile_path).unwrap();
+    let ddp = baseline(&profile, BaselineKind::Ddp, false, None).unwrap();
+    let peak = ddp.plan.predicted.as_ref().unwrap().peak_memory_bytes;
+    let capped = |cap: u64| {
+        let mut plan = ddp.plan.clone();
+        plan.memory_cap_bytes = Some(cap);
+        let path = dir.path().join(format!("capped-{cap}.plan.toml"));
+        plan.save(&path).unwrap();
+        path
+    };
+    let out = run_two_steps(&profile_path, &capped(peak - 1), &model);
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{msg}");
+    assert!(
+        msg.contains(&format!("({peak} bytes), above its own memory_cap_bytes")),
+        "{msg}"
+    );
+    assert!(out.stdout.is_empty(), "no step may run");
+    let out = run_two_steps(&profile_path, &capped(2 * peak), &model);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

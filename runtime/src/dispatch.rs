@@ -102,6 +102,24 @@ pub const KERNEL_SOURCES: [KernelSource; 3] = [
     crate::cuda::convert::CONVERSIONS,
 ];
 
+/// Refuses `setting` given (`given` is Some) for the MLP of `origin`, which `why`.
+fn refuse_for_mlp(
+    origin: &str,
+    setting: &'static str,
+    given: Option<&Path>,
+    why: &str,
+) -> Result<()> {
+    match given {
+        None => Ok(()),
+        Some(_) => Err(Error::Setting {
+            setting,
+            expected: format!(
+                "a GPT-2 model with [training] for {setting}: {origin} is an MLP, which {why}"
+            ),
+        }),
+    }
+}
+
 /// What a GPT-2 trains on.
 #[derive(Debug, Clone, Copy)]
 pub enum Data<'a> {
@@ -140,7 +158,13 @@ impl Model {
         data: Data,
     ) -> Result<Model> {
         Ok(match file {
-            ModelFile::Mlp(spec) => Model::Mlp(Mlp::new(spec, rank, world)),
+            ModelFile::Mlp(spec) => {
+                if let Data::Text { text, init_weights } = data {
+                    refuse_for_mlp(origin, "--data", text, "makes its own samples")?;
+                    refuse_for_mlp(origin, "--init-weights", init_weights, "initialises itself")?;
+                }
+                Model::Mlp(Mlp::new(spec, rank, world))
+            }
             ModelFile::Transformer(model) => Model::Gpt2(match data {
                 Data::Synthetic => Gpt2::synthetic(&model, origin, rank, world)?,
                 Data::Text { text, init_weights } => {
@@ -174,6 +198,28 @@ impl Model {
         match self {
             Model::Mlp(m) => ((m.spec().batch_per_rank * m.world()) as u64, "samples"),
             Model::Gpt2(g) => ((g.shape().rows() * g.world()) as u64, "tokens"),
+        }
+    }
+
+    /// Refuses what a run would do with its trained weights that this model cannot (before any
+    /// step): `--save-weights` writes a GPT-2's safetensors, `--compare-reference` trains the
+    /// MLP's single-process reference. `origin` names the model file.
+    pub fn check_after(&self, after: &AfterRun, origin: &str) -> Result<()> {
+        match self {
+            Model::Mlp(_) => refuse_for_mlp(
+                origin,
+                "--save-weights",
+                after.save_weights,
+                "has no safetensors names (--dump-params writes its parameters)",
+            ),
+            Model::Gpt2(_) if after.compare_reference => Err(Error::Setting {
+                setting: "--compare-reference",
+                expected: format!(
+                    "a model with a single-process reference: {origin} is a GPT-2, whose \
+                     reference is PyTorch's (python/shardplan_torch)"
+                ),
+            }),
+            Model::Gpt2(_) => Ok(()),
         }
     }
 

@@ -12,11 +12,13 @@ use crate::process::Oversubscribed;
 use crate::train::Train;
 use crate::workload::Workload;
 use crate::{Error, Result};
+use shardplan_scheduler::classes::simulate_strict;
 use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::Schedule;
 use shardplan_scheduler::sim::trace::{complete, thread_name, trace_file};
 use shardplan_scheduler::sim::{Simulation, simulate};
+use shardplan_scheduler::size::{format_bytes, whole_bytes};
 use std::path::PathBuf;
 
 /// What a run of a plan gives back on every rank.
@@ -73,6 +75,7 @@ impl<B: Backend> Prepared<B> {
                 plan.world_size, plan.world_size
             )));
         }
+        check_predicted_peak(profile, &schedule, plan, origin)?;
         let placement = place(workload, profile, &schedule)?;
         check_cap(&placement, plan, origin)?;
         // The shard, replica and secondary groups' communicators (DESIGN §6.11).
@@ -106,6 +109,31 @@ impl<B: Backend> Prepared<B> {
             options,
         )
     }
+}
+
+/// Refuses a plan whose strict simulation peaks above its own memory cap (README: `run` of a plan
+/// above its own cap exits 3), before anything is packed or allocated.
+fn check_predicted_peak(
+    profile: &Profile,
+    schedule: &Schedule,
+    plan: &Plan,
+    origin: &str,
+) -> Result<()> {
+    let Some(cap) = plan.memory_cap_bytes else {
+        return Ok(());
+    };
+    let peak = simulate_strict(profile, schedule).peak_memory_bytes;
+    if peak <= cap as f64 {
+        return Ok(());
+    }
+    Err(Error::OverCap(format!(
+        "{origin}: the plan peaks at {} ({} bytes), above its own memory_cap_bytes {} ({cap} \
+         bytes): it would not fit where it was planned for; solve or make a baseline under a \
+         cap it fits",
+        format_bytes(peak),
+        whole_bytes(peak),
+        format_bytes(cap as f64),
+    )))
 }
 
 /// Refuses a plan whose buffers fit its memory cap (the profile describes this backend's buffers

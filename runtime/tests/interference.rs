@@ -185,7 +185,7 @@ fn fitted(backend: KnownInterference) -> (f64, f64) {
     let options = MeasureOptions {
         world_size: 1,
         device: None,
-        micro_batch: 1,
+        micro_batch: None,
         seq_len: None,
         max_message: 256 << 10,
         repeats: 2,

@@ -255,7 +255,8 @@ pub struct SolveArgs {
     /// Reductions only in the first R slots after the unit's backward (R >= 1).
     #[arg(long)]
     pub reduce_depth: Option<NonZeroUsize>,
-    /// Solve the full windows directly instead of the two-phase strategy.
+    /// Solve the full windows directly instead of the two-phase strategy (with micro-batches:
+    /// instead of within depth 4, for a large model).
     #[arg(long)]
     pub single_phase: bool,
     #[arg(long, value_enum, default_value_t = ObjectiveArg::Time)]
@@ -287,8 +288,9 @@ pub struct SweepArgs {
     /// the smallest feasible cap to the peak of the fastest unconstrained plan.
     #[arg(long, value_parser = caps_arg)]
     pub caps: Option<CapsArg>,
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=10_000))]
-    pub points: u64,
+    /// Caps in a range (`--caps LOW..HIGH` or the default one), evenly spaced (default 20).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub points: Option<u64>,
     #[arg(long)]
     pub out_dir: PathBuf,
     /// Comma-separated: ilp, ddp, zero2, fsdp1, fsdp2, zero3, best-grid; with micro-batches
@@ -296,12 +298,12 @@ pub struct SweepArgs {
     /// of them).
     #[arg(long, value_parser = methods_arg)]
     pub methods: Option<MethodsArg>,
-    /// Seconds per ILP solve, or `unlimited`.
-    #[arg(long, default_value_t = 5.0, value_parser = time_limit_arg)]
-    pub time_limit: f64,
-    /// Relative MIP gap at which each solve stops.
-    #[arg(long, default_value_t = 1e-3, value_parser = gap_arg)]
-    pub gap: f64,
+    /// Seconds per ILP solve, or `unlimited` (default 5; with the ilp method).
+    #[arg(long, value_parser = time_limit_arg)]
+    pub time_limit: Option<f64>,
+    /// Relative MIP gap at which each solve stops (default 1e-3; with the ilp method).
+    #[arg(long, value_parser = gap_arg)]
+    pub gap: Option<f64>,
     #[arg(long)]
     pub json: bool,
 }
@@ -376,10 +378,10 @@ pub struct MeasureArgs {
     /// measure them, and the byte counts of a transformer's profile.
     #[arg(long)]
     pub device: Option<String>,
-    /// Transformer micro-batch.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1 << 16))]
-    pub micro_batch: u64,
-    /// Transformer sequence length; defaults to the model's.
+    /// A replayed zoo transformer's micro-batch (default 1).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1 << 16))]
+    pub micro_batch: Option<u64>,
+    /// A replayed zoo transformer's sequence length; defaults to the model's.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1 << 24))]
     pub seq_len: Option<u64>,
     /// Largest collective message to time.

@@ -50,7 +50,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         text: args.data.as_deref(),
         init_weights: args.init_weights.as_deref(),
     };
+    let after = AfterRun {
+        compare_reference: args.compare_reference,
+        steps: args.steps as usize,
+        save_weights: args.save_weights.as_deref(),
+    };
     let result = Model::build(file, &origin, (backend.rank(), backend.world_size()), data)
+        .and_then(|model| model.check_after(&after, &origin).map(|()| model))
         .map_err(anyhow::Error::from)
         .and_then(|model| {
             backend.run(
@@ -59,6 +65,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                     args: &args,
                     model: &model,
                     micro_batches,
+                    after,
                 },
             )
         });
@@ -96,12 +103,22 @@ struct PlanJob<'a> {
     model: &'a Model,
     /// The model file's `training.micro_batches`.
     micro_batches: u32,
+    /// What rank 0 does with the trained weights.
+    after: AfterRun<'a>,
 }
 
 impl Job for PlanJob<'_> {
     type Output = anyhow::Result<()>;
     fn run<B: Backend, W: Train<B>>(self, backend: B, workload: &W) -> anyhow::Result<()> {
-        run_with(backend, workload, self.args, self.model, self.micro_batches)
+        let (model, micro_batches) = (self.model, self.micro_batches);
+        run_with(
+            backend,
+            workload,
+            self.args,
+            model,
+            micro_batches,
+            self.after,
+        )
     }
 }
 
@@ -113,6 +130,7 @@ fn run_with<B: Backend, W: Train<B>>(
     args: &RunArgs,
     model: &Model,
     micro_batches: u32,
+    after: AfterRun,
 ) -> anyhow::Result<()> {
     let profile = Profile::load(&args.profile)?;
     if profile.micro_batches != micro_batches {
@@ -176,11 +194,6 @@ fn run_with<B: Backend, W: Train<B>>(
         let trace = chrome_trace(workload, &done.report.spans);
         write_atomic(path, &serde_json::to_vec(&trace)?)?;
     }
-    let after = AfterRun {
-        compare_reference: args.compare_reference,
-        steps: args.steps as usize,
-        save_weights: args.save_weights.as_deref(),
-    };
     let reference = model.finish(&done.params, &after)?;
     report(args, &plan, &done, reference.as_ref());
     Ok(())

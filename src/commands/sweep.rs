@@ -2,6 +2,7 @@
 //! summary and (with --json) the summary as JSON.
 
 use crate::cli::{CapsArg, SweepArgs};
+use crate::failure::flag_error;
 use crate::output::{ms, outln, print_json};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
@@ -123,18 +124,45 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
         profile.micro_batches = k;
     }
     let methods = args.methods.map_or_else(|| Method::all(&profile), |m| m.0);
+    if let Some(reason) = methods.iter().find_map(|m| m.unavailable_on(&profile)) {
+        return Err(flag_error(
+            "--methods",
+            format!(
+                "methods that profile {} offers; {reason}",
+                args.profile.display()
+            ),
+        ));
+    }
     std::fs::create_dir_all(&args.out_dir).map_err(|source| Error::Write {
         path: args.out_dir.clone(),
         source,
     })?;
+    if !methods.contains(&Method::Ilp) {
+        let solver_flag = [
+            ("--time-limit", args.time_limit.is_some()),
+            ("--gap", args.gap.is_some()),
+        ];
+        if let Some((flag, _)) = solver_flag.into_iter().find(|(_, given)| *given) {
+            return Err(flag_error(
+                flag,
+                "the ilp method among --methods: it sets the ILP's solves",
+            ));
+        }
+    }
     let started = Instant::now();
     let template = SolveOptions {
-        time_limit_s: args.time_limit,
-        relative_gap: args.gap,
+        time_limit_s: args.time_limit.unwrap_or(5.0),
+        relative_gap: args.gap.unwrap_or(1e-3),
         ..SolveOptions::default()
     };
-    let points = args.points as usize;
+    let points = args.points.unwrap_or(20) as usize;
     let caps = match args.caps {
+        Some(CapsArg::List(_)) if args.points.is_some() => {
+            return Err(flag_error(
+                "--points",
+                "a range of caps (--caps LOW..HIGH, or none): a list of caps is swept as given",
+            ));
+        }
         Some(CapsArg::List(caps)) => caps,
         Some(CapsArg::Range { low, high }) => even_caps(low, high, points),
         None => {

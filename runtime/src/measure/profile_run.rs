@@ -38,7 +38,9 @@ pub struct MeasureOptions {
     pub world_size: u32,
     /// A catalog device: curves when one rank cannot measure them, a transformer's byte counts.
     pub device: Option<String>,
-    pub micro_batch: u64,
+    /// A replayed zoo transformer's micro-batch (default 1) and sequence length (default the
+    /// model's); a trained model's file sets both.
+    pub micro_batch: Option<u64>,
     pub seq_len: Option<u64>,
     /// The largest collective message timed.
     pub max_message: u64,
@@ -94,12 +96,29 @@ pub fn measure_model(
             .into()),
         },
         file => {
+            refuse_for_trained(origin, "--micro-batch", options.micro_batch.is_some())?;
+            refuse_for_trained(origin, "--seq-len", options.seq_len.is_some())?;
             // One micro-batch's pass is what is measured; the profile says how many make a step.
             let ranks = (backend.rank(), options.world_size as usize);
             let model = Model::build(file, origin, ranks, Data::Synthetic)?;
             backend.run(&model, MeasureJob { options })
         }
     }
+}
+
+/// Refuses `setting`, a replayed transformer's, where it is `given` for a trained model (the MLP,
+/// a GPT-2 with [training]): its file sets its batch and sequence.
+fn refuse_for_trained(origin: &str, setting: &'static str, given: bool) -> Result<()> {
+    if !given {
+        return Ok(());
+    }
+    Err(Error::Setting {
+        setting,
+        expected: format!(
+            "a zoo transformer replayed on a GPU for {setting}: {origin} is trained as its file \
+             says (the MLP's batch_per_rank, a GPT-2's [training] table)"
+        ),
+    })
 }
 
 /// [`measure_workload`] as a [`Job`].
@@ -329,7 +348,8 @@ fn measure_transformer(
         ),
     })?;
     let mut analytic = AnalyticOptions::new(device, options.world_size);
-    analytic.micro_batch = options.micro_batch;
+    let micro_batch = options.micro_batch.unwrap_or(1);
+    analytic.micro_batch = micro_batch;
     analytic.seq_len = options.seq_len;
     analytic.block_size_bytes = options.block_size;
     analytic.topology = options.gpus_per_node.map(Some);
@@ -339,7 +359,7 @@ fn measure_transformer(
     let mut times = BTreeMap::new();
     let mut block_round = None;
     for kind in [UnitKind::Embedding, UnitKind::Block, UnitKind::Head] {
-        let forward = forward_gemms(model, kind, options.micro_batch, seq_len);
+        let forward = forward_gemms(model, kind, micro_batch, seq_len);
         let backward = backward_gemms(&forward);
         let all: Vec<_> = forward.iter().chain(&backward).copied().collect();
         let buffers = backend.replay_buffers(&all)?;
@@ -385,7 +405,7 @@ fn measure_transformer(
         ("backend".to_string(), "cuda".to_string()),
         ("gpu".to_string(), backend.device_name()),
         ("model".to_string(), model.name.clone()),
-        ("micro_batch".to_string(), options.micro_batch.to_string()),
+        ("micro_batch".to_string(), micro_batch.to_string()),
         ("seq_len".to_string(), seq_len.to_string()),
         (
             "bytes".to_string(),
