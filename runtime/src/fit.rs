@@ -24,6 +24,7 @@ use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::Schedule;
 use shardplan_scheduler::sim::Simulation;
 use shardplan_scheduler::size::whole_bytes;
+use std::time::Instant;
 
 /// Solves a cap at most this many times (the first solve included).
 pub const MAX_SOLVES: usize = 8;
@@ -57,6 +58,10 @@ pub fn solve_to_fit(
 ) -> Result<Fitted> {
     let arena_of =
         |schedule: &Schedule| -> Result<Arena> { Ok(place(workload, profile, schedule)?.arena) };
+    // The time limit holds for every solve together: each gets what the ones before it left,
+    // and the search ends when nothing is left.
+    let started = Instant::now();
+    let left = || options.time_limit_s - started.elapsed().as_secs_f64();
     let first = solve(profile, options)?;
     let arena = arena_of(&first.schedule)?;
     let cap = match options.memory_cap_bytes {
@@ -66,12 +71,17 @@ pub fn solve_to_fit(
     let value = |c: &Candidate| options.objective.value_of(&c.simulation);
     let mut seconds = first.report.solve_seconds;
     let mut refused = vec![(cap, arena.size_bytes)];
-    let mut search = CapSearch::new(cap, arena.size_bytes - cap, smallest_cap(profile, options)?);
+    let smallest = smallest_cap(profile, options, left())?;
+    let mut search = CapSearch::new(cap, arena.size_bytes - cap, smallest);
     let mut best: Option<Candidate> = None;
     let mut infeasible = None;
     while let Some(under) = search.next() {
+        if left() <= 0.0 {
+            break;
+        }
         let attempt = SolveOptions {
             memory_cap_bytes: Some(under),
+            time_limit_s: left(),
             ..options.clone()
         };
         match solve(profile, &attempt) {
@@ -155,13 +165,14 @@ impl Candidate {
 }
 
 /// The peak of the plan that minimises memory: a cap no lower than it is feasible.
-fn smallest_cap(profile: &Profile, options: &SolveOptions) -> Result<u64> {
+fn smallest_cap(profile: &Profile, options: &SolveOptions, time_limit_s: f64) -> Result<u64> {
     let smallest = SolveOptions {
         objective: Objective::Memory {
             max_iteration_time_us: None,
         },
         memory_cap_bytes: None,
         hint: None,
+        time_limit_s: time_limit_s.max(0.0),
         ..options.clone()
     };
     let plan = solve(profile, &smallest)?;
