@@ -9,8 +9,8 @@
 //! moves between schedules and column values; `pool` keeps the plans met; `staged` runs the
 //! staged phases of large models, on two threads as two searches that share their plan and bound
 //! (`race`) through HiGHS' callbacks (`callback`); `solve` drives HiGHS, warm-starts from the best
-//! feasible baseline and checks every answer against the strict simulator. A profile of K ≥ 2
-//! micro-batches is solved by `micro`'s MIP instead.
+//! feasible baseline built in time (`warm`) and checks every answer against the strict
+//! simulator. A profile of K ≥ 2 micro-batches is solved by `micro`'s MIP instead.
 
 mod bands;
 mod bound;
@@ -31,6 +31,7 @@ mod run;
 mod solve;
 mod staged;
 mod variables;
+mod warm;
 
 pub use bound::{generated_lp_bound, lp_relaxation_bound, priced_lp_bound};
 pub use limits::WindowLimits;

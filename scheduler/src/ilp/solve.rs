@@ -7,29 +7,13 @@ use super::pool::Pool;
 use super::run::{Stop, deadline_after, run_highs, seconds_until};
 use super::staged::{FullWindow, full_window_mip, is_staged, staged_phases};
 use super::variables::ExtraPositions;
+use super::warm::best_baseline;
 use super::{Objective, PhaseReport, SolveOptions, SolveReport, Solved};
-use crate::baselines::{self, BaselineKind};
 use crate::profile::Profile;
-use crate::schedule::Schedule;
 use crate::sim::{Semantics, simulate};
 use crate::size::{format_bytes, whole_bytes};
 use crate::{Error, Result};
 use std::time::Instant;
-
-/// The best baseline for the objective (checkpointing on or off) that fits the cap and the time
-/// ceiling, as a warm start: the fastest for the time objective, the smallest peak for memory.
-fn best_baseline(profile: &Profile, options: &SolveOptions) -> Option<(String, Schedule, f64)> {
-    let preference = options.objective.preference();
-    let chosen = baselines::best_baseline(
-        profile,
-        &BaselineKind::of(profile),
-        options.allow_recompute,
-        options.memory_cap_bytes,
-        preference,
-    )?;
-    let time = chosen.plan.simulation.iteration_time_us;
-    Some((chosen.label(), chosen.plan.schedule, time))
-}
 
 /// Solves for the plan that minimises the chosen objective. Errors with [`Error::Infeasible`]
 /// (naming the smallest feasible cap and what dominates it) when nothing fits the cap.
@@ -38,7 +22,11 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
         return super::micro::solve(profile, options);
     }
     let started = Instant::now();
-    let warm = best_baseline(profile, options);
+    let deadline = deadline_after(started, options.time_limit_s);
+    let warm = best_baseline(profile, options, deadline).map(|chosen| {
+        let time = chosen.plan.simulation.iteration_time_us;
+        (chosen.label(), chosen.plan.schedule, time)
+    });
     // Every feasible plan met so far, best first: each phase warm-starts from the best one its
     // window limit can represent (a neighbour's plan outside D = 4 must not leave D = 4 cold).
     let mut pool = Pool::new(profile, options);
@@ -59,7 +47,6 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     }
     let mut phases = Vec::new();
     let user_limited = !options.limits.is_full();
-    let deadline = deadline_after(started, options.time_limit_s);
     let full_window = if is_staged(profile, options) {
         staged_phases(profile, options, &mut pool, &mut phases, deadline)?
     } else {

@@ -11,8 +11,9 @@ use super::limits::PLACEMENT_DEPTH;
 use super::mapping::launches_of;
 use super::model::{highs_model, memory_scale};
 use super::run::{deadline_after, seconds_until};
+use super::warm::best_baseline;
 use super::{Objective, PhaseReport, SolveOptions, SolveReport, SolveStatus, Solved, WindowLimits};
-use crate::baselines::{BaselineKind, ChosenBaseline, best_baseline};
+use crate::baselines::ChosenBaseline;
 use crate::classes::simulate_strict;
 use crate::cost::Interference;
 use crate::profile::Profile;
@@ -87,13 +88,7 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
         count: variables,
     };
     // Warm start: the best baseline that fits (the answer is never worse than it).
-    let warm = best_baseline(
-        profile,
-        &BaselineKind::of(profile),
-        options.allow_recompute,
-        options.memory_cap_bytes,
-        options.objective.preference(),
-    );
+    let warm = best_baseline(profile, options, deadline);
     // The time limit holds for the whole solve: HiGHS gets what the model and the baselines
     // left of it.
     let mut model = highs_model(
