@@ -1,8 +1,8 @@
 //! Options that do not apply are refused (exit 2, usage), each named, before any work: `run`'s
 //! GPT-2 options of the MLP and its MLP option of a GPT-2, `profile measure`'s replay options of
-//! a trained model, `sweep`'s solver and range options without their method or range; and the
-//! methods that need a node layout in `sweep` and `baseline` alike, with `demo` saying which it
-//! left out.
+//! a trained model and its --device on ranks that measure their collectives, `sweep`'s solver and
+//! range options without their method or range; and the methods that need a node layout in
+//! `sweep` and `baseline` alike, with `demo` saying which it left out.
 
 mod common;
 
@@ -178,6 +178,47 @@ fn measure_refuses_replay_options_of_a_trained_model() {
         );
         assert!(!out.exists(), "{flag}: nothing is measured or written");
     }
+}
+
+/// On ranks that measure their own collectives, `--device` (the catalog's curves for one rank)
+/// has nothing to stand in for.
+#[test]
+fn measure_on_several_ranks_refuses_a_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, model) = spec(dir.path());
+    let out = dir.path().join("p.toml");
+    let measure = |extra: &[&str]| {
+        let mut args = vec![
+            "profile",
+            "measure",
+            "--backend",
+            "cpu",
+            "--model",
+            text(&model),
+            "--world-size",
+            "2",
+            "--repeats",
+            "1",
+            "--max-message",
+            "64KiB",
+            "--out",
+            text(&out),
+        ];
+        args.extend_from_slice(extra);
+        common::run(2, &args)
+    };
+    let refused = measure(&["--device", "h100-sxm"]);
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{message}");
+    assert!(message.contains("--device: expected one rank"), "{message}");
+    assert!(!out.exists(), "nothing is measured or written");
+    // Negative control: without it the ranks measure.
+    let measured = measure(&[]);
+    assert!(
+        measured.status.success(),
+        "{}",
+        String::from_utf8_lossy(&measured.stderr)
+    );
 }
 
 /// A profile without nodes (`profile analytic` without --gpus-per-node), in `dir`.

@@ -144,6 +144,15 @@ fn curves<B: Backend>(
 ) -> Result<(CommCurves, Option<Topology>, String)> {
     let ranks = backend.world_size();
     let world = options.world_size;
+    if ranks > 1 && options.device.is_some() {
+        return Err(Error::Setting {
+            setting: "--device",
+            expected: format!(
+                "one rank for it (whose collectives the catalog's curves stand in for): these \
+                 {ranks} ranks measure their own"
+            ),
+        });
+    }
     if ranks == 1 && (world > 1 || options.device.is_some()) {
         let device = options.device.as_deref().ok_or_else(|| Error::Setting {
             setting: "--device",
