@@ -28,7 +28,7 @@ use std::time::Instant;
 /// bound over every plan proves, and stops at the first.
 const RESTRICTED_GAP_FACTOR: f64 = 0.25;
 /// Time below which no phase starts (s).
-const LEAST_PHASE: f64 = 0.05;
+pub(super) const LEAST_PHASE: f64 = 0.05;
 
 /// Runs the search until `deadline`, the best plan proven within the solve's gap over every plan,
 /// or the relaxation's answer launching in no band (it is then a plan of the positions searched).
@@ -58,7 +58,7 @@ pub(super) fn far_band_search(
         shared: shared.as_deref(),
     };
     let mut extra = paying.clone();
-    if bands_lp {
+    if bands_lp && left() > LEAST_PHASE {
         let lp = run_highs(
             profile,
             (&depth_options, Form::FarBandsLp, &ExtraPositions::new()),

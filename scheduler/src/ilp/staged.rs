@@ -9,7 +9,7 @@ use super::model::Form;
 use super::placement::place_each;
 use super::pool::Pool;
 use super::race::Shared;
-use super::refine::far_band_search;
+use super::refine::{LEAST_PHASE, far_band_search};
 use super::run::{Run, Stop, run_highs, seconds_until};
 use super::variables::{ExtraPositions, UnitLevel};
 use super::{Objective, PhaseReport, SolveOptions, WindowLimits};
@@ -78,7 +78,7 @@ pub(super) fn staged_phases(
     deadline: Instant,
 ) -> Result<FullWindow> {
     let stop = Stop {
-        time_limit: options.time_limit_s * LEVELS_SHARE,
+        time_limit: seconds_until(deadline).min(options.time_limit_s * LEVELS_SHARE),
         objective_target: None,
         shared: None,
     };
@@ -147,7 +147,7 @@ fn place(
     (bound, share): (&FullWindowBound, f64),
     (first_levels, deadline): (Option<Vec<UnitLevel>>, Instant),
 ) -> Result<()> {
-    if proven_with(pool, phases, bound) {
+    if proven_with(pool, phases, bound) || seconds_until(deadline) <= LEAST_PHASE {
         return Ok(());
     }
     // Where the bound is tight, depth 4 searches past its own target toward a plan the bound
