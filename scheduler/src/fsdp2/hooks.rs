@@ -126,9 +126,13 @@ pub fn walk(units: &[UnitSettings], micro_batches: usize) -> Walk {
                 });
                 unsharded[j] = match (pass, units[j].sharding) {
                     (Pass::Forward, Sharding::Replicated) => false,
-                    (Pass::Forward, Sharding::Sharded { reshard_after_forward, .. }) => {
-                        reshard_after_forward == Reshard::Keep
-                    }
+                    (
+                        Pass::Forward,
+                        Sharding::Sharded {
+                            reshard_after_forward,
+                            ..
+                        },
+                    ) => reshard_after_forward == Reshard::Keep,
                     (Pass::Backward, _) => !(last || units[j].reshard_after_backward),
                 };
             }

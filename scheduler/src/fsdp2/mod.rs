@@ -111,7 +111,10 @@ impl Settings {
                         return invalid(
                             j,
                             field,
-                            format!("distinct units {direction} it in forward order, got unit {}", t + 1),
+                            format!(
+                                "distinct units {direction} it in forward order, got unit {}",
+                                t + 1
+                            ),
                         );
                     }
                 }

@@ -34,6 +34,8 @@ pub fn schedule(profile: &Profile, units: &[UnitSettings], walk: &Walk) -> Resul
         let mut launches = BTreeMap::new();
         for &op in level.ops() {
             let slot = match op {
+                // An HSDP unit's replica AllReduce follows its reduce-scatter a slot later by
+                // itself (DESIGN §3.11): it takes no launches.
                 Op::AllReduce | Op::ReduceScatter | Op::ReplicaAllReduce => {
                     timeline.window(v, WindowKind::AfterBackward).slot_at(0)
                 }
@@ -41,10 +43,6 @@ pub fn schedule(profile: &Profile, units: &[UnitSettings], walk: &Walk) -> Resul
                 Op::GatherBackward => backward_gather_slot(profile, walk, timeline, v)?,
             };
             launches.insert(op, vec![whole(profile, v, slot)]);
-        }
-        if shard_group.is_some() {
-            let after = timeline.window(v, WindowKind::AfterBackward).slot_at(1);
-            launches.insert(Op::ReplicaAllReduce, vec![whole(profile, v, after)]);
         }
         let (accumulate, keep) = (!u.requires_gradient_sync, !u.reshard_after_backward);
         let inner = if profile.micro_batches >= 2 {
@@ -88,7 +86,12 @@ fn forward_gather_slot(
     match walk.issuer(0, Pass::Forward, unit) {
         Some(b) if b.unit != unit => Ok(timeline.forward(b.unit)),
         _ if unit == 0 => Ok(timeline.end()),
-        _ => Err(exposed(profile, unit, "forward", "forward_prefetch of a unit before it")),
+        _ => Err(exposed(
+            profile,
+            unit,
+            "forward",
+            "forward_prefetch of a unit before it",
+        )),
     }
 }
 
