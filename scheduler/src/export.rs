@@ -31,6 +31,7 @@
 //!   FSDP2's `MixedPrecisionPolicy(param_dtype, reduce_dtype)` (2 bytes: bfloat16, 4: float32;
 //!   any other width is exported in float32, noted).
 
+use crate::Result;
 use crate::fsdp2::evaluate::TimelineEntry;
 use crate::fsdp2::{Reshard, Settings, Sharding, UnitSettings, evaluate};
 use crate::profile::Profile;
@@ -38,7 +39,6 @@ use crate::schedule::Schedule;
 use crate::sim::{Semantics, simulate};
 use crate::size::whole_bytes;
 use crate::timeline::{Level, Op, Slot};
-use crate::Result;
 use serde::Serialize;
 
 /// One unit's FSDP2 settings, as `shardplan_torch.apply_plan` reads them.
@@ -302,11 +302,7 @@ fn settings_of(
             // FSDP2's default prefetch at B_j issues unit j − 1: nothing to set.
             backward[j].clear();
         } else if !backward[j].is_empty() {
-            let mut change = format!(
-                "{}.backward_prefetch = [{}]",
-                name(j),
-                listed(&backward[j])
-            );
+            let mut change = format!("{}.backward_prefetch = [{}]", name(j), listed(&backward[j]));
             if j > 0 {
                 change.push_str(&format!(
                     "; switches off FSDP2's default prefetch of {} at {}'s pre-backward",
