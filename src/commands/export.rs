@@ -15,7 +15,7 @@ pub fn fsdp2(args: ExportFsdp2Args) -> anyhow::Result<()> {
     let (profile, plan, schedule) = super::load_plan(&args.profile, &args.plan)?;
     let over = |what: &str, peak: f64, at: &str, cap: u64| {
         shardplan_scheduler::Error::Infeasible(format!(
-            "{}: {what} peaks at {} ({peak:.0} bytes) at {at}, {} ({:.0} bytes) above the plan's \
+            "{}: {what} peaks at {} ({peak:.0} bytes) at {at}, {} ({:.0} bytes) above its own \
              memory_cap_bytes {} ({cap} bytes): it would not fit where it was planned for; \
              --force exports it anyway",
             args.plan.display(),
@@ -35,7 +35,7 @@ pub fn fsdp2(args: ExportFsdp2Args) -> anyhow::Result<()> {
     if let Some(cap) = plan.memory_cap_bytes {
         let peak = exported.fsdp2_peak_memory_bytes;
         if peak > cap && !args.force {
-            let what = "its FSDP2 settings (DESIGN §3.12)";
+            let what = "its FSDP2 export (DESIGN §3.12)";
             return Err(over(what, peak as f64, &exported.fsdp2_peak_slot, cap).into());
         }
     }
