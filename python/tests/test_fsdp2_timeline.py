@@ -1,12 +1,15 @@
 """FSDP2's own execution against `export fsdp2`'s `fsdp2_timeline` (DESIGN §3.12): baseline plans
-of TinyGPT at N = 2 (gloo) are exported, applied with `apply_plan`, and one training step runs
-with `shardplan_torch.fsdp_timeline.TimelineRecorder` on; at every module boundary, in execution
+of TinyGPT are exported, applied with `apply_plan`, and one optimizer step runs with
+`shardplan_torch.fsdp_timeline.TimelineRecorder` on; at every module boundary, in execution
 order, the units FSDP2 holds unsharded (gathered, or their all-gather issued) equal the export's
-prediction."""
+prediction. Cases: N = 2 (gloo), K = 1, five flat baselines; K = 2 with the micro-batch switches
+(fsdp2-nosync: no gradient sync, zero2: no reshard after backward, on the first micro-batch);
+N = 4 declared as 2 nodes × 2, hsdp and hpz."""
 
 import json
 import os
 import pathlib
+import re
 import tempfile
 import unittest
 
@@ -14,11 +17,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from shardplan_torch import start_micro_batch
 from shardplan_torch.fsdp import apply_plan
 from shardplan_torch.fsdp_timeline import TimelineRecorder
 from shardplan_torch.testing import TinyGPT, batch, free_port, loss_fn, shardplan, tiny_profile
-
-KINDS = ["fsdp2", "fsdp1", "zero2", "zero3", "ddp"]
 
 
 def worker(rank, world, exported, result_path, port):
@@ -30,7 +32,11 @@ def worker(rank, world, exported, result_path, port):
         model = TinyGPT()
         apply_plan(model, model.units(), path)
         recorder = TimelineRecorder(model, model.units())
-        loss_fn(model, batch(rank, world)).backward()
+        with open(path) as f:
+            micro_batches = json.load(f)["micro_batches"]
+        for m in range(micro_batches):
+            start_micro_batch(model, model.units(), path, m)
+            loss_fn(model, batch(rank, world)).backward()
         recorded[kind] = recorder.entries
     if rank == 0:
         with open(result_path, "w") as f:
@@ -39,27 +45,52 @@ def worker(rank, world, exported, result_path, port):
 
 
 class Fsdp2Timeline(unittest.TestCase):
-    def test_recorded_boundaries_equal_the_exported_timeline(self):
+    def check(self, d, prof, kinds, world):
+        exported, predicted = {}, {}
+        for kind in kinds:
+            plan = d / f"{kind}.plan.toml"
+            shardplan("baseline", "--profile", str(prof), "--kind", kind, "--out", str(plan))
+            path = d / f"{kind}.fsdp2.json"
+            shardplan("export", "fsdp2", "--plan", str(plan), "--profile", str(prof), "--out", str(path))
+            exported[kind] = str(path)
+            timeline = json.loads(path.read_text())["fsdp2_timeline"]
+            predicted[kind] = [{"at": e["at"], "unsharded": e["unsharded"]} for e in timeline]
+        result = d / "recorded.json"
+        mp.spawn(worker, args=(world, exported, str(result), free_port()), nprocs=world)
+        recorded = json.loads(result.read_text())
+        for kind in kinds:
+            with self.subTest(plan=kind):
+                self.assertEqual(recorded[kind], predicted[kind])
+                if kind != "ddp":
+                    self.assertTrue(any(len(e["unsharded"]) > 1 for e in predicted[kind]), predicted[kind])
+        return predicted
+
+    def test_flat_baselines(self):
         with tempfile.TemporaryDirectory() as d:
             d = pathlib.Path(d)
             prof = d / "tiny.toml"
             tiny_profile(d, batch(0, 1), prof)
-            exported, predicted = {}, {}
-            for kind in KINDS:
-                plan = d / f"{kind}.plan.toml"
-                shardplan("baseline", "--profile", str(prof), "--kind", kind, "--out", str(plan))
-                path = d / f"{kind}.fsdp2.json"
-                shardplan("export", "fsdp2", "--plan", str(plan), "--profile", str(prof), "--out", str(path))
-                exported[kind] = str(path)
-                timeline = json.loads(path.read_text())["fsdp2_timeline"]
-                predicted[kind] = [{"at": e["at"], "unsharded": e["unsharded"]} for e in timeline]
-            result = d / "recorded.json"
-            mp.spawn(worker, args=(2, exported, str(result), free_port()), nprocs=2)
-            recorded = json.loads(result.read_text())
-            for kind in KINDS:
-                with self.subTest(plan=kind):
-                    self.assertEqual(recorded[kind], predicted[kind])
-                    self.assertTrue(any(len(e["unsharded"]) > 1 for e in predicted[kind]) or kind == "ddp")
+            self.check(d, prof, ["fsdp2", "fsdp1", "zero2", "zero3", "ddp"], 2)
+
+    def test_micro_batch_switches(self):
+        with tempfile.TemporaryDirectory() as d:
+            d = pathlib.Path(d)
+            one = d / "one.toml"
+            tiny_profile(d, batch(0, 1), one)
+            prof = d / "tiny.toml"
+            prof.write_text(re.sub(r"^world_size = ", "micro_batches = 2\nworld_size = ", one.read_text(),
+                                   count=1, flags=re.M))
+            predicted = self.check(d, prof, ["fsdp2-nosync", "zero2", "fsdp2"], 2)
+            # zero2 keeps its parameters into the second micro-batch: its first forward finds them whole.
+            units = len(predicted["zero2"]) // 4
+            self.assertEqual(len(predicted["zero2"][2 * units]["unsharded"]), units)
+
+    def test_hsdp_and_hpz_on_two_nodes(self):
+        with tempfile.TemporaryDirectory() as d:
+            d = pathlib.Path(d)
+            prof = d / "tiny.toml"
+            tiny_profile(d, batch(0, 1), prof, name="tiny gpt 2x2", world=4, gpus_per_node=2)
+            self.check(d, prof, ["hsdp", "hpz"], 4)
 
 
 if __name__ == "__main__":
