@@ -1,8 +1,8 @@
 """FSDP2's own execution against `export fsdp2`'s `fsdp2_timeline` (DESIGN §3.12): baseline plans
 of TinyGPT are exported, applied with `apply_plan`, and one optimizer step runs with
 `shardplan_torch.fsdp_timeline.TimelineRecorder` on; at every module boundary, in execution
-order, the units FSDP2 holds unsharded (gathered, or their all-gather issued) equal the export's
-prediction. Cases: N = 2 (gloo), K = 1, five flat baselines; K = 2 with the micro-batch switches
+order, the units FSDP2 holds unsharded (gathered, or their all-gather issued) and the all-gathers
+its hook issued, in order, equal the export's prediction. Cases: N = 2 (gloo), K = 1, five flat baselines; K = 2 with the micro-batch switches
 (fsdp2-nosync: no gradient sync, zero2: no reshard after backward, on the first micro-batch);
 N = 4 declared as 2 nodes × 2, hsdp and hpz."""
 
@@ -54,7 +54,7 @@ class Fsdp2Timeline(unittest.TestCase):
             shardplan("export", "fsdp2", "--plan", str(plan), "--profile", str(prof), "--out", str(path))
             exported[kind] = str(path)
             timeline = json.loads(path.read_text())["fsdp2_timeline"]
-            predicted[kind] = [{"at": e["at"], "unsharded": e["unsharded"]} for e in timeline]
+            predicted[kind] = [{"at": e["at"], "unsharded": e["unsharded"], "issued": e["issued"]} for e in timeline]
         result = d / "recorded.json"
         mp.spawn(worker, args=(world, exported, str(result), free_port()), nprocs=world)
         recorded = json.loads(result.read_text())
