@@ -28,7 +28,7 @@ class TimelineRecorder:
             state = module._get_fsdp_state()
             self._groups.append((unit.name, state._fsdp_param_group))
             self._wrap_unshard(state._fsdp_param_group, unit.name)
-            self._handles.append(module.register_forward_pre_hook(self._forward_hook(unit.name)))
+            self._handles.append(module.register_forward_pre_hook(self._forward_hook(state, unit.name)))
             self._wrap_pre_backward(state, unit.name)
 
     def unsharded(self):
@@ -53,9 +53,10 @@ class TimelineRecorder:
 
         group.unshard = unshard
 
-    def _forward_hook(self, name):
+    def _forward_hook(self, state, name):
         def hook(module, args):
-            if torch.is_grad_enabled():
+            # A checkpointed unit's forward runs again inside its backward: not a boundary.
+            if torch.is_grad_enabled() and state._training_state.name != "PRE_BACKWARD":
                 self._record(f"F:{name}")
 
         return hook

@@ -2,7 +2,7 @@
 of TinyGPT are exported, applied with `apply_plan`, and one optimizer step runs with
 `shardplan_torch.fsdp_timeline.TimelineRecorder` on; at every module boundary, in execution
 order, the units FSDP2 holds unsharded (gathered, or their all-gather issued) and the all-gathers
-its hook issued, in order, equal the export's prediction. Cases: N = 2 (gloo), K = 1, five flat baselines; K = 2 with the micro-batch switches
+its hook issued, in order, equal the export's prediction. Cases: N = 2 (gloo), K = 1, five flat baselines and the ILP's plans at two caps; K = 2 with the micro-batch switches
 (fsdp2-nosync: no gradient sync, zero2: no reshard after backward, on the first micro-batch);
 N = 4 declared as 2 nodes × 2, hsdp and hpz."""
 
@@ -45,23 +45,30 @@ def worker(rank, world, exported, result_path, port):
 
 
 class Fsdp2Timeline(unittest.TestCase):
-    def check(self, d, prof, kinds, world):
-        exported, predicted = {}, {}
+    def check(self, d, prof, kinds, world, plans=None):
+        """Exports the baselines `kinds` (and the plan files `plans`, by name) of `prof`, runs them
+        at `world` ranks and compares; the predictions by name."""
+        plans = dict(plans or {})
         for kind in kinds:
-            plan = d / f"{kind}.plan.toml"
-            shardplan("baseline", "--profile", str(prof), "--kind", kind, "--out", str(plan))
+            plans[kind] = d / f"{kind}.plan.toml"
+            shardplan("baseline", "--profile", str(prof), "--kind", kind, "--out", str(plans[kind]))
+        exported, predicted, sharded = {}, {}, {}
+        for kind, plan in plans.items():
             path = d / f"{kind}.fsdp2.json"
-            shardplan("export", "fsdp2", "--plan", str(plan), "--profile", str(prof), "--out", str(path))
+            # An ILP plan's FSDP2 settings may peak above its cap (DESIGN §3.12): --force.
+            shardplan("export", "fsdp2", "--plan", str(plan), "--profile", str(prof), "--out", str(path), "--force")
             exported[kind] = str(path)
-            timeline = json.loads(path.read_text())["fsdp2_timeline"]
+            export = json.loads(path.read_text())
+            timeline = export["fsdp2_timeline"]
+            sharded[kind] = any(u["sharded"] for u in export["units"])
             predicted[kind] = [{"at": e["at"], "unsharded": e["unsharded"], "issued": e["issued"]} for e in timeline]
         result = d / "recorded.json"
         mp.spawn(worker, args=(world, exported, str(result), free_port()), nprocs=world)
         recorded = json.loads(result.read_text())
-        for kind in kinds:
+        for kind in plans:
             with self.subTest(plan=kind):
                 self.assertEqual(recorded[kind], predicted[kind])
-                if kind != "ddp":
+                if sharded[kind]:  # some boundary holds a prefetched unit
                     self.assertTrue(any(len(e["unsharded"]) > 1 for e in predicted[kind]), predicted[kind])
         return predicted
 
@@ -71,6 +78,22 @@ class Fsdp2Timeline(unittest.TestCase):
             prof = d / "tiny.toml"
             tiny_profile(d, batch(0, 1), prof)
             self.check(d, prof, ["fsdp2", "fsdp1", "zero2", "zero3", "ddp"], 2)
+
+    def test_ilp_plans_at_two_caps(self):
+        """The ILP's plans (checkpointing some units, gathers rounded to what FSDP2 expresses)
+        without a cap and at 5% above the smallest peak."""
+        with tempfile.TemporaryDirectory() as d:
+            d = pathlib.Path(d)
+            prof = d / "tiny.toml"
+            tiny_profile(d, batch(0, 1), prof)
+            smallest = json.loads(shardplan("solve", "--profile", str(prof), "--objective", "memory",
+                                            "--out", str(d / "m.toml"), "--json"))
+            plans = {}
+            for tag, cap in [("unlimited", "unlimited"), ("tight", str(int(smallest["peak_memory_bytes"] * 1.05)))]:
+                plans[f"ilp-{tag}"] = d / f"ilp-{tag}.plan.toml"
+                shardplan("solve", "--profile", str(prof), "--memory-cap", cap, "--time-limit", "10",
+                          "--out", str(plans[f"ilp-{tag}"]))
+            self.check(d, prof, [], 2, plans)
 
     def test_micro_batch_switches(self):
         with tempfile.TemporaryDirectory() as d:
