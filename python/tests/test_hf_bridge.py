@@ -153,9 +153,12 @@ class HuggingFaceBridge(unittest.TestCase):
             plans["ilp-measured"] = d / "ilp-measured.plan.toml"
             shardplan("solve", "--profile", str(prof), "--memory-cap", cap, "--out", str(plans["ilp-measured"]))
             exported = {}
+            # An ILP's cap may be below its FSDP2 settings' peak (DESIGN §3.12), which the export
+            # refuses without --force; this test checks what FSDP2 trains.
             for tag, plan in plans.items():
                 path = d / f"{tag}.fsdp2.json"
-                shardplan("export", "fsdp2", "--plan", str(plan), "--profile", str(prof), "--out", str(path))
+                shardplan("export", "fsdp2", "--plan", str(plan), "--profile", str(prof), "--out", str(path),
+                          "--force")
                 exported[tag] = str(path)
             smallest = json.loads(shardplan("solve", "--profile", str(comm), "--objective", "memory",
                                             "--out", str(d / "smallest.plan.toml"), "--json"))
@@ -163,7 +166,7 @@ class HuggingFaceBridge(unittest.TestCase):
             shardplan("solve", "--profile", str(comm), "--memory-cap", cap, "--out", str(d / "ilp.plan.toml"))
             exported["ilp"] = str(d / "ilp.fsdp2.json")
             shardplan("export", "fsdp2", "--plan", str(d / "ilp.plan.toml"), "--profile", str(comm),
-                      "--out", exported["ilp"])
+                      "--out", exported["ilp"], "--force")
             result = d / "results.json"
             mp.spawn(worker, args=(2, family, exported, str(result), free_port()), nprocs=2)
             results = json.loads(result.read_text())

@@ -1,19 +1,25 @@
-//! Export of a plan to PyTorch FSDP2 (`fully_shard`), unit by unit.
+//! Export of a plan to PyTorch FSDP2 (`fully_shard`), unit by unit, with the exported settings'
+//! time, peak and timeline under FSDP2's own semantics (DESIGN §3.12).
 //!
-//! FSDP2 decides per module: `reshard_after_forward` (fsdp → True, sdp → False), and which other
-//! modules' all-gathers to issue when a module's forward or backward starts
+//! FSDP2 decides per module: `reshard_after_forward` (fsdp → True, sdp → False, hpZ → H), and
+//! which other modules' all-gathers to issue when a module's forward or backward starts
 //! (`set_modules_to_forward_prefetch`, `set_modules_to_backward_prefetch`). A `none` unit is
-//! replicated by `fully_shard` over a 2-D (replicate = N, shard = 1) mesh (HSDP with shard groups
-//! of one: full parameters on every rank, gradients all-reduced).
+//! replicated by `fully_shard` over a 2-D (replicate = N, shard = 1) mesh.
+//!
+//! Gathers: a forward gather the plan launches at F_j becomes an entry of unit j's forward list
+//! (FSDP2 prefetches nothing in the forward by itself: a module's own pre-forward issues its
+//! gather, exposed); a backward gather at B_j an entry of unit j's backward list, except that
+//! unit j's default prefetch already issues unit j − 1 there, so a list that would hold only
+//! j − 1 is left empty. Any other list switches that default off, and is listed as a change.
 //!
 //! What FSDP2 cannot express, and how the export rounds it (each rounding is listed in the
-//! exported `approximations`):
+//! exported `approximations`; the settings' own time and peak are then what FSDP2 runs):
 //! - blocks: a unit's parameters are gathered whole, at the slot of its earliest block;
 //! - gathers launched in the previous iteration (slots B_k or E before F_i): FSDP2 prefetches only
 //!   within an iteration, so they start at F_1 (the first module's forward);
 //! - backward gathers launched in the forward (slots F_k after F_i): they start at B_L;
-//! - reductions: FSDP2 reduce-scatters (or all-reduces) right after the unit's backward, i.e. in
-//!   the slot after B_i, whatever the plan says.
+//! - reductions: FSDP2 reduce-scatters (or all-reduces) in the post-backward hook, i.e. in the
+//!   slot after B_i, and an HSDP unit's replica AllReduce follows (one slot later, DESIGN §3.11).
 //!
 //! - micro-batches (DESIGN §3.10): a unit that accumulates skips gradient sync
 //!   (`set_requires_gradient_sync(False)`) on every micro-batch but the last, one that keeps its
@@ -24,17 +30,18 @@
 //! - precision: the profile's bytes per gathered parameter and per reduced gradient become
 //!   FSDP2's `MixedPrecisionPolicy(param_dtype, reduce_dtype)` (2 bytes: bfloat16, 4: float32;
 //!   any other width is exported in float32, noted).
-//!
-//! A plan is exactly expressible when every op launches whole in one slot, forward gathers in
-//! F_1 … F_{i−1} (or implicitly at F_i's start, depth 1 in FSDP2's own order), backward gathers in
-//! B_L … B_{i+1}, and reductions in the slot right after B_i.
 
+use crate::Result;
+use crate::fsdp2::evaluate::TimelineEntry;
+use crate::fsdp2::{Reshard, Settings, Sharding, UnitSettings, evaluate};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
+use crate::sim::{Semantics, simulate};
+use crate::size::whole_bytes;
 use crate::timeline::{Level, Op, Slot};
 use serde::Serialize;
 
-/// One unit's FSDP2 settings.
+/// One unit's FSDP2 settings, as `shardplan_torch.apply_plan` reads them.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Fsdp2Unit {
     pub name: String,
@@ -52,7 +59,8 @@ pub struct Fsdp2Unit {
     pub recompute: bool,
     /// Units whose all-gather starts when this unit's forward starts.
     pub forward_prefetch: Vec<String>,
-    /// Units whose all-gather starts when this unit's backward starts.
+    /// Units whose all-gather starts when this unit's backward starts (non-empty: FSDP2's
+    /// default prefetch of the previous unit is off).
     pub backward_prefetch: Vec<String>,
     /// Whether gradients are reduced after every micro-batch's backward (false: only the last's,
     /// the unsharded gradient accumulating before; FSDP2's `set_requires_gradient_sync`).
@@ -104,94 +112,163 @@ pub struct Fsdp2Plan {
     pub units: Vec<Fsdp2Unit>,
     /// True when nothing had to be rounded.
     pub exact: bool,
+    /// Where the exported settings differ from the plan.
     pub approximations: Vec<String>,
+    /// Every setting that departs from FSDP2's defaults (prefetch lists, the default backward
+    /// prefetches they switch off).
+    pub changes: Vec<String>,
+    /// The plan's own strict time and peak (DESIGN §3).
+    pub plan_iteration_time_us: f64,
+    pub plan_peak_memory_bytes: u64,
+    /// The exported settings' strict and relaxed time, peak and its slot under FSDP2's
+    /// semantics (DESIGN §3.12).
+    pub fsdp2_iteration_time_us: f64,
+    pub fsdp2_relaxed_iteration_time_us: f64,
+    pub fsdp2_peak_memory_bytes: u64,
+    pub fsdp2_peak_slot: String,
+    /// Every module boundary in execution order, with the units unsharded when its compute
+    /// starts and the all-gathers its pre-hook issues.
+    pub fsdp2_timeline: Vec<TimelineEntry>,
 }
 
-/// Exports a validated schedule.
-pub fn fsdp2(profile: &Profile, schedule: &Schedule) -> Fsdp2Plan {
+/// Exports a validated schedule: the FSDP2 settings nearest to it, their evaluation under
+/// FSDP2's semantics, and every rounding and change; an error where those settings cannot be
+/// evaluated.
+pub fn fsdp2(profile: &Profile, schedule: &Schedule) -> Result<Fsdp2Plan> {
+    let (units, mut notes, changes) = settings_of(profile, schedule);
+    let settings = Settings::new(profile, units)?;
+    let eval = evaluate(profile, &settings);
+    let plan = simulate(profile, schedule, Semantics::Strict);
+    let name = |i: usize| profile.units[i].name.clone();
+    let names = |list: &[usize]| list.iter().map(|&t| name(t)).collect::<Vec<_>>();
+    let exported = settings
+        .units()
+        .iter()
+        .enumerate()
+        .map(|(i, u)| {
+            let (sharded, reshard, shard_group, secondary_group) = match u.sharding {
+                Sharding::Replicated => (false, None, None, None),
+                Sharding::Sharded {
+                    shard_group,
+                    reshard_after_forward,
+                } => match reshard_after_forward {
+                    Reshard::Keep => (true, Some(false), shard_group, None),
+                    Reshard::Free => (true, Some(true), shard_group, None),
+                    Reshard::ToSecondary(h) => (true, Some(true), shard_group, Some(h)),
+                },
+            };
+            Fsdp2Unit {
+                name: name(i),
+                level: schedule.units()[i].level.name(),
+                sharded,
+                reshard_after_forward: reshard,
+                shard_group,
+                secondary_group,
+                recompute: u.recompute,
+                forward_prefetch: names(&u.forward_prefetch),
+                backward_prefetch: names(&u.backward_prefetch),
+                requires_gradient_sync: u.requires_gradient_sync,
+                reshard_after_backward: u.reshard_after_backward,
+            }
+        })
+        .collect();
+    let bytes = &profile.bytes_per_param;
+    let mixed_precision = MixedPrecision::of(bytes.param, bytes.grad).unwrap_or_else(|why| {
+        notes.push(format!("{why}; exported in float32"));
+        None
+    });
+    Ok(Fsdp2Plan {
+        schema: 1,
+        world_size: profile.world_size,
+        micro_batches: schedule.micro_batches(),
+        mixed_precision,
+        profile_digest: profile.digest(),
+        units: exported,
+        exact: notes.is_empty(),
+        approximations: notes,
+        changes,
+        plan_iteration_time_us: plan.iteration_time_us,
+        plan_peak_memory_bytes: whole_bytes(plan.peak_memory_bytes),
+        fsdp2_iteration_time_us: eval.iteration_time_us(),
+        fsdp2_relaxed_iteration_time_us: eval.relaxed_iteration_time_us,
+        fsdp2_peak_memory_bytes: eval.peak_memory_bytes,
+        fsdp2_peak_slot: eval.peak_slot.clone(),
+        fsdp2_timeline: eval.timeline,
+    })
+}
+
+/// The FSDP2 settings nearest to `schedule`, the roundings they make and the changes from
+/// FSDP2's defaults they set.
+fn settings_of(
+    profile: &Profile,
+    schedule: &Schedule,
+) -> (Vec<UnitSettings>, Vec<String>, Vec<String>) {
     let timeline = schedule.timeline();
     let l = schedule.units().len();
     let name = |i: usize| profile.units[i].name.clone();
-    let mut forward_prefetch: Vec<Vec<String>> = vec![Vec::new(); l];
-    let mut backward_prefetch: Vec<Vec<String>> = vec![Vec::new(); l];
+    let mut forward: Vec<Vec<usize>> = vec![Vec::new(); l];
+    let mut backward: Vec<Vec<usize>> = vec![Vec::new(); l];
     let mut notes = Vec::new();
     for i in 0..l {
         for (op, launches) in schedule.ops(i) {
             let Some(first) = launches.first() else {
                 continue;
             };
+            let slot = timeline.slot(first.slot);
             if launches.len() > 1 {
                 notes.push(format!(
-                    "{}: {} launches {} blocks over {} slots; FSDP2 gathers the unit whole at {}",
+                    "{}: {} launches {} blocks over {} slots; FSDP2 gathers the unit whole at {slot}",
                     name(i),
                     op,
                     launches.iter().map(|l| l.blocks).sum::<u32>(),
                     launches.len(),
-                    timeline.slot(first.slot)
                 ));
             }
-            let slot = timeline.slot(first.slot);
             match op {
-                Op::AllReduce | Op::ReduceScatter | Op::ReplicaAllReduce => {
+                Op::AllReduce | Op::ReduceScatter => {
                     if first.position != 0 || launches.len() > 1 {
                         notes.push(format!(
-                            "{}: {} planned at {slot}; FSDP2 reduces right after B{}",
+                            "{}: {op} planned at {slot}; FSDP2 reduces right after B{}",
                             name(i),
-                            op,
+                            i + 1
+                        ));
+                    }
+                }
+                Op::ReplicaAllReduce => {
+                    if first.position != 1 || launches.len() > 1 {
+                        notes.push(format!(
+                            "{}: {op} planned at {slot}; FSDP2 all-reduces right after the \
+                             reduce-scatter (one slot after B{})",
+                            name(i),
                             i + 1
                         ));
                     }
                 }
                 Op::Gather | Op::GatherForward => match slot {
-                    // Depth 1 (FSDP2's own issue order), and unit 1's only slot E (its forward
-                    // is the first of the iteration): nothing to set.
-                    Slot::F(k) if k == i => {}
                     Slot::E if i == 0 => {}
-                    Slot::F(k) => forward_prefetch[k - 1].push(name(i)),
+                    Slot::F(k) => forward[k - 1].push(i),
                     _ => {
-                        notes.push(format!("{}: {} planned at {slot} (previous iteration); FSDP2 prefetches within an iteration, so it starts at F1", name(i), op));
-                        if i > 0 {
-                            forward_prefetch[0].push(name(i));
-                        }
+                        notes.push(format!(
+                            "{}: {op} planned at {slot} (previous iteration); FSDP2 prefetches \
+                             within an iteration, so it starts at F1",
+                            name(i)
+                        ));
+                        forward[0].push(i);
                     }
                 },
                 Op::GatherBackward => match slot {
-                    Slot::B(k) if k == i + 2 => {}
-                    Slot::B(k) => backward_prefetch[k - 1].push(name(i)),
+                    Slot::B(k) => backward[k - 1].push(i),
                     _ => {
                         notes.push(format!(
-                            "{}: {} planned at {slot} (during the forward); it starts at B{l}",
-                            name(i),
-                            op
+                            "{}: {op} planned at {slot} (during the forward); it starts at B{l}",
+                            name(i)
                         ));
-                        backward_prefetch[l - 1].push(name(i));
+                        backward[l - 1].push(i);
                     }
                 },
             }
         }
     }
-    let units = schedule
-        .units()
-        .iter()
-        .enumerate()
-        .map(|(i, u)| Fsdp2Unit {
-            name: name(i),
-            level: u.level.name(),
-            sharded: u.level != Level::None,
-            reshard_after_forward: match u.level {
-                Level::None => None,
-                Level::Sdp => Some(false),
-                Level::Fsdp => Some(true),
-            },
-            shard_group: u.shard_group,
-            secondary_group: u.secondary_group,
-            recompute: u.recompute,
-            forward_prefetch: std::mem::take(&mut forward_prefetch[i]),
-            backward_prefetch: std::mem::take(&mut backward_prefetch[i]),
-            requires_gradient_sync: !u.accumulation.accumulate,
-            reshard_after_backward: !u.accumulation.keep,
-        })
-        .collect();
     for i in 0..l {
         for (op, step) in schedule.ops(i) {
             // Placed launches, in window order: the first is the earliest.
@@ -208,21 +285,58 @@ pub fn fsdp2(profile: &Profile, schedule: &Schedule) -> Fsdp2Plan {
             }
         }
     }
-    let bytes = &profile.bytes_per_param;
-    let mixed_precision = MixedPrecision::of(bytes.param, bytes.grad).unwrap_or_else(|why| {
-        notes.push(format!("{why}; exported in float32"));
-        None
-    });
-    Fsdp2Plan {
-        schema: 1,
-        world_size: profile.world_size,
-        micro_batches: schedule.micro_batches(),
-        mixed_precision,
-        profile_digest: profile.digest(),
-        units,
-        exact: notes.is_empty(),
-        approximations: notes,
+    let mut changes = Vec::new();
+    let listed = |list: &[usize]| list.iter().map(|&t| name(t)).collect::<Vec<_>>().join(", ");
+    for j in 0..l {
+        // Nearest deadline first, FSDP2's issue order (and the canonical queue's, DESIGN §3.7).
+        forward[j].sort_unstable();
+        backward[j].sort_unstable_by(|a, b| b.cmp(a));
+        if !forward[j].is_empty() {
+            changes.push(format!(
+                "{}.forward_prefetch = [{}]",
+                name(j),
+                listed(&forward[j])
+            ));
+        }
+        if j > 0 && backward[j] == [j - 1] {
+            // FSDP2's default prefetch at B_j issues unit j − 1: nothing to set.
+            backward[j].clear();
+        } else if !backward[j].is_empty() {
+            let mut change = format!("{}.backward_prefetch = [{}]", name(j), listed(&backward[j]));
+            if j > 0 {
+                change.push_str(&format!(
+                    "; switches off FSDP2's default prefetch of {} at {}'s pre-backward",
+                    name(j - 1),
+                    name(j)
+                ));
+            }
+            changes.push(change);
+        }
     }
+    let units = schedule
+        .units()
+        .iter()
+        .enumerate()
+        .map(|(i, u)| UnitSettings {
+            sharding: match u.level {
+                Level::None => Sharding::Replicated,
+                level => Sharding::Sharded {
+                    shard_group: u.shard_group,
+                    reshard_after_forward: match (level, u.secondary_group) {
+                        (Level::Sdp, _) => Reshard::Keep,
+                        (_, Some(h)) => Reshard::ToSecondary(h),
+                        _ => Reshard::Free,
+                    },
+                },
+            },
+            recompute: u.recompute,
+            forward_prefetch: std::mem::take(&mut forward[i]),
+            backward_prefetch: std::mem::take(&mut backward[i]),
+            requires_gradient_sync: !u.accumulation.accumulate,
+            reshard_after_backward: !u.accumulation.keep,
+        })
+        .collect();
+    (units, notes, changes)
 }
 
 #[cfg(test)]

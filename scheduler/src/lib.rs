@@ -10,6 +10,7 @@ pub mod cost;
 pub mod curve;
 pub mod error;
 pub mod export;
+pub mod fsdp2;
 pub mod groups;
 pub mod hardware;
 pub mod hf_config;

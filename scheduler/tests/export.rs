@@ -31,7 +31,8 @@ fn fsdp1_is_exact_and_keeps_fsdp2_defaults() {
         &baseline(&p, BaselineKind::Fsdp1, false, None)
             .unwrap()
             .schedule,
-    );
+    )
+    .unwrap();
     assert!(e.exact, "{:?}", e.approximations);
     let levels: Vec<_> = e
         .units
@@ -47,11 +48,23 @@ fn fsdp1_is_exact_and_keeps_fsdp2_defaults() {
             ("sdp", Some(false))
         ]
     );
-    assert!(
-        e.units
-            .iter()
-            .all(|u| u.forward_prefetch.is_empty() && u.backward_prefetch.is_empty())
-    );
+    // FSDP2 issues a module's own gather at its own pre-forward, exposed: each unit's forward
+    // prefetches the next. Backward: FSDP2's default prefetch of the previous unit is fsdp1's.
+    let lists: Vec<_> = e
+        .units
+        .iter()
+        .map(|u| (u.forward_prefetch.clone(), u.backward_prefetch.is_empty()))
+        .collect();
+    let next = |n: &str| (vec![n.to_string()], true);
+    assert_eq!(lists, [next("u2"), next("u3"), next("u4"), (vec![], true)]);
+    assert_eq!(e.changes.len(), 3, "{:?}", e.changes);
+    // Exact: the settings run the plan's schedule, so FSDP2's time is the plan's; its peak adds
+    // FSDP2's copies (all-gather output, reduce-scatter input).
+    assert_eq!(e.fsdp2_iteration_time_us, e.plan_iteration_time_us);
+    assert!(e.fsdp2_peak_memory_bytes > e.plan_peak_memory_bytes);
+    assert_eq!(e.fsdp2_timeline.len(), 8);
+    assert_eq!(e.fsdp2_timeline[0].at, "F:u1");
+    assert_eq!(e.fsdp2_timeline[4].at, "B:u4");
 }
 
 #[test]
@@ -85,7 +98,7 @@ fn deeper_gathers_become_prefetch_lists_and_the_rest_is_rounded() {
     "#,
     )
     .unwrap();
-    let e = fsdp2(&p, &s);
+    let e = fsdp2(&p, &s).unwrap();
     let u = &e.units;
     assert_eq!(
         (u[0].sharded, u[0].reshard_after_forward),
@@ -108,4 +121,12 @@ fn deeper_gathers_become_prefetch_lists_and_the_rest_is_rounded() {
     ] {
         assert!(notes.contains(expected), "missing `{expected}` in\n{notes}");
     }
+    // u4's explicit list switches off its default prefetch of u3 (which the list then names).
+    let changes = e.changes.join("\n");
+    assert!(
+        changes.contains(
+            "u4.backward_prefetch = [u3, u2]; switches off FSDP2's default prefetch of u3"
+        ),
+        "{changes}"
+    );
 }

@@ -1,0 +1,115 @@
+//! The time, memory and timeline of FSDP2 settings (DESIGN §3.12): the simulator runs their
+//! schedule ([`super::translate`]), and each slot's memory adds the copies FSDP2 makes beside the
+//! model's buffers: a gathered unit's all-gather output beside its unsharded parameters in the
+//! slot of its copy-out (a replicated unit's unsharded copy beside its parameters), and in the
+//! slot of a reducing backward the reduce-scatter input beside the unsharded gradient (a
+//! replicated unit's gradient copies too, its reduce-scatter input held into the next slot).
+
+use super::Settings;
+use super::hooks::{Boundary, Pass};
+use crate::profile::Profile;
+use crate::sim::{Semantics, Simulation, simulate};
+use crate::size::whole_bytes;
+use crate::timeline::Timeline;
+use serde::Serialize;
+
+/// One module boundary of the timeline, as exported.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TimelineEntry {
+    /// `F:<unit>` or `B:<unit>`.
+    pub at: String,
+    /// The micro-batch (1-based) when the step has several.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub micro_batch: Option<u32>,
+    /// Units whose gathered parameters exist when that unit's compute starts.
+    pub unsharded: Vec<String>,
+    /// The all-gathers its pre-hook issues, in issue order.
+    pub issued: Vec<String>,
+}
+
+/// FSDP2's time and memory for a set of settings.
+#[derive(Debug, Clone)]
+pub struct Evaluation {
+    /// The strict simulation of the settings' schedule (slots, model memory).
+    pub strict: Simulation,
+    /// Its relaxed iteration time.
+    pub relaxed_iteration_time_us: f64,
+    /// Per slot (unrolled), the model's memory plus FSDP2's copies.
+    pub memory_bytes: Vec<f64>,
+    /// The largest of `memory_bytes`, whole bytes.
+    pub peak_memory_bytes: u64,
+    /// Where it peaks: `B3`, `B3 [2]`.
+    pub peak_slot: String,
+    pub timeline: Vec<TimelineEntry>,
+}
+
+impl Evaluation {
+    pub fn iteration_time_us(&self) -> f64 {
+        self.strict.iteration_time_us
+    }
+}
+
+/// Evaluates `settings` against the profile they were checked for.
+pub fn evaluate(profile: &Profile, settings: &Settings) -> Evaluation {
+    let schedule = settings.schedule();
+    let strict = simulate(profile, schedule, Semantics::Strict);
+    let relaxed = simulate(profile, schedule, Semantics::Relaxed);
+    let mut memory_bytes: Vec<f64> = strict.slots.iter().map(|s| s.memory_bytes).collect();
+    let timeline = Timeline::new(profile.unit_count());
+    let width = timeline.slot_count();
+    let bytes = profile.bytes_per_param;
+    for b in &settings.walk().boundaries {
+        let replicated = settings.units()[b.unit].sharding == super::Sharding::Replicated;
+        let flat = match b.pass {
+            Pass::Forward => timeline.forward(b.unit),
+            Pass::Backward => timeline.backward(b.unit),
+        };
+        let slot = b.micro_batch * width + flat;
+        let full = profile.laid_out_params(b.unit) as f64;
+        if b.copied_out {
+            memory_bytes[slot] += full * bytes.param as f64;
+        }
+        if b.reduces {
+            let grad = full * bytes.grad as f64;
+            memory_bytes[slot] += if replicated { 2.0 * grad } else { grad };
+            if replicated {
+                memory_bytes[slot + 1] += grad;
+            }
+        }
+    }
+    let peak = (0..memory_bytes.len()).fold(0, |best, s| {
+        if memory_bytes[s] > memory_bytes[best] {
+            s
+        } else {
+            best
+        }
+    });
+    let names = |units: &[usize]| -> Vec<String> {
+        units
+            .iter()
+            .map(|&u| profile.units[u].name.clone())
+            .collect()
+    };
+    let several = profile.micro_batches >= 2;
+    let entry = |b: &Boundary| TimelineEntry {
+        at: format!(
+            "{}:{}",
+            match b.pass {
+                Pass::Forward => "F",
+                Pass::Backward => "B",
+            },
+            profile.units[b.unit].name
+        ),
+        micro_batch: several.then_some(b.micro_batch as u32 + 1),
+        unsharded: names(&b.unsharded),
+        issued: names(&b.issued),
+    };
+    Evaluation {
+        peak_memory_bytes: whole_bytes(memory_bytes[peak]),
+        peak_slot: strict.slots[peak].label(),
+        relaxed_iteration_time_us: relaxed.iteration_time_us,
+        timeline: settings.walk().boundaries.iter().map(entry).collect(),
+        memory_bytes,
+        strict,
+    }
+}

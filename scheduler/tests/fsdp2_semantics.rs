@@ -1,0 +1,316 @@
+//! Hand-computed examples of FSDP2's execution semantics (DESIGN §3.12): what its hooks issue at
+//! each module boundary, the schedule the simulator runs for a set of `fully_shard` settings, and
+//! the time and memory that follow. Every figure is worked out in the comments.
+
+mod common;
+
+use common::{affine, close, profile};
+use shardplan_scheduler::baselines::{BaselineKind, baseline};
+use shardplan_scheduler::export::fsdp2 as export;
+use shardplan_scheduler::fsdp2::{Reshard, Settings, Sharding, UnitSettings, evaluate};
+use shardplan_scheduler::profile::{CommCurves, GroupCurves, Link, Profile, Topology};
+use shardplan_scheduler::timeline::Op;
+
+/// Four units of Ψ 1000 (one block), f 10, b 20, act 100, N = 4, p = g = 2, o = 12, κ = 0; every
+/// collective t = 1 + bytes/100: a gather or a reduction of 2000 bytes takes 21.
+fn four_units(micro_batches: u32) -> Profile {
+    let unit = (1000, 10.0, 20.0, 100, 10, 0, 0);
+    let mut p = profile(
+        4,
+        1 << 20,
+        0.0,
+        0.0,
+        (2, 2, 12),
+        &[unit; 4],
+        affine(1.0, 100.0),
+        affine(1.0, 100.0),
+        affine(1.0, 100.0),
+    );
+    p.micro_batches = micro_batches;
+    p
+}
+
+fn sharded(shard_group: Option<u32>, reshard_after_forward: Reshard) -> UnitSettings {
+    UnitSettings::new(Sharding::Sharded {
+        shard_group,
+        reshard_after_forward,
+    })
+}
+
+/// u1–u3 fsdp, u4 sdp (FSDP2's root keeps its last module), each forward prefetching the next.
+fn fsdp_chain() -> Vec<UnitSettings> {
+    let mut units = vec![
+        sharded(None, Reshard::Free),
+        sharded(None, Reshard::Free),
+        sharded(None, Reshard::Free),
+        sharded(None, Reshard::Keep),
+    ];
+    for (j, u) in units.iter_mut().enumerate().take(3) {
+        u.forward_prefetch = vec![j + 1];
+    }
+    units
+}
+
+fn entry<'a>(
+    e: &'a shardplan_scheduler::fsdp2::Evaluation,
+    at: &str,
+) -> &'a shardplan_scheduler::fsdp2::evaluate::TimelineEntry {
+    e.timeline.iter().find(|t| t.at == at).unwrap()
+}
+
+/// Default backward prefetch: u4's pre-backward issues u3 (B4), u3's u2 (B3), u2's u1 (B2).
+/// Strict (κ = 0: d = max(c, Q)), slots F1 F2 F3 F4 B4 B3 B2 B1 E:
+/// F1 AGF2 21 | F2 AGF3 21 | F3 AG4 21 | F4 10 | B4 AGB3 21 | B3 RS4 + AGB2 42 | B2 RS3 + AGB1 42 |
+/// B1 RS2 21 | E RS1 + AGF1 42 → 241.
+/// Memory of B4: persistent 4 · 1000 · 16/4 = 16000, activations 400, u4's gather 2000, u3's
+/// backward gather 2000, u4's gradient 2000 → 22400; FSDP2 adds u4's reduce-scatter input beside
+/// its gradient, 2000 → 24400 (u4 is not copied out again: it stayed unsharded since F3).
+/// B3: 16000 + 300 + gathers u3, u2 4000 + gradients u4, u3 4000 = 24300; FSDP2 adds u3's
+/// all-gather output at its copy-out (2000) and its reduce-scatter input (2000) → 28300, the peak.
+///
+/// u4's backward list [u3, u2] switches its default off: u3 and u2 both start at B4 (B4 42, B3
+/// RS4 21: still 241); B4 holds u2's gather too, 26400.
+///
+/// u4's list [u2] alone leaves u3 to its own pre-backward: exposed, refused naming u3.
+#[test]
+fn an_explicit_backward_list_switches_off_the_default_prefetch() {
+    let p = four_units(1);
+    let default = Settings::new(&p, fsdp_chain()).unwrap();
+    let slot = |s: &Settings, unit: usize, op: Op| {
+        let t = s.schedule().timeline();
+        t.slot(s.schedule().launches(unit, op)[0].slot).to_string()
+    };
+    assert_eq!(slot(&default, 2, Op::GatherBackward), "B4");
+    assert_eq!(slot(&default, 1, Op::GatherBackward), "B3");
+    assert_eq!(slot(&default, 0, Op::GatherForward), "E");
+    assert_eq!(slot(&default, 3, Op::ReduceScatter), "B3");
+    let e = evaluate(&p, &default);
+    close(e.iteration_time_us(), 241.0, "time");
+    let durations: Vec<f64> = e.strict.slots.iter().map(|s| s.duration_us).collect();
+    assert_eq!(
+        durations,
+        [21.0, 21.0, 21.0, 10.0, 21.0, 42.0, 42.0, 21.0, 42.0]
+    );
+    close(e.memory_bytes[4], 24400.0, "B4");
+    close(e.memory_bytes[5], 28300.0, "B3");
+    assert_eq!((e.peak_memory_bytes, e.peak_slot.as_str()), (28300, "B3"));
+    let b4 = entry(&e, "B:u4");
+    assert_eq!(
+        (b4.unsharded.clone(), b4.issued.clone()),
+        (vec!["u3".into(), "u4".into()], vec!["u3".to_string()])
+    );
+
+    let mut units = fsdp_chain();
+    units[3].backward_prefetch = vec![2, 1];
+    let explicit = Settings::new(&p, units).unwrap();
+    assert_eq!(slot(&explicit, 1, Op::GatherBackward), "B4");
+    let e = evaluate(&p, &explicit);
+    close(e.iteration_time_us(), 241.0, "time");
+    close(e.memory_bytes[4], 26400.0, "B4 with u2's gather");
+    assert_eq!(entry(&e, "B:u4").unsharded, ["u2", "u3", "u4"]);
+    assert_eq!(entry(&e, "B:u3").unsharded, ["u2", "u3"]);
+
+    let mut units = fsdp_chain();
+    units[3].backward_prefetch = vec![1];
+    let refused = Settings::new(&p, units).unwrap_err().to_string();
+    assert!(
+        refused.contains("u3.backward_gather") && refused.contains("own pre-backward"),
+        "{refused}"
+    );
+}
+
+/// Three units, N = 4 on nodes of 2 (as simulator_hierarchical.rs): u1 Ψ 400 f 10 b 20 act 1000,
+/// u2 Ψ 200 f 20 b 40 act 2000, u3 Ψ 100 f 5 b 10 act 500; p = g = 2, o = 4, κ = 0. World: AG
+/// 10 + B/10, RS 5 + B/20 (inter link); node group of 2 (intra): AG 2 + B/100, RS 1 + B/100;
+/// replica group of 2 (inter): AR 3 + B/10; 100 bytes per communicator.
+fn nodes() -> Profile {
+    let mut p = profile(
+        4,
+        1 << 20,
+        0.0,
+        0.0,
+        (2, 2, 4),
+        &[
+            (400, 10.0, 20.0, 1000, 100, 0, 0),
+            (200, 20.0, 40.0, 2000, 200, 0, 0),
+            (100, 5.0, 10.0, 500, 50, 0, 0),
+        ],
+        affine(10.0, 10.0),
+        affine(5.0, 20.0),
+        affine(1.0, 1.0),
+    );
+    let curves = |ag, rs, ar| CommCurves {
+        all_gather: ag,
+        reduce_scatter: rs,
+        all_reduce: ar,
+    };
+    p.topology = Some(Topology {
+        gpus_per_node: 2,
+        groups: vec![
+            GroupCurves {
+                ranks: 2,
+                link: Link::Intra,
+                comm: curves(affine(2.0, 100.0), affine(1.0, 100.0), affine(1.0, 1.0)),
+            },
+            GroupCurves {
+                ranks: 2,
+                link: Link::Inter,
+                comm: curves(affine(1.0, 1.0), affine(1.0, 1.0), affine(3.0, 10.0)),
+            },
+        ],
+        communicator_bytes: 100,
+    });
+    p
+}
+
+fn three(first: UnitSettings, second: UnitSettings) -> Vec<UnitSettings> {
+    let mut units = vec![first, second, sharded(None, Reshard::Keep)];
+    units[0].forward_prefetch = vec![1];
+    units[1].forward_prefetch = vec![2];
+    units
+}
+
+/// u1 with `reshard_after_forward = 2` (hpZ), u2 fsdp, u3 sdp. Blocks: u1 AG 800 B: 90 across
+/// nodes, 10 inside its node (the backward gather); RS 45. u2 AG 50, RS 25. u3 AG 30, RS 15.
+/// Issued: u1's AGF at E (own), u2's at F1, u3's at F2; backward defaults: u2 at B3, u1 at B2.
+/// Strict: F1 max(10, 50) = 50 | F2 max(20, 30) = 30 | F3 5 | B3 max(10, 50) = 50 |
+/// B2 max(40, inter RS3 15, intra AGB1 10) = 40 | B1 max(20, 25) = 25 | E 45 + 90 = 135 → 335.
+/// With `reshard_after_forward = True` u1's backward gather runs across nodes: B2 max(40, 15 +
+/// 90) = 105 → 400.
+/// Memory of B2: persistent 800 + 400 + 200 = 1400, communicators (world, node) 200, u1's
+/// secondary shard 800/2 = 400, activations 3000, gathers u2 400 + u1 800, gradients u3 200 + u2
+/// 400 → 6800; FSDP2 adds u2's all-gather output (400) and reduce-scatter input (400) → 7600.
+#[test]
+fn reshard_after_forward_h_gathers_the_backward_inside_the_node() {
+    let p = nodes();
+    let hpz = Settings::new(
+        &p,
+        three(
+            sharded(None, Reshard::ToSecondary(2)),
+            sharded(None, Reshard::Free),
+        ),
+    )
+    .unwrap();
+    assert_eq!(hpz.schedule().units()[0].secondary_group, Some(2));
+    let e = evaluate(&p, &hpz);
+    let durations: Vec<f64> = e.strict.slots.iter().map(|s| s.duration_us).collect();
+    assert_eq!(durations, [50.0, 30.0, 5.0, 50.0, 40.0, 25.0, 135.0]);
+    close(e.memory_bytes[4], 7600.0, "B2");
+    let b2 = entry(&e, "B:u2");
+    assert_eq!(
+        (b2.unsharded.clone(), b2.issued.clone()),
+        (vec!["u1".into(), "u2".into()], vec!["u1".to_string()])
+    );
+    let world = Settings::new(
+        &p,
+        three(sharded(None, Reshard::Free), sharded(None, Reshard::Free)),
+    )
+    .unwrap();
+    close(evaluate(&p, &world).iteration_time_us(), 400.0, "without H");
+    let too_big = Settings::new(
+        &p,
+        three(
+            sharded(None, Reshard::ToSecondary(4)),
+            sharded(None, Reshard::Free),
+        ),
+    );
+    assert!(too_big.is_err());
+}
+
+/// u2 over shard groups of 2 (HSDP: its node), u1 fsdp and u3 sdp over the world. u2's blocks in
+/// its node: AG 2 + 400/100 = 6, RS 1 + 4 = 5; its replica AllReduce of the 200-byte shard across
+/// nodes 3 + 20 = 23, one slot after the reduce-scatter (FSDP2 runs it on its all-reduce stream
+/// after the reduce-scatter).
+/// Strict: F1 max(10, intra AGF2 6) = 10 | F2 max(20, AG3 30) = 30 | F3 5 | B3 max(10, intra 6)
+/// = 10 | B2 max(40, RS3 15 + AGB1 90) = 105 | B1 max(20, intra RS2 5) = 20 |
+/// E inter RS1 45 + RA2 23 + AGF1 90 = 158 → 338.
+#[test]
+fn hsdp_all_reduces_across_replicas_after_the_reduce_scatter() {
+    let p = nodes();
+    let hsdp = Settings::new(
+        &p,
+        three(
+            sharded(None, Reshard::Free),
+            sharded(Some(2), Reshard::Free),
+        ),
+    )
+    .unwrap();
+    let s = hsdp.schedule();
+    let at = |op| s.timeline().slot(s.launches(1, op)[0].slot).to_string();
+    assert_eq!(
+        (at(Op::ReduceScatter), at(Op::ReplicaAllReduce)),
+        ("B1".into(), "E".into())
+    );
+    let e = evaluate(&p, &hsdp);
+    let durations: Vec<f64> = e.strict.slots.iter().map(|s| s.duration_us).collect();
+    assert_eq!(durations, [10.0, 30.0, 5.0, 10.0, 105.0, 20.0, 158.0]);
+    close(e.iteration_time_us(), 338.0, "time");
+    // The hsdp baseline exports exactly: its replica AllReduce is where FSDP2 issues it.
+    let plan = baseline(&p, BaselineKind::Hsdp, false, None).unwrap();
+    let exported = export(&p, &plan.schedule).unwrap();
+    assert!(exported.exact, "{:?}", exported.approximations);
+    assert!(
+        plan.schedule
+            .units()
+            .iter()
+            .any(|u| u.shard_group.is_some())
+    );
+}
+
+/// K = 2 micro-batches of fsdp_chain with u2 accumulating (`set_requires_gradient_sync(False)`
+/// on the first) and u3 keeping its parameters (`set_reshard_after_backward(False)`).
+/// Micro-batch 1: B:u2 reduces nothing (its unsharded gradient accumulates), B:u3 leaves u3
+/// unsharded; micro-batch 2: F:u2's forward list finds u3 still whole and issues nothing, and u3
+/// is not copied out again at F:u3; both reduce and reshard in the last backward.
+/// FSDP2's copies beside the model's memory (unrolled slots: micro-batch m's B2 is 9m + 6, F3
+/// 9m + 2): B2 of micro-batch 1 adds u2's all-gather output only (2000), of micro-batch 2 its
+/// reduce-scatter input too (4000); F3 of micro-batch 1 adds u3's all-gather output, of
+/// micro-batch 2 nothing.
+#[test]
+fn micro_batch_switches_skip_the_reduction_and_the_reshard() {
+    let p = four_units(2);
+    let mut units = fsdp_chain();
+    units[1].requires_gradient_sync = false;
+    units[2].reshard_after_backward = false;
+    let settings = Settings::new(&p, units).unwrap();
+    let u = &settings.schedule().units();
+    assert!(u[1].accumulation.accumulate && u[2].accumulation.keep);
+    let e = evaluate(&p, &settings);
+    let at = |m: u32, at: &str| {
+        e.timeline
+            .iter()
+            .find(|t| t.micro_batch == Some(m) && t.at == at)
+            .unwrap()
+    };
+    assert_eq!(at(1, "F:u2").issued, ["u3"]);
+    assert!(at(2, "F:u2").issued.is_empty());
+    assert_eq!(at(2, "F:u2").unsharded, ["u2", "u3"]);
+    assert_eq!(at(1, "B:u2").unsharded, ["u1", "u2", "u3"]);
+    let extra = |s: usize| e.memory_bytes[s] - e.strict.slots[s].memory_bytes;
+    close(extra(6), 2000.0, "B2 of micro-batch 1");
+    close(extra(9 + 6), 4000.0, "B2 of micro-batch 2");
+    close(extra(2), 2000.0, "F3 of micro-batch 1");
+    close(extra(9 + 2), 0.0, "F3 of micro-batch 2");
+    // One micro-batch per step has no switches to set.
+    let mut one = fsdp_chain();
+    one[1].requires_gradient_sync = false;
+    let refused = Settings::new(&four_units(1), one).unwrap_err().to_string();
+    assert!(refused.contains("u2.requires_gradient_sync"), "{refused}");
+}
+
+/// A forward list naming an earlier unit, and one naming a unit twice, are refused.
+#[test]
+fn prefetch_lists_run_in_their_pass_direction() {
+    let p = four_units(1);
+    let mut units = fsdp_chain();
+    units[2].forward_prefetch = vec![1];
+    let e = Settings::new(&p, units).unwrap_err().to_string();
+    assert!(
+        e.contains("u3.forward_prefetch") && e.contains("after it"),
+        "{e}"
+    );
+    let mut units = fsdp_chain();
+    units[3].backward_prefetch = vec![2, 2];
+    let e = Settings::new(&p, units).unwrap_err().to_string();
+    assert!(e.contains("u4.backward_prefetch"), "{e}");
+}
