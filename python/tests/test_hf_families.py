@@ -1,0 +1,75 @@
+"""Every dense decoder family `shardplan profile analytic --model config.json` reads, tiny and at
+its real size, counts exactly transformers' `num_parameters()` (DESIGN §7.1); mixtures of experts
+are refused naming their experts, and a config error names the config's own field."""
+
+import json
+import pathlib
+import subprocess
+import tempfile
+import unittest
+
+import hf_families
+from shardplan_torch.testing import BIN
+
+
+def analytic(config, d, *extra):
+    """`profile analytic --json` of `config` saved under `d`: (exit code, JSON or stderr)."""
+    config.save_pretrained(d)
+    out = subprocess.run([BIN, "profile", "analytic", "--model", f"{d}/config.json", "--device",
+                          "h100-sxm", "--world-size", "64", "--gpus-per-node", "8", "--out",
+                          f"{d}/p.toml", "--json", *extra], capture_output=True, text=True)
+    return out.returncode, json.loads(out.stdout) if out.returncode == 0 else out.stdout + out.stderr
+
+
+class Families(unittest.TestCase):
+    def test_tiny_configs_count_transformers_parameters(self):
+        for tag, _, _ in hf_families.TINY_VARIANTS:
+            with self.subTest(tag), tempfile.TemporaryDirectory() as d:
+                config = hf_families.tiny(tag)
+                code, out = analytic(config, d)
+                self.assertEqual(code, 0, out)
+                self.assertEqual(out["total_params"], hf_families.parameters(config), tag)
+                self.assertEqual(out["seq_len"], 64, "the config's length without --seq-len")
+
+    def test_real_sizes_count_transformers_parameters(self):
+        for name, _ in hf_families.REAL:
+            with self.subTest(name), tempfile.TemporaryDirectory() as d:
+                config = hf_families.real(name)
+                seq_len = 1024 if name.startswith("GPT-2") else 4096
+                code, out = analytic(config, d, "--seq-len", str(seq_len))
+                self.assertEqual(code, 0, out)
+                self.assertEqual(out["total_params"], hf_families.parameters(config), name)
+                self.assertEqual((out["seq_len"], out["gpus_per_node"]), (seq_len, 8))
+
+    def test_mixtures_of_experts_are_refused_naming_the_experts(self):
+        import transformers as hf
+        for config, field in [
+            (hf.MixtralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                              num_attention_heads=4, num_key_value_heads=2), "num_local_experts"),
+            (hf.Qwen2MoeConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                               num_attention_heads=4, num_key_value_heads=2), "num_experts"),
+        ]:
+            with self.subTest(field), tempfile.TemporaryDirectory() as d:
+                code, err = analytic(config, d)
+                self.assertEqual(code, 2, err)
+                self.assertIn(field, err)
+                self.assertIn("experts", err)
+                self.assertIn("config.json", err)
+
+    def test_config_errors_name_the_configs_own_field(self):
+        import transformers as hf
+        for config, expected in [
+            (hf.GPT2Config(n_embd=128, n_head=3, n_layer=2), "n_head`: expected a divisor of n_embd = 128"),
+            (hf.GPT2Config(n_embd=128, n_head=4, n_layer=10**6), "n_layer"),
+            (hf.LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=3,
+                            num_hidden_layers=1), "num_key_value_heads"),
+        ]:
+            with self.subTest(expected), tempfile.TemporaryDirectory() as d:
+                code, err = analytic(config, d)
+                self.assertEqual(code, 2, err)
+                self.assertIn(expected, err)
+                self.assertIn(str(pathlib.Path(d) / "config.json"), err)
+
+
+if __name__ == "__main__":
+    unittest.main()
