@@ -1,14 +1,18 @@
 """Every dense decoder family `shardplan profile analytic --model config.json` reads, tiny and at
-its real size, counts exactly transformers' `num_parameters()` (DESIGN §7.1); mixtures of experts
-are refused naming their experts, and a config error names the config's own field."""
+its real size, counts exactly transformers' `num_parameters()` (DESIGN §7.1), unit by unit as
+`shardplan_torch.units` maps the tiny models (every parameter in one unit, a tied head reading
+the embedding); mixtures of experts are refused naming their experts, and a config error names
+the config's own field."""
 
 import json
 import pathlib
 import subprocess
 import tempfile
+import tomllib
 import unittest
 
 import hf_families
+from shardplan_torch import units
 from shardplan_torch.testing import BIN
 
 
@@ -25,11 +29,21 @@ class Families(unittest.TestCase):
     def test_tiny_configs_count_transformers_parameters(self):
         for tag, _, _ in hf_families.TINY_VARIANTS:
             with self.subTest(tag), tempfile.TemporaryDirectory() as d:
+                import transformers as hf
                 config = hf_families.tiny(tag)
                 code, out = analytic(config, d)
                 self.assertEqual(code, 0, out)
-                self.assertEqual(out["total_params"], hf_families.parameters(config), tag)
+                model = hf.AutoModelForCausalLM.from_config(config)
+                self.assertEqual(out["total_params"], model.num_parameters(), tag)
                 self.assertEqual(out["seq_len"], 64, "the config's length without --seq-len")
+                with open(f"{d}/p.toml", "rb") as f:
+                    profiled = tomllib.load(f)["units"]
+                mapped = units(model)
+                self.assertEqual([(u["name"], u["params"]) for u in profiled],
+                                 [(u.name, sum(p.numel() for p in u.parameters())) for u in mapped])
+                tied = config.tie_word_embeddings
+                self.assertEqual(profiled[-1].get("reads_params_of"), "embedding" if tied else None)
+                self.assertEqual(mapped[-1].reads_params_of, "embedding" if tied else None)
 
     def test_real_sizes_count_transformers_parameters(self):
         for name, _ in hf_families.REAL:
