@@ -110,10 +110,12 @@ fn parameters(count: u64) -> String {
     }
 }
 
-/// A time as it reads best: µs below a millisecond, else [`ms`].
+/// A time as it reads best: µs below a millisecond, s from a second, else [`ms`].
 fn duration(us: f64) -> String {
     if us < 1e3 {
         format!("{us:.1} µs")
+    } else if us >= 1e6 {
+        format!("{:.3} s", us / 1e6)
     } else {
         ms(us)
     }
@@ -130,5 +132,6 @@ mod tests {
         assert_eq!(parameters(127_488), "127,488");
         assert_eq!(parameters(999), "999");
         assert_eq!(duration(12.34), "12.3 µs");
+        assert_eq!(duration(3_253_926.0), "3.254 s");
     }
 }
