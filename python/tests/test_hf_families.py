@@ -12,6 +12,8 @@ import tomllib
 import unittest
 
 import hf_families
+import shardplan_torch
+import torch
 from shardplan_torch import units
 from shardplan_torch.testing import BIN
 
@@ -44,6 +46,38 @@ class Families(unittest.TestCase):
                 tied = config.tie_word_embeddings
                 self.assertEqual(profiled[-1].get("reads_params_of"), "embedding" if tied else None)
                 self.assertEqual(mapped[-1].reads_params_of, "embedding" if tied else None)
+
+    def test_the_pytorch_profiler_keeps_what_the_comm_profile_says_of_the_run(self):
+        """K, bytes per parameter and the node layout of `profile analytic` reach the measured
+        profile unless given, and `shardplan` reads that profile back."""
+        import transformers as hf
+        with tempfile.TemporaryDirectory() as d:
+            config = hf_families.tiny("qwen2")
+            code, out = analytic(config, d, "--micro-batches", "2")
+            self.assertEqual(code, 0, out)
+            model = hf.AutoModelForCausalLM.from_config(config)
+            batch = torch.randint(0, 256, (1, 17))
+
+            def loss_fn(m, b):
+                return m(input_ids=b[:, :-1], labels=b[:, :-1], use_cache=False).loss
+
+            for given, expected in [({}, (2, [2, 2, 12])),
+                                    (dict(micro_batches=1, bytes_per_param=(4, 4, 8)), (1, [4, 4, 8]))]:
+                with self.subTest(given=given):
+                    out = f"{d}/measured.toml"
+                    shardplan_torch.profile(model, units(model), batch, loss_fn, f"{d}/p.toml", out,
+                                            warmup=0, repeats=1, **given)
+                    with open(out, "rb") as f:
+                        measured = tomllib.load(f)
+                    bytes_per_param = measured["bytes_per_param"]
+                    self.assertEqual((measured.get("micro_batches", 1),
+                                      [bytes_per_param[k] for k in ["param", "grad", "optimizer"]]),
+                                     expected)
+                    self.assertEqual(measured["topology"]["gpus_per_node"], 8)
+                    kind = "fsdp2-nosync" if expected[0] == 2 else "fsdp2"
+                    fsdp2 = subprocess.run([BIN, "baseline", "--profile", out, "--kind", kind,
+                                            "--out", f"{d}/b.toml"], capture_output=True, text=True)
+                    self.assertEqual(fsdp2.returncode, 0, fsdp2.stdout + fsdp2.stderr)
 
     def test_real_sizes_count_transformers_parameters(self):
         for name, _ in hf_families.REAL:
