@@ -117,7 +117,7 @@ impl Config<'_> {
         let layers = self.count("num_hidden_layers")?;
         let head_dim = self
             .optional_count("head_dim")?
-            .filter(|&d| d * heads != hidden);
+            .filter(|&d| d.checked_mul(heads) != Some(hidden));
         let gemma = matches!(family, Family::Gemma2 | Family::Gemma3);
         Ok(ModelSpec {
             name,
