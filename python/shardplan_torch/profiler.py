@@ -12,7 +12,9 @@ the tied `wte`) is recorded with `reads_params_of`. Every parameter must belong 
 unit: a map that leaves one out is refused, naming it. Times are the median of `repeats`
 runs after `warmup`; on CUDA they are taken with CUDA events. Collective curves, block size and
 world size come from an existing shardplan profile (`shardplan profile analytic` for the target
-hardware, or one with curves imported from nccl-tests).
+hardware and run, or one with curves imported from nccl-tests), and with them, unless given, what
+that profile says of the run: its micro-batches per step K, its precision (bytes per parameter)
+and its node layout (topology).
 """
 
 import statistics
@@ -141,17 +143,25 @@ def _curves(table, comm):
 
 
 def profile(model, units, sample_batch, loss_fn, comm_profile, out, *, name="pytorch model",
-            bytes_per_param=(4, 4, 8), warmup=2, repeats=5):
+            micro_batches=None, bytes_per_param=None, warmup=2, repeats=5):
     """Measures `units` (`Unit`s, or (name, module) pairs, in forward order; every parameter of
     `model` in exactly one) of `model` running `loss_fn(model, sample_batch)` (a scalar loss) and
     writes a shardplan profile to `out`.
     Collective curves, block size and world size are taken from the profile at `comm_profile`,
     and its topology (ranks per node, the groups' curves, the communicators' bytes) where it has
     one.
-    `bytes_per_param` is (gathered parameter, gradient, optimizer state) bytes per parameter."""
+    `micro_batches` is K, the micro-batches per optimizer step `sample_batch` is one of;
+    `bytes_per_param` (gathered parameter, gradient, optimizer state) bytes per parameter, the
+    precision: (4, 4, 8) fp32, (2, 4, 12) bf16 with fp32 reductions, (2, 2, 12) bf16. Each
+    is the comm profile's where not given (K = 1 where it has none)."""
     units = check(model, units)
     with open(comm_profile, "rb") as f:
         base = tomllib.load(f)
+    if micro_batches is None:
+        micro_batches = int(base.get("micro_batches", 1))
+    if bytes_per_param is None:
+        given = base["bytes_per_param"]
+        bytes_per_param = (given["param"], given["grad"], given["optimizer"])
     cuda = next(model.parameters()).is_cuda
     for _ in range(warmup):
         _measure(model, units, sample_batch, loss_fn, cuda)
@@ -160,6 +170,7 @@ def profile(model, units, sample_batch, loss_fn, comm_profile, out, *, name="pyt
         "schema = 1",
         f"name = {_toml_value(name)}",
         f"world_size = {base['world_size']}",
+        f"micro_batches = {int(micro_batches)}",
         f"block_size_bytes = {base['block_size_bytes']}",
         f"overlap_slowdown = {_toml_value(float(base['overlap_slowdown']))}",
         "iteration_extra_us = 0.0",

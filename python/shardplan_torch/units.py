@@ -8,9 +8,12 @@ head computes `ln_f` and then the tied `lm_head`); by default its `modules`. A u
 reads another unit's parameters names that unit in `reads_params_of`, as the runtime's profiles
 do (GPT-2's head reads the embedding's `wte`).
 
-`units(model)` gives the map of transformers' GPT-2 (`GPT2LMHeadModel`) and Llama
-(`LlamaForCausalLM`) families; `check(model, units)` refuses a map that leaves a parameter out
-or names one twice.
+`units(model)` gives the map of transformers' GPT-2 (`GPT2LMHeadModel`) and of the Llama-shaped
+families (`LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`,
+`Gemma2ForCausalLM`, `Gemma3ForCausalLM`, `Phi3ForCausalLM`, `Olmo2ForCausalLM`: `model.embed_tokens`,
+`model.layers`, `model.norm`, `lm_head`); `check(model, units)` refuses a map that leaves a
+parameter out or names one twice. For another model, write the list yourself (README, "A unit map
+for another model").
 """
 
 from dataclasses import dataclass, field
@@ -64,7 +67,7 @@ def _gpt2(model):
                  reads_params_of="embedding" if tied else None)]
 
 
-def _llama(model):
+def _decoder(model):
     m = model.model
     blocks = [Unit(f"block.{i + 1}", [layer]) for i, layer in enumerate(m.layers)]
     tied = model.lm_head.weight is m.embed_tokens.weight
@@ -75,12 +78,14 @@ def _llama(model):
                  reads_params_of="embedding" if tied else None)]
 
 
-_MAPS = {"GPT2LMHeadModel": _gpt2, "LlamaForCausalLM": _llama}
+_DECODERS = ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+             "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "Olmo2ForCausalLM"]
+_MAPS = {"GPT2LMHeadModel": _gpt2, **{name: _decoder for name in _DECODERS}}
 
 
 def units(model):
-    """The unit map of `model`, chosen by its class: transformers' `GPT2LMHeadModel` or
-    `LlamaForCausalLM` (or a subclass). Checked: every parameter in exactly one unit."""
+    """The unit map of `model`, chosen by its class: transformers' `GPT2LMHeadModel` or one of the
+    Llama-shaped `*ForCausalLM`s (or a subclass). Checked: every parameter in exactly one unit."""
     for cls in type(model).__mro__:
         if cls.__name__ in _MAPS:
             found = _MAPS[cls.__name__](model)
@@ -88,9 +93,12 @@ def units(model):
             return found
     raise ValueError(
         f"no unit map for {type(model).__name__}: shardplan_torch.units knows "
-        f"{', '.join(sorted(_MAPS))}; for another model pass your own list of "
-        "shardplan_torch.Unit(name, modules) (or (name, module) pairs) in forward order, "
-        "naming them embedding, block.1..L, head as the profile does")
+        f"{', '.join(sorted(_MAPS))}; for another model write the list yourself, in forward "
+        "order and named as the profile's units: [Unit('embedding', [the token embedding, and "
+        "the output projection if tied]), Unit('block.1', [first block]), ..., Unit('block.L', "
+        "[last block]), Unit('head', [final norm, output projection], reads_params_of='embedding' "
+        "if tied)], then shardplan_torch.check_units(model, that_list) (README: 'A unit map for "
+        "another model')")
 
 
 def check(model, unit_list):

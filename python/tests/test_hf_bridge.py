@@ -1,6 +1,8 @@
 """From a transformers model to a plan applied in its training, as a user would go, for tiny
 GPT-2 (`GPT2LMHeadModel`, tied embeddings) and Llama (`LlamaForCausalLM`, grouped-query attention,
-untied head) configs, no download: the config transformers writes is read by `shardplan profile
+untied head) configs, and leaner (ddp, zero3 and the two ILP plans) for Qwen2 (q/k/v biases),
+Gemma-2 (a head size of its own, four norms a block, sliding windows, soft-capping, tied) and
+Mistral (a sliding window shorter than the sequence), no download: the config transformers writes is read by `shardplan profile
 analytic --model config.json` (its units' parameters are the model's own, counted by
 `shardplan_torch.units`); the hooks profiler measures the model on the same unit map; plans
 (ddp, zero2, fsdp1, fsdp2, zero3, fsdp2 with every unit recomputed, and the ILP's at a cap between zero3's peak and ddp's, on the
@@ -31,14 +33,20 @@ BASELINES = ["ddp", "zero2", "fsdp1", "fsdp2", "zero3"]
 
 
 def make_config(family):
-    from transformers import GPT2Config, LlamaConfig
+    import transformers as hf
     if family == "gpt2":
-        return GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=4,
-                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
-                          eos_token_id=0)
-    return LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                       max_position_embeddings=SEQ)
+        return hf.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=4,
+                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+                             eos_token_id=0)
+    shape = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ,
+                 pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return {
+        "llama": lambda: hf.LlamaConfig(**shape),
+        "qwen2": lambda: hf.Qwen2Config(**shape),
+        "gemma2": lambda: hf.Gemma2Config(**shape, head_dim=16, sliding_window=8),
+        "mistral": lambda: hf.MistralConfig(**shape, sliding_window=8),
+    }[family]()
 
 
 def make_model(family):
@@ -55,7 +63,9 @@ def tokens(rank, world):
 
 
 def loss_fn(model, batch):
-    logits = model(input_ids=batch[:, :-1]).logits
+    # No key/value cache in training: a recomputed block would append to it a second time (a
+    # sliding window's cache then no longer matches its mask).
+    logits = model(input_ids=batch[:, :-1], use_cache=False).logits
     return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
 
 
@@ -114,7 +124,7 @@ def worker(rank, world, family, plans, result_path, port):
 
 
 class HuggingFaceBridge(unittest.TestCase):
-    def bridge(self, family):
+    def bridge(self, family, baselines=BASELINES, checkpoint=True):
         with tempfile.TemporaryDirectory() as d:
             d = pathlib.Path(d)
             make_config(family).save_pretrained(d / "hf")
@@ -130,25 +140,27 @@ class HuggingFaceBridge(unittest.TestCase):
             self.assertEqual([u["params"] for u in analytic], own, "the config's units are the model's")
             prof = d / "measured.toml"
             shardplan_torch.profile(model, model_units, tokens(0, 1), loss_fn, comm, prof,
-                                    name=f"tiny {family} x2", warmup=1, repeats=2)
+                                    name=f"tiny {family} x2", bytes_per_param=(4, 4, 8), warmup=1,
+                                    repeats=2)
             with open(prof, "rb") as f:
                 measured = tomllib.load(f)["units"]
             self.assertEqual([u["name"] for u in measured], [u.name for u in model_units])
             self.assertEqual([u["params"] for u in measured], own)
             self.assertEqual(sum(own), sum(p.numel() for p in model.parameters()))
-            tied = family == "gpt2"
+            tied = family in ("gpt2", "gemma2")
             self.assertEqual(measured[-1].get("reads_params_of"), "embedding" if tied else None)
             plans = {}
             peaks = {}
-            for kind in BASELINES:
+            for kind in baselines:
                 plan = d / f"{kind}.plan.toml"
                 out = json.loads(shardplan("baseline", "--profile", str(prof), "--kind", kind,
                                            "--out", str(plan), "--json"))
                 peaks[kind] = out["peak_memory_bytes"]
                 plans[kind] = plan
-            plans["fsdp2-ckpt"] = d / "fsdp2-ckpt.plan.toml"
-            shardplan("baseline", "--profile", str(prof), "--kind", "fsdp2", "--checkpoint",
-                      "--out", str(plans["fsdp2-ckpt"]))
+            if checkpoint:
+                plans["fsdp2-ckpt"] = d / "fsdp2-ckpt.plan.toml"
+                shardplan("baseline", "--profile", str(prof), "--kind", "fsdp2", "--checkpoint",
+                          "--out", str(plans["fsdp2-ckpt"]))
             cap = str(int((peaks["zero3"] + peaks["ddp"]) / 2))
             plans["ilp-measured"] = d / "ilp-measured.plan.toml"
             shardplan("solve", "--profile", str(prof), "--memory-cap", cap, "--out", str(plans["ilp-measured"]))
@@ -208,6 +220,11 @@ class HuggingFaceBridge(unittest.TestCase):
     def test_llama_untied_head(self):
         self.bridge("llama")
 
+    def test_qwen2_gemma2_mistral(self):
+        for family in ["qwen2", "gemma2", "mistral"]:
+            with self.subTest(family):
+                self.bridge(family, baselines=["ddp", "zero3"], checkpoint=False)
+
     def test_unit_maps_refuse_what_they_cannot_map(self):
         model = make_model("gpt2")
         t = model.transformer
@@ -223,16 +240,15 @@ class HuggingFaceBridge(unittest.TestCase):
             units(torch.nn.Linear(2, 2))
 
     def test_a_config_of_another_family_is_refused_by_name(self):
-        from transformers import MistralConfig
+        from transformers import FalconConfig
         with tempfile.TemporaryDirectory() as d:
-            MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                          num_attention_heads=4, num_key_value_heads=2).save_pretrained(d)
+            FalconConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4).save_pretrained(d)
             out = subprocess.run([BIN, "profile", "analytic", "--model", f"{d}/config.json",
                                   "--device", "h100-sxm", "--world-size", "2", "--out", f"{d}/p.toml"],
                                  capture_output=True, text=True)
             self.assertEqual(out.returncode, 2, out.stderr)
             self.assertIn("model_type", out.stderr)
-            self.assertIn("mistral", out.stderr)
+            self.assertIn("falcon", out.stderr)
 
 
 if __name__ == "__main__":

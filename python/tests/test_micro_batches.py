@@ -8,8 +8,8 @@ accumulates the same micro-batches (each loss divided by 4)."""
 
 import json
 import pathlib
-import re
 import tempfile
+import tomllib
 import unittest
 
 import torch
@@ -17,9 +17,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
-from shardplan_torch import start_micro_batch
-from shardplan_torch.testing import (SEQ, VOCAB, TinyGPT, free_port, loss_fn, shardplan, sharded_tiny_gpt,
-                                     tiny_profile)
+from shardplan_torch import profile, start_micro_batch
+from shardplan_torch.testing import ROOT, SEQ, VOCAB, TinyGPT, free_port, loss_fn, shardplan, sharded_tiny_gpt
 
 MICRO_BATCHES = 4
 STEPS = 2
@@ -83,11 +82,18 @@ class MicroBatches(unittest.TestCase):
         expected = reference()
         with tempfile.TemporaryDirectory() as d:
             d = pathlib.Path(d)
-            one = d / "one.toml"
-            tiny_profile(d, micro_batch(0, 0, 0, 1), one)
-            text = one.read_text()
+            comm = d / "comm.toml"
+            shardplan("profile", "analytic", "--model", str(ROOT / "models/gpt2-small.toml"), "--device", "h100-sxm",
+                      "--world-size", "2", "--block-size", "16KiB", "--micro-batches", str(MICRO_BATCHES),
+                      "--out", str(comm))
             prof = d / "tiny.toml"
-            prof.write_text(re.sub(r"^world_size = ", f"micro_batches = {MICRO_BATCHES}\nworld_size = ", text, count=1, flags=re.M))
+            torch.manual_seed(0)
+            model = TinyGPT()
+            # K comes from the comm profile; the precision is the fp32 this test trains in.
+            profile(model, model.units(), micro_batch(0, 0, 0, 1), loss_fn, comm, prof, name="tiny gpt x2",
+                    bytes_per_param=(4, 4, 8))
+            with open(prof, "rb") as f:
+                self.assertEqual(tomllib.load(f)["micro_batches"], MICRO_BATCHES, "K carried from the comm profile")
             plans = {}
             for kind in ["fsdp2", "fsdp2-nosync", "zero2"]:
                 plans[kind] = d / f"{kind}.plan.toml"

@@ -46,8 +46,8 @@ pub fn forward_gemms(
 ) -> Vec<Gemm> {
     let (b, s, h) = (micro_batch, seq_len, model.hidden);
     let tokens = b * s;
-    let head_width = h / model.heads;
-    let kv = model.kv_heads * head_width;
+    let head_width = model.head_size();
+    let (q, kv) = model.attention_widths();
     let linear = |out: u64, inp: u64| Gemm::linear(tokens as usize, inp as usize, out as usize);
     match unit {
         UnitKind::Embedding => vec![],
@@ -59,10 +59,10 @@ pub fn forward_gemms(
                 model.ffn
             };
             vec![
-                linear(h + 2 * kv, h),
+                linear(q + 2 * kv, h),
                 product(s, s, head_width, b * model.heads).b_transposed(),
                 product(s, head_width, s, b * model.heads),
-                linear(h, h),
+                linear(h, q),
                 linear(up, h),
                 linear(h, model.ffn),
             ]

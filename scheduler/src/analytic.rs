@@ -3,7 +3,7 @@
 
 use crate::curve::CommCurve;
 use crate::hardware::{Catalog, Device, Interconnect};
-use crate::model::{Attention, ModelSpec};
+use crate::model::{Attention, ModelSpec, PositionEmbedding};
 use crate::profile::{
     BytesPerParam, CommCurves, GroupCurves, Link, PROFILE_SCHEMA, Profile, Topology, UnitProfile,
     offered_groups,
@@ -189,6 +189,16 @@ pub fn analytic_profile(
     let seq_len = opts.seq_len.unwrap_or(model.seq_len);
     if seq_len == 0 {
         return Err(Error::invalid("--seq-len", "seq_len", "a positive integer"));
+    }
+    if model.position_embedding == PositionEmbedding::Learned && seq_len > model.seq_len {
+        return Err(Error::invalid(
+            "--seq-len",
+            "seq_len",
+            format!(
+                "at most the model's {} learned positions, got {seq_len}",
+                model.seq_len
+            ),
+        ));
     }
     let n = opts.world_size;
     let comm = comm_curves(catalog, &opts.device, n)?;

@@ -1,12 +1,14 @@
-//! A Hugging Face transformers `config.json` as a zoo [`ModelSpec`]: the GPT-2 (`model_type =
-//! "gpt2"`) and Llama (`"llama"`) families, read with the field names and defaults transformers
-//! writes (`GPT2Config`, `LlamaConfig`). A field the zoo model cannot represent (another
-//! `model_type`, a sliding window, experts, a head size other than hidden / heads, biases on
-//! attention but not on the MLP) is refused, naming it: a plan for a model that is not the one
-//! described would be a wrong plan.
+//! A Hugging Face transformers `config.json` as a zoo [`ModelSpec`]: the dense decoder
+//! families of [`families::Family`] (GPT-2, Llama, Mistral, Qwen2, Qwen3, Gemma-2, Gemma-3 text,
+//! Phi-3, OLMo-2), read with the field names and defaults transformers writes. A mixture of
+//! experts or another `model_type` is refused, naming the field: a plan for a model that is not
+//! the one described would be a wrong plan. Errors name the config's own fields.
 
-use crate::model::{ModelSpec, Norm, PositionEmbedding};
+mod families;
+
+use crate::model::ModelSpec;
 use crate::{Error, Result};
+use families::{Family, KNOWN, field_name};
 use serde_json::{Map, Value};
 use std::path::Path;
 
@@ -58,20 +60,24 @@ pub fn parse(text: &str, origin: &str, name: &str) -> Result<ModelSpec> {
         .filter(|n| !n.is_empty())
         .unwrap_or(name)
         .to_string();
-    let spec = match config.text("model_type") {
-        Some("gpt2") => config.gpt2(name)?,
-        Some("llama") => config.llama(name)?,
-        Some(other) => {
-            return Err(Error::invalid(
+    config.refuse_experts()?;
+    let family = match config.text("model_type") {
+        Some(t) => Family::of(t).ok_or_else(|| {
+            let hint = if t == "gemma3" {
+                " (for Gemma-3 pass its text_config, saved as Gemma3TextConfig)"
+            } else {
+                ""
+            };
+            Error::invalid(
                 origin,
                 "model_type",
-                format!("\"gpt2\" or \"llama\" (the families the zoo models), got \"{other}\""),
-            ));
-        }
+                format!("one of the dense decoder families {KNOWN}, got \"{t}\"{hint}"),
+            )
+        })?,
         None => return Err(Error::invalid(origin, "model_type", "a string")),
     };
-    config.refuse_what_the_zoo_cannot_model()?;
-    spec.validate(origin)?;
+    let spec = config.spec(family, name)?;
+    spec.validate_named(origin, &|field| field_name(family, field))?;
     Ok(spec)
 }
 
@@ -113,97 +119,26 @@ impl Config<'_> {
         }
     }
 
-    /// `GPT2Config`: n_embd, n_layer, n_head, n_inner (null: 4·n_embd), vocab_size, n_positions;
-    /// LayerNorm, learned positions, biases, tied embeddings unless `tie_word_embeddings` is false.
-    fn gpt2(&self, name: String) -> Result<ModelSpec> {
-        let hidden = self.count("n_embd")?;
-        let heads = self.count("n_head")?;
-        Ok(ModelSpec {
-            name,
-            layers: self.count("n_layer")?,
-            hidden,
-            heads,
-            kv_heads: heads,
-            ffn: self.optional_count("n_inner")?.unwrap_or(4 * hidden),
-            vocab: self.count("vocab_size")?,
-            seq_len: self.count("n_positions")?,
-            gated_mlp: false,
-            bias: true,
-            norm: Norm::LayerNorm,
-            position_embedding: PositionEmbedding::Learned,
-            tied_embeddings: self.flag("tie_word_embeddings", true)?,
-            training: None,
-        })
+    /// Whether the config gives `key` a value (not null, false or 0).
+    fn is_set(&self, key: &str) -> bool {
+        self.fields
+            .get(key)
+            .is_some_and(|v| !v.is_null() && v != &Value::Bool(false) && v.as_f64() != Some(0.0))
     }
 
-    /// `LlamaConfig`: hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads
-    /// (default: the heads), intermediate_size, vocab_size, max_position_embeddings; RMSNorm,
-    /// rotary positions, SwiGLU, biases only as attention_bias and mlp_bias together, an untied
-    /// head unless `tie_word_embeddings`.
-    fn llama(&self, name: String) -> Result<ModelSpec> {
-        let hidden = self.count("hidden_size")?;
-        let heads = self.count("num_attention_heads")?;
-        if let Some(head_dim) = self.optional_count("head_dim")?
-            && head_dim * heads != hidden
-        {
-            return Err(Error::invalid(
-                self.origin,
-                "head_dim",
-                format!(
-                    "hidden_size / num_attention_heads = {} (the zoo models heads of that size), got {head_dim}",
-                    hidden / heads
-                ),
-            ));
-        }
-        let (attention_bias, mlp_bias) = (
-            self.flag("attention_bias", false)?,
-            self.flag("mlp_bias", false)?,
-        );
-        if attention_bias != mlp_bias {
-            return Err(Error::invalid(
-                self.origin,
-                "mlp_bias",
-                format!(
-                    "{attention_bias}, as attention_bias (the zoo models biases on every linear layer or on none)"
-                ),
-            ));
-        }
-        Ok(ModelSpec {
-            name,
-            layers: self.count("num_hidden_layers")?,
-            hidden,
-            heads,
-            kv_heads: self.optional_count("num_key_value_heads")?.unwrap_or(heads),
-            ffn: self.count("intermediate_size")?,
-            vocab: self.count("vocab_size")?,
-            seq_len: self.count("max_position_embeddings")?,
-            gated_mlp: true,
-            bias: attention_bias,
-            norm: Norm::RmsNorm,
-            position_embedding: PositionEmbedding::Rotary,
-            tied_embeddings: self.flag("tie_word_embeddings", false)?,
-            training: None,
-        })
-    }
-
-    /// Sliding windows and mixtures of experts change what a unit computes and holds.
-    fn refuse_what_the_zoo_cannot_model(&self) -> Result<()> {
-        let set = |key: &str| {
-            self.fields
-                .get(key)
-                .is_some_and(|v| !v.is_null() && v != &Value::Bool(false) && v.as_u64() != Some(0))
-        };
-        for (key, what) in [
-            ("sliding_window", "sliding-window attention"),
-            ("num_local_experts", "a mixture of experts"),
-            ("num_experts", "a mixture of experts"),
-            ("n_routed_experts", "a mixture of experts"),
-        ] {
-            if set(key) {
+    /// A mixture of experts is refused, naming its experts: expert parallelism is outside the
+    /// plan space.
+    fn refuse_experts(&self) -> Result<()> {
+        for key in ["num_local_experts", "num_experts", "n_routed_experts"] {
+            if self.is_set(key) {
                 return Err(Error::invalid(
                     self.origin,
                     key,
-                    format!("none: the zoo models dense full attention, not {what}"),
+                    format!(
+                        "a dense model, got {} experts: a mixture of experts needs expert \
+                         parallelism, which is outside the plan space",
+                        self.fields[key]
+                    ),
                 ));
             }
         }
@@ -214,6 +149,7 @@ impl Config<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{Biases, Norm, PositionEmbedding, QkNorm};
 
     /// What `GPT2Config(n_embd=128, n_layer=4, n_head=4, vocab_size=256, n_positions=64)
     /// .save_pretrained` writes (the fields the spec reads; `n_inner` null).
@@ -259,45 +195,96 @@ mod tests {
             ),
             (64, 4, 2, 160, 2)
         );
-        assert!(spec.gated_mlp && !spec.bias && !spec.tied_embeddings);
+        assert!(spec.gated_mlp && spec.bias == Biases::NONE && !spec.tied_embeddings);
         assert_eq!(
-            (spec.norm, spec.position_embedding),
-            (Norm::RmsNorm, PositionEmbedding::Rotary)
+            (spec.norm, spec.position_embedding, spec.head_dim),
+            (Norm::RmsNorm, PositionEmbedding::Rotary, None)
         );
     }
 
-    /// Each field the zoo cannot represent is refused, named.
-    #[test]
-    fn what_the_zoo_cannot_model_is_refused_by_name() {
-        let with = |base: &str, key: &str, value: &str| {
-            let mut v: Value = serde_json::from_str(base).unwrap();
-            v[key] = serde_json::from_str(value).unwrap();
-            parse(&v.to_string(), "config.json", "m")
-                .unwrap_err()
-                .to_string()
-        };
-        for (base, key, value) in [
-            (LLAMA, "model_type", "\"mistral\""),
-            (LLAMA, "sliding_window", "4096"),
-            (LLAMA, "num_local_experts", "8"),
-            (LLAMA, "head_dim", "32"),
-            (LLAMA, "attention_bias", "true"),
-            (LLAMA, "hidden_size", "0"),
-            (GPT2, "n_head", "\"four\""),
-        ] {
-            let err = with(base, key, value);
-            let named = if key == "attention_bias" {
-                "mlp_bias"
-            } else {
-                key
-            };
-            assert!(err.contains(named), "{key}={value}: {err}");
+    fn with(base: &str, changes: &[(&str, &str)]) -> Result<ModelSpec> {
+        let mut v: Value = serde_json::from_str(base).unwrap();
+        for (key, value) in changes {
+            v[*key] = serde_json::from_str(value).unwrap();
         }
+        parse(&v.to_string(), "config.json", "m")
+    }
+
+    /// Mixtures of experts, unknown families and malformed fields are refused, each naming the
+    /// config's own field.
+    #[test]
+    fn what_the_plan_cannot_model_is_refused_by_the_configs_name() {
+        for (base, key, value, named) in [
+            (LLAMA, "model_type", "\"t5\"", "model_type"),
+            (LLAMA, "model_type", "\"gemma3\"", "text_config"),
+            (LLAMA, "sliding_window", "4096", "sliding_window"),
+            (LLAMA, "num_local_experts", "8", "8 experts"),
+            (LLAMA, "n_routed_experts", "64", "n_routed_experts"),
+            (LLAMA, "hidden_size", "0", "hidden_size"),
+            (LLAMA, "num_key_value_heads", "3", "num_key_value_heads"),
+            (LLAMA, "num_hidden_layers", "1000000", "num_hidden_layers"),
+            (GPT2, "n_head", "\"four\"", "n_head"),
+            (GPT2, "n_head", "3", "a divisor of n_embd = 128"),
+            (GPT2, "n_layer", "1000000", "n_layer"),
+        ] {
+            let err = with(base, &[(key, value)]).unwrap_err().to_string();
+            assert!(err.contains(named), "{key}={value}: {err}");
+            assert!(err.starts_with("config.json: "), "{err}");
+        }
+        let err = with(
+            LLAMA,
+            &[
+                ("model_type", "\"gemma2\""),
+                ("layer_types", "[\"full_attention\"]"),
+            ],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("layer_types") && err.contains("num_hidden_layers = 2"),
+            "{err}"
+        );
         let err = parse("[1, 2]", "config.json", "m").unwrap_err().to_string();
         assert!(err.contains("JSON object"), "{err}");
         let err = parse("{\"model_type\": ", "config.json", "m")
             .unwrap_err()
             .to_string();
         assert!(err.contains("config.json:1:"), "{err}");
+    }
+
+    /// Each family's features, from the fields its config class writes.
+    #[test]
+    fn families_read_their_features() {
+        let mistral = with(
+            LLAMA,
+            &[("model_type", "\"mistral\""), ("sliding_window", "64")],
+        );
+        let window = mistral.unwrap().sliding_window.unwrap();
+        assert_eq!((window.tokens, window.layers), (64, vec![1, 2]));
+        let qwen2 = with(
+            LLAMA,
+            &[("model_type", "\"qwen2\""), ("sliding_window", "64")],
+        );
+        let qwen2 = qwen2.unwrap();
+        assert_eq!((qwen2.bias.qkv, qwen2.bias.output), (true, false));
+        assert_eq!(qwen2.sliding_window, None, "use_sliding_window is false");
+        let gemma2 = with(
+            LLAMA,
+            &[
+                ("model_type", "\"gemma2\""),
+                ("head_dim", "24"),
+                ("final_logit_softcapping", "30.0"),
+                ("sliding_window", "4096"),
+                ("tie_word_embeddings", "null"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(gemma2.head_dim, Some(24));
+        assert_eq!(gemma2.norms_per_block, 4);
+        assert!(gemma2.tied_embeddings && gemma2.final_logit_softcapping);
+        assert!(!gemma2.attention_logit_softcapping);
+        assert_eq!(gemma2.sliding_window.unwrap().layers, vec![1]);
+        let olmo2 = with(LLAMA, &[("model_type", "\"olmo2\"")]).unwrap();
+        assert_eq!(olmo2.qk_norm, Some(QkNorm::PerProjection));
     }
 }

@@ -4,17 +4,17 @@
 //! Units, in forward order: `embedding`, `block.1` … `block.L`, `head` (final norm + output
 //! projection). With tied embeddings the shared matrix is owned by the embedding unit (the head
 //! unit then holds only the final norm); see docs/ARCHITECTURE.md for what that approximates.
+//! The features the families differ by are `model::features`' (DESIGN §7.1).
+
+mod features;
+
+pub use features::{Biases, QkNorm, SlidingWindow};
 
 use crate::precision::{FloatFormat, Precision};
 use crate::{Error, Result};
+use features::{is_two_norms, two_norms};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
-
-/// Whether `path` names a Hugging Face transformers config (`*.json`) rather than a zoo file.
-pub fn is_hf_config(path: &Path) -> bool {
-    path.extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("json"))
-}
 
 /// Normalisation layer kind; sets the number of parameters per norm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,12 +57,31 @@ pub struct ModelSpec {
     pub seq_len: u64,
     /// Gated MLP (SwiGLU: three matrices) instead of two.
     pub gated_mlp: bool,
-    /// Linear layers carry biases.
-    pub bias: bool,
+    /// The linear layers that carry biases (`bias = true`: every one).
+    pub bias: Biases,
     pub norm: Norm,
     pub position_embedding: PositionEmbedding,
     /// Output projection shares the token-embedding matrix.
     pub tied_embeddings: bool,
+    /// The size of one attention head; hidden / heads when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<u64>,
+    /// Norms on the queries and keys (Qwen3, Gemma-3, OLMo-2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qk_norm: Option<QkNorm>,
+    /// Norms of hidden size per block: 2 (before attention and before the MLP) when left out,
+    /// 4 in Gemma-2 and -3 (after each as well).
+    #[serde(default = "two_norms", skip_serializing_if = "is_two_norms")]
+    pub norms_per_block: u64,
+    /// The blocks that attend through a sliding window, and its width.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<SlidingWindow>,
+    /// The head's logits pass through c·tanh(x / c) before the loss (Gemma-2).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub final_logit_softcapping: bool,
+    /// The attention scores pass through c·tanh(x / c) before the softmax (Gemma-2).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub attention_logit_softcapping: bool,
     /// How the runtime trains it (`[training]`; only the runtime's GPT-2 workload reads it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub training: Option<TrainingSpec>,
@@ -207,40 +226,67 @@ impl ModelSpec {
         Ok(spec)
     }
 
-    /// Checks that every size is positive and within its bound, and the head counts divide.
-    /// The bounds keep parameter counts exact in u64 (hidden · ffn ≤ 2^44) and are far above any
-    /// model trained.
+    /// Checks that every size is positive and within its bound, the head counts divide and the
+    /// windowed blocks exist. The bounds keep parameter counts exact in u64 (hidden · ffn ≤
+    /// 2^44) and a profile's units within [`crate::profile::MAX_UNITS`].
     pub fn validate(&self, origin: &str) -> Result<()> {
+        self.validate_named(origin, &|field| field)
+    }
+
+    /// [`Self::validate`], naming each field as `name` gives it (a config's own names).
+    pub fn validate_named(&self, origin: &str, name: &dyn Fn(&str) -> &str) -> Result<()> {
+        let bad =
+            |field: &str, expected: String| Err(Error::invalid(origin, name(field), expected));
+        let most_layers = crate::profile::MAX_UNITS as u64 - 2;
         for (field, value, max) in [
-            ("layers", self.layers, 1u64 << 20),
+            ("layers", self.layers, most_layers),
             ("hidden", self.hidden, 1 << 20),
             ("heads", self.heads, 1 << 20),
             ("kv_heads", self.kv_heads, 1 << 20),
             ("ffn", self.ffn, 1 << 24),
             ("vocab", self.vocab, 1 << 24),
             ("seq_len", self.seq_len, 1 << 24),
+            ("head_dim", self.head_dim.unwrap_or(1), 1 << 16),
+            ("norms_per_block", self.norms_per_block, 4),
         ] {
             if !(1..=max).contains(&value) {
-                return Err(Error::invalid(
-                    origin,
-                    field,
-                    format!("an integer in 1..={max}, got {value}"),
-                ));
+                return bad(field, format!("an integer in 1..={max}, got {value}"));
             }
         }
-        if !self.hidden.is_multiple_of(self.heads) {
-            return Err(Error::invalid(
-                origin,
+        if self.head_dim.is_none() && !self.hidden.is_multiple_of(self.heads) {
+            return bad(
                 "heads",
-                format!("a divisor of hidden = {}, got {}", self.hidden, self.heads),
-            ));
+                format!(
+                    "a divisor of {} = {}, got {}",
+                    name("hidden"),
+                    self.hidden,
+                    self.heads
+                ),
+            );
         }
         if !self.heads.is_multiple_of(self.kv_heads) {
-            return Err(Error::invalid(
-                origin,
+            return bad(
                 "kv_heads",
-                format!("a divisor of heads = {}, got {}", self.heads, self.kv_heads),
-            ));
+                format!(
+                    "a divisor of {} = {}, got {}",
+                    name("heads"),
+                    self.heads,
+                    self.kv_heads
+                ),
+            );
+        }
+        if let Some(window) = &self.sliding_window {
+            let increasing = window.layers.windows(2).all(|w| w[0] < w[1]);
+            let within = window.layers.iter().all(|l| (1..=self.layers).contains(l));
+            if window.tokens == 0 || !increasing || !within {
+                return bad(
+                    "sliding_window",
+                    format!(
+                        "a positive width and increasing block numbers in 1..={}",
+                        self.layers
+                    ),
+                );
+            }
         }
         match &self.training {
             Some(training) => training.validate(origin),
@@ -248,38 +294,46 @@ impl ModelSpec {
         }
     }
 
-    fn norm_params(&self) -> u64 {
+    fn norm_params(&self, width: u64) -> u64 {
         match self.norm {
-            Norm::LayerNorm => 2 * self.hidden,
-            Norm::RmsNorm => self.hidden,
+            Norm::LayerNorm => 2 * width,
+            Norm::RmsNorm => width,
         }
+    }
+
+    /// The size of one attention head.
+    pub fn head_size(&self) -> u64 {
+        self.head_dim.unwrap_or(self.hidden / self.heads)
+    }
+
+    /// Widths of the query and of the key (or value) projections: heads · head size, kv_heads ·
+    /// head size.
+    pub fn attention_widths(&self) -> (u64, u64) {
+        let d = self.head_size();
+        (self.heads * d, self.kv_heads * d)
     }
 
     /// Parameters held in matrices of one block (what the GEMMs multiply by).
     fn block_matrix_params(&self) -> u64 {
         let h = self.hidden;
-        let kv_dim = self.kv_heads * (h / self.heads);
-        let attention = 2 * h * h + 2 * h * kv_dim;
+        let (q, kv) = self.attention_widths();
+        let attention = 2 * h * q + 2 * h * kv;
         let mlp = if self.gated_mlp { 3 } else { 2 } * h * self.ffn;
         attention + mlp
     }
 
-    /// Parameters of one transformer block: Llama ≈ (2 + 2g/a)h² + 3h·ffn + 2h; GPT ≈ 12h² + 13h.
+    /// Parameters of one transformer block: Llama ≈ (2 + 2g/a)h² + 3h·ffn + 2h; GPT ≈ 12h² + 13h;
+    /// plus the biases, q/k norms and extra norms the model has.
     pub fn block_params(&self) -> u64 {
         let h = self.hidden;
-        let kv_dim = self.kv_heads * (h / self.heads);
-        let biases = if self.bias {
-            (2 * h + 2 * kv_dim)
-                + if self.gated_mlp {
-                    2 * self.ffn
-                } else {
-                    self.ffn
-                }
-                + h
-        } else {
-            0
+        let (q, kv) = self.attention_widths();
+        let biases = self.bias.params(q, kv, h, self.ffn, self.gated_mlp);
+        let qk_norm = match self.qk_norm {
+            None => 0,
+            Some(QkNorm::PerHead) => self.norm_params(2 * self.head_size()),
+            Some(QkNorm::PerProjection) => self.norm_params(q + kv),
         };
-        self.block_matrix_params() + biases + 2 * self.norm_params()
+        self.block_matrix_params() + biases + self.norms_per_block * self.norm_params(h) + qk_norm
     }
 
     /// Parameters of the embedding unit (token table, plus a learned position table).
@@ -298,7 +352,7 @@ impl ModelSpec {
         } else {
             self.vocab * self.hidden
         };
-        self.norm_params() + projection
+        self.norm_params(self.hidden) + projection
     }
 
     /// Total parameter count.
@@ -306,14 +360,28 @@ impl ModelSpec {
         self.embedding_params() + self.layers * self.block_params() + self.head_params()
     }
 
-    /// Per-unit shapes for `micro_batch` sequences of `seq_len` tokens, 16-bit activations.
+    /// The keys one query of block `layer` multiplies with at `seq_len` under `attention`:
+    /// the window's width where the block has one and the kernel skips what it masks (flash),
+    /// else the whole sequence (eager computes the full s × s scores and masks them).
+    fn keys_per_query(&self, layer: u64, seq_len: u64, attention: Attention) -> u64 {
+        match (&self.sliding_window, attention) {
+            (Some(window), Attention::Flash) if window.covers(layer) => window.tokens.min(seq_len),
+            _ => seq_len,
+        }
+    }
+
+    /// Per-unit shapes for `micro_batch` sequences of `seq_len` tokens, 16-bit activations
+    /// (DESIGN §7, §7.1).
     ///
-    /// Block: forward FLOPs = tokens · (2 · matrix params + 4sh) (appendix: 24h² + 4sh per token
-    /// for GPT); activations 34·s·b·h bytes with flash attention, s·b·h·(34 + 5as/h) with eager;
-    /// with recompute only the block input, 2·s·b·h. Workspace: forward holds the MLP inner
-    /// tensor (2·s·b·ffn', ffn' = 2·ffn when gated); backward holds its gradient twice plus the
-    /// input and output gradients (4·s·b·ffn' + 4·s·b·h). Head: the fp32 logits (4·s·b·V) are
-    /// saved for the loss and their gradient is workspace in backward.
+    /// Block: forward FLOPs = tokens · (2 · matrix params + 4 · keys · q), q = heads · head size,
+    /// keys the sequence or a flash kernel's window (appendix: 24h² + 4sh per token for GPT);
+    /// activations 34·s·b·h bytes with flash attention, plus 2·s·b·h per norm beyond two and
+    /// 2·s·b·(q + kv) for q/k norms; eager adds the scores, 5·a·s²·b, and 2·a·s²·b more when they
+    /// are soft-capped; with recompute only the block input, 2·s·b·h. Workspace: forward holds the
+    /// MLP inner tensor (2·s·b·ffn', ffn' = 2·ffn when gated); backward holds its gradient twice
+    /// plus the input and output gradients (4·s·b·ffn' + 4·s·b·h). Head: the fp32 logits
+    /// (4·s·b·V) are saved for the loss, once more when soft-capped (the tanh's output), and
+    /// their gradient is workspace in backward.
     pub fn unit_shapes(
         &self,
         micro_batch: u64,
@@ -323,11 +391,29 @@ impl ModelSpec {
         let (b, s, h) = (micro_batch as f64, seq_len as f64, self.hidden as f64);
         let tokens = b * s;
         let sbh = tokens * h;
+        let (q, kv) = self.attention_widths();
+        let (q, kv) = (q as f64, kv as f64);
         let ffn_inner = if self.gated_mlp { 2.0 } else { 1.0 } * self.ffn as f64;
         let vocab = self.vocab as f64;
+        let extra_norms = self.norms_per_block.saturating_sub(2) as f64;
+        let qk_norm_inputs = if self.qk_norm.is_some() { q + kv } else { 0.0 };
+        let flash_act = (34.0 + 2.0 * extra_norms) * sbh + 2.0 * tokens * qk_norm_inputs;
         let block_act = match attention {
-            Attention::Flash => 34.0 * sbh,
-            Attention::Eager => sbh * (34.0 + 5.0 * self.heads as f64 * s / h),
+            Attention::Flash => flash_act,
+            Attention::Eager => {
+                let per_score = if self.attention_logit_softcapping {
+                    7.0
+                } else {
+                    5.0
+                };
+                flash_act + per_score * self.heads as f64 * s * tokens
+            }
+        };
+        let logits = 4.0 * tokens * vocab;
+        let saved_logits = if self.final_logit_softcapping {
+            2.0 * logits
+        } else {
+            logits
         };
         let mut units = Vec::with_capacity(self.layers as usize + 2);
         units.push(UnitShape {
@@ -341,10 +427,11 @@ impl ModelSpec {
             reads_params_of: None,
         });
         for layer in 1..=self.layers {
+            let keys = self.keys_per_query(layer, seq_len, attention) as f64;
             units.push(UnitShape {
                 name: format!("block.{layer}"),
                 params: self.block_params(),
-                forward_flops: tokens * (2.0 * self.block_matrix_params() as f64 + 4.0 * s * h),
+                forward_flops: tokens * (2.0 * self.block_matrix_params() as f64 + 4.0 * keys * q),
                 activation_bytes: block_act as u64,
                 checkpoint_activation_bytes: (2.0 * sbh) as u64,
                 forward_workspace_bytes: (2.0 * tokens * ffn_inner) as u64,
@@ -356,10 +443,10 @@ impl ModelSpec {
             name: "head".into(),
             params: self.head_params(),
             forward_flops: tokens * 2.0 * vocab * h,
-            activation_bytes: (4.0 * sbh + 4.0 * tokens * vocab) as u64,
+            activation_bytes: (4.0 * sbh + saved_logits) as u64,
             checkpoint_activation_bytes: (2.0 * sbh) as u64,
-            forward_workspace_bytes: (4.0 * tokens * vocab) as u64,
-            backward_workspace_bytes: (4.0 * tokens * vocab + 2.0 * sbh) as u64,
+            forward_workspace_bytes: logits as u64,
+            backward_workspace_bytes: (logits + 2.0 * sbh) as u64,
             reads_params_of: self.tied_embeddings.then(|| "embedding".into()),
         });
         units
@@ -388,10 +475,16 @@ mod tests {
             vocab,
             seq_len: 4096,
             gated_mlp: true,
-            bias: false,
+            bias: Biases::NONE,
             norm: Norm::RmsNorm,
             position_embedding: PositionEmbedding::Rotary,
             tied_embeddings: false,
+            head_dim: None,
+            qk_norm: None,
+            norms_per_block: 2,
+            sliding_window: None,
+            final_logit_softcapping: false,
+            attention_logit_softcapping: false,
             training: None,
         }
     }
@@ -408,7 +501,7 @@ mod tests {
     fn gpt_block_is_12h2_plus_13h() {
         let m = ModelSpec {
             gated_mlp: false,
-            bias: true,
+            bias: Biases::ALL,
             norm: Norm::LayerNorm,
             position_embedding: PositionEmbedding::Learned,
             tied_embeddings: true,
@@ -424,7 +517,7 @@ mod tests {
         let e = m.validate("m.toml").unwrap_err().to_string();
         assert_eq!(
             e,
-            "m.toml: field `layers`: expected an integer in 1..=1048576, got 0"
+            "m.toml: field `layers`: expected an integer in 1..=99998, got 0"
         );
         let m = llama(2, 4096, 32, 5, 11008, 32000);
         assert!(
@@ -432,6 +525,51 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("kv_heads")
+        );
+    }
+
+    /// A window cuts the attention FLOPs of its blocks under flash, not under eager (which
+    /// computes and masks the full scores), and not past the sequence; soft-capping saves the
+    /// tanh's output.
+    #[test]
+    fn windows_and_soft_caps_change_flops_and_memory_where_they_apply() {
+        let full = llama(2, 64, 4, 2, 96, 300);
+        let windowed = ModelSpec {
+            sliding_window: Some(SlidingWindow {
+                tokens: 16,
+                layers: vec![1],
+            }),
+            final_logit_softcapping: true,
+            attention_logit_softcapping: true,
+            ..full.clone()
+        };
+        let (a, b) = (
+            full.unit_shapes(1, 256, Attention::Flash),
+            windowed.unit_shapes(1, 256, Attention::Flash),
+        );
+        let attention = |keys: f64| 256.0 * 4.0 * keys * 64.0;
+        assert_eq!(
+            a[1].forward_flops - b[1].forward_flops,
+            attention(256.0) - attention(16.0)
+        );
+        assert_eq!(
+            a[2].forward_flops, b[2].forward_flops,
+            "block 2 attends fully"
+        );
+        assert_eq!(b[3].activation_bytes - a[3].activation_bytes, 4 * 256 * 300);
+        let short = windowed.unit_shapes(1, 8, Attention::Flash);
+        assert_eq!(
+            short[1].forward_flops,
+            full.unit_shapes(1, 8, Attention::Flash)[1].forward_flops
+        );
+        let (a, b) = (
+            full.unit_shapes(1, 256, Attention::Eager),
+            windowed.unit_shapes(1, 256, Attention::Eager),
+        );
+        assert_eq!(a[1].forward_flops, b[1].forward_flops);
+        assert_eq!(
+            b[1].activation_bytes - a[1].activation_bytes,
+            2 * 4 * 256 * 256
         );
     }
 }

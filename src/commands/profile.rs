@@ -48,6 +48,8 @@ pub fn analytic(args: AnalyticArgs) -> anyhow::Result<()> {
         .iter()
         .map(|u| u.forward_us + u.backward_us)
         .sum();
+    let seq_len = options.seq_len.unwrap_or(model.seq_len);
+    let gpus_per_node = profile.topology.as_ref().map(|t| t.gpus_per_node);
     if args.json {
         print_json(&json!({
             "out": args.out,
@@ -55,18 +57,81 @@ pub fn analytic(args: AnalyticArgs) -> anyhow::Result<()> {
             "digest": profile.digest(),
             "units": profile.unit_count(),
             "total_params": total_params,
+            "seq_len": seq_len,
+            "micro_batch": options.micro_batch,
+            "micro_batches": profile.micro_batches,
+            "world_size": profile.world_size,
+            "gpus_per_node": gpus_per_node,
             "block_size_bytes": profile.block_size_bytes,
             "compute_us": compute_us,
         }));
     } else {
+        let layout = match gpus_per_node {
+            Some(g) => format!(
+                "{} ranks ({} nodes × {g})",
+                profile.world_size,
+                profile.world_size / g
+            ),
+            None => format!("{} ranks", profile.world_size),
+        };
         outln!(
-            "wrote {}: {} units, {:.3} B parameters, block size {}, compute {} per iteration",
+            "wrote {}: {} units, {} parameters, seq_len {seq_len}, micro-batch {}, K = {}, {layout}, \
+             block size {}, compute {} per iteration",
             args.out.display(),
             profile.unit_count(),
-            total_params as f64 / 1e9,
+            parameters(total_params),
+            options.micro_batch,
+            profile.micro_batches,
             format_bytes(profile.block_size_bytes as f64),
-            ms(compute_us)
+            duration(compute_us)
         );
     }
     Ok(())
+}
+
+/// A parameter count as it reads best: `8.03 B`, `124.4 M`, or whole below a million
+/// (`127,488`).
+fn parameters(count: u64) -> String {
+    let n = count as f64;
+    if n >= 1e9 {
+        format!("{:.2} B", n / 1e9)
+    } else if n >= 1e6 {
+        format!("{:.1} M", n / 1e6)
+    } else {
+        let digits = count.to_string();
+        let mut out = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i).is_multiple_of(3) {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        out
+    }
+}
+
+/// A time as it reads best: µs below a millisecond, s from a second, else [`ms`].
+fn duration(us: f64) -> String {
+    if us < 1e3 {
+        format!("{us:.1} µs")
+    } else if us >= 1e6 {
+        format!("{:.3} s", us / 1e6)
+    } else {
+        ms(us)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameter_counts_read_in_m_or_b() {
+        assert_eq!(parameters(8_030_261_248), "8.03 B");
+        assert_eq!(parameters(124_439_808), "124.4 M");
+        assert_eq!(parameters(127_488), "127,488");
+        assert_eq!(parameters(999), "999");
+        assert_eq!(duration(12.34), "12.3 µs");
+        assert_eq!(duration(3_253_926.0), "3.254 s");
+    }
 }

@@ -37,7 +37,7 @@ use crate::{Error, Result};
 use data::Tokens;
 use kernels::AdamW;
 pub use shape::Shape;
-use shardplan_scheduler::model::{ModelSpec, Norm, PositionEmbedding, TrainingSpec};
+use shardplan_scheduler::model::{Biases, ModelSpec, Norm, PositionEmbedding, TrainingSpec};
 use shardplan_scheduler::precision::Precision;
 use shardplan_scheduler::timeline::Level;
 use std::ops::Range;
@@ -171,7 +171,7 @@ fn check_architecture(model: &ModelSpec, origin: &str) -> Result<()> {
             "position_embedding = \"learned\"",
         ),
         (!model.tied_embeddings, "tied_embeddings = true"),
-        (!model.bias, "bias = true"),
+        (model.bias != Biases::ALL, "bias = true"),
         (model.gated_mlp, "gated_mlp = false"),
         (model.kv_heads != model.heads, "kv_heads = heads"),
     ];
