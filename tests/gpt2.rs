@@ -129,6 +129,13 @@ impl Setup {
     }
 }
 
+/// The JSON error of a run refused as bad input (exit 2).
+fn json_error(out: Output) -> serde_json::Value {
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}): {out:?}"))
+}
+
 /// ‖a − b‖ / ‖b − w0‖ per unit, the worst.
 fn relative_update_error(a: &[Vec<f32>], b: &[Vec<f32>], w0: &[Vec<f32>]) -> f64 {
     let norm = |x: &[f32], y: &[f32]| {
@@ -387,6 +394,39 @@ fn bad_inputs_are_refused_naming_what_is_wrong() {
         base(&["--data", data, "--init-weights", unknown.to_str().unwrap()]),
         "`transformer.h.9.ln_1.weight` is not a parameter of this model",
     );
+    // A token file whose llm.c header does not verify (its magic one off; version and count
+    // as llm.c writes them): the header is named, with the file and the field under --json.
+    let tokens = 200u16;
+    let mut header = [0i32; 256];
+    header[..3].copy_from_slice(&[20_240_521, 1, i32::from(tokens)]);
+    let mut bytes: Vec<u8> = header.iter().flat_map(|v| v.to_le_bytes()).collect();
+    bytes.extend((0..tokens).flat_map(|t| (t % 256).to_le_bytes()));
+    let foreign = s.path("foreign.bin");
+    std::fs::write(&foreign, bytes).unwrap();
+    let foreign = foreign.to_str().unwrap();
+    let error = json_error(base(&["--data", foreign, "--json"]));
+    assert_eq!(
+        (&error["file"], &error["field"]),
+        (&foreign.into(), &"header.magic".into()),
+        "{error}"
+    );
+    let message = error["error"].as_str().unwrap();
+    assert!(
+        message.contains("expected llm.c's 20240520, got 20240521") && !message.contains("vocab"),
+        "{message}"
+    );
+    // --resume of a folder that does not exist names it as missing.
+    let nowhere = s.path("no-checkpoints");
+    let nowhere = nowhere.to_str().unwrap();
+    let error = json_error(base(&["--data", data, "--resume", nowhere, "--json"]));
+    assert_eq!(error["file"], nowhere, "{error}");
+    assert!(
+        error["error"]
+            .as_str()
+            .unwrap()
+            .contains("the --resume folder is missing"),
+        "{error}"
+    );
     // A profile for another model.
     let mlp = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/mlp-small.toml");
     let out = run_model(&mlp, &[]);
@@ -460,6 +500,23 @@ fn resumed_like_uninterrupted(s: Setup, kind: BaselineKind) {
     assert!(
         resumed_weights == whole_weights,
         "the trained weights differ"
+    );
+    // Rank 1's newest file with one data byte changed: rank 0 names that file and the checksum
+    // among the refused, and every rank resumes from the checkpoint before.
+    let newest = checkpoints.join("step-0000000003/rank-1");
+    let mut bytes = std::fs::read(&newest).unwrap();
+    *bytes.last_mut().unwrap() ^= 1;
+    std::fs::write(&newest, bytes).unwrap();
+    let (earlier, earlier_weights) = run(6, &["--resume", dir], "earlier.safetensors");
+    assert_eq!(earlier["first_step"], 2, "{earlier}");
+    let refused = earlier["refused_checkpoints"].to_string();
+    assert!(
+        refused.contains("rank-1: its data does not match its checksum"),
+        "{refused}"
+    );
+    assert!(
+        earlier_weights == whole_weights,
+        "the weights trained from the earlier checkpoint differ"
     );
 }
 

@@ -214,7 +214,13 @@ fn cases(inputs: &Inputs) -> Vec<Case> {
             None,
         ),
         case("not UTF-8", baseline(&garbage), 2, "cannot read", None),
-        case("empty file", baseline(&empty), 2, "missing field", None),
+        case(
+            "empty file",
+            baseline(&empty),
+            2,
+            "field `schema`: missing",
+            Some("schema"),
+        ),
         case(
             "negative time",
             baseline(&inputs.profile_with("forward_us = ", "forward_us = -", 2)),
@@ -537,8 +543,8 @@ fn cases(inputs: &Inputs) -> Vec<Case> {
                 "profile measure --backend cpu --model {bf16_odd_ffn} --world-size 1 --out {out}"
             ),
             2,
-            "even sizes under `training.precision = \"bf16\"`",
-            None,
+            "field `ffn`: expected an even size under `training.precision = \"bf16\"`",
+            Some("ffn"),
         ),
         case(
             "no-sync without micro-batches",
@@ -562,6 +568,12 @@ fn cases(inputs: &Inputs) -> Vec<Case> {
             Some("--frobnicate"),
         ),
     ]
+}
+
+/// The field a message names (`field `X``), which its JSON must carry with the file.
+fn named_field(message: &str) -> Option<&str> {
+    let (_, after) = message.split_once("field `")?;
+    after.split_once('`').map(|(field, _)| field)
 }
 
 #[test]
@@ -608,6 +620,10 @@ fn every_malformed_input_exits_non_zero_with_one_line_naming_what_is_wrong() {
         assert!(error["kind"].is_string(), "{}: {error}", case.name);
         if let Some(field) = case.field {
             assert_eq!(error["field"], field, "{}: {error}", case.name);
+        }
+        if let Some(named) = named_field(error["error"].as_str().unwrap()) {
+            assert_eq!(error["field"], named, "{}: {error}", case.name);
+            assert!(error["file"].is_string(), "{}: {error}", case.name);
         }
         assert!(
             !inputs.path("out.toml").exists(),

@@ -2,7 +2,8 @@
 Hugging Face): token embedding, pre-norm blocks (causal one-head attention and MLP) and a head,
 as shardplan units `embedding`, `block.1..L`, `head`; its loss and a deterministic batch per
 rank; the `shardplan` binary run as a command (`SHARDPLAN_BIN`, else the repository's release
-build), alone or under mpirun, and a free port for a process group."""
+build), alone or under mpirun, a free port for a process group, and a spawned rank's run inside
+a gloo group that it leaves with none of the group's threads left running."""
 
 import os
 import pathlib
@@ -134,16 +135,58 @@ def train_tiny_gpt(model, batches):
     return losses
 
 
-def sharded_tiny_gpt(rank, world, plan, port):
-    """In a spawned process: joins a gloo group of `world` on 127.0.0.1:`port` as `rank` and
-    returns a fresh TinyGPT (seed 0) sharded by the exported `plan`."""
-    import torch.distributed as dist
-
+def sharded_tiny_gpt(plan):
+    """A fresh TinyGPT (seed 0) sharded by the exported `plan` over the process group."""
     from .fsdp import apply_plan
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
     model = TinyGPT()
     apply_plan(model, model.units(), plan)
     return model
+
+
+def in_process_group(rank, world, port, body, *args):
+    """In a spawned process: joins a gloo group of `world` on 127.0.0.1:`port` as `rank`, runs
+    `body(*args)` and returns what it returns, after leaving the group: every rank waits for the
+    others, the groups are destroyed and their gloo threads joined, while the interpreter is
+    whole.
+
+    A sharded model's meshes keep their process groups (`DeviceMesh._pg_registry`) past
+    `destroy_process_group`, and a mesh outlives the model that used it (DTensor's sharding
+    specs hold it), so without this every group's gloo threads (two `pt_gloo_runloop` per group
+    and the `gloo_tcp_loop`s: 8 in a rank of a ddp plan) were still running when the interpreter
+    finalized and the process exited, torn down by whichever finalizer or exit handler reached
+    them first, while the peer rank, not waited for, was already closing its connections; a
+    rank then aborted now and then ("terminate called without an active exception"). The model
+    and everything of it live in `body`'s frame, gone once it returns; a group still alive after
+    leaving is an error, naming the threads."""
+    import gc
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    result = body(*args)
+    dist.barrier()
+    dist.destroy_process_group()
+    gc.collect()
+    for mesh in [o for o in gc.get_objects() if isinstance(o, DeviceMesh)]:
+        mesh._pg_registry.clear()
+    gc.collect()
+    alive = gloo_threads()
+    if alive:
+        raise RuntimeError(f"rank {rank}: gloo threads still running after leaving the group: {alive}")
+    return result
+
+
+def gloo_threads():
+    """The names of this process's gloo threads (Linux: /proc/self/task/*/comm)."""
+    tasks = pathlib.Path("/proc/self/task")
+    names = []
+    for task in tasks.iterdir():
+        try:
+            names.append((task / "comm").read_text().strip())
+        except FileNotFoundError:
+            continue
+    return sorted(n for n in names if "gloo" in n)

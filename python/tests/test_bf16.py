@@ -11,7 +11,6 @@ bf16-versus-fp32 difference, the yardstick) for docs/runtime-results.md. With `r
 the same holds against `reduce_dtype=bfloat16`."""
 
 import json
-import os
 import pathlib
 import tempfile
 import tomllib
@@ -24,7 +23,7 @@ from safetensors.torch import load_file
 
 from shardplan_torch import apply_plan, units
 from shardplan_torch.gpt2 import adamw, batches, config, sample_text, train
-from shardplan_torch.testing import free_port, launch
+from shardplan_torch.testing import free_port, in_process_group, launch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "gpt2-tiny.toml"
@@ -38,13 +37,11 @@ def shardplan(world, *args):
     return result.stdout
 
 
-def worker(rank, world, spec_path, init, exported, result, port):
+def exported_losses(rank, world, spec_path, init, exported):
     """Trains transformers' GPT-2 under the exported plan (and its mixed precision) on this
-    rank's share of each step's batch; rank 0 writes the mean loss over the ranks per step."""
+    rank's share of each step's batch; the mean loss over the ranks per step."""
     from transformers import GPT2LMHeadModel
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     spec = tomllib.loads(pathlib.Path(spec_path).read_text())
     model = GPT2LMHeadModel(config(spec)).float()
     model.load_state_dict(load_file(init), strict=False)
@@ -63,9 +60,14 @@ def worker(rank, world, spec_path, init, exported, result, port):
         mean = loss.detach().clone()
         dist.all_reduce(mean)
         losses.append(mean.item() / world)
+    return losses
+
+
+def worker(rank, world, spec_path, init, exported, result, port):
+    """Rank `rank` of the PyTorch run; rank 0 writes the losses to `result`."""
+    losses = in_process_group(rank, world, port, exported_losses, rank, world, spec_path, init, exported)
     if rank == 0:
         pathlib.Path(result).write_text(json.dumps(losses))
-    dist.destroy_process_group()
 
 
 class Bf16AgainstPyTorch(unittest.TestCase):

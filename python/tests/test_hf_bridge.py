@@ -13,7 +13,6 @@ what the export says: reshard_after_forward, the (2, 1) mesh of `none` units, fo
 backward prefetch."""
 
 import json
-import os
 import pathlib
 import subprocess
 import tempfile
@@ -26,7 +25,7 @@ import torch.multiprocessing as mp
 
 import shardplan_torch
 from shardplan_torch import apply_plan, check_units, units
-from shardplan_torch.testing import BIN, free_port, shardplan
+from shardplan_torch.testing import BIN, free_port, in_process_group, shardplan
 
 VOCAB, SEQ, BATCH, STEPS = 1024, 16, 2, 2
 BASELINES = ["ddp", "zero2", "fsdp1", "fsdp2", "zero3"]
@@ -100,9 +99,7 @@ def settings(model_units, plan):
     return out
 
 
-def worker(rank, world, family, plans, result_path, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def exported_runs(rank, world, family, plans):
     results = {}
     for tag, path in plans.items():
         with open(path) as f:
@@ -117,10 +114,14 @@ def worker(rank, world, family, plans, result_path, port):
             dist.all_reduce(mean)
             losses.append(mean.item() / world)
         results[tag] = {"losses": losses, "settings": found}
+    return results
+
+
+def worker(rank, world, family, plans, result_path, port):
+    results = in_process_group(rank, world, port, exported_runs, rank, world, family, plans)
     if rank == 0:
         with open(result_path, "w") as f:
             json.dump(results, f)
-    dist.destroy_process_group()
 
 
 class HuggingFaceBridge(unittest.TestCase):

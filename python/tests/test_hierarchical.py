@@ -12,12 +12,11 @@ import tempfile
 import unittest
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
-from shardplan_torch.testing import (SEQ, VOCAB, TinyGPT, free_port, shardplan, sharded_tiny_gpt, tiny_profile,
-                                     train_tiny_gpt)
+from shardplan_torch.testing import (SEQ, VOCAB, TinyGPT, free_port, in_process_group, shardplan, sharded_tiny_gpt,
+                                     tiny_profile, train_tiny_gpt)
 
 WORLD, NODE, STEPS, PER_RANK = 4, 2, 3, 2
 
@@ -29,14 +28,18 @@ def step_batch(step, rank):
     return tokens[rank * PER_RANK:(rank + 1) * PER_RANK]
 
 
-def worker(rank, world, plan_path, result_path, port):
-    model = sharded_tiny_gpt(rank, world, plan_path, port)
+def sharded_run(rank, plan_path):
+    model = sharded_tiny_gpt(plan_path)
     meshes = sorted({p.device_mesh.ndim for p in model.parameters() if isinstance(p, DTensor)})
     losses = train_tiny_gpt(model, (step_batch(step, rank) for step in range(STEPS)))
+    return {"losses": losses, "mesh_dims": meshes}
+
+
+def worker(rank, world, plan_path, result_path, port):
+    result = in_process_group(rank, world, port, sharded_run, rank, plan_path)
     if rank == 0:
         with open(result_path, "w") as f:
-            json.dump({"losses": losses, "mesh_dims": meshes}, f)
-    dist.destroy_process_group()
+            json.dump(result, f)
 
 
 def reference():

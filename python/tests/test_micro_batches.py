@@ -18,7 +18,8 @@ import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
 from shardplan_torch import profile, start_micro_batch
-from shardplan_torch.testing import ROOT, SEQ, VOCAB, TinyGPT, free_port, loss_fn, shardplan, sharded_tiny_gpt
+from shardplan_torch.testing import (ROOT, SEQ, VOCAB, TinyGPT, free_port, in_process_group, loss_fn, shardplan,
+                                     sharded_tiny_gpt)
 
 MICRO_BATCHES = 4
 STEPS = 2
@@ -32,8 +33,8 @@ def micro_batch(step, m, rank, world):
     return tokens[rank * PER_RANK:(rank + 1) * PER_RANK]
 
 
-def worker(rank, world, plan_path, result_path, port):
-    model = sharded_tiny_gpt(rank, world, plan_path, port)
+def accumulated_run(rank, world, plan_path):
+    model = sharded_tiny_gpt(plan_path)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses, reduced_early = [], None
     for step in range(STEPS):
@@ -52,10 +53,14 @@ def worker(rank, world, plan_path, result_path, port):
         optimizer.step()
         optimizer.zero_grad()
         losses.append(total)
+    return {"losses": losses, "reduced_early": reduced_early}
+
+
+def worker(rank, world, plan_path, result_path, port):
+    result = in_process_group(rank, world, port, accumulated_run, rank, world, plan_path)
     if rank == 0:
         with open(result_path, "w") as f:
-            json.dump({"losses": losses, "reduced_early": reduced_early}, f)
-    dist.destroy_process_group()
+            json.dump(result, f)
 
 
 def reference():

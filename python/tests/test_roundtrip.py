@@ -9,20 +9,22 @@ import tomllib
 import unittest
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from shardplan_torch.testing import TinyGPT, batch, free_port, shardplan, sharded_tiny_gpt, tiny_profile, train_tiny_gpt
+from shardplan_torch.testing import (TinyGPT, batch, free_port, in_process_group, shardplan, sharded_tiny_gpt,
+                                     tiny_profile, train_tiny_gpt)
 
+
+
+def sharded_losses(rank, world, plan_path, steps):
+    return train_tiny_gpt(sharded_tiny_gpt(plan_path), [batch(rank, world)] * steps)
 
 
 def worker(rank, world, plan_path, result_path, port, steps=2):
-    model = sharded_tiny_gpt(rank, world, plan_path, port)
-    losses = train_tiny_gpt(model, [batch(rank, world)] * steps)
+    losses = in_process_group(rank, world, port, sharded_losses, rank, world, plan_path, steps)
     if rank == 0:
         with open(result_path, "w") as f:
             json.dump(losses, f)
-    dist.destroy_process_group()
 
 
 class RoundTrip(unittest.TestCase):

@@ -233,29 +233,75 @@ fn read_rank_file(
         .collect())
 }
 
-/// What is wrong with another rank's file of checkpoint `step`, as far as its header and length
-/// tell (its data is that rank's to check).
+/// What is wrong with another rank's file of checkpoint `step`: its header, its length or its
+/// checksum (read in passing, not held: this runs only once a checkpoint was found unusable).
 fn others_problem(dir: &Path, step: usize, identity: &Identity) -> Option<String> {
-    use std::io::BufRead;
     (0..identity.world_size)
         .filter(|&r| r != identity.rank)
         .find_map(|rank| {
-            let path = rank_file(dir, step, rank);
-            let at = path.display();
-            let Ok(file) = std::fs::File::open(&path) else {
-                return Some(format!("{at}: missing"));
+            let peer = Identity {
+                rank,
+                ..identity.clone()
             };
-            let size = file.metadata().ok()?.len() as usize;
-            let mut reader = std::io::BufReader::new(file);
-            let (mut magic, mut json) = (Vec::new(), Vec::new());
-            reader.read_until(b'\n', &mut magic).ok()?;
-            reader.read_until(b'\n', &mut json).ok()?;
-            let line = |l: &[u8]| l.strip_suffix(b"\n").unwrap_or(l).to_vec();
-            let header = Header::parse(&line(&magic), Some(&line(&json)), &at);
-            header
-                .and_then(|h| h.check_length(size - magic.len() - json.len(), &at))
-                .err()
+            peer_file_problem(&rank_file(dir, step, rank), step, &peer)
         })
+}
+
+/// Why the rank file at `path` is not `identity`'s file of checkpoint `step` that verifies (its
+/// magic, header, length and checksum), if it is not.
+fn peer_file_problem(path: &Path, step: usize, identity: &Identity) -> Option<String> {
+    use std::io::BufRead;
+    let at = path.display();
+    let Ok(file) = std::fs::File::open(path) else {
+        return Some(format!("{at}: missing"));
+    };
+    let mut reader = std::io::BufReader::new(file);
+    let (mut magic, mut json) = (Vec::new(), Vec::new());
+    let unreadable = |e: std::io::Error| Some(format!("{at}: cannot read: {e}"));
+    if let Err(e) = reader
+        .read_until(b'\n', &mut magic)
+        .and_then(|_| reader.read_until(b'\n', &mut json))
+    {
+        return unreadable(e);
+    }
+    let line = |l: &[u8]| l.strip_suffix(b"\n").unwrap_or(l).to_vec();
+    let header = match Header::parse(&line(&magic), Some(&line(&json)), &at) {
+        Ok(header) => header,
+        Err(why) => return Some(why),
+    };
+    if header.identity != *identity || header.step != step {
+        return Some(format!(
+            "{at}: written after step {} by rank {} of {} running plan {}, not after step {step} by \
+             rank {} of {} running {}",
+            header.step,
+            header.identity.rank,
+            header.identity.world_size,
+            header.identity.plan,
+            identity.rank,
+            identity.world_size,
+            identity.plan
+        ));
+    }
+    let mut digest = Sha256::new();
+    let mut data = 0;
+    loop {
+        let chunk = match reader.fill_buf() {
+            Ok(chunk) => chunk,
+            Err(e) => return unreadable(e),
+        };
+        if chunk.is_empty() {
+            break;
+        }
+        digest.update(chunk);
+        let read = chunk.len();
+        data += read;
+        reader.consume(read);
+    }
+    if let Err(why) = header.check_length(data, &at) {
+        return Some(why);
+    }
+    (hex(&digest.finalize()) != header.sha256)
+        .then(|| format!("{at}: its data does not match its checksum"))
 }
 
 /// Loads the newest checkpoint under `dir` that every rank can read into the kept regions of
@@ -267,6 +313,18 @@ pub fn resume<B: Backend>(
     dir: &Path,
     identity: &Identity,
 ) -> Result<Resumed> {
+    if let Err(e) = std::fs::read_dir(dir) {
+        let source = if e.kind() == std::io::ErrorKind::NotFound {
+            std::io::Error::new(e.kind(), "the --resume folder is missing")
+        } else {
+            e
+        };
+        return Err(shardplan_scheduler::Error::Read {
+            path: dir.to_path_buf(),
+            source,
+        }
+        .into());
+    }
     let mut refused = Vec::new();
     for step in complete_steps(dir) {
         let values = read_rank_file(dir, step, identity, layout);
@@ -288,7 +346,7 @@ pub fn resume<B: Backend>(
             }
             Ok(_) => refused.push(others_problem(dir, step, identity).unwrap_or_else(|| {
                 format!(
-                    "{}: another rank's file does not verify",
+                    "{}: another rank could not use its file (each verifies here)",
                     step_dir(dir, step).display()
                 )
             })),

@@ -16,22 +16,36 @@ pub fn read_text(path: &Path) -> Result<String> {
 }
 
 /// Parses TOML text into `T`; `origin` names the input in errors (a path, or `<bundled x>`).
-/// The message is one line: `origin:LINE:COL: field `units[3].params`: what is wrong`.
+/// The message is one line: `origin:LINE:COL: field `units[3].params`: what is wrong`; a missing
+/// field is that field (`units[3].params`: missing), not the table that lacks it.
 pub fn parse_toml<T: DeserializeOwned>(text: &str, origin: &str) -> Result<T> {
-    let error = |e: &toml::de::Error, field: Option<String>| Error::Parse {
+    let error = |e: &toml::de::Error, field: Option<String>, message: String| Error::Parse {
         origin: origin.to_string(),
         location: e
             .span()
             .map(|span| line_col(text, span.start))
             .unwrap_or_default(),
         field,
-        message: e.message().trim().replace('\n', " "),
+        message,
     };
-    let deserializer = toml::Deserializer::parse(text).map_err(|e| error(&e, None))?;
+    let message = |e: &toml::de::Error| e.message().trim().replace('\n', " ");
+    let deserializer = toml::Deserializer::parse(text).map_err(|e| error(&e, None, message(&e)))?;
     serde_path_to_error::deserialize(deserializer).map_err(|e| {
-        let field = e.path().to_string();
-        error(e.inner(), (field != ".").then_some(field))
+        let table = Some(e.path().to_string()).filter(|path| path != ".");
+        let text = message(e.inner());
+        match missing_field(&text) {
+            Some(name) => {
+                let field = table.map_or_else(|| name.to_string(), |t| format!("{t}.{name}"));
+                error(e.inner(), Some(field), "missing".into())
+            }
+            None => error(e.inner(), table, text),
+        }
     })
+}
+
+/// The field serde's "missing field `name`" message names, if that is the message.
+fn missing_field(message: &str) -> Option<&str> {
+    message.strip_prefix("missing field `")?.strip_suffix('`')
 }
 
 /// `:LINE:COL` (1-based) of a byte offset in `text`.
@@ -135,6 +149,31 @@ mod tests {
         let msg = err.to_string();
         assert!(msg.starts_with("f.toml:2:5:"), "{msg}");
         assert!(!msg.contains('\n'));
+    }
+
+    #[test]
+    fn a_missing_field_is_named_with_its_table() {
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct Unit {
+            name: String,
+            params: u64,
+        }
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct T {
+            schema: u32,
+            units: Vec<Unit>,
+        }
+        let field = |text: &str| {
+            let err = parse_toml::<T>(text, "f.toml").unwrap_err();
+            (err.field().map(str::to_string), err.to_string())
+        };
+        let (root, message) = field("");
+        assert_eq!(root.as_deref(), Some("schema"), "{message}");
+        assert!(message.ends_with("field `schema`: missing"), "{message}");
+        let (nested, message) = field("schema = 1\n[[units]]\nname = \"a\"\n");
+        assert_eq!(nested.as_deref(), Some("units[0].params"), "{message}");
     }
 
     #[test]

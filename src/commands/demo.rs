@@ -33,7 +33,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         .get("device_memory_bytes")
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| {
-            anyhow::anyhow!("{origin}: field `source.device_memory_bytes`: expected bytes")
+            shardplan_scheduler::Error::invalid(origin, "source.device_memory_bytes", "bytes")
         })?;
     if let Some(dir) = &args.out_dir {
         std::fs::create_dir_all(dir)

@@ -165,20 +165,24 @@ pub struct Gpt2 {
 /// Why a zoo model is not a GPT-2 this workload can train, if it is not.
 fn check_architecture(model: &ModelSpec, origin: &str) -> Result<()> {
     let problems = [
-        (model.norm != Norm::LayerNorm, "norm = \"layernorm\""),
+        (model.norm != Norm::LayerNorm, "norm", "\"layernorm\""),
         (
             model.position_embedding != PositionEmbedding::Learned,
-            "position_embedding = \"learned\"",
+            "position_embedding",
+            "\"learned\"",
         ),
-        (!model.tied_embeddings, "tied_embeddings = true"),
-        (model.bias != Biases::ALL, "bias = true"),
-        (model.gated_mlp, "gated_mlp = false"),
-        (model.kv_heads != model.heads, "kv_heads = heads"),
+        (!model.tied_embeddings, "tied_embeddings", "true"),
+        (model.bias != Biases::ALL, "bias", "true"),
+        (model.gated_mlp, "gated_mlp", "false"),
+        (model.kv_heads != model.heads, "kv_heads", "heads"),
     ];
-    match problems.iter().find(|(bad, _)| *bad) {
-        Some((_, expected)) => Err(Error::Mismatch(format!(
-            "{origin}: the GPT-2 workload needs {expected}"
-        ))),
+    match problems.iter().find(|(bad, _, _)| *bad) {
+        Some((_, field, value)) => Err(shardplan_scheduler::Error::invalid(
+            origin,
+            *field,
+            format!("{field} = {value}, which the GPT-2 workload needs"),
+        )
+        .into()),
         None => Ok(()),
     }
 }
@@ -195,26 +199,39 @@ impl Gpt2 {
         initial: Option<&std::path::Path>,
     ) -> Result<Gpt2> {
         check_architecture(model, origin)?;
+        let invalid = |field: &str, expected: String| -> Error {
+            shardplan_scheduler::Error::invalid(origin, field, expected).into()
+        };
         let training: &TrainingSpec = model.training.as_ref().ok_or_else(|| {
-            Error::Mismatch(format!(
-                "{origin}: the GPT-2 workload needs a [training] table (batch_size, learning_rate)"
-            ))
+            invalid(
+                "training",
+                "a [training] table (batch_size, learning_rate), which the GPT-2 workload needs"
+                    .into(),
+            )
         })?;
         let global_batch = training.batch_size as usize;
         if !global_batch.is_multiple_of(world) {
-            return Err(Error::Mismatch(format!(
-                "{origin}: field `training.batch_size`: expected a multiple of the {world} ranks, got {global_batch}"
-            )));
+            return Err(invalid(
+                "training.batch_size",
+                format!("a multiple of the {world} ranks, got {global_batch}"),
+            ));
         }
         let precision = training
             .policy()
-            .map_err(|why| Error::Mismatch(format!("{origin}: field `training.reduce`: {why}")))?;
-        if precision.param() == FloatFormat::Bf16 && (model.hidden % 2 == 1 || model.ffn % 2 == 1) {
-            return Err(Error::Mismatch(format!(
-                "{origin}: fields `hidden` and `ffn`: even sizes under `training.precision = \
-                 \"bf16\"` (each bf16 tensor starts on a 4-byte word), got {} and {}",
-                model.hidden, model.ffn
-            )));
+            .map_err(|why| invalid("training.reduce", why))?;
+        if precision.param() == FloatFormat::Bf16 {
+            let odd = [("hidden", model.hidden), ("ffn", model.ffn)]
+                .into_iter()
+                .find(|(_, size)| size % 2 == 1);
+            if let Some((field, size)) = odd {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "an even size under `training.precision = \"bf16\"` (each bf16 tensor \
+                         starts on a 4-byte word), got {size}"
+                    ),
+                ));
+            }
         }
         let shape = Shape {
             layers: model.layers as usize,

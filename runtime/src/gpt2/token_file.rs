@@ -7,8 +7,10 @@
 //! - **raw uint16** (nanoGPT's `train.bin`, numpy's `tofile`): the tokens alone, little-endian.
 //!
 //! A file is llm.c's when its header holds the magic, a known version and a count that matches
-//! its length; otherwise a `.bin` file is raw uint16. Every token is checked against the model's
-//! vocabulary once, when the file is opened.
+//! its length; otherwise a `.bin` file is raw uint16. A file whose header has llm.c's shape (a
+//! version of 1 or 2 and a count that matches its length) but not its magic is refused as an
+//! llm.c file whose header does not verify, not read as raw uint16. Every token is checked
+//! against the model's vocabulary once, when the file is opened.
 
 use crate::{Error, Result};
 use std::path::Path;
@@ -73,7 +75,12 @@ impl TokenFile {
         // as it would for any reader of a mapped file).
         let map = unsafe { memmap2::Mmap::map(&file) }
             .map_err(|e| failed(format!("cannot map the token file: {e}")))?;
-        let (layout, offset, count) = layout_of(&map).map_err(failed)?;
+        let (layout, offset, count) = layout_of(&map).map_err(|refusal| match refusal {
+            Refusal::Header { field, expected } => Error::from(
+                shardplan_scheduler::Error::invalid(origin.to_string(), field, expected),
+            ),
+            Refusal::Other(what) => failed(what),
+        })?;
         let width = match layout {
             Layout::Llmc { width } => width,
             Layout::RawU16 => Width::U16,
@@ -147,36 +154,67 @@ fn i32_at(bytes: &[u8]) -> i32 {
     i32::from_le_bytes(bytes[..4].try_into().expect("4 bytes"))
 }
 
+/// Why a token file cannot be read.
+#[derive(Debug)]
+enum Refusal {
+    /// A field of an llm.c header (`header.magic`, `header.version`) holds a value it cannot.
+    Header {
+        field: &'static str,
+        expected: String,
+    },
+    /// Anything else (its length, a torn body).
+    Other(String),
+}
+
+/// The token width of llm.c header version `version`, if it is one llm.c writes.
+fn llmc_width(version: i32) -> Option<Width> {
+    match version {
+        1 => Some(Width::U16),
+        2 => Some(Width::U32),
+        _ => None,
+    }
+}
+
 /// The layout of `bytes`, the offset of its first token and the token count; or what is wrong.
-fn layout_of(bytes: &[u8]) -> std::result::Result<(Layout, usize, usize), String> {
+fn layout_of(bytes: &[u8]) -> std::result::Result<(Layout, usize, usize), Refusal> {
     let header = (bytes.len() >= LLMC_HEADER_BYTES).then(|| {
         let field = |k: usize| i32_at(&bytes[4 * k..]);
         (field(0), field(1), field(2))
     });
+    let body = bytes.len().saturating_sub(LLMC_HEADER_BYTES);
+    let counts_the_body =
+        |count: i32, width: Width| count >= 0 && body == count as usize * width.bytes();
     if let Some((LLMC_MAGIC, version, count)) = header {
-        let width = match version {
-            1 => Width::U16,
-            2 => Width::U32,
-            other => {
-                return Err(format!(
-                    "llm.c header version {other}; expected 1 (uint16 tokens) or 2 (uint32)"
-                ));
-            }
-        };
-        let body = bytes.len() - LLMC_HEADER_BYTES;
-        if count < 0 || body != count as usize * width.bytes() {
-            return Err(format!(
+        let width = llmc_width(version).ok_or_else(|| Refusal::Header {
+            field: "header.version",
+            expected: format!(
+                "1 (uint16 tokens) or 2 (uint32) in an llm.c header, got llm.c header version {version}"
+            ),
+        })?;
+        if !counts_the_body(count, width) {
+            return Err(Refusal::Other(format!(
                 "llm.c header says {count} tokens of {} bytes, but {body} bytes follow it (a torn file?)",
                 width.bytes()
-            ));
+            )));
         }
         return Ok((Layout::Llmc { width }, LLMC_HEADER_BYTES, count as usize));
     }
+    if let Some((magic, version, count)) = header
+        && llmc_width(version).is_some_and(|width| counts_the_body(count, width))
+    {
+        return Err(Refusal::Header {
+            field: "header.magic",
+            expected: format!(
+                "llm.c's {LLMC_MAGIC}, got {magic}: the file starts with an llm.c header \
+                 (version {version}, {count} tokens, as many as follow it) that does not verify"
+            ),
+        });
+    }
     if !bytes.len().is_multiple_of(2) {
-        return Err(format!(
+        return Err(Refusal::Other(format!(
             "{} bytes: a raw uint16 token file has an even length (or give llm.c's header)",
             bytes.len()
-        ));
+        )));
     }
     Ok((Layout::RawU16, 0, bytes.len() / 2))
 }
@@ -266,6 +304,40 @@ mod tests {
         let (_d4, version) = write("d.bin", &llmc(3, 0, &[]));
         let e = TokenFile::open(&version, 1, 256).unwrap_err().to_string();
         assert!(e.contains("llm.c header version 3"), "{e}");
+    }
+
+    #[test]
+    fn an_llmc_header_with_another_magic_is_refused_as_a_header_that_does_not_verify() {
+        // Tokens of 55,433 read as raw uint16 would be past a vocab of 256: the header is named
+        // instead, with the field, the magic found and the one expected.
+        let mut bytes = llmc(1, 3, &u16s(&[55_433, 1, 2]));
+        bytes[..4].copy_from_slice(&20_240_521i32.to_le_bytes());
+        let (_d, path) = write("train.bin", &bytes);
+        let e = TokenFile::open(&path, 1, 256).unwrap_err();
+        match &e {
+            Error::Scheduler(shardplan_scheduler::Error::Invalid { origin, field, .. }) => {
+                assert_eq!(
+                    (origin.as_str(), field.as_str()),
+                    (path.to_str().unwrap(), "header.magic")
+                );
+            }
+            other => panic!("not a field's error: {other:?}"),
+        }
+        let e = e.to_string();
+        assert!(
+            e.contains("expected llm.c's 20240520, got 20240521")
+                && e.contains("version 1, 3 tokens"),
+            "{e}"
+        );
+        assert!(!e.contains("vocab"), "{e}");
+        // The same header over a body it does not count is no llm.c header: raw uint16.
+        let mut raw = bytes.clone();
+        raw.extend_from_slice(&u16s(&[7]));
+        let (_d2, path) = write("raw.bin", &raw);
+        assert_eq!(
+            TokenFile::open(&path, 1, 1 << 30).unwrap().layout(),
+            Layout::RawU16
+        );
     }
 
     #[test]
