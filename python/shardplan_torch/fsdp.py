@@ -5,7 +5,8 @@ one): `fsdp` → `fully_shard(modules, reshard_after_forward=True)`; `sdp` → t
 `none` → `fully_shard` over a (world, 1) mesh, i.e. HSDP with shard groups of one: full
 parameters on every rank and gradients all-reduced, which is DDP for that unit; recompute →
 activation checkpointing of each of the unit's compute modules (composable `checkpoint`, applied
-before sharding). On nodes (DESIGN §3.11) a unit with a `shard_group` S is sharded over the 2-D
+before sharding), with a transformers model's key/value cache switched off. On nodes (DESIGN
+§3.11) a unit with a `shard_group` S is sharded over the 2-D
 (world/S, S) replicate × shard mesh (HSDP: shard groups of S consecutive ranks, replicated across
 them), and one with a `secondary_group` H reshards after forward to H ranks
 (`reshard_after_forward=H`, hpZ). The model itself is then wrapped as the root, and each unit's forward and
@@ -54,6 +55,8 @@ def apply_plan(model, units, plan):
     if planned != [u.name for u in units]:
         raise ValueError(f"the plan's units {planned} differ from the model's {[u.name for u in units]}")
     by_name = {u.name: u for u in units}
+    if any(u["recompute"] for u in plan["units"]):
+        _no_cache_in_training(model)
     precision = plan.get("mixed_precision")
     policy = MixedPrecisionPolicy()
     if precision is not None:
@@ -89,6 +92,16 @@ def apply_plan(model, units, plan):
         if u["backward_prefetch"]:
             module.set_modules_to_backward_prefetch([fsdp_module[n] for n in u["backward_prefetch"]])
     return model
+
+
+def _no_cache_in_training(model):
+    """Switches off a transformers model's key/value cache (`config.use_cache`), which it keeps in
+    training by default: a recomputed block runs its forward a second time and would append its
+    keys and values to the cache again (a sliding window's cache then no longer matches its
+    mask). transformers' own gradient checkpointing does the same."""
+    config = getattr(model, "config", None)
+    if getattr(config, "use_cache", False):
+        config.use_cache = False
 
 
 def start_micro_batch(model, units, plan, index):

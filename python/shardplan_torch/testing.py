@@ -96,17 +96,18 @@ def batch(rank, world):
 
 
 def tiny_profile(directory, tokens, out, name="tiny gpt x2", world=2, gpus_per_node=None,
-                 bytes_per_param=(4, 4, 8)):
+                 bytes_per_param=(4, 4, 8), micro_batches=1):
     """Profiles a fresh TinyGPT (seed 0) on `tokens` into `out` for `world` ranks (on nodes of
-    `gpus_per_node`, where given), with the collective curves of the catalog's H100s (16 KiB
-    blocks) and `bytes_per_param` (gathered parameter, gradient, optimizer state); returns the
-    model."""
+    `gpus_per_node`, where given) and `micro_batches` a step, with the collective curves of the
+    catalog's H100s (16 KiB blocks) and `bytes_per_param` (gathered parameter, gradient, optimizer
+    state); returns the model."""
     from .profiler import profile
 
     comm = pathlib.Path(directory) / "comm.toml"
     nodes = [] if gpus_per_node is None else ["--gpus-per-node", str(gpus_per_node)]
     shardplan("profile", "analytic", "--model", str(ROOT / "models/gpt2-small.toml"), "--device", "h100-sxm",
-              "--world-size", str(world), "--block-size", "16KiB", *nodes, "--out", str(comm))
+              "--world-size", str(world), "--block-size", "16KiB", "--micro-batches", str(micro_batches), *nodes,
+              "--out", str(comm))
     torch.manual_seed(0)
     model = TinyGPT()
     profile(model, model.units(), tokens, loss_fn, comm, out, name=name, bytes_per_param=bytes_per_param)

@@ -7,25 +7,21 @@ its hook issued, in order, equal the export's prediction. Cases: N = 2 (gloo), K
 N = 4 declared as 2 nodes × 2, hsdp and hpz."""
 
 import json
-import os
 import pathlib
-import re
 import tempfile
 import unittest
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from shardplan_torch import start_micro_batch
 from shardplan_torch.fsdp import apply_plan
 from shardplan_torch.fsdp_timeline import TimelineRecorder
-from shardplan_torch.testing import TinyGPT, batch, free_port, loss_fn, shardplan, tiny_profile
+from shardplan_torch.testing import TinyGPT, batch, free_port, in_process_group, loss_fn, shardplan, tiny_profile
 
 
-def worker(rank, world, exported, result_path, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def record(rank, world, exported):
+    """Each exported plan's recorded timeline, by name, on this rank."""
     recorded = {}
     for kind, path in exported.items():
         torch.manual_seed(0)
@@ -38,10 +34,14 @@ def worker(rank, world, exported, result_path, port):
             start_micro_batch(model, model.units(), path, m)
             loss_fn(model, batch(rank, world)).backward()
         recorded[kind] = recorder.entries
+    return recorded
+
+
+def worker(rank, world, exported, result_path, port):
+    recorded = in_process_group(rank, world, port, record, rank, world, exported)
     if rank == 0:
         with open(result_path, "w") as f:
             json.dump(recorded, f)
-    dist.destroy_process_group()
 
 
 class Fsdp2Timeline(unittest.TestCase):
@@ -98,11 +98,8 @@ class Fsdp2Timeline(unittest.TestCase):
     def test_micro_batch_switches(self):
         with tempfile.TemporaryDirectory() as d:
             d = pathlib.Path(d)
-            one = d / "one.toml"
-            tiny_profile(d, batch(0, 1), one)
             prof = d / "tiny.toml"
-            prof.write_text(re.sub(r"^world_size = ", "micro_batches = 2\nworld_size = ", one.read_text(),
-                                   count=1, flags=re.M))
+            tiny_profile(d, batch(0, 1), prof, micro_batches=2)
             predicted = self.check(d, prof, ["fsdp2-nosync", "zero2", "fsdp2"], 2)
             # zero2 keeps its parameters into the second micro-batch: its first forward finds them whole.
             units = len(predicted["zero2"]) // 4
