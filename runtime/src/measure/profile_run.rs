@@ -11,7 +11,7 @@ use super::{
 use crate::backend::{Backend, Group};
 use crate::cuda::CudaBackend;
 use crate::cuda::replay::ReplayBuffers;
-use crate::dispatch::{AnyBackend, Data, Job, Model};
+use crate::dispatch::{AnyBackend, Data, Job, Model, ReplayJob};
 use crate::executor::initialise;
 use crate::layout::Placement;
 use crate::model_file::ModelFile;
@@ -85,17 +85,9 @@ pub fn measure_model(
             )
             .into())
         }
-        ModelFile::Transformer(model) if model.training.is_none() => match backend.into_cuda() {
-            Some(cuda) => measure_transformer(cuda, &model, origin, options),
-            None => Err(shardplan_scheduler::Error::invalid(
-                origin,
-                "training",
-                "a [training] table: on the CPU a transformer is measured by training it \
-                 (models/gpt2-tiny.toml); zoo models are replayed on a GPU (--backend cuda) \
-                 or profiled with `profile analytic`",
-            )
-            .into()),
-        },
+        ModelFile::Transformer(model) if model.training.is_none() => {
+            backend.replay(&model, origin, TransformerJob { origin, options })
+        }
         file => {
             refuse_for_trained(origin, "--micro-batch", options.micro_batch.is_some())?;
             refuse_for_trained(origin, "--seq-len", options.seq_len.is_some())?;
@@ -131,6 +123,19 @@ impl Job for MeasureJob<'_> {
     type Output = Result<Measured>;
     fn run<B: Backend, W: Train<B>>(self, backend: B, workload: &W) -> Result<Measured> {
         measure_workload(backend, workload, self.options)
+    }
+}
+
+/// [`measure_transformer`] as a [`ReplayJob`].
+struct TransformerJob<'a> {
+    origin: &'a str,
+    options: &'a MeasureOptions,
+}
+
+impl ReplayJob for TransformerJob<'_> {
+    type Output = Measured;
+    fn run(self, backend: CudaBackend, model: &ModelSpec) -> Result<Measured> {
+        measure_transformer(backend, model, self.origin, self.options)
     }
 }
 
