@@ -472,6 +472,15 @@ fn cases(inputs: &Inputs) -> Vec<Case> {
             Some("--launch-times"),
         ),
         case(
+            "a zoo transformer measured on the cpu",
+            format!(
+                "profile measure --backend cpu --model models/llama2-7b.toml --world-size 8 --out {out}"
+            ),
+            2,
+            "a [training] table: on the CPU a transformer is measured by training it",
+            Some("training"),
+        ),
+        case(
             "launch times of a replayed transformer",
             format!(
                 "profile measure --backend cpu --launch-times --model models/llama2-7b.toml --world-size 8 --out {out}"

@@ -6,8 +6,9 @@ mod common;
 use common::{shardplan, zoo_profile};
 use shardplan_scheduler::baselines::BaselineKind;
 use shardplan_scheduler::ilp::SolveOptions;
+use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::sweep::{
-    Method, SweepRow, best_baseline_row, cap_range, even_caps, ilp_rows,
+    BaselineComparison, Method, SweepRow, best_baseline_row, cap_range, even_caps, ilp_rows,
 };
 
 /// ILP times never rise with the cap and never exceed a feasible baseline's.
@@ -204,4 +205,39 @@ fn the_ilp_is_deterministic_when_no_limit_is_hit() {
         assert_eq!(again.schedule, first.schedule);
         assert_eq!(again.report.objective, first.report.objective);
     }
+}
+
+/// `demo`'s comparison at the H100's memory: every baseline built at the cap, checkpointing off
+/// before on; the fastest is the fastest of those that fit; without a node layout hsdp and hpz
+/// are left out, each with its reason, and with one none is.
+#[test]
+fn a_baseline_comparison_builds_every_baseline_and_names_those_left_out() {
+    let bundled = |name: &str| {
+        Profile::load(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(name)).unwrap()
+    };
+    let cap = 80 << 30;
+    let flat = BaselineComparison::at(&bundled("profiles/llama2-70b-h100-n64.toml"), cap);
+    let labels: Vec<String> = flat.built.iter().map(|b| b.label()).collect();
+    let at = |label: &str| labels.iter().position(|l| l == label);
+    assert!(
+        at("ddp") < at("ddp+ckpt") && at("fsdp2+ckpt").is_some(),
+        "{labels:?}"
+    );
+    let left_out: Vec<BaselineKind> = flat.left_out.iter().map(|(kind, _)| *kind).collect();
+    assert_eq!(left_out, BaselineKind::HIERARCHICAL);
+    assert!(
+        flat.left_out[0]
+            .1
+            .contains("needs a profile with a node layout")
+    );
+    let fastest = flat.fastest().unwrap();
+    let fitting = flat
+        .built
+        .iter()
+        .filter(|b| b.plan.simulation.peak_memory_bytes <= cap as f64);
+    for b in fitting {
+        assert!(fastest.plan.simulation.iteration_time_us <= b.plan.simulation.iteration_time_us);
+    }
+    let nodes = BaselineComparison::at(&bundled("profiles/llama2-70b-h100-8x8.toml"), cap);
+    assert!(nodes.left_out.is_empty());
 }

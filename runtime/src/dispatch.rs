@@ -1,7 +1,9 @@
 //! Where a backend and a model meet, once for every command: [`start`] makes this rank's backend
 //! as its launcher asks ([`AnyBackend`]), [`Model::build`] makes a `--model` file the workload a
 //! rank trains, and [`AnyBackend::run`] hands both, as concrete types, to a [`Job`] (`run`,
-//! `profile measure`). `solve --model` lays out [`Model::workload`] without a backend.
+//! `profile measure`); [`AnyBackend::replay`] hands a zoo transformer (no `[training]`) to a
+//! [`ReplayJob`] on a GPU, the only backend that replays one. `solve --model` lays out
+//! [`Model::workload`] without a backend.
 //!
 //! Adding a model is its own folder (a workload, its kernel trait, the trait on each backend)
 //! and one registration here: a variant of [`Model`], its arm in [`Model::build`] and
@@ -18,6 +20,7 @@ use crate::train::Train;
 use crate::workload::Workload;
 use crate::{Error, Result};
 use shardplan_scheduler::io::write_atomic;
+use shardplan_scheduler::model::ModelSpec;
 use std::path::Path;
 
 /// Which backend a command asked for.
@@ -60,6 +63,13 @@ pub trait Job {
     fn run<B: Backend, W: Train<B>>(self, backend: B, workload: &W) -> Self::Output;
 }
 
+/// What a command does with a zoo transformer's products on a GPU (`profile measure` of a model
+/// without `[training]`): [`AnyBackend::replay`] calls it with the GPU backend.
+pub trait ReplayJob {
+    type Output;
+    fn run(self, backend: CudaBackend, model: &ModelSpec) -> Result<Self::Output>;
+}
+
 impl AnyBackend {
     pub fn rank(&self) -> usize {
         match self {
@@ -86,11 +96,26 @@ impl AnyBackend {
         }
     }
 
-    /// The GPU backend, for what only a GPU does (replaying a zoo transformer's products).
-    pub fn into_cuda(self) -> Option<CudaBackend> {
+    /// Runs `job` on the zoo transformer `model` (of the file `origin`) replayed on this rank's
+    /// GPU; refused on the CPU, which measures a transformer only by training it.
+    pub fn replay<J: ReplayJob>(
+        self,
+        model: &ModelSpec,
+        origin: &str,
+        job: J,
+    ) -> Result<J::Output> {
         match self {
-            AnyBackend::Cuda(b) => Some(*b),
-            _ => None,
+            AnyBackend::Cuda(b) => job.run(*b, model),
+            AnyBackend::CpuRanks(_) | AnyBackend::CpuAlone(_) => {
+                Err(shardplan_scheduler::Error::invalid(
+                    origin,
+                    "training",
+                    "a [training] table: on the CPU a transformer is measured by training it \
+                     (models/gpt2-tiny.toml); zoo models are replayed on a GPU (--backend cuda) \
+                     or profiled with `profile analytic`",
+                )
+                .into())
+            }
         }
     }
 }

@@ -8,6 +8,7 @@
 //! before it sleeps: a thread that sleeps on a condition variable wakes tens of microseconds after
 //! the signal, which is the pace of a GPU run whose host threads only enqueue microsecond kernels.
 
+use crate::lock::recover;
 use crate::{Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -62,7 +63,7 @@ impl<M: Clone> Event<M> {
 
     /// Counts one signal at `mark` and wakes every waiter.
     pub fn signal(&self, mark: M) {
-        let mut state = self.state.lock().expect("event lock is never poisoned");
+        let mut state = recover(self.state.lock());
         state.marks.push(mark);
         self.count
             .store(state.marks.len() as u64, Ordering::Release);
@@ -72,7 +73,7 @@ impl<M: Clone> Event<M> {
     /// No more signals will come (the signalling stream failed): every wait for a count not yet
     /// reached fails now instead of at its timeout.
     pub fn abandon(&self) {
-        let mut state = self.state.lock().expect("event lock is never poisoned");
+        let mut state = recover(self.state.lock());
         state.abandoned = true;
         self.changed.notify_all();
     }
@@ -93,7 +94,7 @@ impl<M: Clone> Event<M> {
         let now = Instant::now();
         let deadline = now + timeout;
         self.poll(target, now + self.spin.min(timeout));
-        let mut state = self.state.lock().expect("event lock is never poisoned");
+        let mut state = recover(self.state.lock());
         while (state.marks.len() as u64) < target {
             if state.abandoned {
                 return Err(Error::Abandoned(format!(
@@ -110,11 +111,7 @@ impl<M: Clone> Event<M> {
                     state.marks.len()
                 )));
             }
-            state = self
-                .changed
-                .wait_timeout(state, left)
-                .expect("event lock is never poisoned")
-                .0;
+            state = recover(self.changed.wait_timeout(state, left)).0;
         }
         Ok(target
             .checked_sub(1)

@@ -24,6 +24,7 @@ pub mod gpt2;
 pub mod gradients;
 pub mod launch;
 pub mod layout;
+mod lock;
 pub mod measure;
 pub mod mlp;
 pub mod model_file;

@@ -25,15 +25,4 @@ impl ModelFile {
             ModelFile::Transformer(ModelSpec::load(path)?)
         })
     }
-
-    /// K, the micro-batches per optimizer step its `[training]` table asks for (1 without one).
-    pub fn micro_batches(&self) -> u32 {
-        match self {
-            ModelFile::Transformer(ModelSpec {
-                training: Some(training),
-                ..
-            }) => training.micro_batches,
-            _ => 1,
-        }
-    }
 }

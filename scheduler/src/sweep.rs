@@ -5,7 +5,7 @@
 //! plan is faster, takes it (it fits the larger cap too). The ILP's time therefore never rises
 //! with the cap, and each cap's bound still comes from its own solve.
 
-use crate::baselines::{BaselineKind, Preference, best_baseline};
+use crate::baselines::{BaselineKind, ChosenBaseline, Preference, baselines_at, best_baseline};
 use crate::classes::simulate_strict;
 use crate::ilp::{Objective, SolveOptions, WindowLimits, solve};
 use crate::profile::Profile;
@@ -119,6 +119,41 @@ pub fn best_baseline_row(profile: &Profile, kind: BaselineKind, cap: u64) -> Swe
         best.as_ref()
             .map(|b| (&b.plan.schedule, &b.plan.simulation)),
     )
+}
+
+/// Every baseline of a profile at one cap, beside the ILP (`demo`).
+pub struct BaselineComparison {
+    pub cap: u64,
+    /// Each kind of [`BaselineKind::of`] with checkpointing off, then on, that can be built at
+    /// the cap ([`baselines_at`]).
+    pub built: Vec<ChosenBaseline>,
+    /// The node layout's baselines the profile does not offer, each with its reason
+    /// ([`BaselineKind::unavailable_on`]).
+    pub left_out: Vec<(BaselineKind, String)>,
+}
+
+impl BaselineComparison {
+    /// The comparison of `profile`'s baselines at `cap`.
+    pub fn at(profile: &Profile, cap: u64) -> BaselineComparison {
+        BaselineComparison {
+            cap,
+            built: baselines_at(profile, &BaselineKind::of(profile), true, Some(cap)).collect(),
+            left_out: BaselineKind::HIERARCHICAL
+                .into_iter()
+                .filter_map(|kind| Some((kind, kind.unavailable_on(profile)?)))
+                .collect(),
+        }
+    }
+
+    /// The fastest built baseline whose plan fits the cap.
+    pub fn fastest(&self) -> Option<&ChosenBaseline> {
+        Preference::Fastest.choose(&self.built, Some(self.cap), |b| {
+            (
+                b.plan.simulation.iteration_time_us,
+                b.plan.simulation.peak_memory_bytes,
+            )
+        })
+    }
 }
 
 /// One solved cap of a chain.

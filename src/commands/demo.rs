@@ -5,13 +5,13 @@
 use crate::cli::DemoArgs;
 use crate::output::{Table, ms, outln, print_json};
 use serde_json::json;
-use shardplan_scheduler::baselines::{BaselineKind, Preference, baseline};
 use shardplan_scheduler::ilp::{SolveOptions, solve};
 use shardplan_scheduler::io::write_atomic;
 use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::sim::{Simulation, chrome_trace};
 use shardplan_scheduler::size::{format_bytes, whole_bytes};
+use shardplan_scheduler::sweep::BaselineComparison;
 
 /// The bundled default: Llama-2 70B on 64 H100s as 8 nodes of 8.
 const DEMO_PROFILE: &str = include_str!("../../profiles/llama2-70b-h100-8x8.toml");
@@ -49,30 +49,18 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         }
         Ok(())
     };
-    // The node layout's baselines this profile does not offer (--flat, or micro-batches), each
-    // with its reason.
-    let left_out: Vec<(BaselineKind, String)> = BaselineKind::HIERARCHICAL
-        .into_iter()
-        .filter_map(|kind| Some((kind, kind.unavailable_on(&profile)?)))
-        .collect();
+    // The node layout's baselines this profile does not offer (--flat, or micro-batches) are
+    // left out, each with its reason.
+    let comparison = BaselineComparison::at(&profile, cap);
     let mut rows = Vec::new();
-    let mut baselines = Vec::new();
-    for kind in BaselineKind::of(&profile) {
-        for checkpoint in [false, true] {
-            let result = match baseline(&profile, kind, checkpoint, Some(cap)) {
-                Ok(r) => r,
-                Err(shardplan_scheduler::Error::Infeasible(_)) => continue,
-                Err(e) => return Err(e.into()),
-            };
-            let name = kind.label(checkpoint);
-            save(&name, &result.plan, &result.simulation)?;
-            rows.push(Row {
-                method: name.clone(),
-                simulation: result.simulation.clone(),
-                note: String::new(),
-            });
-            baselines.push((name, result.simulation));
-        }
+    for chosen in &comparison.built {
+        let (name, result) = (chosen.label(), &chosen.plan);
+        save(&name, &result.plan, &result.simulation)?;
+        rows.push(Row {
+            method: name,
+            simulation: result.simulation.clone(),
+            note: String::new(),
+        });
     }
     let options = SolveOptions {
         memory_cap_bytes: Some(cap),
@@ -95,8 +83,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     });
     if args.json {
         let methods: Vec<_> = rows.iter().map(|row| row.json(cap)).collect();
-        let left_out: Vec<_> = left_out
-            .iter()
+        let left_out: Vec<_> = (comparison.left_out.iter())
             .map(|(kind, reason)| json!({"method": kind.name(), "reason": reason}))
             .collect();
         print_json(
@@ -130,16 +117,14 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         ]);
     }
     outln!("{}", table.render());
-    for (_, reason) in &left_out {
+    for (_, reason) in &comparison.left_out {
         outln!("left out: {reason}");
     }
-    let fastest = Preference::Fastest.choose(&baselines, Some(cap), |(_, sim)| {
-        (sim.iteration_time_us, sim.peak_memory_bytes)
-    });
-    if let Some((name, sim)) = fastest {
+    if let Some(fastest) = comparison.fastest() {
         outln!(
-            "\nILP vs the fastest baseline that fits ({name}): {:.3}x faster",
-            sim.iteration_time_us / solved.simulation.iteration_time_us
+            "\nILP vs the fastest baseline that fits ({}): {:.3}x faster",
+            fastest.label(),
+            fastest.plan.simulation.iteration_time_us / solved.simulation.iteration_time_us
         );
     }
     Ok(())

@@ -11,13 +11,13 @@ use shardplan_runtime::backend::Backend;
 use shardplan_runtime::checkpoint::Checkpoints;
 use shardplan_runtime::dispatch::{AfterRun, Data, Job, Model, start};
 use shardplan_runtime::executor::{OnStall, OnStep, RunOptions};
+use shardplan_runtime::layout::{Origins, check_training};
 use shardplan_runtime::mlp::ReferenceCheck;
 use shardplan_runtime::model_file::ModelFile;
 use shardplan_runtime::session::{Durability, PlanRun, chrome_trace, run_plan};
 use shardplan_runtime::train::Train;
 use shardplan_scheduler::io::{check_outputs_distinct, write_atomic};
 use shardplan_scheduler::plan::Plan;
-use shardplan_scheduler::precision::Precision;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::sim::Semantics;
 use shardplan_scheduler::size::{format_bytes, whole_bytes};
@@ -43,7 +43,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     inputs.extend(args.init_weights.as_deref().map(|p| ("--init-weights", p)));
     check_outputs_distinct(&outputs, &inputs)?;
     let file = ModelFile::load(&args.model)?;
-    let micro_batches = file.micro_batches();
     let (universe, backend) = start(args.backend.kind()?)?;
     let origin = args.model.display().to_string();
     let data = Data::Text {
@@ -64,7 +63,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                 PlanJob {
                     args: &args,
                     model: &model,
-                    micro_batches,
                     after,
                 },
             )
@@ -101,8 +99,6 @@ impl Throughput {
 struct PlanJob<'a> {
     args: &'a RunArgs,
     model: &'a Model,
-    /// The model file's `training.micro_batches`.
-    micro_batches: u32,
     /// What rank 0 does with the trained weights.
     after: AfterRun<'a>,
 }
@@ -110,15 +106,7 @@ struct PlanJob<'a> {
 impl Job for PlanJob<'_> {
     type Output = anyhow::Result<()>;
     fn run<B: Backend, W: Train<B>>(self, backend: B, workload: &W) -> anyhow::Result<()> {
-        let (model, micro_batches) = (self.model, self.micro_batches);
-        run_with(
-            backend,
-            workload,
-            self.args,
-            model,
-            micro_batches,
-            self.after,
-        )
+        run_with(backend, workload, self.args, self.model, self.after)
     }
 }
 
@@ -129,23 +117,14 @@ fn run_with<B: Backend, W: Train<B>>(
     workload: &W,
     args: &RunArgs,
     model: &Model,
-    micro_batches: u32,
     after: AfterRun,
 ) -> anyhow::Result<()> {
     let profile = Profile::load(&args.profile)?;
-    if profile.micro_batches != micro_batches {
-        return Err(shardplan_scheduler::Error::invalid(
-            args.model.display().to_string(),
-            "training.micro_batches",
-            format!(
-                "{} (the micro-batches per step of profile {}), got {micro_batches}",
-                profile.micro_batches,
-                args.profile.display()
-            ),
-        )
-        .into());
-    }
-    check_precision(&profile, workload.precision(), args)?;
+    let origins = Origins {
+        model: &args.model.display().to_string(),
+        profile: &args.profile.display().to_string(),
+    };
+    check_training(workload, &profile, origins)?;
     let plan = Plan::load(&args.plan)?;
     let semantics = match args.semantics {
         SemanticsArg::Strict => Semantics::Strict,
@@ -197,31 +176,6 @@ fn run_with<B: Backend, W: Train<B>>(
     let reference = model.finish(&done.params, &after)?;
     report(args, &plan, &done, reference.as_ref());
     Ok(())
-}
-
-/// The profile counts the bytes per parameter of the model file's precision policy (DESIGN §6.9).
-fn check_precision(profile: &Profile, precision: Precision, args: &RunArgs) -> anyhow::Result<()> {
-    let b = profile.bytes_per_param;
-    if b == precision.bytes_per_param() {
-        return Ok(());
-    }
-    let counted = match Precision::of_bytes(b) {
-        Ok(policy) => policy.describe(),
-        Err(_) => "no policy the runtime trains".into(),
-    };
-    Err(shardplan_scheduler::Error::invalid(
-        args.model.display().to_string(),
-        "training.precision",
-        format!(
-            "{counted} (profile {} counts ({}, {}, {}) bytes per parameter), got {}",
-            args.profile.display(),
-            b.param,
-            b.grad,
-            b.optimizer,
-            precision.describe()
-        ),
-    )
-    .into())
 }
 
 /// How rank `rank` reports a collective the watchdog found stalled, before the job ends.

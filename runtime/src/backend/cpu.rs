@@ -5,6 +5,7 @@
 
 use super::host_arena::{HostArena, Read, Write};
 use super::{Allocation, Backend, DeviceMemory, FloatFormat, Group, Region, Stream};
+use crate::lock::recover;
 use crate::process::{check_host_memory, keep_freed_memory};
 use crate::{Error, Result};
 use half::bf16;
@@ -308,7 +309,7 @@ impl<C: Collectives> CpuBackend<C> {
 
     /// Stores this rank's partial loss of `step`.
     pub(crate) fn record_loss(&self, step: usize, loss: f32) -> Result<()> {
-        let mut losses = self.losses.lock().map_err(|_| poisoned("losses"))?;
+        let mut losses = recover(self.losses.lock());
         let slot = losses
             .get_mut(step)
             .ok_or_else(|| Error::Backend(format!("loss slot {step} was not allocated")))?;
@@ -335,8 +336,8 @@ impl<C: Collectives> Backend for CpuBackend<C> {
             4 * elements as u64,
             "the buffers it allocates (arena, block buffer, loss slots)",
         )?;
-        *self.losses.get_mut().map_err(|_| poisoned("losses"))? = vec![0.0; sizes.loss_slots];
-        *self.scratch.get_mut().map_err(|_| poisoned("scratch"))? = vec![0.0; sizes.largest_block];
+        *recover(self.losses.get_mut()) = vec![0.0; sizes.loss_slots];
+        *recover(self.scratch.get_mut()) = vec![0.0; sizes.largest_block];
         self.arena = HostArena::zeroed(sizes.arena_elements)?;
         Ok(())
     }
@@ -351,7 +352,7 @@ impl<C: Collectives> Backend for CpuBackend<C> {
         Ok(())
     }
     fn losses(&self, steps: usize) -> Result<Vec<f32>> {
-        let losses = self.losses.lock().map_err(|_| poisoned("losses"))?;
+        let losses = recover(self.losses.lock());
         losses.get(..steps).map(<[f32]>::to_vec).ok_or_else(|| {
             Error::Backend(format!(
                 "{steps} losses asked, {} slots allocated",
@@ -432,7 +433,7 @@ impl<C: Collectives> Backend for CpuBackend<C> {
             among.all_reduce_bf16(&send, data.reinterpret_cast_mut());
             return Ok(());
         }
-        let mut scratch = self.scratch.lock().map_err(|_| poisoned("scratch"))?;
+        let mut scratch = recover(self.scratch.lock());
         let capacity = scratch.len();
         let send = scratch.get_mut(..data.len).ok_or_else(|| {
             Error::Backend(format!(
@@ -477,12 +478,6 @@ impl<C: Collectives> Backend for CpuBackend<C> {
             Stream::Communication => Ok(()),
         }
     }
-}
-
-fn poisoned(what: &str) -> Error {
-    Error::Backend(format!(
-        "the {what} lock was poisoned by a panicking thread"
-    ))
 }
 
 #[cfg(test)]

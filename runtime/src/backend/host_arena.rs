@@ -11,6 +11,7 @@
 //! rounded back to bf16 (to nearest, ties to even) when the borrow ends (DESIGN §6.9).
 
 use super::{FloatFormat, Region, words};
+use crate::lock::recover;
 use crate::{Error, Result};
 use half::bf16;
 use half::slice::HalfFloatSliceExt;
@@ -175,7 +176,7 @@ impl HostArena {
                 self.cells.len()
             ))
         })?;
-        let mut leases = self.leases.lock().map_err(|_| poisoned())?;
+        let mut leases = recover(self.leases.lock());
         let clash = leases.live.iter().find(|lease| {
             (exclusive || lease.exclusive)
                 && !range.is_empty()
@@ -203,15 +204,10 @@ impl HostArena {
     }
 
     fn release(&self, id: u64) {
-        // A poisoned lock means a thread panicked while holding it; the arena is being torn down.
-        if let Ok(mut leases) = self.leases.lock() {
-            leases.live.retain(|lease| lease.id != id);
-        }
+        recover(self.leases.lock())
+            .live
+            .retain(|lease| lease.id != id);
     }
-}
-
-fn poisoned() -> Error {
-    Error::Backend("the arena's borrow record was poisoned by a panicking thread".into())
 }
 
 /// bf16 elements as f32, each written once (no zero-filled buffer first: a widened copy is made at

@@ -19,6 +19,7 @@ use super::work::WorkloadDevices;
 use crate::backend::{
     Allocation, Backend, DeviceMemory, FloatFormat, Group, LaunchTime, Region, Stream,
 };
+use crate::lock::recover;
 use crate::{Error, Result};
 use cudarc::cublas::{result as cublas, sys as cublas_sys};
 use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
@@ -314,7 +315,7 @@ impl Backend for CudaBackend {
                 &packed[..]
             }
         };
-        let mut staging = self.staging.lock().expect("staging lock is never poisoned");
+        let mut staging = recover(self.staging.lock());
         let (next, slots) = &mut *staging;
         if slots.len() < STAGING_SLOTS {
             // SAFETY: the buffer is written in full below before any copy reads it.

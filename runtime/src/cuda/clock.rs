@@ -6,6 +6,7 @@
 use super::driver_error;
 use crate::Result;
 use crate::backend::LaunchTime;
+use crate::lock::recover;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaStream};
 use std::sync::Mutex;
@@ -80,9 +81,6 @@ impl LaunchClock {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Vec<Pending>>> {
-        // A thread that panicked while holding the lock left a list of whole entries.
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        recover(self.0.lock())
     }
 }

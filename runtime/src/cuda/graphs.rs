@@ -7,6 +7,7 @@
 use super::CudaBackend;
 use crate::Result;
 use crate::backend::Stream;
+use crate::lock::recover;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaStream};
 use std::collections::HashMap;
@@ -103,9 +104,7 @@ impl CudaBackend {
             return enqueue();
         }
         let key = format!("{} {}", stream.name(), key());
-        let mut keys = self.graphs.keys.lock().map_err(|_| {
-            crate::Error::Backend("a CUDA graph's capture failed earlier on another thread".into())
-        })?;
+        let mut keys = recover(self.graphs.keys.lock());
         match keys.decide(&key) {
             Decision::Launch => {
                 drop(keys);

@@ -9,6 +9,7 @@ use super::driver_error;
 use super::module::{DevicePointer, Element, KernelArg, KernelModule, per_element};
 use crate::backend::{FloatFormat, Operand, Region, Stream};
 use crate::gemm::Strided;
+use crate::lock::recover;
 use crate::{Error, Result};
 use cublas_sys::cudaDataType;
 use cudarc::cublas::{result as cublas, sys as cublas_sys};
@@ -36,10 +37,7 @@ pub enum Scratch {
 impl CudaBackend {
     /// The workload state `S` of this backend, loaded at the first call.
     pub fn workload_device<S: WorkloadDevice>(&self) -> Result<Arc<S>> {
-        let mut loaded =
-            self.workloads.0.lock().map_err(|_| {
-                Error::Backend("a workload's kernels failed to load earlier".into())
-            })?;
+        let mut loaded = recover(self.workloads.0.lock());
         if let Some(state) = loaded.iter().find_map(|s| s.clone().downcast::<S>().ok()) {
             return Ok(state);
         }

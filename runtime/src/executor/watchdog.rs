@@ -12,6 +12,7 @@ use super::Walk;
 use super::program::Kind;
 use crate::Error;
 use crate::backend::{Backend, Group};
+use crate::lock::recover;
 use crate::train::Train;
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -69,9 +70,7 @@ impl<M> Watch<M> {
 
 impl<M> Watch<M> {
     fn state(&self, channel: usize) -> std::sync::MutexGuard<'_, Watched<M>> {
-        self.channels[channel]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        recover(self.channels[channel].lock())
     }
 
     /// Channel `channel` launches `collective`.

@@ -11,11 +11,12 @@ use crate::backend::{Region, Stream};
 use crate::cuda::CudaBackend;
 use crate::cuda::module::{DevicePointer, Element, KernelArg, KernelModule};
 use crate::cuda::work::{Scratch, WorkloadDevice};
+use crate::lock::recover;
 use crate::{Error, Result};
 use shardplan_scheduler::precision::Precision;
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 /// GPT-2 on one CUDA backend: its kernels per precision policy, the loss's f64 partial sums and
 /// the token links of the embedding's backward (grown to the largest batch seen).
@@ -35,15 +36,10 @@ impl WorkloadDevice for Gpt2Device {
     }
 }
 
-fn unlocked<T>(lock: &Mutex<T>) -> Result<MutexGuard<'_, T>> {
-    lock.lock()
-        .map_err(|_| Error::Backend("GPT-2's device state failed earlier".into()))
-}
-
 impl Gpt2Device {
     /// The kernels compiled for `precision`, at their first use.
     fn kernels(&self, backend: &CudaBackend, precision: Precision) -> Result<Arc<KernelModule>> {
-        let mut loaded = unlocked(&self.kernels)?;
+        let mut loaded = recover(self.kernels.lock());
         if let Some(module) = loaded.get(&precision) {
             return Ok(module.clone());
         }
@@ -54,7 +50,7 @@ impl Gpt2Device {
 
     /// The token links' buffer, at least `len` floats.
     fn links(&self, backend: &CudaBackend, len: usize) -> Result<DevicePointer> {
-        let mut links = unlocked(&self.links)?;
+        let mut links = recover(self.links.lock());
         if links.as_ref().is_none_or(|(have, _)| *have < len) {
             *links = Some((len, backend.scratch(len, Element::F32)?));
         }

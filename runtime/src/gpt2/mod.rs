@@ -31,6 +31,7 @@ pub mod weights;
 
 use crate::backend::{Backend, FloatFormat, Region};
 use crate::layout::Layout;
+use crate::lock::recover;
 use crate::train::Train;
 use crate::workload::{Pass, UnitBuffers, Workload, carve, carve_parts, words_of};
 use crate::{Error, Result};
@@ -430,7 +431,7 @@ impl<B: Gpt2Kernels> Train<B> for Gpt2 {
             0 => {
                 let [tokens, out] = carve_parts(u.saved, s.embedding_saved());
                 if pass == Pass::Forward {
-                    let mut batch = self.batch.lock().expect("batch lock is never poisoned");
+                    let mut batch = recover(self.batch.lock());
                     let (inputs, targets) = &mut *batch;
                     let (b, r, w) = (self.global_batch, self.rank, self.world);
                     self.tokens
@@ -441,7 +442,7 @@ impl<B: Gpt2Kernels> Train<B> for Gpt2 {
             }
             h if h == self.head() => {
                 if pass == Pass::Forward {
-                    let batch = self.batch.lock().expect("batch lock is never poisoned");
+                    let batch = recover(self.batch.lock());
                     backend.upload(u.saved, &batch.1)?;
                 }
                 // The lender's forward parameters stay until the head's backward (layout).

@@ -31,6 +31,7 @@ use crate::arena::{Arena, Request};
 use crate::backend::Region;
 use crate::workload::{Pass, Workload};
 use crate::{Error, Result};
+use shardplan_scheduler::precision::Precision;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::timeline::Level;
 
@@ -276,23 +277,66 @@ impl Placement {
     }
 }
 
-/// Checks that the profile describes `workload`: the same units, names and parameter counts.
-pub fn check_profile(workload: &dyn Workload, profile: &Profile) -> Result<()> {
-    let precision = workload.precision();
-    if profile.bytes_per_param != precision.bytes_per_param() {
-        let b = profile.bytes_per_param;
-        return Err(Error::Mismatch(format!(
-            "the profile counts (param, grad, optimizer) = ({}, {}, {}) bytes per parameter; \
-             the model `{}` trains with {} ([training]), whose bytes are {:?}: measure the \
-             profile under the model's precision",
+/// What names a model and its profile in [`check_training`]'s errors: their files, or their
+/// names where there are none.
+#[derive(Debug, Clone, Copy)]
+pub struct Origins<'a> {
+    pub model: &'a str,
+    pub profile: &'a str,
+}
+
+/// Checks that `profile` was made for the `[training]` settings `workload` trains with: its
+/// micro-batches per step and its precision policy's bytes per parameter (DESIGN §6.9). An error
+/// names the model's file and field.
+pub fn check_training(workload: &dyn Workload, profile: &Profile, origins: Origins) -> Result<()> {
+    let k = workload.micro_batches();
+    if profile.micro_batches as usize != k {
+        return Err(shardplan_scheduler::Error::invalid(
+            origins.model,
+            "training.micro_batches",
+            format!(
+                "{} (the micro-batches per step of profile {}), got {k}",
+                profile.micro_batches, origins.profile
+            ),
+        )
+        .into());
+    }
+    check_precision(workload, profile, origins)
+}
+
+/// Checks that the profile counts the bytes per parameter of `workload`'s precision policy.
+fn check_precision(workload: &dyn Workload, profile: &Profile, origins: Origins) -> Result<()> {
+    let (b, precision) = (profile.bytes_per_param, workload.precision());
+    if b == precision.bytes_per_param() {
+        return Ok(());
+    }
+    let counted = match Precision::of_bytes(b) {
+        Ok(policy) => policy.describe(),
+        Err(_) => "no policy the runtime trains".into(),
+    };
+    Err(shardplan_scheduler::Error::invalid(
+        origins.model,
+        "training.precision",
+        format!(
+            "{counted} (profile {} counts ({}, {}, {}) bytes per parameter), got {}",
+            origins.profile,
             b.param,
             b.grad,
             b.optimizer,
-            workload.name(),
-            precision.describe(),
-            precision.bytes_per_param()
-        )));
-    }
+            precision.describe()
+        ),
+    )
+    .into())
+}
+
+/// Checks that the profile describes `workload`: the same precision policy, units, names and
+/// parameter counts.
+pub fn check_profile(workload: &dyn Workload, profile: &Profile) -> Result<()> {
+    let origins = Origins {
+        model: workload.name(),
+        profile: &profile.name,
+    };
+    check_precision(workload, profile, origins)?;
     if profile.unit_count() != workload.unit_count() {
         return Err(Error::Mismatch(format!(
             "the profile has {} units, the model `{}` {}: the profile was made for another model",

@@ -5,18 +5,19 @@
 use super::slots::{Slots, time_slot_interference};
 use super::{
     DataSteps, LaunchRow, TimedLayouts, block_collectives, compute_placements, compute_slot,
-    measurement_allocation, time_collectives, time_interference, time_launches, time_units,
+    measurement_allocation, median, time_collectives, time_interference, time_launches, time_units,
     workload_profile,
 };
 use crate::backend::{Backend, Group};
 use crate::cuda::CudaBackend;
-use crate::dispatch::{AnyBackend, Data, Job, Model};
+use crate::cuda::replay::ReplayBuffers;
+use crate::dispatch::{AnyBackend, Data, Job, Model, ReplayJob};
 use crate::executor::initialise;
 use crate::layout::Placement;
 use crate::model_file::ModelFile;
 use crate::process::Oversubscribed;
 use crate::train::{Train, optimize_unit};
-use crate::transformer::{UnitKind, backward_gemms, forward_gemms};
+use crate::transformer::{Gemm, UnitKind, backward_gemms, forward_gemms};
 use crate::{Error, Result};
 use serde_json::json;
 use shardplan_scheduler::analytic::{
@@ -84,17 +85,9 @@ pub fn measure_model(
             )
             .into())
         }
-        ModelFile::Transformer(model) if model.training.is_none() => match backend.into_cuda() {
-            Some(cuda) => measure_transformer(cuda, &model, origin, options),
-            None => Err(shardplan_scheduler::Error::invalid(
-                origin,
-                "training",
-                "a [training] table: on the CPU a transformer is measured by training it \
-                 (models/gpt2-tiny.toml); zoo models are replayed on a GPU (--backend cuda) \
-                 or profiled with `profile analytic`",
-            )
-            .into()),
-        },
+        ModelFile::Transformer(model) if model.training.is_none() => {
+            backend.replay(&model, origin, TransformerJob { origin, options })
+        }
         file => {
             refuse_for_trained(origin, "--micro-batch", options.micro_batch.is_some())?;
             refuse_for_trained(origin, "--seq-len", options.seq_len.is_some())?;
@@ -130,6 +123,19 @@ impl Job for MeasureJob<'_> {
     type Output = Result<Measured>;
     fn run<B: Backend, W: Train<B>>(self, backend: B, workload: &W) -> Result<Measured> {
         measure_workload(backend, workload, self.options)
+    }
+}
+
+/// [`measure_transformer`] as a [`ReplayJob`].
+struct TransformerJob<'a> {
+    origin: &'a str,
+    options: &'a MeasureOptions,
+}
+
+impl ReplayJob for TransformerJob<'_> {
+    type Output = Measured;
+    fn run(self, backend: CudaBackend, model: &ModelSpec) -> Result<Measured> {
+        measure_transformer(backend, model, self.origin, self.options)
     }
 }
 
@@ -342,6 +348,24 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
     })
 }
 
+/// Passes over a replay that warm up before [`replay_us`] times it.
+const REPLAY_WARM_UP: usize = 3;
+
+/// µs of one pass over `gemms`: the median of `repeats` passes after [`REPLAY_WARM_UP`] (0 for
+/// no products).
+fn replay_us(
+    backend: &CudaBackend,
+    gemms: &[Gemm],
+    buffers: &ReplayBuffers,
+    repeats: usize,
+) -> Result<f64> {
+    if gemms.is_empty() {
+        return Ok(0.0);
+    }
+    let passes = backend.time_replay(gemms, buffers, REPLAY_WARM_UP + repeats)?;
+    Ok(median(passes[REPLAY_WARM_UP..].to_vec()))
+}
+
 /// A zoo transformer on a GPU: its units' products replayed, bytes from the model formulas.
 fn measure_transformer(
     mut backend: CudaBackend,
@@ -372,8 +396,8 @@ fn measure_transformer(
         let backward = backward_gemms(&forward);
         let all: Vec<_> = forward.iter().chain(&backward).copied().collect();
         let buffers = backend.replay_buffers(&all)?;
-        let f = backend.time_replay(&forward, &buffers, options.repeats)?;
-        let b = backend.time_replay(&backward, &buffers, options.repeats)?;
+        let f = replay_us(&backend, &forward, &buffers, options.repeats)?;
+        let b = replay_us(&backend, &backward, &buffers, options.repeats)?;
         times.insert(kind, (f, b));
         if kind == UnitKind::Block {
             block_round = Some((all, buffers));

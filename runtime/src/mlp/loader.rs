@@ -8,6 +8,7 @@
 //! its sample alone, so the batch is the same whatever the chunks.
 
 use super::MlpSpec;
+use crate::lock::recover;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -94,7 +95,7 @@ impl Loader {
 
     /// Step `step`'s batch (made now unless it was made ahead); starts making step + 1's.
     pub fn take(&self, step: usize) -> Batch {
-        let mut ahead = self.ahead.lock().expect("loader lock is never poisoned");
+        let mut ahead = recover(self.ahead.lock());
         let made = match ahead.take() {
             Some((s, thread)) if s == step => thread.join().ok(),
             _ => None,

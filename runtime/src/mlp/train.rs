@@ -7,6 +7,7 @@ use super::loader::{Batch, Loader};
 use crate::Result;
 use crate::backend::{Backend, Region};
 use crate::layout::Layout;
+use crate::lock::recover;
 use crate::train::Train;
 use crate::workload::{Pass, UnitBuffers, Workload, carve};
 use std::sync::Mutex;
@@ -164,7 +165,7 @@ impl<B: MlpKernels> Train<B> for Mlp {
         let rows = self.spec.batch_per_rank;
         let last = unit + 1 == self.spec.units();
         if pass == Pass::Forward && (unit == 0 || last) {
-            let mut batch = self.batch.lock().expect("batch lock is never poisoned");
+            let mut batch = recover(self.batch.lock());
             if unit == 0 {
                 *batch = Some(if backend.host_computes() {
                     self.loader.make_now(step)
