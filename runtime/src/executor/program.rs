@@ -147,30 +147,66 @@ pub(super) fn program(
     profile: &Profile,
     concurrent: bool,
 ) -> Program {
+    let channels = channels(schedule, profile, concurrent);
+    let unrolled = Unrolled::of(schedule);
+    let blocks: Vec<u64> = (placement.for_step(0).units.iter())
+        .map(|u| u.blocks as u64)
+        .collect();
+    let counts = Counts::new(unrolled, schedule, &blocks);
+    let queues = queues(schedule, unrolled, profile, &channels);
+    let needs = needs(schedule, unrolled, &counts, &first_written);
+    let parities = placement.parities();
+    let slots = unrolled.slot_count();
+    Program {
+        unrolled,
+        slots,
+        channels,
+        queues,
+        needs,
+        per_step: counts.per_step(),
+        first_written,
+        fences: fences(placement, schedule.units().len(), slots),
+        parities,
+    }
+}
+
+/// The link each op of `schedule` runs on, one channel per link (`concurrent`), else one.
+fn channels(schedule: &Schedule, profile: &Profile, concurrent: bool) -> Vec<Link> {
     let world = profile.world_size as usize;
-    let link = |op: Op, u: &UnitSchedule| among(op, u, world).link(profile);
     let mut channels: Vec<Link> = (schedule.units().iter())
-        .flat_map(|u| u.ops().into_iter().map(|op| link(op, u)))
+        .flat_map(|u| {
+            u.ops()
+                .into_iter()
+                .map(|op| among(op, u, world).link(profile))
+        })
         .collect();
     channels.sort_unstable();
     channels.dedup();
     if !concurrent {
         channels.truncate(1);
     }
+    channels
+}
+
+/// Per slot of the unrolled step, its blocks in the canonical order, each with the data step it
+/// serves, its group and its channel among `channels`.
+fn queues(
+    schedule: &Schedule,
+    unrolled: Unrolled,
+    profile: &Profile,
+    channels: &[Link],
+) -> Vec<Vec<Block>> {
+    let world = profile.world_size as usize;
     let channel = |op: Op, u: &UnitSchedule| {
-        let l = link(op, u);
+        let l = among(op, u, world).link(profile);
         channels.iter().position(|&c| c == l).unwrap_or(0)
     };
-    let unrolled = Unrolled::of(schedule);
-    let timeline = unrolled.timeline;
-    let slots = unrolled.slot_count();
     let units = schedule.units();
-    let layout = placement.for_step(0);
-    let blocks: Vec<u64> = layout.units.iter().map(|u| u.blocks as u64).collect();
-    let counts = Counts::new(unrolled, schedule, &blocks);
-    let mut keyed: Vec<Vec<(QueueKey, Block)>> = vec![Vec::new(); slots];
+    let mut keyed: Vec<Vec<(QueueKey, Block)>> = vec![Vec::new(); unrolled.slot_count()];
     for (instance, launches) in unrolled.instances(schedule) {
-        let window = timeline.window(instance.unit, instance.op.window_kind());
+        let window = unrolled
+            .timeline
+            .window(instance.unit, instance.op.window_kind());
         let mut index = 0;
         for l in launches {
             let (slot, iteration) = unrolled.place(instance, l.position);
@@ -192,13 +228,26 @@ pub(super) fn program(
             }
         }
     }
-    let queues = in_canonical_order(keyed);
+    in_canonical_order(keyed)
+}
+
+/// Per slot of the unrolled step, the blocks relaxed compute waits for: a forward's gathered
+/// (or reduced) parameters, a backward's gather, and the previous micro-batch's reduction of
+/// each gradient the slot prepares (`first_written`).
+fn needs(
+    schedule: &Schedule,
+    unrolled: Unrolled,
+    counts: &Counts,
+    first_written: &[Vec<usize>],
+) -> Vec<Vec<Need>> {
+    let timeline = unrolled.timeline;
+    let units = schedule.units();
     let need = |unit: usize, kind: Kind, micro_batch: Option<usize>| Need {
         unit,
         kind,
         through: micro_batch.map_or(0, |m| counts.through(unit, kind, m)),
     };
-    let needs = (0..slots)
+    (0..unrolled.slot_count())
         .map(|s| {
             let (m, flat) = unrolled.split(s);
             let Some(i) = timeline.compute_unit(flat) else {
@@ -230,30 +279,22 @@ pub(super) fn program(
             }
             needs
         })
-        .collect();
-    let per_step = counts.per_step();
+        .collect()
+}
+
+/// Per slot of an even iteration, then (where the arena alternates layouts) of an odd one, the
+/// units whose full gradient (one region, or one per parity of the step it holds) is lent then.
+fn fences(placement: &Placement, units: usize, slots: usize) -> Vec<Vec<usize>> {
     let parities = placement.parities();
-    // A unit's full gradients: one region, or one per parity of the step it holds.
     let full_grads =
         |u: usize| (0..parities).filter_map(move |p| placement.for_step(p).requests[u].full_grad);
-    let fences = (0..parities * slots)
+    (0..parities * slots)
         .map(|s| {
-            (0..units.len())
+            (0..units)
                 .filter(|&u| full_grads(u).any(|r| placement.lent_in(r, s)))
                 .collect()
         })
-        .collect();
-    Program {
-        unrolled,
-        slots,
-        channels,
-        queues,
-        needs,
-        per_step,
-        first_written,
-        fences,
-        parities,
-    }
+        .collect()
 }
 
 /// An iteration of the executor's walk of n steps: −1 the prologue, 0 … n − 1 the steps, n the
