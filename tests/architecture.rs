@@ -2,7 +2,9 @@
 //! its crate, and every file of the crate is named, so the code map cannot drift from the code.
 //! A row's first cell names modules in backticks: `a::b` (a path), or `a` followed by its parts
 //! in parentheses (`backend` (`mod`) is backend/mod.rs; `measure` (`mod`, `timing`) also
-//! measure/timing.rs).
+//! measure/timing.rs). runtime/src/lib.rs's module list is checked against its `mod` declarations
+//! and the tree, and every source file holding `unsafe` must be named in the page's `unsafe`
+//! paragraph.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -119,6 +121,161 @@ fn the_python_table_names_every_module_and_only_those() {
         "python/shardplan_torch",
         "py",
     );
+}
+
+/// The modules a crate root's leading `//!` comment lists: each a backticked name followed by
+/// its description in parentheses (`event` (monotonic counters)).
+fn listed_in_doc(root_source: &str) -> BTreeSet<String> {
+    let doc: String = root_source
+        .lines()
+        .take_while(|l| l.starts_with("//!"))
+        .map(|l| l.trim_start_matches("//!").trim())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let pieces: Vec<&str> = doc.split('`').collect();
+    pieces
+        .iter()
+        .enumerate()
+        .skip(1)
+        .step_by(2)
+        .filter(|(i, _)| {
+            pieces
+                .get(i + 1)
+                .is_some_and(|after| after.starts_with(" ("))
+        })
+        .map(|(_, name)| name.to_string())
+        .collect()
+}
+
+/// The modules a crate root declares (`pub mod a;`, `mod b;`, attributes on lines of their own).
+fn declared(root_source: &str) -> BTreeSet<String> {
+    root_source
+        .lines()
+        .filter_map(|l| {
+            let l = l
+                .trim()
+                .trim_start_matches("pub(crate) ")
+                .trim_start_matches("pub ");
+            l.strip_prefix("mod ")?
+                .strip_suffix(';')
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+#[test]
+fn the_runtime_crate_doc_lists_every_module_and_only_those() {
+    let source = std::fs::read_to_string(root().join("runtime/src/lib.rs")).unwrap();
+    let listed = listed_in_doc(&source);
+    let declared = declared(&source);
+    let src = root().join("runtime/src");
+    let top_level: BTreeSet<String> = modules(&src, "rs")
+        .into_iter()
+        .filter(|m| !m.contains("::"))
+        .collect();
+    let unlisted: Vec<_> = declared.difference(&listed).collect();
+    let undeclared: Vec<_> = listed.difference(&declared).collect();
+    let not_in_tree: Vec<_> = declared.difference(&top_level).collect();
+    let not_declared: Vec<_> = top_level.difference(&declared).collect();
+    assert!(
+        unlisted.is_empty()
+            && undeclared.is_empty()
+            && not_in_tree.is_empty()
+            && not_declared.is_empty(),
+        "runtime/src/lib.rs: declared but not in its doc list: {unlisted:?}; listed but not \
+         declared: {undeclared:?}; declared without a file: {not_in_tree:?}; a file not \
+         declared: {not_declared:?}"
+    );
+}
+
+/// The bullet of docs/ARCHITECTURE.md that starts with `` `unsafe` lives in ``.
+fn unsafe_paragraph(doc: &str) -> String {
+    let start = doc
+        .find("- `unsafe` lives in")
+        .expect("ARCHITECTURE.md has no `unsafe` paragraph");
+    doc[start..]
+        .lines()
+        .enumerate()
+        .take_while(|(i, l)| *i == 0 || l.starts_with("  "))
+        .map(|(_, l)| l.trim())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Whether `source` holds the keyword `unsafe` outside `//` comments.
+fn holds_unsafe(source: &str) -> bool {
+    source.lines().any(|line| {
+        let code = line.split("//").next().unwrap_or("");
+        code.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .any(|word| word == "unsafe")
+    })
+}
+
+/// Whether a backticked word of the paragraph names module `path`: the path itself, an item in
+/// it (`cuda::nccl::DeviceBuffer`) or a glob over its parent (`cuda::*`).
+fn names_module(words: &[&str], path: &str) -> bool {
+    words.iter().any(|w| {
+        *w == path
+            || w.strip_prefix(path)
+                .is_some_and(|rest| rest.starts_with("::"))
+            || w.strip_suffix("::*")
+                .is_some_and(|parent| path.starts_with(&format!("{parent}::")))
+    })
+}
+
+/// The source file of module `path` under `src`.
+fn module_file(src: &Path, path: &str) -> PathBuf {
+    let relative = path.replace("::", "/");
+    let file = src.join(format!("{relative}.rs"));
+    if file.exists() {
+        file
+    } else {
+        src.join(relative).join("mod.rs")
+    }
+}
+
+#[test]
+fn every_file_holding_unsafe_is_named_in_the_unsafe_paragraph() {
+    let doc = std::fs::read_to_string(root().join("docs/ARCHITECTURE.md")).unwrap();
+    let paragraph = unsafe_paragraph(&doc);
+    let words = ticked(&paragraph);
+    let mut unnamed = Vec::new();
+    for src in ["src", "runtime/src", "scheduler/src"] {
+        let src = root().join(src);
+        for path in modules(&src, "rs") {
+            let file = module_file(&src, &path);
+            let source = std::fs::read_to_string(&file).unwrap();
+            if holds_unsafe(&source) && !names_module(&words, &path) {
+                let relative = file.strip_prefix(root()).unwrap_or(&file);
+                unnamed.push(relative.display().to_string());
+            }
+        }
+    }
+    assert!(
+        unnamed.is_empty(),
+        "docs/ARCHITECTURE.md's `unsafe` paragraph does not name these files' modules: {unnamed:?}"
+    );
+}
+
+#[test]
+fn crate_docs_and_unsafe_readers_take_the_forms_they_are_given() {
+    let root_source = "//! `a` (one), `b_c` (two), not `d`, nor `e`.\n\npub mod a;\nmod b_c;\n";
+    assert_eq!(
+        listed_in_doc(root_source),
+        BTreeSet::from(["a".into(), "b_c".into()])
+    );
+    assert_eq!(
+        declared(root_source),
+        BTreeSet::from(["a".into(), "b_c".into()])
+    );
+    assert!(holds_unsafe("    let x = unsafe { f() };"));
+    assert!(!holds_unsafe("    // SAFETY: nothing unsafe here"));
+    assert!(!holds_unsafe("    let unsafe_count = 1;"));
+    let words = ["cuda::*", "cuda::nccl::DeviceBuffer", "gemm"];
+    assert!(names_module(&words, "cuda::work"));
+    assert!(names_module(&words, "gemm"));
+    assert!(!names_module(&words, "gemmx"));
+    assert!(!names_module(&words, "launch"));
 }
 
 /// The reader itself: the forms the tables use.

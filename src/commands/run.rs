@@ -212,7 +212,7 @@ fn report(args: &RunArgs, plan: &Plan, done: &PlanRun, reference: Option<&Refere
             "peak_resident_bytes": done.peak_resident_bytes,
             "oversubscribed": done.oversubscribed.map(|o| json!({"ranks": o.ranks, "cores": o.cores})),
             "predicted_peak_memory_bytes": whole_bytes(predicted.peak_memory_bytes),
-            "executor_overhead_us_per_slot": if report.executor_overhead_us_per_slot.is_finite() { Some(report.executor_overhead_us_per_slot) } else { None },
+            "executor_overhead_us_per_slot": report.executor_overhead_us_per_slot,
             "weights_max_relative_error_vs_reference": reference.map(|r| r.weights_max_relative_error),
             "weights_update_relative_error_vs_reference": reference.map(|r| r.update_relative_error),
             "reference_losses": reference.map(|r| &r.losses),

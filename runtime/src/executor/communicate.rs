@@ -6,7 +6,8 @@
 //! finished every block before slot g (the strict slot boundary, which also orders an RA after
 //! its RS and a shard group's gathers after its RA, and keeps the arena's per-slot lifetimes).
 
-use super::program::{Block, Kind};
+use super::kind::Kind;
+use super::program::Block;
 use super::watchdog::InFlight;
 use super::{PendingSpan, Walk};
 use crate::backend::{Backend, COMMUNICATION_THREAD, Region, Stream};
@@ -83,12 +84,11 @@ impl<B: Backend, W: Train<B>> Walk<'_, B, W> {
             }
             let blocks = self.program.queues[s].iter();
             for b in blocks.filter(|b| b.channel == channel) {
-                let d = iter + b.offset;
-                if d < 0 || d as usize >= self.options.steps {
+                let Some(d) = iter.data_step(b.offset, self.options.steps) else {
                     continue;
-                }
+                };
                 let start = self.mark_if_tracing(stream)?;
-                let step = self.options.first_step + d as usize;
+                let step = self.options.first_step + d;
                 self.watch.enter(
                     channel,
                     InFlight {
@@ -96,7 +96,7 @@ impl<B: Backend, W: Train<B>> Walk<'_, B, W> {
                         group: b.group,
                         unit: b.unit,
                         block: b.index,
-                        blocks: self.layout(d as usize).units[b.unit].blocks,
+                        blocks: self.layout(d).units[b.unit].blocks,
                         step,
                         slot: g,
                     },

@@ -26,6 +26,7 @@
 //! event. Step times and trace spans are measured between marks.
 
 mod communicate;
+mod kind;
 mod program;
 mod state;
 mod watchdog;
@@ -40,7 +41,8 @@ use crate::layout::{Layout, Placement};
 use crate::train::Train;
 use crate::workload::Pass;
 use crate::{Error, Result};
-use program::{Kind, Program, program};
+use kind::{Kind, PerUnitKind};
+use program::{Program, program};
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::Schedule;
 use shardplan_scheduler::sim::Semantics;
@@ -116,8 +118,9 @@ pub struct RunReport {
     /// 1, or 2 where even and odd steps alternate layouts of the arena (DESIGN §6.5).
     pub arena_layouts: usize,
     pub spans: Vec<Span>,
-    /// Mean time per global slot the compute stream spent outside kernels and waits.
-    pub executor_overhead_us_per_slot: f64,
+    /// Mean time per global slot the compute stream spent outside kernels and waits; measured
+    /// only where the run is traced (its spans time the kernels), none otherwise.
+    pub executor_overhead_us_per_slot: Option<f64>,
 }
 
 impl RunReport {
@@ -130,7 +133,7 @@ impl RunReport {
             live_peak_bytes: placement.arena.live_peak_bytes,
             arena_layouts: placement.parities(),
             spans: Vec::new(),
-            executor_overhead_us_per_slot: f64::NAN,
+            executor_overhead_us_per_slot: None,
         }
     }
 
@@ -145,8 +148,9 @@ impl RunReport {
         }));
         let (a, b) = (self.losses.len() as f64, next.losses.len() as f64);
         self.executor_overhead_us_per_slot = if a > 0.0 {
-            (self.executor_overhead_us_per_slot * a + next.executor_overhead_us_per_slot * b)
-                / (a + b)
+            self.executor_overhead_us_per_slot
+                .zip(next.executor_overhead_us_per_slot)
+                .map(|(mine, theirs)| (mine * a + theirs * b) / (a + b))
         } else {
             next.executor_overhead_us_per_slot
         };
@@ -240,7 +244,7 @@ struct Walk<'a, B: Backend, W> {
     /// Global slots walked: (steps + 2)·S.
     total: usize,
     /// Per (unit, kind), one signal per block done.
-    done: Vec<Event<B::Mark>>,
+    done: PerUnitKind<Event<B::Mark>>,
     /// One signal per global slot the compute stream reached.
     slot_started: Event<B::Mark>,
     /// Per communication channel, one signal per global slot whose blocks on it are done.
@@ -265,7 +269,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
         let event = || Event::spinning(backend.host_wait_spin());
         Walk {
             total: (options.steps + 2) * program.slots,
-            done: (0..units * Kind::COUNT).map(|_| event()).collect(),
+            done: PerUnitKind::new(units, |_, _| event()),
             slot_started: event(),
             comm_done: program.channels.iter().map(|_| event()).collect(),
             watch: Watch::new(program.channels.len()),
@@ -284,7 +288,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
     }
 
     fn event(&self, unit: usize, kind: Kind) -> &Event<B::Mark> {
-        &self.done[unit * Kind::COUNT + kind.index()]
+        &self.done[(unit, kind)]
     }
 
     /// Waits for the `target`-th signal of `event`, then makes `stream` wait on its mark.
@@ -336,20 +340,19 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
     fn wait_before_slot(&self, g: usize, fences: &[(usize, u64)]) -> Result<()> {
         let stream = Stream::Compute;
         let (iter, s) = self.program.split(g);
-        let computing = iter >= 0 && (iter as usize) < self.options.steps;
-        match self.options.semantics {
-            Semantics::Strict => self.comm_done.iter().try_for_each(|done| {
+        match (self.options.semantics, iter.below(self.options.steps)) {
+            (Semantics::Strict, _) => self.comm_done.iter().try_for_each(|done| {
                 self.wait(stream, done, g as u64, &|| {
                     format!("communication of global slot {}", g.saturating_sub(1))
                 })
             }),
-            Semantics::Relaxed if computing => {
+            (Semantics::Relaxed, Some(step)) => {
                 for n in &self.program.needs[s] {
-                    let per_step = self.program.per_step[n.unit * Kind::COUNT + n.kind.index()];
-                    let target = iter as u64 * per_step + n.through;
+                    let per_step = self.program.per_step[(n.unit, n.kind)];
+                    let target = step as u64 * per_step + n.through;
                     self.wait(stream, self.event(n.unit, n.kind), target, &|| {
                         format!(
-                            "{} of {} for step {iter}",
+                            "{} of {} for step {step}",
                             n.kind.name(),
                             self.workload.unit_name(n.unit)
                         )
@@ -363,7 +366,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
                 }
                 Ok(())
             }
-            Semantics::Relaxed => Ok(()),
+            (Semantics::Relaxed, None) => Ok(()),
         }
     }
 
@@ -380,10 +383,11 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
             self.wait_before_slot(g, &fences.next_slot())?;
             let (iter, s) = self.program.split(g);
             let started = backend.mark(stream)?;
-            if s == 0 && iter >= 0 && iter as usize <= steps {
+            // Iterations 0 … steps begin at the step marks; each after the first ends a step.
+            if let (0, Some(begun)) = (s, iter.below(steps + 1)) {
                 step_marks.push(started.clone());
-                if let (Some(on_step), Some(done)) = (&self.options.on_step, iter.checked_sub(1)) {
-                    (on_step.0)(done as usize);
+                if let (Some(on_step), Some(done)) = (&self.options.on_step, begun.checked_sub(1)) {
+                    (on_step.0)(done);
                 }
             }
             self.slot_started.signal(started);
@@ -391,10 +395,9 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
             let Some(i) = timeline.compute_unit(flat) else {
                 continue;
             };
-            if iter < 0 || iter as usize >= steps {
+            let Some(step) = iter.below(steps) else {
                 continue;
-            }
-            let step = iter as usize;
+            };
             let layout = self.placement.for_micro_batch(step, m);
             let data = (self.options.first_step + step) * self.program.unrolled.micro_batches + m;
             let start = self.mark_if_tracing(stream)?;
@@ -491,11 +494,10 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
             arena_bytes: self.placement.arena.size_bytes,
             live_peak_bytes: self.placement.arena.live_peak_bytes,
             arena_layouts: self.placement.parities(),
-            executor_overhead_us_per_slot: if self.options.trace {
-                ((wall_us - kernel_us) / slots).max(0.0)
-            } else {
-                f64::NAN
-            },
+            executor_overhead_us_per_slot: self
+                .options
+                .trace
+                .then(|| ((wall_us - kernel_us) / slots).max(0.0)),
             spans,
         })
     }

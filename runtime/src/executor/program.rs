@@ -2,6 +2,7 @@
 //! communication stream runs (with the data step each serves), the compute stream's relaxed waits
 //! and its buffer-reuse fences.
 
+use super::kind::{Kind, PerUnitKind};
 use crate::backend::Group;
 use crate::layout::Placement;
 use shardplan_scheduler::cost::Among;
@@ -11,51 +12,7 @@ use shardplan_scheduler::schedule::{
 };
 use shardplan_scheduler::timeline::{Level, Op};
 use shardplan_scheduler::unrolled::Unrolled;
-
-/// The communication kinds of the executor (RS serves both sharded levels; FG is AG or AGF; RA
-/// is a shard group's replica AllReduce, DESIGN §3.11).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
-    AllReduce,
-    ReduceScatter,
-    ForwardGather,
-    BackwardGather,
-    ReplicaAllReduce,
-}
-
-impl Kind {
-    /// The number of kinds (events are kept per unit and kind).
-    pub(super) const COUNT: usize = 5;
-
-    pub(super) fn of(op: Op) -> Kind {
-        match op {
-            Op::AllReduce => Kind::AllReduce,
-            Op::ReduceScatter => Kind::ReduceScatter,
-            Op::Gather | Op::GatherForward => Kind::ForwardGather,
-            Op::GatherBackward => Kind::BackwardGather,
-            Op::ReplicaAllReduce => Kind::ReplicaAllReduce,
-        }
-    }
-
-    pub(super) fn index(self) -> usize {
-        self as usize
-    }
-
-    pub(super) fn name(self) -> &'static str {
-        ["AR", "RS", "AG", "AGB", "RA"][self.index()]
-    }
-
-    /// What it is, in words: the collective and, for a gather, which.
-    pub(super) fn described(self) -> &'static str {
-        [
-            "AllReduce",
-            "ReduceScatter",
-            "forward AllGather",
-            "backward AllGather",
-            "replica AllReduce",
-        ][self.index()]
-    }
-}
+use std::fmt;
 
 /// The ranks `op` of unit `u` runs among on `world` ranks (DESIGN §3.11).
 fn group_of(op: Op, u: &UnitSchedule, world: usize) -> Group {
@@ -102,7 +59,7 @@ pub(super) struct Block {
     pub(super) channel: usize,
     /// The block's index in its op instance (0 … nb − 1).
     pub(super) index: usize,
-    /// Data step = iteration + offset.
+    /// Data step = iteration + offset ([`Iteration::data_step`]).
     pub(super) offset: i64,
     /// The step's last reduction of the unit, which the optimizer step follows.
     pub(super) step_reduction: bool,
@@ -124,16 +81,16 @@ pub(super) struct Need {
 /// them (the micro-batch each serves), as block counts.
 struct Counts {
     /// Per (unit, kind): the micro-batches served, ascending.
-    served: Vec<Vec<usize>>,
+    served: PerUnitKind<Vec<usize>>,
     blocks: Vec<u64>,
 }
 
 impl Counts {
     fn new(unrolled: Unrolled, schedule: &Schedule, blocks: &[u64]) -> Counts {
-        let mut served = vec![Vec::new(); blocks.len() * Kind::COUNT];
+        let mut served = PerUnitKind::new(blocks.len(), |_, _| Vec::new());
         for (instance, _) in unrolled.instances(schedule) {
-            let k = instance.unit * Kind::COUNT + Kind::of(instance.op).index();
-            served[k].push(instance.micro_batch(unrolled.micro_batches));
+            served[(instance.unit, Kind::of(instance.op))]
+                .push(instance.micro_batch(unrolled.micro_batches));
         }
         served.iter_mut().for_each(|s| s.sort_unstable());
         Counts {
@@ -142,16 +99,16 @@ impl Counts {
         }
     }
 
-    /// Blocks per step of each (unit, kind), indexed unit·[`Kind::COUNT`] + kind.
-    fn per_step(&self) -> Vec<u64> {
-        (self.served.iter().enumerate())
-            .map(|(x, served)| served.len() as u64 * self.blocks[x / Kind::COUNT])
-            .collect()
+    /// Blocks per step of each (unit, kind).
+    fn per_step(&self) -> PerUnitKind<u64> {
+        PerUnitKind::new(self.blocks.len(), |unit, kind| {
+            self.served[(unit, kind)].len() as u64 * self.blocks[unit]
+        })
     }
 
     /// Blocks of (unit, kind) in a step up to and including the instance serving `micro_batch`.
     fn through(&self, unit: usize, kind: Kind, micro_batch: usize) -> u64 {
-        let served = &self.served[unit * Kind::COUNT + kind.index()];
+        let served = &self.served[(unit, kind)];
         let before = served.iter().filter(|&&m| m <= micro_batch).count() as u64;
         before * self.blocks[unit]
     }
@@ -168,7 +125,7 @@ pub(super) struct Program {
     pub(super) queues: Vec<Vec<Block>>,
     pub(super) needs: Vec<Vec<Need>>,
     /// Per (unit, kind), blocks per step.
-    pub(super) per_step: Vec<u64>,
+    pub(super) per_step: PerUnitKind<u64>,
     /// Per unit, the units whose gradient its backward writes first (`gradients`): the ones it
     /// prepares, and whose previous reduction it waits for.
     pub(super) first_written: Vec<Vec<usize>>,
@@ -190,30 +147,66 @@ pub(super) fn program(
     profile: &Profile,
     concurrent: bool,
 ) -> Program {
+    let channels = channels(schedule, profile, concurrent);
+    let unrolled = Unrolled::of(schedule);
+    let blocks: Vec<u64> = (placement.for_step(0).units.iter())
+        .map(|u| u.blocks as u64)
+        .collect();
+    let counts = Counts::new(unrolled, schedule, &blocks);
+    let queues = queues(schedule, unrolled, profile, &channels);
+    let needs = needs(schedule, unrolled, &counts, &first_written);
+    let parities = placement.parities();
+    let slots = unrolled.slot_count();
+    Program {
+        unrolled,
+        slots,
+        channels,
+        queues,
+        needs,
+        per_step: counts.per_step(),
+        first_written,
+        fences: fences(placement, schedule.units().len(), slots),
+        parities,
+    }
+}
+
+/// The link each op of `schedule` runs on, one channel per link (`concurrent`), else one.
+fn channels(schedule: &Schedule, profile: &Profile, concurrent: bool) -> Vec<Link> {
     let world = profile.world_size as usize;
-    let link = |op: Op, u: &UnitSchedule| among(op, u, world).link(profile);
     let mut channels: Vec<Link> = (schedule.units().iter())
-        .flat_map(|u| u.ops().into_iter().map(|op| link(op, u)))
+        .flat_map(|u| {
+            u.ops()
+                .into_iter()
+                .map(|op| among(op, u, world).link(profile))
+        })
         .collect();
     channels.sort_unstable();
     channels.dedup();
     if !concurrent {
         channels.truncate(1);
     }
+    channels
+}
+
+/// Per slot of the unrolled step, its blocks in the canonical order, each with the data step it
+/// serves, its group and its channel among `channels`.
+fn queues(
+    schedule: &Schedule,
+    unrolled: Unrolled,
+    profile: &Profile,
+    channels: &[Link],
+) -> Vec<Vec<Block>> {
+    let world = profile.world_size as usize;
     let channel = |op: Op, u: &UnitSchedule| {
-        let l = link(op, u);
+        let l = among(op, u, world).link(profile);
         channels.iter().position(|&c| c == l).unwrap_or(0)
     };
-    let unrolled = Unrolled::of(schedule);
-    let timeline = unrolled.timeline;
-    let slots = unrolled.slot_count();
     let units = schedule.units();
-    let layout = placement.for_step(0);
-    let blocks: Vec<u64> = layout.units.iter().map(|u| u.blocks as u64).collect();
-    let counts = Counts::new(unrolled, schedule, &blocks);
-    let mut keyed: Vec<Vec<(QueueKey, Block)>> = vec![Vec::new(); slots];
+    let mut keyed: Vec<Vec<(QueueKey, Block)>> = vec![Vec::new(); unrolled.slot_count()];
     for (instance, launches) in unrolled.instances(schedule) {
-        let window = timeline.window(instance.unit, instance.op.window_kind());
+        let window = unrolled
+            .timeline
+            .window(instance.unit, instance.op.window_kind());
         let mut index = 0;
         for l in launches {
             let (slot, iteration) = unrolled.place(instance, l.position);
@@ -235,13 +228,26 @@ pub(super) fn program(
             }
         }
     }
-    let queues = in_canonical_order(keyed);
+    in_canonical_order(keyed)
+}
+
+/// Per slot of the unrolled step, the blocks relaxed compute waits for: a forward's gathered
+/// (or reduced) parameters, a backward's gather, and the previous micro-batch's reduction of
+/// each gradient the slot prepares (`first_written`).
+fn needs(
+    schedule: &Schedule,
+    unrolled: Unrolled,
+    counts: &Counts,
+    first_written: &[Vec<usize>],
+) -> Vec<Vec<Need>> {
+    let timeline = unrolled.timeline;
+    let units = schedule.units();
     let need = |unit: usize, kind: Kind, micro_batch: Option<usize>| Need {
         unit,
         kind,
         through: micro_batch.map_or(0, |m| counts.through(unit, kind, m)),
     };
-    let needs = (0..slots)
+    (0..unrolled.slot_count())
         .map(|s| {
             let (m, flat) = unrolled.split(s);
             let Some(i) = timeline.compute_unit(flat) else {
@@ -273,37 +279,63 @@ pub(super) fn program(
             }
             needs
         })
-        .collect();
-    let per_step = counts.per_step();
+        .collect()
+}
+
+/// Per slot of an even iteration, then (where the arena alternates layouts) of an odd one, the
+/// units whose full gradient (one region, or one per parity of the step it holds) is lent then.
+fn fences(placement: &Placement, units: usize, slots: usize) -> Vec<Vec<usize>> {
     let parities = placement.parities();
-    // A unit's full gradients: one region, or one per parity of the step it holds.
     let full_grads =
         |u: usize| (0..parities).filter_map(move |p| placement.for_step(p).requests[u].full_grad);
-    let fences = (0..parities * slots)
+    (0..parities * slots)
         .map(|s| {
-            (0..units.len())
+            (0..units)
                 .filter(|&u| full_grads(u).any(|r| placement.lent_in(r, s)))
                 .collect()
         })
-        .collect();
-    Program {
-        unrolled,
-        slots,
-        channels,
-        queues,
-        needs,
-        per_step,
-        first_written,
-        fences,
-        parities,
+        .collect()
+}
+
+/// An iteration of the executor's walk of n steps: −1 the prologue, 0 … n − 1 the steps, n the
+/// epilogue. Blocks launched in it serve the data step `offset` iterations on (negative: back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Iteration(i64);
+
+impl Iteration {
+    /// The iteration of the walk's `pass`-th pass over the slots (pass 0 is the prologue).
+    fn of_pass(pass: usize) -> Iteration {
+        Iteration(pass as i64 - 1)
+    }
+
+    /// This iteration as an index below `n`, if it is one (not the prologue, not past `n`).
+    pub(super) fn below(self, n: usize) -> Option<usize> {
+        usize::try_from(self.0).ok().filter(|&i| i < n)
+    }
+
+    /// The data step a block with `offset` serves in this iteration, if it is one of the walk's
+    /// `steps` steps.
+    pub(super) fn data_step(self, offset: i64, steps: usize) -> Option<usize> {
+        Iteration(self.0 + offset).below(steps)
+    }
+
+    /// The parity (0 … `parities` − 1) of the layout this iteration's slots use: the prologue
+    /// is odd.
+    fn parity(self, parities: usize) -> usize {
+        self.0.rem_euclid(parities as i64) as usize
+    }
+}
+
+impl fmt::Display for Iteration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
     }
 }
 
 impl Program {
-    /// Global slot g of a walk of n steps as (iteration, slot): iteration −1 is the prologue, n
-    /// the epilogue.
-    pub(super) fn split(&self, g: usize) -> (i64, usize) {
-        ((g / self.slots) as i64 - 1, g % self.slots)
+    /// Global slot g of a walk as (iteration, slot).
+    pub(super) fn split(&self, g: usize) -> (Iteration, usize) {
+        (Iteration::of_pass(g / self.slots), g % self.slots)
     }
 
     /// The relaxed fences of a walk of `steps` steps with their targets, global slot by global
@@ -334,14 +366,14 @@ impl FenceWalk<'_> {
     pub(super) fn next_slot(&mut self) -> Vec<(usize, u64)> {
         let p = self.program;
         let (iter, s) = p.split(self.next);
-        let parity = iter.rem_euclid(p.parities as i64) as usize;
+        let parity = iter.parity(p.parities);
         let targets = p.fences[parity * p.slots + s]
             .iter()
             .map(|&u| (u, self.launched_before[u]))
             .collect();
         for b in &p.queues[s] {
-            let d = iter + b.offset;
-            if b.kind == Kind::ReduceScatter && d >= 0 && (d as usize) < self.steps {
+            let real = iter.data_step(b.offset, self.steps).is_some();
+            if b.kind == Kind::ReduceScatter && real {
                 self.launched_before[b.unit] += 1;
             }
         }

@@ -9,7 +9,7 @@
 //! ends the job the same way, without waiting for the timeout.
 
 use super::Walk;
-use super::program::Kind;
+use super::kind::Kind;
 use crate::Error;
 use crate::backend::{Backend, Group};
 use crate::lock::recover;

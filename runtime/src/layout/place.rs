@@ -7,7 +7,7 @@ use crate::backend::{FloatFormat, Region};
 use crate::workload::Workload;
 use crate::{Error, Result};
 use shardplan_scheduler::profile::Profile;
-use shardplan_scheduler::schedule::Schedule;
+use shardplan_scheduler::schedule::{Placed, Schedule, UnitSchedule};
 use shardplan_scheduler::timeline::{Level, Op};
 use shardplan_scheduler::unrolled::{Instance, Unrolled};
 
@@ -183,23 +183,10 @@ fn mark(alive: &mut [bool], first: usize, last: usize) {
 /// contents is alive in each micro-batch's span and sits at one offset for all of them.
 pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) -> Result<Placement> {
     check_profile(workload, profile)?;
-    if schedule.micro_batches() as usize != workload.micro_batches() {
-        return Err(Error::Mismatch(format!(
-            "the plan has {} micro-batches per step; the model `{}` trains {} (`[training] \
-             micro_batches`)",
-            schedule.micro_batches(),
-            workload.name(),
-            workload.micro_batches()
-        )));
-    }
-    let world = profile.world_size as usize;
-    // `check_profile` found the profile's bytes per parameter to be this policy's.
-    let precision = workload.precision();
+    check_micro_batches(workload, schedule)?;
     let step = Unrolled::of(schedule);
-    let (timeline, k) = (step.timeline, step.micro_batches);
-    let slots = step.slot_count();
     let mut b = Builder {
-        slots,
+        slots: step.slot_count(),
         requests: Vec::new(),
         formats: Vec::new(),
         tenures: Vec::new(),
@@ -209,15 +196,77 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
     let mut pending = Vec::new();
     let mut kept_fsdp = Vec::new();
     for (i, u) in schedule.units().iter().enumerate() {
-        let nb = profile.blocks(i) as usize;
+        let timeline = step.timeline;
+        let unit = UnitSlots {
+            step,
+            instances: &instances,
+            unit: i,
+            schedule: u,
+            name: workload.unit_name(i),
+            blocks: profile.blocks(i) as usize,
+            forward: timeline.forward(i),
+            backward: timeline.backward(i),
+            // The backward of the unit that borrows this unit's parameters, if any (the
+            // profile's `reads_params_of`, which `check_profile` found equal to the workload's),
+            // writes its gradient first and reads its forward parameters last.
+            borrower: profile.borrower(i).map(|j| timeline.backward(j)),
+        };
+        pending.push(unit.layout(&mut b, workload, profile)?);
+        kept_fsdp.push(u.level == Level::Fsdp && u.accumulation.keep);
+    }
+    Ok(b.place(&pending, &kept_fsdp))
+}
+
+/// The plan's micro-batches per step must be the model's.
+fn check_micro_batches(workload: &dyn Workload, schedule: &Schedule) -> Result<()> {
+    if schedule.micro_batches() as usize != workload.micro_batches() {
+        return Err(Error::Mismatch(format!(
+            "the plan has {} micro-batches per step; the model `{}` trains {} (`[training] \
+             micro_batches`)",
+            schedule.micro_batches(),
+            workload.name(),
+            workload.micro_batches()
+        )));
+    }
+    Ok(())
+}
+
+/// One unit of the schedule on the unrolled step: where its passes and op instances fall.
+struct UnitSlots<'a> {
+    step: Unrolled,
+    instances: &'a [(Instance, &'a [Placed])],
+    unit: usize,
+    schedule: &'a UnitSchedule,
+    name: String,
+    /// Its parameters' blocks (the profile's).
+    blocks: usize,
+    /// Its forward and backward slots on the flat timeline.
+    forward: usize,
+    backward: usize,
+    /// The backward slot of the unit that borrows its parameters, if any.
+    borrower: Option<usize>,
+}
+
+impl UnitSlots<'_> {
+    /// The unit's requests, added to `b`, as its layout of request indices.
+    fn layout(
+        &self,
+        b: &mut Builder,
+        workload: &dyn Workload,
+        profile: &Profile,
+    ) -> Result<UnitLayout<usize>> {
+        let (i, u, name) = (self.unit, self.schedule, &self.name);
         let block_elements = profile.block_params(i) as usize;
         let padded = profile.laid_out_params(i) as usize;
         let shard_ranks = match u.level {
             Level::None => 1,
-            Level::Sdp | Level::Fsdp => u.shard_group.map_or(world, |s| s as usize),
+            Level::Sdp | Level::Fsdp => u
+                .shard_group
+                .map_or(profile.world_size as usize, |s| s as usize),
         };
         let persistent = padded / shard_ranks;
-        let name = workload.unit_name(i);
+        // `check_profile` found the profile's bytes per parameter to be this policy's.
+        let precision = workload.precision();
         let (param, grad) = (precision.param(), precision.reduce());
         let params = b.add_kept(format!("{name} params"), persistent, param);
         let master = precision
@@ -226,111 +275,160 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
         let grads = b.add_kept(format!("{name} grads"), persistent, grad);
         let adam_m = b.add_kept(format!("{name} adam m"), persistent, FloatFormat::Fp32);
         let adam_v = b.add_kept(format!("{name} adam v"), persistent, FloatFormat::Fp32);
-        let (f, bw) = (timeline.forward(i), timeline.backward(i));
-        // The backward of the unit that borrows this unit's parameters, if any (the profile's
-        // `reads_params_of`, which `check_profile` found equal to the workload's), writes its
-        // gradient first and reads its forward parameters last.
-        let borrower = profile.borrower(i).map(|j| timeline.backward(j));
-        let first_use = borrower.unwrap_or(bw);
-        let (accumulate, keep) = (u.accumulation.accumulate, u.accumulation.keep);
-        // Per block of op `op`, the slots alive: `spans(instance, launch slot)` per launch.
-        let blocks_alive = |op: Op, spans: &dyn Fn(Instance, usize) -> Vec<(usize, usize)>| {
-            let mut alive = vec![vec![false; slots]; nb];
-            let mut first_launch = None;
-            for (instance, launches) in instances.iter().filter(|(x, _)| x.unit == i && x.op == op)
-            {
-                let mut block = 0;
-                for l in *launches {
-                    let (slot, iteration) = step.place(*instance, l.position);
-                    if instance.boundary == 0 && first_launch.is_none() {
-                        first_launch = Some(Birth {
-                            slot,
-                            previous_iteration: iteration < 0,
-                        });
-                    }
-                    for _ in 0..l.blocks {
-                        for (first, last) in spans(*instance, slot) {
-                            mark(&mut alive[block], first, last);
-                        }
-                        block += 1;
-                    }
-                }
-            }
-            first_launch
-                .map(|birth| (alive, birth))
-                .ok_or_else(|| Error::Mismatch(format!("{name}: the schedule launches no {op}")))
-        };
-        let full_grad = if u.level == Level::None {
-            None
-        } else {
-            let (alive, _) = blocks_alive(Op::ReduceScatter, &|instance, launch| {
-                let from = if accumulate {
-                    0
-                } else {
-                    instance.micro_batch(k)
-                };
-                vec![(step.at(from, first_use), launch)]
-            })?;
-            let birth = Birth {
-                slot: step.at(0, first_use),
-                previous_iteration: false,
-            };
-            Some(b.add_blocks(
-                format!("{name} full gradient"),
-                (block_elements, grad),
-                alive,
-                birth,
-            ))
-        };
-        let gather_op = if u.level == Level::Sdp {
-            Op::Gather
-        } else {
-            Op::GatherForward
-        };
-        let gathered_forward = if u.level == Level::None {
-            None
-        } else {
-            let (alive, birth) = blocks_alive(gather_op, &|instance, launch| {
-                let m = instance.boundary;
-                let until = match u.level {
-                    Level::Sdp if keep => step.at(k - 1, bw),
-                    Level::Sdp => step.at(m, bw),
-                    _ => step.at(m, borrower.unwrap_or(f)),
-                };
-                vec![(launch, until)]
-            })?;
-            let name = format!("{name} gathered");
-            Some(b.add_blocks(name, (block_elements, param), alive, birth))
-        };
-        let gathered_backward = if u.level == Level::Fsdp {
-            let (alive, birth) = blocks_alive(Op::GatherBackward, &|instance, launch| {
-                let m = instance.boundary;
-                let mut spans = vec![(launch, step.at(m, bw))];
-                if keep && m + 1 < k {
-                    // Kept from B^m_i to the end of F^{m+1}_i.
-                    spans.push((step.at(m, bw) + 1, step.at(m + 1, f)));
-                }
-                spans
-            })?;
-            Some(b.add_blocks(
-                format!("{name} gathered for backward"),
-                (block_elements, param),
-                alive,
-                birth,
-            ))
-        } else {
-            None
-        };
-        kept_fsdp.push(u.level == Level::Fsdp && keep);
+        let full_grad = self.full_gradient(b, (block_elements, grad))?;
+        let gathered_forward = self.gathered_forward(b, (block_elements, param))?;
+        let gathered_backward = self.gathered_backward(b, (block_elements, param))?;
         // An hpZ unit's secondary shard, written at F_i, read by its backward gather.
         let secondary = u.secondary_group.map(|h| {
             let (h, name) = (h as usize, format!("{name} secondary shard"));
-            let alive = b.alive(&[(f, bw)]);
+            let alive = b.alive(&[(self.forward, self.backward)]);
             let request = Request::whole(name, param.bytes() * (padded / h) as u64, alive);
-            (h, b.push(request, param, Tenure::Step { birth: f }, false))
+            let birth = self.forward;
+            (h, b.push(request, param, Tenure::Step { birth }, false))
         });
+        let passes = self.pass_buffers(b, workload)?;
+        Ok(UnitLayout {
+            level: u.level,
+            recompute: u.recompute,
+            blocks: self.blocks,
+            block_elements,
+            shard_ranks,
+            secondary,
+            params,
+            master,
+            grads,
+            adam_m,
+            adam_v,
+            full_grad,
+            gathered_forward,
+            gathered_backward,
+            saved: passes.saved,
+            activations: passes.activations,
+            forward_workspace: passes.forward_workspace,
+            backward_workspace: passes.backward_workspace,
+            input_gradient: passes.input_gradient,
+        })
+    }
+
+    /// Per block of op `op`, the slots alive (`spans(instance, launch slot)` per launch), and
+    /// where the first micro-batch's first launch writes it.
+    fn blocks_alive(
+        &self,
+        op: Op,
+        spans: &dyn Fn(Instance, usize) -> Vec<(usize, usize)>,
+    ) -> Result<(Vec<Vec<bool>>, Birth)> {
+        let mut alive = vec![vec![false; self.step.slot_count()]; self.blocks];
+        let mut first_launch = None;
+        let of_op = |(x, _): &&(Instance, &[Placed])| x.unit == self.unit && x.op == op;
+        for (instance, launches) in self.instances.iter().filter(of_op) {
+            let mut block = 0;
+            for l in *launches {
+                let (slot, iteration) = self.step.place(*instance, l.position);
+                if instance.boundary == 0 && first_launch.is_none() {
+                    first_launch = Some(Birth {
+                        slot,
+                        previous_iteration: iteration < 0,
+                    });
+                }
+                for _ in 0..l.blocks {
+                    for (first, last) in spans(*instance, slot) {
+                        mark(&mut alive[block], first, last);
+                    }
+                    block += 1;
+                }
+            }
+        }
+        first_launch
+            .map(|birth| (alive, birth))
+            .ok_or_else(|| Error::Mismatch(format!("{}: the schedule launches no {op}", self.name)))
+    }
+
+    /// A sharded unit's full gradient, block by block from its first write (the first
+    /// micro-batch's where gradients accumulate) to its reduction's launch.
+    fn full_gradient(&self, b: &mut Builder, block: (usize, FloatFormat)) -> Result<Option<usize>> {
+        let u = self.schedule;
+        if u.level == Level::None {
+            return Ok(None);
+        }
+        let (step, k) = (self.step, self.step.micro_batches);
+        let first_use = self.borrower.unwrap_or(self.backward);
+        let (alive, _) = self.blocks_alive(Op::ReduceScatter, &|instance, launch| {
+            let from = if u.accumulation.accumulate {
+                0
+            } else {
+                instance.micro_batch(k)
+            };
+            vec![(step.at(from, first_use), launch)]
+        })?;
+        let birth = Birth {
+            slot: step.at(0, first_use),
+            previous_iteration: false,
+        };
+        let name = format!("{} full gradient", self.name);
+        Ok(Some(b.add_blocks(name, block, alive, birth)))
+    }
+
+    /// A sharded unit's gathered parameters for the forward, block by block from their gather
+    /// to their last read.
+    fn gathered_forward(
+        &self,
+        b: &mut Builder,
+        block: (usize, FloatFormat),
+    ) -> Result<Option<usize>> {
+        let u = self.schedule;
+        let gather_op = match u.level {
+            Level::None => return Ok(None),
+            Level::Sdp => Op::Gather,
+            Level::Fsdp => Op::GatherForward,
+        };
+        let (step, k) = (self.step, self.step.micro_batches);
+        let (f, bw) = (self.forward, self.backward);
+        let (alive, birth) = self.blocks_alive(gather_op, &|instance, launch| {
+            let m = instance.boundary;
+            let until = match u.level {
+                Level::Sdp if u.accumulation.keep => step.at(k - 1, bw),
+                Level::Sdp => step.at(m, bw),
+                _ => step.at(m, self.borrower.unwrap_or(f)),
+            };
+            vec![(launch, until)]
+        })?;
+        let name = format!("{} gathered", self.name);
+        Ok(Some(b.add_blocks(name, block, alive, birth)))
+    }
+
+    /// An fsdp unit's parameters gathered again for its backward, kept to the next
+    /// micro-batch's forward where the plan keeps them.
+    fn gathered_backward(
+        &self,
+        b: &mut Builder,
+        block: (usize, FloatFormat),
+    ) -> Result<Option<usize>> {
+        let u = self.schedule;
+        if u.level != Level::Fsdp {
+            return Ok(None);
+        }
+        let (step, k) = (self.step, self.step.micro_batches);
+        let (f, bw) = (self.forward, self.backward);
+        let (alive, birth) = self.blocks_alive(Op::GatherBackward, &|instance, launch| {
+            let m = instance.boundary;
+            let mut spans = vec![(launch, step.at(m, bw))];
+            if u.accumulation.keep && m + 1 < k {
+                // Kept from B^m_i to the end of F^{m+1}_i.
+                spans.push((step.at(m, bw) + 1, step.at(m + 1, f)));
+            }
+            spans
+        })?;
+        let name = format!("{} gathered for backward", self.name);
+        Ok(Some(b.add_blocks(name, block, alive, birth)))
+    }
+
+    /// The buffers of each micro-batch's forward and backward: saved activations, internals or
+    /// their recomputation, the workspaces and the input gradient.
+    fn pass_buffers(&self, b: &mut Builder, workload: &dyn Workload) -> Result<PassBuffers> {
+        let (i, name, step) = (self.unit, &self.name, self.step);
+        let (f, bw) = (self.forward, self.backward);
         let sizes = workload.buffers(i);
-        if u.recompute && sizes.forward_workspace < sizes.internals {
+        if self.schedule.recompute && sizes.forward_workspace < sizes.internals {
             return Err(Error::Mismatch(format!(
                 "{name}: a recomputed unit's forward needs {} workspace elements, the model gives {}",
                 sizes.internals, sizes.forward_workspace
@@ -338,12 +436,12 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
         }
         // Each micro-batch's span from slot `first` to `last` of the flat timeline.
         let every = |first: usize, last: usize| -> Vec<(usize, usize)> {
-            (0..k)
+            (0..step.micro_batches)
                 .map(|m| (step.at(m, first), step.at(m, last)))
                 .collect()
         };
         let saved = b.add(format!("{name} saved"), sizes.saved, f, &every(f, bw));
-        let activations = if u.recompute {
+        let activations = if self.schedule.recompute {
             let elements = sizes.saved + sizes.internals;
             let name = format!("{name} recomputed");
             Activations::Recomputed(b.add(name, elements, bw, &every(bw, bw)))
@@ -364,7 +462,7 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
             &every(bw, bw),
         );
         let input_gradient = (i > 0).then(|| {
-            let previous = timeline.backward(i - 1);
+            let previous = step.timeline.backward(i - 1);
             b.add(
                 format!("{name} input gradient"),
                 sizes.input_gradient,
@@ -372,27 +470,21 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
                 &every(bw, previous),
             )
         });
-        pending.push(UnitLayout {
-            level: u.level,
-            recompute: u.recompute,
-            blocks: nb,
-            block_elements,
-            shard_ranks,
-            secondary,
-            params,
-            master,
-            grads,
-            adam_m,
-            adam_v,
-            full_grad,
-            gathered_forward,
-            gathered_backward,
+        Ok(PassBuffers {
             saved,
             activations,
             forward_workspace,
             backward_workspace,
             input_gradient,
-        });
+        })
     }
-    Ok(b.place(&pending, &kept_fsdp))
+}
+
+/// A unit's buffers of one micro-batch's passes, as request indices.
+struct PassBuffers {
+    saved: usize,
+    activations: Activations<usize>,
+    forward_workspace: usize,
+    backward_workspace: usize,
+    input_gradient: Option<usize>,
 }

@@ -287,7 +287,18 @@ impl Profile {
 
     /// Checks every field's domain; errors name the field (`units[3].forward_us`).
     pub fn validate(&self, origin: &str) -> Result<()> {
-        let bad = |field: String, expected: String| Err(Error::invalid(origin, field, expected));
+        self.check_counts()
+            .and_then(|()| self.check_slowdowns())
+            .and_then(|()| self.check_byte_sizes())
+            .and_then(|()| self.check_units())
+            .and_then(|()| self.check_total_bytes())
+            .and_then(|()| self.check_curves_and_topology())
+            .map_err(|(field, expected)| Error::invalid(origin, field, expected))
+    }
+
+    /// The schema and the step's counts: ranks, micro-batches, the shard quantum, a block's
+    /// bytes.
+    fn check_counts(&self) -> FieldCheck {
         if self.schema != PROFILE_SCHEMA {
             return bad(
                 "schema".into(),
@@ -321,6 +332,11 @@ impl Profile {
                 "a positive integer, got 0".into(),
             );
         }
+        Ok(())
+    }
+
+    /// The interference factors and the iteration's fixed extra time.
+    fn check_slowdowns(&self) -> FieldCheck {
         if !(self.overlap_slowdown >= 0.0 && self.overlap_slowdown.is_finite()) {
             return bad(
                 "overlap_slowdown".into(),
@@ -359,6 +375,11 @@ impl Profile {
                 ),
             );
         }
+        Ok(())
+    }
+
+    /// The block size's and the bytes per parameter's ranges.
+    fn check_byte_sizes(&self) -> FieldCheck {
         if self.block_size_bytes > MAX_FIELD_BYTES {
             return bad(
                 "block_size_bytes".into(),
@@ -375,6 +396,12 @@ impl Profile {
                 "param and grad of 1 to 64 bytes, optimizer of at most 256".into(),
             );
         }
+        Ok(())
+    }
+
+    /// The units: their count, and each unit's fields ([`Profile::check_unit`]) with the names
+    /// unique and every lender an earlier unit no other reads.
+    fn check_units(&self) -> FieldCheck {
         if self.units.is_empty() || self.units.len() > MAX_UNITS {
             return bad(
                 "units".into(),
@@ -404,61 +431,75 @@ impl Profile {
                     );
                 }
             }
-            if u.params > MAX_UNIT_PARAMS {
+            self.check_unit(k, u)?;
+        }
+        Ok(())
+    }
+
+    /// Unit `k`'s own fields: its parameters (and the blocks the block size cuts them into),
+    /// times and bytes.
+    fn check_unit(&self, k: usize, u: &UnitProfile) -> FieldCheck {
+        let b = self.bytes_per_param;
+        if u.params > MAX_UNIT_PARAMS {
+            return bad(
+                format!("units[{k}].params"),
+                format!(
+                    "at most {MAX_UNIT_PARAMS} parameters for unit `{}`, got {}",
+                    u.name, u.params
+                ),
+            );
+        }
+        let blocks = (u.params * b.param).div_ceil(self.block_size_bytes);
+        if blocks > MAX_UNIT_BLOCKS {
+            return bad(
+                "block_size_bytes".into(),
+                format!(
+                    "a block size that cuts unit `{}` into at most {MAX_UNIT_BLOCKS} blocks, got {blocks} blocks of {} bytes",
+                    u.name, self.block_size_bytes
+                ),
+            );
+        }
+        if u.params == 0 {
+            return bad(
+                format!("units[{k}].params"),
+                format!("a positive parameter count for unit `{}`, got 0", u.name),
+            );
+        }
+        for (field, value) in [
+            ("forward_us", u.forward_us),
+            ("checkpointed_forward_us", u.checkpointed_forward_time_us()),
+            ("backward_us", u.backward_us),
+            ("recompute_us", u.recompute_time_us()),
+            ("optimizer_us", u.optimizer_us),
+        ] {
+            if !(0.0..=MAX_TIME_US).contains(&value) {
                 return bad(
-                    format!("units[{k}].params"),
+                    format!("units[{k}].{field}"),
                     format!(
-                        "at most {MAX_UNIT_PARAMS} parameters for unit `{}`, got {}",
-                        u.name, u.params
+                        "a time of 0 to {MAX_TIME_US:e} µs for unit `{}`, got {}",
+                        u.name,
+                        shown(value)
                     ),
                 );
-            }
-            let blocks = (u.params * b.param).div_ceil(self.block_size_bytes);
-            if blocks > MAX_UNIT_BLOCKS {
-                return bad(
-                    "block_size_bytes".into(),
-                    format!(
-                        "a block size that cuts unit `{}` into at most {MAX_UNIT_BLOCKS} blocks, got {blocks} blocks of {} bytes",
-                        u.name, self.block_size_bytes
-                    ),
-                );
-            }
-            if u.params == 0 {
-                return bad(
-                    format!("units[{k}].params"),
-                    format!("a positive parameter count for unit `{}`, got 0", u.name),
-                );
-            }
-            for (field, value) in [
-                ("forward_us", u.forward_us),
-                ("checkpointed_forward_us", u.checkpointed_forward_time_us()),
-                ("backward_us", u.backward_us),
-                ("recompute_us", u.recompute_time_us()),
-                ("optimizer_us", u.optimizer_us),
-            ] {
-                if !(0.0..=MAX_TIME_US).contains(&value) {
-                    return bad(
-                        format!("units[{k}].{field}"),
-                        format!(
-                            "a time of 0 to {MAX_TIME_US:e} µs for unit `{}`, got {}",
-                            u.name,
-                            shown(value)
-                        ),
-                    );
-                }
-            }
-            for (field, value) in u.byte_fields() {
-                if value > MAX_FIELD_BYTES {
-                    return bad(
-                        format!("units[{k}].{field}"),
-                        format!(
-                            "at most {MAX_FIELD_BYTES} bytes (1 PiB) for unit `{}`, got {value}",
-                            u.name
-                        ),
-                    );
-                }
             }
         }
+        for (field, value) in u.byte_fields() {
+            if value > MAX_FIELD_BYTES {
+                return bad(
+                    format!("units[{k}].{field}"),
+                    format!(
+                        "at most {MAX_FIELD_BYTES} bytes (1 PiB) for unit `{}`, got {value}",
+                        u.name
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Every byte the units hold, added up, within the model's range.
+    fn check_total_bytes(&self) -> FieldCheck {
+        let b = self.bytes_per_param;
         let total: u128 = self
             .units
             .iter()
@@ -479,6 +520,11 @@ impl Profile {
                 ),
             );
         }
+        Ok(())
+    }
+
+    /// The collectives' curves and the topology.
+    fn check_curves_and_topology(&self) -> FieldCheck {
         for (op, curve) in [
             ("all_gather", &self.comm.all_gather),
             ("reduce_scatter", &self.comm.reduce_scatter),
@@ -495,4 +541,12 @@ impl Profile {
         }
         Ok(())
     }
+}
+
+/// A field's check: `Err((field, expected))` where it fails.
+type FieldCheck = std::result::Result<(), (String, String)>;
+
+/// The failure of `field`, which expected `expected`.
+fn bad(field: String, expected: String) -> FieldCheck {
+    Err((field, expected))
 }
