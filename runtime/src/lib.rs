@@ -11,8 +11,8 @@
 //! profiler), `gemm` (products and their cuBLAS calls), `transformer` (a zoo unit's products),
 //! `cuda` (the GPU backend), `launch` (a rank's start under mpirun), `session` (one run of a saved
 //! plan, end to end), `fit` (a solve whose packed arena keeps its cap), `process` (the process's
-//! peak resident memory), `error` (the runtime's `Error`). tests/architecture.rs checks this list
-//! against the modules declared below.
+//! peak resident memory), `lock` (the one policy for a poisoned lock), `error` (the runtime's
+//! `Error`). tests/architecture.rs checks this list against the modules declared below.
 
 pub mod arena;
 pub mod backend;
