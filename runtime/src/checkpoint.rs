@@ -41,6 +41,17 @@ pub struct Identity {
     pub rank: usize,
 }
 
+impl std::fmt::Display for Identity {
+    /// "rank R of N running plan sha256:…", as a checkpoint's refusal names its writer.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "rank {} of {} running plan {}",
+            self.rank, self.world_size, self.plan
+        )
+    }
+}
+
 /// sha256 of the plan as its file writes it (levels, recompute, launches, prediction): another
 /// plan lays its state out otherwise.
 pub fn plan_digest(plan: &shardplan_scheduler::plan::Plan) -> String {
@@ -208,13 +219,8 @@ fn read_rank_file(
     let data = lines.next().unwrap_or_default();
     if header.identity != *identity {
         return Err(format!(
-            "{at}: written by rank {} of {} running plan {}, not rank {} of {} running {}",
-            header.identity.rank,
-            header.identity.world_size,
-            header.identity.plan,
-            identity.rank,
-            identity.world_size,
-            identity.plan
+            "{at}: written by {}, not {identity}",
+            header.identity
         ));
     }
     let lengths: Vec<usize> = kept_regions(layout).iter().map(|r| r.len).collect();
@@ -271,15 +277,8 @@ fn peer_file_problem(path: &Path, step: usize, identity: &Identity) -> Option<St
     };
     if header.identity != *identity || header.step != step {
         return Some(format!(
-            "{at}: written after step {} by rank {} of {} running plan {}, not after step {step} by \
-             rank {} of {} running {}",
-            header.step,
-            header.identity.rank,
-            header.identity.world_size,
-            header.identity.plan,
-            identity.rank,
-            identity.world_size,
-            identity.plan
+            "{at}: written after step {} by {}, not after step {step} by {identity}",
+            header.step, header.identity
         ));
     }
     let mut digest = Sha256::new();
