@@ -4,11 +4,11 @@
 
 mod common;
 
-use common::{affine, close, profile};
+use common::{affine, close, profile, three_units_on_two_nodes};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::export::fsdp2 as export;
 use shardplan_scheduler::fsdp2::{Reshard, Settings, Sharding, UnitSettings, evaluate};
-use shardplan_scheduler::profile::{CommCurves, GroupCurves, Link, Profile, Topology};
+use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::timeline::Op;
 
 /// Four units of Ψ 1000 (one block), f 10, b 20, act 100, N = 4, p = g = 2, o = 12, κ = 0; every
@@ -119,50 +119,6 @@ fn an_explicit_backward_list_switches_off_the_default_prefetch() {
     );
 }
 
-/// Three units, N = 4 on nodes of 2 (as simulator_hierarchical.rs): u1 Ψ 400 f 10 b 20 act 1000,
-/// u2 Ψ 200 f 20 b 40 act 2000, u3 Ψ 100 f 5 b 10 act 500; p = g = 2, o = 4, κ = 0. World: AG
-/// 10 + B/10, RS 5 + B/20 (inter link); node group of 2 (intra): AG 2 + B/100, RS 1 + B/100;
-/// replica group of 2 (inter): AR 3 + B/10; 100 bytes per communicator.
-fn nodes() -> Profile {
-    let mut p = profile(
-        4,
-        1 << 20,
-        0.0,
-        0.0,
-        (2, 2, 4),
-        &[
-            (400, 10.0, 20.0, 1000, 100, 0, 0),
-            (200, 20.0, 40.0, 2000, 200, 0, 0),
-            (100, 5.0, 10.0, 500, 50, 0, 0),
-        ],
-        affine(10.0, 10.0),
-        affine(5.0, 20.0),
-        affine(1.0, 1.0),
-    );
-    let curves = |ag, rs, ar| CommCurves {
-        all_gather: ag,
-        reduce_scatter: rs,
-        all_reduce: ar,
-    };
-    p.topology = Some(Topology {
-        gpus_per_node: 2,
-        groups: vec![
-            GroupCurves {
-                ranks: 2,
-                link: Link::Intra,
-                comm: curves(affine(2.0, 100.0), affine(1.0, 100.0), affine(1.0, 1.0)),
-            },
-            GroupCurves {
-                ranks: 2,
-                link: Link::Inter,
-                comm: curves(affine(1.0, 1.0), affine(1.0, 1.0), affine(3.0, 10.0)),
-            },
-        ],
-        communicator_bytes: 100,
-    });
-    p
-}
-
 fn three(first: UnitSettings, second: UnitSettings) -> Vec<UnitSettings> {
     let mut units = vec![first, second, sharded(None, Reshard::Keep)];
     units[0].forward_prefetch = vec![1];
@@ -182,7 +138,7 @@ fn three(first: UnitSettings, second: UnitSettings) -> Vec<UnitSettings> {
 /// 400 → 6800; FSDP2 adds u2's all-gather output (400) and reduce-scatter input (400) → 7600.
 #[test]
 fn reshard_after_forward_h_gathers_the_backward_inside_the_node() {
-    let p = nodes();
+    let p = three_units_on_two_nodes();
     let hpz = Settings::new(
         &p,
         three(
@@ -226,7 +182,7 @@ fn reshard_after_forward_h_gathers_the_backward_inside_the_node() {
 /// E inter RS1 45 + RA2 23 + AGF1 90 = 158 → 338.
 #[test]
 fn hsdp_all_reduces_across_replicas_after_the_reduce_scatter() {
-    let p = nodes();
+    let p = three_units_on_two_nodes();
     let hsdp = Settings::new(
         &p,
         three(

@@ -6,59 +6,12 @@
 
 mod common;
 
-use common::{affine, check, check_memory, close, profile, schedule};
-use shardplan_scheduler::profile::{CommCurves, GroupCurves, Link, Profile, Topology};
+use common::{check, check_memory, close, schedule, three_units_on_two_nodes};
+use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::sim::{Semantics, simulate};
 use shardplan_scheduler::timeline::Op;
 
 /// Three units, N = 4 on nodes of G = 2, p = g = 2, o = 4, one block each, κ = 0, no extra time.
-/// u1 Ψ 400, f 10, b 20, act 1000: hpz with H = 2. u2 Ψ 200, f 20, b 40, act 2000: fsdp.
-/// u3 Ψ 100, f 5, b 10, act 500: sdp.
-/// World curves: AG 10 + B/10, RS 5 + B/20; the node group of 2: AG 2 + B/100, RS 1 + B/100; the
-/// replica group of 2 across nodes: AR 3 + B/10. 100 bytes per communicator.
-fn hpz_profile() -> Profile {
-    let mut p = profile(
-        4,
-        1 << 20,
-        0.0,
-        0.0,
-        (2, 2, 4),
-        &[
-            (400, 10.0, 20.0, 1000, 100, 0, 0),
-            (200, 20.0, 40.0, 2000, 200, 0, 0),
-            (100, 5.0, 10.0, 500, 50, 0, 0),
-        ],
-        affine(10.0, 10.0),
-        affine(5.0, 20.0),
-        affine(1.0, 1.0),
-    );
-    p.topology = Some(Topology {
-        gpus_per_node: 2,
-        groups: vec![
-            GroupCurves {
-                ranks: 2,
-                link: Link::Intra,
-                comm: CommCurves {
-                    all_gather: affine(2.0, 100.0),
-                    reduce_scatter: affine(1.0, 100.0),
-                    all_reduce: affine(1.0, 1.0),
-                },
-            },
-            GroupCurves {
-                ranks: 2,
-                link: Link::Inter,
-                comm: CommCurves {
-                    all_gather: affine(1.0, 1.0),
-                    reduce_scatter: affine(1.0, 1.0),
-                    all_reduce: affine(3.0, 10.0),
-                },
-            },
-        ],
-        communicator_bytes: 100,
-    });
-    p
-}
-
 const HPZ_PLAN: &str = r#"
     [[units]]
     name = "u1"
@@ -104,7 +57,7 @@ const HPZ_PLAN: &str = r#"
 /// B1 1400 + 200 + 400 + 1400 + 1200 + 1000 = 5600   E 1400 + 200 + 1400 + 800 = 3800
 #[test]
 fn an_hpz_gather_inside_the_node_runs_beside_a_gather_across_nodes() {
-    let p = hpz_profile();
+    let p = three_units_on_two_nodes();
     let s = schedule(&p, HPZ_PLAN).unwrap();
     let strict = simulate(&p, &s, Semantics::Strict);
     check(&strict, 345.0, &[10.0, 20.0, 50.0, 10.0, 45.0, 75.0, 135.0]);
@@ -129,7 +82,7 @@ fn an_hpz_gather_inside_the_node_runs_beside_a_gather_across_nodes() {
 /// inter link beside u2's 50 (F3 = 140, strict 435), no secondary shard, one communicator.
 #[test]
 fn without_the_secondary_group_the_gather_runs_across_nodes() {
-    let p = hpz_profile();
+    let p = three_units_on_two_nodes();
     let s = schedule(&p, &HPZ_PLAN.replace("secondary_group = 2\n", "")).unwrap();
     let strict = simulate(&p, &s, Semantics::Strict);
     close(strict.slots[2].duration_us, 140.0, "F3");
@@ -142,7 +95,7 @@ fn without_the_secondary_group_the_gather_runs_across_nodes() {
 /// the topology lacks, and on a profile without a topology.
 #[test]
 fn bad_secondary_groups_are_refused_naming_the_field() {
-    let p = hpz_profile();
+    let p = three_units_on_two_nodes();
     let refused = |profile: &Profile, plan: &str, expected: &str| {
         let e = schedule(profile, plan).unwrap_err().to_string();
         assert!(e.contains("secondary_group") && e.contains(expected), "{e}");
@@ -206,7 +159,7 @@ const HSDP_PLAN: &str = r#"
 /// RA is done.
 #[test]
 fn an_hsdp_unit_reduces_inside_the_node_and_all_reduces_its_shard_across_nodes() {
-    let p = hpz_profile();
+    let p = three_units_on_two_nodes();
     let s = schedule(&p, HSDP_PLAN).unwrap();
     let strict = simulate(&p, &s, Semantics::Strict);
     check(&strict, 353.0, &[10.0, 20.0, 90.0, 10.0, 45.0, 20.0, 158.0]);
@@ -248,7 +201,7 @@ fn an_hsdp_unit_reduces_inside_the_node_and_all_reduces_its_shard_across_nodes()
 /// whose replica AllReduce would leave the window.
 #[test]
 fn bad_shard_groups_are_refused_naming_the_field() {
-    let p = hpz_profile();
+    let p = three_units_on_two_nodes();
     let refused = |plan: &str, expected: &str| {
         let e = schedule(&p, plan).unwrap_err().to_string();
         assert!(e.contains(expected), "{e}");

@@ -8,7 +8,9 @@ use shardplan_scheduler::curve::CommCurve;
 use shardplan_scheduler::hardware::Catalog;
 use shardplan_scheduler::model::ModelSpec;
 use shardplan_scheduler::plan::Plan;
-use shardplan_scheduler::profile::{BytesPerParam, CommCurves, Profile, UnitProfile};
+use shardplan_scheduler::profile::{
+    BytesPerParam, CommCurves, GroupCurves, Link, Profile, Topology, UnitProfile,
+};
 use shardplan_scheduler::schedule::Schedule;
 use std::collections::BTreeMap;
 
@@ -422,4 +424,51 @@ pub fn reported_minimum(message: &str) -> u64 {
     message[start..end]
         .parse()
         .expect("a whole number of bytes")
+}
+
+/// Three units, N = 4 on nodes of 2: u1 Ψ 400, f 10, b 20, act 1000; u2 Ψ 200, f 20, b 40, act
+/// 2000; u3 Ψ 100, f 5, b 10, act 500; p = g = 2, o = 4, κ = 0.
+/// World curves: AG 10 + B/10, RS 5 + B/20; the node group of 2: AG 2 + B/100, RS 1 + B/100; the
+/// replica group of 2 across nodes: AR 3 + B/10. 100 bytes per communicator.
+pub fn three_units_on_two_nodes() -> Profile {
+    let mut p = profile(
+        4,
+        1 << 20,
+        0.0,
+        0.0,
+        (2, 2, 4),
+        &[
+            (400, 10.0, 20.0, 1000, 100, 0, 0),
+            (200, 20.0, 40.0, 2000, 200, 0, 0),
+            (100, 5.0, 10.0, 500, 50, 0, 0),
+        ],
+        affine(10.0, 10.0),
+        affine(5.0, 20.0),
+        affine(1.0, 1.0),
+    );
+    p.topology = Some(Topology {
+        gpus_per_node: 2,
+        groups: vec![
+            GroupCurves {
+                ranks: 2,
+                link: Link::Intra,
+                comm: CommCurves {
+                    all_gather: affine(2.0, 100.0),
+                    reduce_scatter: affine(1.0, 100.0),
+                    all_reduce: affine(1.0, 1.0),
+                },
+            },
+            GroupCurves {
+                ranks: 2,
+                link: Link::Inter,
+                comm: CommCurves {
+                    all_gather: affine(1.0, 1.0),
+                    reduce_scatter: affine(1.0, 1.0),
+                    all_reduce: affine(3.0, 10.0),
+                },
+            },
+        ],
+        communicator_bytes: 100,
+    });
+    p
 }
