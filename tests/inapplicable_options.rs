@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{profile, shardplan, spec, write_plan};
+use common::{assert_success, profile, shardplan, spec, write_plan};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use std::path::Path;
 
@@ -80,11 +80,7 @@ fn run_refuses_what_the_model_cannot_use() {
     // Negative control: the same run without them trains.
     let args = run(&[]);
     let out = shardplan(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
 }
 
 #[test]
@@ -105,11 +101,7 @@ fn run_of_a_gpt2_refuses_the_mlp_reference() {
         "--out",
         text(&profile),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let plan = dir.path().join("ddp.plan.toml");
     let out = shardplan(&[
         "baseline",
@@ -120,11 +112,7 @@ fn run_of_a_gpt2_refuses_the_mlp_reference() {
         "--out",
         text(&plan),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let data = dir.path().join("tokens.txt");
     std::fs::write(
         &data,
@@ -214,11 +202,7 @@ fn measure_on_several_ranks_refuses_a_device() {
     assert!(!out.exists(), "nothing is measured or written");
     // Negative control: without it the ranks measure.
     let measured = measure(&[]);
-    assert!(
-        measured.status.success(),
-        "{}",
-        String::from_utf8_lossy(&measured.stderr)
-    );
+    assert_success(&measured);
 }
 
 /// A profile without nodes (`profile analytic` without --gpus-per-node), in `dir`.
@@ -236,11 +220,7 @@ fn flat_profile(dir: &Path) -> String {
         "--out",
         &path,
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     path
 }
 
@@ -290,11 +270,7 @@ fn node_layout_methods_need_a_node_layout_everywhere() {
         "--out",
         &nodes,
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let out = shardplan(&[
         "baseline",
         "--profile",
@@ -304,18 +280,10 @@ fn node_layout_methods_need_a_node_layout_everywhere() {
         "--out",
         &plan,
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     // `demo --flat` names the node layout's baselines it leaves out.
     let out = shardplan(&["demo", "--flat", "--time-limit", "1", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let demo: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let left_out: Vec<&str> = demo["left_out"]
         .as_array()
@@ -371,9 +339,5 @@ fn sweep_refuses_options_it_would_not_use() {
         "--points",
         "3",
     ]));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
 }

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::shardplan;
+use common::{assert_success, shardplan};
 use std::time::{Duration, Instant};
 
 #[test]
@@ -27,11 +27,7 @@ fn a_solve_of_many_micro_batches_ends_within_its_time_limit() {
         "--out",
         &profile,
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let plan = dir.path().join("k.plan.toml").display().to_string();
     let started = Instant::now();
     let out = shardplan(&[
@@ -47,11 +43,7 @@ fn a_solve_of_many_micro_batches_ends_within_its_time_limit() {
         "--json",
     ]);
     let took = started.elapsed();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     assert!(
         took <= Duration::from_secs(2),
         "solve --time-limit 1 took {took:?}"

@@ -22,6 +22,15 @@ pub fn shardplan(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// Fails the test with the command's stderr unless `out` is a success.
+pub fn assert_success(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Runs the binary on `world` ranks: directly for one, under `mpirun --oversubscribe` otherwise.
 pub fn run(world: usize, args: &[&str]) -> std::process::Output {
     use std::process::Command;
