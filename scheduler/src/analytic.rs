@@ -11,6 +11,9 @@ use crate::profile::{
 use crate::{Error, Result};
 use std::collections::BTreeMap;
 
+mod nodes;
+pub use nodes::{NodeLayout, RankLayout};
+
 /// Message sizes of the analytic curves: 1 KiB … 4 GiB, powers of two.
 const CURVE_SIZES_LOG2: std::ops::RangeInclusive<u32> = 10..=32;
 
@@ -35,7 +38,8 @@ pub struct AnalyticOptions {
     pub comm_slowdown: f64,
     pub iteration_extra_us: f64,
     /// Ranks per node G, where the profile carries a topology (DESIGN §3.11): `Some(None)` takes
-    /// the device's node size from the catalog.
+    /// the device's node size from the catalog; None is one link. [`AnalyticOptions::laid_out`]
+    /// sets it as `profile analytic` does.
     pub topology: Option<Option<u32>>,
 }
 
@@ -61,6 +65,20 @@ impl AnalyticOptions {
             iteration_extra_us: 0.0,
             topology: None,
         }
+    }
+}
+
+impl AnalyticOptions {
+    /// These options with the topology `layout` gives their world of ranks of their device
+    /// ([`NodeLayout::gpus_per_node`]): `profile analytic`'s node layout, by default the device's
+    /// nodes wherever the world spans more than one.
+    pub fn laid_out(self, catalog: &Catalog, layout: NodeLayout) -> Result<Self> {
+        let device = catalog.device(&self.device)?;
+        let node = layout.gpus_per_node(&self.device, device, self.world_size)?;
+        Ok(AnalyticOptions {
+            topology: node.map(Some),
+            ..self
+        })
     }
 }
 
