@@ -179,3 +179,34 @@ fn a_world_that_does_not_fill_the_nodes_is_refused_naming_world_size() {
         "12 ranks on 3 nodes of 4 (intra: nvlink4, inter: ib-ndr400)"
     );
 }
+
+/// The demo's bundled profiles (README's first command) are `profile analytic`'s default and
+/// `--flat` profiles of Llama-2 70B on 64 H100 SXMs.
+#[test]
+fn the_demo_profiles_are_the_default_and_the_flat_profile() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (bundled, extra) in [
+        ("profiles/llama2-70b-h100-8x8.toml", &[][..]),
+        ("profiles/llama2-70b-h100-n64.toml", &["--flat"][..]),
+    ] {
+        let out = dir.path().join("70b.toml").display().to_string();
+        let mut args = vec![
+            "profile",
+            "analytic",
+            "--model",
+            "models/llama2-70b.toml",
+            "--device",
+            "h100-sxm",
+            "--world-size",
+            "64",
+            "--out",
+            &out,
+        ];
+        args.extend_from_slice(extra);
+        assert_success(&shardplan(&args));
+        let written = Profile::load(Path::new(&out)).unwrap();
+        let bundled = Profile::load(&root.join(bundled)).unwrap();
+        assert_eq!(written.digest(), bundled.digest(), "{extra:?}");
+    }
+}
