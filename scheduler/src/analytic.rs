@@ -44,7 +44,8 @@ pub struct AnalyticOptions {
 }
 
 impl AnalyticOptions {
-    /// The defaults: micro-batch 1, MFU 0.5, flash attention, 2/2/12 bytes, κ = 0.
+    /// The defaults: micro-batch 1, MFU 0.5, flash attention, 2/2/12 bytes, κ = 0, one
+    /// link (no topology; [`AnalyticOptions::laid_out`] applies `profile analytic`'s layout).
     pub fn new(device: &str, world_size: u32) -> Self {
         AnalyticOptions {
             device: device.to_string(),
@@ -294,7 +295,8 @@ pub(crate) fn zoo(name: &str) -> ModelSpec {
     .unwrap()
 }
 
-/// The analytic profile of the zoo model `name` on `world_size` H100 SXMs, for tests.
+/// The analytic profile of the zoo model `name` on `world_size` H100 SXMs on one link (`profile
+/// analytic --flat`), for tests.
 #[cfg(test)]
 pub(crate) fn zoo_profile(name: &str, world_size: u32) -> Profile {
     analytic_profile(
