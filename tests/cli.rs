@@ -28,6 +28,8 @@ fn path(dir: &Path, name: &str) -> String {
     dir.join(name).display().to_string()
 }
 
+/// `model`'s analytic profile on `n` H100 SXMs on one link (`--flat`: the solves and claims these
+/// tests check are the flat model's; the node layout's are tests/hierarchical.rs').
 fn analytic(dir: &Path, model: &str, n: &str) -> String {
     let out = path(dir, &format!("{model}.toml"));
     ok_json(&[
@@ -39,6 +41,7 @@ fn analytic(dir: &Path, model: &str, n: &str) -> String {
         "h100-sxm",
         "--world-size",
         n,
+        "--flat",
         "--out",
         &out,
         "--json",

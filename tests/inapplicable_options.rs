@@ -205,7 +205,7 @@ fn measure_on_several_ranks_refuses_a_device() {
     assert_success(&measured);
 }
 
-/// A profile without nodes (`profile analytic` without --gpus-per-node), in `dir`.
+/// A profile without nodes (`profile analytic --flat`), in `dir`.
 fn flat_profile(dir: &Path) -> String {
     let path = dir.join("flat.toml").display().to_string();
     let out = shardplan(&[
@@ -217,6 +217,7 @@ fn flat_profile(dir: &Path) -> String {
         "h100-sxm",
         "--world-size",
         "16",
+        "--flat",
         "--out",
         &path,
     ]);

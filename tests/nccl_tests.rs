@@ -288,7 +288,7 @@ fn comm_import_into_a_topology_group() {
         path
     };
     let nodes = analytic("nodes.toml", &["--gpus-per-node", "catalog"]);
-    let flat = analytic("flat.toml", &[]);
+    let flat = analytic("flat.toml", &["--flat"]);
     let fixtures = root.join("tests/fixtures/nccl-tests");
     let out = dir.path().join("out.toml");
     let import = |into: &Path, (flag, file): (&str, &str), link: &str| {

@@ -60,6 +60,7 @@ fn sweep_writes_csv_charts_summary_and_json() {
         "a100-80g",
         "--world-size",
         "16",
+        "--flat",
         "--micro-batch",
         "8",
         "--out",

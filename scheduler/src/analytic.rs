@@ -11,6 +11,9 @@ use crate::profile::{
 use crate::{Error, Result};
 use std::collections::BTreeMap;
 
+mod nodes;
+pub use nodes::{NodeLayout, RankLayout};
+
 /// Message sizes of the analytic curves: 1 KiB … 4 GiB, powers of two.
 const CURVE_SIZES_LOG2: std::ops::RangeInclusive<u32> = 10..=32;
 
@@ -35,12 +38,14 @@ pub struct AnalyticOptions {
     pub comm_slowdown: f64,
     pub iteration_extra_us: f64,
     /// Ranks per node G, where the profile carries a topology (DESIGN §3.11): `Some(None)` takes
-    /// the device's node size from the catalog.
+    /// the device's node size from the catalog; None is one link. [`AnalyticOptions::laid_out`]
+    /// sets it as `profile analytic` does.
     pub topology: Option<Option<u32>>,
 }
 
 impl AnalyticOptions {
-    /// The defaults: micro-batch 1, MFU 0.5, flash attention, 2/2/12 bytes, κ = 0.
+    /// The defaults: micro-batch 1, MFU 0.5, flash attention, 2/2/12 bytes, κ = 0, one
+    /// link (no topology; [`AnalyticOptions::laid_out`] applies `profile analytic`'s layout).
     pub fn new(device: &str, world_size: u32) -> Self {
         AnalyticOptions {
             device: device.to_string(),
@@ -61,6 +66,20 @@ impl AnalyticOptions {
             iteration_extra_us: 0.0,
             topology: None,
         }
+    }
+}
+
+impl AnalyticOptions {
+    /// These options with the topology `layout` gives their world of ranks of their device
+    /// ([`NodeLayout::gpus_per_node`]): `profile analytic`'s node layout, by default the device's
+    /// nodes wherever the world spans more than one.
+    pub fn laid_out(self, catalog: &Catalog, layout: NodeLayout) -> Result<Self> {
+        let device = catalog.device(&self.device)?;
+        let node = layout.gpus_per_node(&self.device, device, self.world_size)?;
+        Ok(AnalyticOptions {
+            topology: node.map(Some),
+            ..self
+        })
     }
 }
 
@@ -276,7 +295,8 @@ pub(crate) fn zoo(name: &str) -> ModelSpec {
     .unwrap()
 }
 
-/// The analytic profile of the zoo model `name` on `world_size` H100 SXMs, for tests.
+/// The analytic profile of the zoo model `name` on `world_size` H100 SXMs on one link (`profile
+/// analytic --flat`), for tests.
 #[cfg(test)]
 pub(crate) fn zoo_profile(name: &str, world_size: u32) -> Profile {
     analytic_profile(

@@ -22,6 +22,18 @@ pub struct Device {
     pub inter_node: String,
 }
 
+impl Device {
+    /// The key of the interconnect a world of `world_size` ranks communicates over on one link:
+    /// the intra-node one while the world fits a node, else the inter-node one.
+    pub fn interconnect_key_for(&self, world_size: u32) -> &str {
+        if world_size > self.gpus_per_node {
+            &self.inter_node
+        } else {
+            &self.intra_node
+        }
+    }
+}
+
 /// Bus bandwidths (nccl-tests `busbw`, GB/s = 1e9 B/s) and latencies of one interconnect.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -127,12 +139,7 @@ impl Catalog {
 
     /// The interconnect a world of `world_size` ranks of `device` communicates over.
     pub fn interconnect_for(&self, device: &Device, world_size: u32) -> &Interconnect {
-        let key = if world_size > device.gpus_per_node {
-            &device.inter_node
-        } else {
-            &device.intra_node
-        };
-        &self.interconnects[key]
+        &self.interconnects[device.interconnect_key_for(world_size)]
     }
 }
 

@@ -2,11 +2,12 @@
 
 mod values;
 
-pub use values::{CapsArg, MemoryCap, MethodsArg, NodeSize, bytes_arg};
+pub use values::{CapsArg, MemoryCap, MethodsArg, bytes_arg};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use shardplan_runtime::cuda::{CudaOptions, ProductMath};
 use shardplan_runtime::dispatch::BackendKind;
+use shardplan_scheduler::analytic::NodeLayout;
 use shardplan_scheduler::baselines::BaselineKind;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
@@ -132,9 +133,14 @@ pub struct AnalyticArgs {
     #[arg(long, default_value_t = 0.0, value_parser = comm_slowdown_arg)]
     pub comm_slowdown: f64,
     /// Ranks per node G, or `catalog` for the device's: writes the topology, with the curves of
-    /// every group of ranks the plan space offers (DESIGN §3.11).
+    /// every group of ranks the plan space offers (DESIGN §3.11). Default: the device's nodes
+    /// wherever --world-size spans more than one (a multiple of the node size), else one link.
     #[arg(long, value_parser = node_size_arg)]
-    pub gpus_per_node: Option<NodeSize>,
+    pub gpus_per_node: Option<NodeLayout>,
+    /// One link for every collective, no node layout (the inter-node interconnect once
+    /// --world-size spans nodes).
+    #[arg(long, conflicts_with = "gpus_per_node")]
+    pub flat: bool,
     /// Hardware catalog; defaults to the bundled models/hardware.toml.
     #[arg(long)]
     pub catalog: Option<PathBuf>,
@@ -142,6 +148,18 @@ pub struct AnalyticArgs {
     pub out: PathBuf,
     #[arg(long)]
     pub json: bool,
+}
+
+impl AnalyticArgs {
+    /// The node layout the flags ask for: `--gpus-per-node`'s, one link under `--flat` (clap
+    /// refuses the two together), else the device's nodes.
+    pub fn node_layout(&self) -> NodeLayout {
+        match (self.gpus_per_node, self.flat) {
+            (Some(layout), _) => layout,
+            (None, true) => NodeLayout::Flat,
+            (None, false) => NodeLayout::DeviceNodes,
+        }
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]

@@ -1,5 +1,6 @@
 //! Value parsers of the command line: sizes, caps, bounded numbers, lists.
 
+use shardplan_scheduler::analytic::NodeLayout;
 use shardplan_scheduler::sweep::Method;
 
 /// Parses a byte size for clap.
@@ -125,30 +126,13 @@ pub(super) fn methods_arg(text: &str) -> Result<MethodsArg, String> {
     Ok(MethodsArg(methods))
 }
 
-/// Ranks per node: a number, or the catalog device's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NodeSize {
-    Catalog,
-    Ranks(u32),
-}
-
-impl NodeSize {
-    /// The node size to ask for: `None` takes the catalog's.
-    pub fn ranks(self) -> Option<u32> {
-        match self {
-            NodeSize::Catalog => None,
-            NodeSize::Ranks(g) => Some(g),
-        }
-    }
-}
-
-/// `8`, or `catalog`.
-pub(super) fn node_size_arg(text: &str) -> Result<NodeSize, String> {
+/// `8` (nodes of 8 ranks), or `catalog` (the device's).
+pub(super) fn node_size_arg(text: &str) -> Result<NodeLayout, String> {
     if text.trim().eq_ignore_ascii_case("catalog") {
-        return Ok(NodeSize::Catalog);
+        return Ok(NodeLayout::CatalogNode);
     }
     match text.trim().parse::<u32>() {
-        Ok(g) if g >= 1 => Ok(NodeSize::Ranks(g)),
+        Ok(g) if g >= 1 => Ok(NodeLayout::NodesOf(g)),
         _ => Err(format!(
             "expected a positive number of ranks or `catalog`, got `{text}`"
         )),

@@ -3,7 +3,7 @@
 use crate::cli::{AnalyticArgs, AttentionArg};
 use crate::output::{ms, outln, print_json};
 use serde_json::json;
-use shardplan_scheduler::analytic::{AnalyticOptions, analytic_profile};
+use shardplan_scheduler::analytic::{AnalyticOptions, RankLayout, analytic_profile};
 use shardplan_scheduler::hardware::Catalog;
 use shardplan_scheduler::hf_config::load_model;
 use shardplan_scheduler::io::check_outputs_distinct;
@@ -37,9 +37,9 @@ pub fn analytic(args: AnalyticArgs) -> anyhow::Result<()> {
         block_size_bytes: args.block_size,
         overlap_slowdown: args.overlap_slowdown,
         comm_slowdown: args.comm_slowdown,
-        topology: args.gpus_per_node.map(|g| g.ranks()),
         ..AnalyticOptions::new(&args.device, args.world_size)
-    };
+    }
+    .laid_out(&catalog, args.node_layout())?;
     let profile = analytic_profile(&model, &catalog, &options)?;
     profile.save(&args.out)?;
     let total_params: u64 = profile.units.iter().map(|u| u.params).sum();
@@ -50,6 +50,7 @@ pub fn analytic(args: AnalyticArgs) -> anyhow::Result<()> {
         .sum();
     let seq_len = options.seq_len.unwrap_or(model.seq_len);
     let gpus_per_node = profile.topology.as_ref().map(|t| t.gpus_per_node);
+    let layout = RankLayout::of(&profile, catalog.device(&options.device)?);
     if args.json {
         print_json(&json!({
             "out": args.out,
@@ -62,18 +63,12 @@ pub fn analytic(args: AnalyticArgs) -> anyhow::Result<()> {
             "micro_batches": profile.micro_batches,
             "world_size": profile.world_size,
             "gpus_per_node": gpus_per_node,
+            "layout": layout,
+            "layout_summary": layout.to_string(),
             "block_size_bytes": profile.block_size_bytes,
             "compute_us": compute_us,
         }));
     } else {
-        let layout = match gpus_per_node {
-            Some(g) => format!(
-                "{} ranks ({} nodes × {g})",
-                profile.world_size,
-                profile.world_size / g
-            ),
-            None => format!("{} ranks", profile.world_size),
-        };
         outln!(
             "wrote {}: {} units, {} parameters, seq_len {seq_len}, micro-batch {}, K = {}, {layout}, \
              block size {}, compute {} per iteration",

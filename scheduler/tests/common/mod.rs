@@ -27,7 +27,8 @@ pub fn repo_root() -> std::path::PathBuf {
     }
 }
 
-/// The analytic profile of zoo model `name` on 64 H100s.
+/// The analytic profile of zoo model `name` on 64 H100s on one link (`profile analytic --flat`:
+/// the library builds no topology unless asked, and these tests check the flat model).
 pub fn zoo_profile(name: &str) -> Profile {
     let path = repo_root().join(format!("models/{name}.toml"));
     analytic_profile(
