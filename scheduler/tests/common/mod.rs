@@ -105,6 +105,7 @@ pub fn profile(
             all_reduce,
         },
         topology: None,
+        host: None,
     };
     profile.validate("test profile").unwrap();
     profile
