@@ -172,7 +172,10 @@ pub fn analytic_host(catalog: &Catalog, device: &Device, world: u32) -> Option<H
             .map(|e| {
                 let bytes = 1u64 << e;
                 let per_rank_bytes_per_us = gbps * 1e3 / f64::from(ranks_per_link);
-                (bytes, link.latency_us + bytes as f64 / per_rank_bytes_per_us)
+                (
+                    bytes,
+                    link.latency_us + bytes as f64 / per_rank_bytes_per_us,
+                )
             })
             .collect(),
     };

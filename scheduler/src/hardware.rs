@@ -173,7 +173,8 @@ impl Catalog {
             let bandwidths = [link.host_to_device_gbps, link.device_to_host_gbps]
                 .iter()
                 .all(|v| *v > 0.0 && v.is_finite());
-            if !bandwidths || !(link.latency_us >= 0.0 && link.latency_us.is_finite()) {
+            let latency = link.latency_us >= 0.0 && link.latency_us.is_finite();
+            if !(bandwidths && latency) {
                 return Err(Error::invalid(
                     origin,
                     format!("host_links.{name}"),

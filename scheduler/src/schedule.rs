@@ -2,10 +2,10 @@
 //! launched at each slot index. A `Schedule` exists only valid: its constructor enforces every
 //! rule of DESIGN §3.2 against the profile, and its launches carry their window positions.
 
+use crate::offload::{HostStep, Offload};
 use crate::profile::Profile;
 use crate::timeline::{Level, Op, Timeline, Window};
 use crate::{Error, Result};
-use crate::offload::{HostStep, Offload};
 use std::collections::BTreeMap;
 
 /// `blocks` blocks of an op launched at the start of slot index `slot`.

@@ -22,10 +22,7 @@ fn offload_profile(step_us_per_param: f64, h2d_rate: f64, memory: u64) -> Profil
         0.0,
         0.0,
         (2, 2, 12),
-        &[
-            (100, 10.0, 20.0, 0, 0, 0, 0),
-            (200, 30.0, 60.0, 0, 0, 0, 0),
-        ],
+        &[(100, 10.0, 20.0, 0, 0, 0, 0), (200, 30.0, 60.0, 0, 0, 0, 0)],
         affine(1.0, 100.0),
         affine(1.0, 100.0),
         affine(1.0, 100.0),
@@ -103,7 +100,11 @@ fn a_host_step_overlaps_the_next_forward() {
     let host = strict.host.unwrap();
     close(host.memory_bytes, 2800.0, "host memory");
     close(host.step_us, 30.0, "host step");
-    close(host.device_to_host_us + host.host_to_device_us, 6.0, "copies");
+    close(
+        host.device_to_host_us + host.host_to_device_us,
+        6.0,
+        "copies",
+    );
 }
 
 /// u2 `full` (CPUOffloadPolicy), H2D t = 1 + bytes/20, 0.1 µs per parameter: RS2 ends at
@@ -187,10 +188,15 @@ fn offload_without_a_host_or_a_shard_is_refused() {
         "{e}"
     );
     let p = offload_profile(0.2, 100.0, 1 << 20);
-    let replicated = plan("full")
-        .replace("level = \"sdp\"\n    rs = [[\"B1\", 1]]\n    ag = [[\"F1\", 1]]", "level = \"none\"\n    ar = [[\"B1\", 1]]");
+    let replicated = plan("full").replace(
+        "level = \"sdp\"\n    rs = [[\"B1\", 1]]\n    ag = [[\"F1\", 1]]",
+        "level = \"none\"\n    ar = [[\"B1\", 1]]",
+    );
     let e = schedule(&p, &replicated).unwrap_err().to_string();
-    assert!(e.contains("units[1].offload") && e.contains("replicated"), "{e}");
+    assert!(
+        e.contains("units[1].offload") && e.contains("replicated"),
+        "{e}"
+    );
 }
 
 /// The offload baselines on llama3-8b on one H100 (analytic): each fits the H100's 79.65 GiB

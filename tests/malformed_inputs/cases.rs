@@ -116,12 +116,13 @@ pub fn cases(inputs: &Inputs) -> Vec<Case> {
             .lines()
             .filter(|l| !l.starts_with("profile_digest"))
             .collect();
-        let text = kept
-            .join("\n")
-            .replacen("level = \"sdp\"", "level = \"sdp\"\noffload = \"full\"", 1);
+        let text =
+            kept.join("\n")
+                .replacen("level = \"sdp\"", "level = \"sdp\"\noffload = \"full\"", 1);
         inputs.write("offloading.toml", text.as_bytes())
     };
-    let offload_baseline = |p: &str| format!("baseline --profile {p} --kind fsdp2-offload --out {out}");
+    let offload_baseline =
+        |p: &str| format!("baseline --profile {p} --kind fsdp2-offload --out {out}");
     vec![
         case(
             "a host without memory",

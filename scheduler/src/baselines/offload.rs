@@ -59,4 +59,3 @@ pub(super) fn every_unit(
     }
     schedule.offloaded(profile, modes, HostStep::AfterBackward, name)
 }
-

@@ -545,8 +545,7 @@ impl Profile {
         {
             return bad(field, expected);
         }
-        if let Some(Err((field, expected))) = self.host.as_ref().map(|h| h.check(self.world_size))
-        {
+        if let Some(Err((field, expected))) = self.host.as_ref().map(|h| h.check(self.world_size)) {
             return bad(field, expected);
         }
         Ok(())

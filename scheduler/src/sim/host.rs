@@ -204,6 +204,8 @@ impl HostState {
 impl StepInputs {
     /// The host hook of entry `k` of slot `slot` (Nothing without offload).
     pub(super) fn hook(&self, slot: usize, k: usize) -> Hook {
-        self.host.as_ref().map_or(Hook::Nothing, |h| h.hooks[slot][k])
+        self.host
+            .as_ref()
+            .map_or(Hook::Nothing, |h| h.hooks[slot][k])
     }
 }

@@ -6,9 +6,7 @@
 //! gradient shard until the end of its last RS launch slot, a `full` gather block's H2D shard.
 
 use crate::cost::{block_bytes, communicator_bytes, saved_bytes, secondary_shard_bytes};
-use crate::offload::{
-    Offload, device_persistent_bytes, gather_shard_bytes, gradient_shard_bytes,
-};
+use crate::offload::{Offload, device_persistent_bytes, gather_shard_bytes, gradient_shard_bytes};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
 use crate::timeline::{Level, Op};
