@@ -5,7 +5,12 @@
 
 mod common;
 
-use common::{affine, check, check_memory, close, plan_toml, profile, schedule};
+use common::{
+    Rng, affine, check, check_memory, close, plan_toml, profile, random_profile, random_schedule,
+    schedule,
+};
+use shardplan_scheduler::offload::{HostStep, Offload};
+use shardplan_scheduler::timeline::Level;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::{Host, Profile};
@@ -229,4 +234,54 @@ fn offload_baselines_fit_one_gpu_where_fsdp2_does_not() {
     let why = BaselineKind::Fsdp2Offload.unavailable_on(&without).unwrap();
     assert!(why.contains("needs a profile with a host link"), "{why}");
     assert!(BaselineKind::offload_of(&without).is_empty());
+}
+
+/// On 400 random plans with every sharded unit offloaded at random (none, optimizer, full) and
+/// either host step, relaxed is never slower than strict, strict is never below the compute, and
+/// every host step is in the time: T ≥ Σ steps (the host stream is serial).
+#[test]
+fn relaxed_is_never_slower_than_strict_with_offload() {
+    let mut checked = 0;
+    for seed in 0..400u64 {
+        let mut rng = Rng(seed);
+        let units = rng.range(1, 6) as usize;
+        let mut profile = random_profile(&mut rng, units, [0.0, 0.1][seed as usize % 2], 1500);
+        profile.host = Some(Host {
+            ranks_per_node: profile.world_size,
+            ranks_per_link: 1,
+            memory_bytes: 1 << 40,
+            optimizer_us_per_param: rng.range(0, 20) as f64 / 100.0 + 0.01,
+            host_to_device: affine(rng.range(1, 20) as f64, rng.range(1, 100) as f64),
+            device_to_host: affine(rng.range(1, 20) as f64, rng.range(1, 100) as f64),
+        });
+        let schedule = random_schedule(&mut rng, &profile);
+        let modes: Vec<Offload> = schedule
+            .units()
+            .iter()
+            .map(|u| match (u.level, rng.range(0, 2)) {
+                (Level::None, _) | (_, 0) => Offload::None,
+                (_, 1) => Offload::Optimizer,
+                _ => Offload::Full,
+            })
+            .collect();
+        let step = [HostStep::Overlapped, HostStep::AfterBackward][rng.range(0, 1) as usize];
+        let Ok(offloaded) = schedule.offloaded(&profile, modes, step, "random plan") else {
+            continue;
+        };
+        let strict = simulate(&profile, &offloaded, Semantics::Strict);
+        let relaxed = simulate(&profile, &offloaded, Semantics::Relaxed);
+        assert!(
+            relaxed.iteration_time_us <= strict.iteration_time_us * (1.0 + 1e-12) + 1e-9,
+            "seed {seed}: relaxed {} > strict {}",
+            relaxed.iteration_time_us,
+            strict.iteration_time_us
+        );
+        assert!(strict.iteration_time_us + 1e-9 >= strict.compute_us, "seed {seed}");
+        if let Some(host) = strict.host {
+            assert!(strict.iteration_time_us + 1e-9 >= host.step_us, "seed {seed}");
+            assert!(relaxed.iteration_time_us + 1e-9 >= host.step_us, "seed {seed}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 100, "only {checked} plans offloaded");
 }
