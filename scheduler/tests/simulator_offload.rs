@@ -9,12 +9,12 @@ use common::{
     Rng, affine, check, check_memory, close, plan_toml, profile, random_profile, random_schedule,
     schedule,
 };
-use shardplan_scheduler::offload::{HostStep, Offload};
-use shardplan_scheduler::timeline::Level;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
+use shardplan_scheduler::offload::{HostStep, Offload};
 use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::{Host, Profile};
 use shardplan_scheduler::sim::{Semantics, simulate};
+use shardplan_scheduler::timeline::Level;
 
 /// N = 2, p = g = 2, o = 12, one block per unit, no activations. u1: Ψ 100, f 10, b 20;
 /// u2: Ψ 200, f 30, b 60. AG and RS t = 1 + bytes/100: u1's 200-byte blocks 3, u2's 400-byte
@@ -276,10 +276,19 @@ fn relaxed_is_never_slower_than_strict_with_offload() {
             relaxed.iteration_time_us,
             strict.iteration_time_us
         );
-        assert!(strict.iteration_time_us + 1e-9 >= strict.compute_us, "seed {seed}");
+        assert!(
+            strict.iteration_time_us + 1e-9 >= strict.compute_us,
+            "seed {seed}"
+        );
         if let Some(host) = strict.host {
-            assert!(strict.iteration_time_us + 1e-9 >= host.step_us, "seed {seed}");
-            assert!(relaxed.iteration_time_us + 1e-9 >= host.step_us, "seed {seed}");
+            assert!(
+                strict.iteration_time_us + 1e-9 >= host.step_us,
+                "seed {seed}"
+            );
+            assert!(
+                relaxed.iteration_time_us + 1e-9 >= host.step_us,
+                "seed {seed}"
+            );
             checked += 1;
         }
     }
