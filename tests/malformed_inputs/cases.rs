@@ -157,6 +157,16 @@ pub fn cases(inputs: &Inputs) -> Vec<Case> {
             Some("units[0].offload"),
         ),
         case(
+            "a cap only offload fits",
+            format!("solve --profile {profile} --memory-cap 700MiB --out {out}"),
+            3,
+            "the smallest feasible cap is 816.25 MiB (855903232 bytes), peaking at slot B14 where \
+             the largest part is persistent state, 237.35 MiB; the ILP does not model offload \
+             yet, and the fastest offload baseline that fits is zero3-offload+ckpt: iteration \
+             35.442 ms",
+            None,
+        ),
+        case(
             "an export of an offloading plan",
             format!("export fsdp2 --profile {profile} --plan {offloading} --out {out}"),
             2,
