@@ -13,7 +13,7 @@ use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::offload::{HostStep, Offload};
 use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::{Host, Profile};
-use shardplan_scheduler::sim::{Semantics, simulate};
+use shardplan_scheduler::sim::{HostTrack, Semantics, simulate};
 use shardplan_scheduler::timeline::Level;
 
 /// N = 2, p = g = 2, o = 12, one block per unit, no activations. u1: Ψ 100, f 10, b 20;
@@ -101,6 +101,22 @@ fn a_host_step_overlaps_the_next_forward() {
     // F1 800 + 200 + 200 + 400 = 1600, F2 1600, B2 1600 + 400 + 200 = 2200,
     // B1 800 + 200 + 200 + 200 + 400 + 200 = 2000, E 800 + 200 + 200 + 200 = 1400.
     check_memory(&strict, &[1600.0, 1600.0, 2200.0, 2000.0, 1400.0], "B2");
+    // From F1's start: B1 starts at 20 + 30 + 60 = 110, so the D2H runs 115 … 118, the step
+    // 118 … 148 and the H2D 148 … 151: the step runs past the iteration's end (136), into the
+    // next F1 (136 … 156).
+    let tracks: Vec<(HostTrack, f64, f64)> = strict
+        .host_events
+        .iter()
+        .map(|e| (e.track, e.start_us, e.end_us))
+        .collect();
+    assert_eq!(
+        tracks,
+        [
+            (HostTrack::DeviceToHost, 115.0, 118.0),
+            (HostTrack::Step, 118.0, 148.0),
+            (HostTrack::HostToDevice, 148.0, 151.0),
+        ]
+    );
     // Host: 2 ranks · 200·(2 + 12)/2 = 2800; per iteration D2H 3, step 30, H2D 3.
     let host = strict.host.unwrap();
     close(host.memory_bytes, 2800.0, "host memory");

@@ -22,6 +22,35 @@ pub(super) enum Hook {
     Gather(usize),
 }
 
+/// What a host event is: a copy on one of the host link's channels or a host step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HostTrack {
+    DeviceToHost,
+    Step,
+    HostToDevice,
+}
+
+impl HostTrack {
+    pub fn name(self) -> &'static str {
+        match self {
+            HostTrack::DeviceToHost => "D2H",
+            HostTrack::Step => "host step",
+            HostTrack::HostToDevice => "H2D",
+        }
+    }
+}
+
+/// One copy or host step of a unit as it ran, µs from the iteration's start (a chain issued in
+/// one iteration may end in the next).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct HostEvent {
+    pub unit: usize,
+    pub track: HostTrack,
+    pub start_us: f64,
+    pub end_us: f64,
+}
+
 /// The host's inputs of a step.
 pub(super) struct HostInputs {
     /// Per unit: its host work, None when it stays on the device.
@@ -131,6 +160,8 @@ pub(super) struct HostState {
     arrived: Vec<(usize, f64)>,
     /// `after-backward`: when this iteration's steps and copies are done (E ends no earlier).
     pub(super) barrier: f64,
+    /// The events issued since [`HostState::begin`], in absolute µs.
+    events: Vec<HostEvent>,
 }
 
 impl HostState {
@@ -142,7 +173,37 @@ impl HostState {
             ready: vec![f64::NEG_INFINITY; inputs.work.len()],
             arrived: Vec::new(),
             barrier: f64::NEG_INFINITY,
+            events: Vec::new(),
         }
+    }
+
+    /// An iteration starts: its events are recorded afresh.
+    pub(super) fn begin(&mut self) {
+        self.events.clear();
+    }
+
+    /// The events issued since [`HostState::begin`], from the iteration's start at `start`.
+    pub(super) fn events_from(&self, start: f64) -> Vec<HostEvent> {
+        self.events
+            .iter()
+            .map(|e| HostEvent {
+                start_us: e.start_us - start,
+                end_us: e.end_us - start,
+                ..*e
+            })
+            .collect()
+    }
+
+    /// Records `track`'s work of `unit` from `start_us` for `us`; returns its end.
+    fn record(&mut self, unit: usize, track: HostTrack, start_us: f64, us: f64) -> f64 {
+        let end_us = start_us + us;
+        self.events.push(HostEvent {
+            unit,
+            track,
+            start_us,
+            end_us,
+        });
+        end_us
     }
 
     /// When a gather block of `unit` launched at `launch` may start: its parameters ready and,
@@ -151,9 +212,9 @@ impl HostState {
         let ready = self.ready[unit];
         match inputs.work[unit].and_then(|w| w.h2d_per_gather_block_us) {
             Some(copy) => {
-                let end = self.h2d_free.max(launch).max(ready) + copy;
-                self.h2d_free = end;
-                end
+                let from = self.h2d_free.max(launch).max(ready);
+                self.h2d_free = self.record(unit, HostTrack::HostToDevice, from, copy);
+                self.h2d_free
             }
             None => ready,
         }
@@ -165,7 +226,8 @@ impl HostState {
         let Some(work) = inputs.work[unit] else {
             return;
         };
-        let arrived = self.d2h_free.max(end) + work.d2h_us;
+        let from = self.d2h_free.max(end);
+        let arrived = self.record(unit, HostTrack::DeviceToHost, from, work.d2h_us);
         self.d2h_free = arrived;
         match inputs.host_step {
             HostStep::Overlapped => self.step(inputs, unit, arrived),
@@ -188,13 +250,14 @@ impl HostState {
         let Some(work) = inputs.work[unit] else {
             return;
         };
-        let stepped = self.step_free.max(from) + work.step_us;
+        let start = self.step_free.max(from);
+        let stepped = self.record(unit, HostTrack::Step, start, work.step_us);
         self.step_free = stepped;
         self.ready[unit] = match work.h2d_after_step_us {
             Some(copy) => {
-                let end = self.h2d_free.max(stepped) + copy;
-                self.h2d_free = end;
-                end
+                let start = self.h2d_free.max(stepped);
+                self.h2d_free = self.record(unit, HostTrack::HostToDevice, start, copy);
+                self.h2d_free
             }
             None => stepped,
         };

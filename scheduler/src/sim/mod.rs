@@ -8,7 +8,7 @@ mod steps;
 mod strict;
 pub mod trace;
 
-pub use host::HostReport;
+pub use host::{HostEvent, HostReport, HostTrack};
 pub use memory::{MemoryBreakdown, memory_by_slot};
 pub use trace::chrome_trace;
 
@@ -114,6 +114,9 @@ pub struct Simulation {
     pub host: Option<HostReport>,
     #[serde(skip)]
     pub blocks: Vec<BlockEvent>,
+    /// The host's copies and steps as they ran (DESIGN §3.13); empty without offload.
+    #[serde(skip)]
+    pub host_events: Vec<HostEvent>,
     /// The index of the peak slot in `slots`.
     #[serde(skip)]
     peak_index: usize,
@@ -314,6 +317,8 @@ struct Timing {
     duration_us: Vec<f64>,
     iteration_time_us: f64,
     blocks: Vec<BlockEvent>,
+    /// The host's copies and steps (DESIGN §3.13), empty without offload.
+    host_events: Vec<HostEvent>,
 }
 
 /// Simulates a validated schedule: the flat timeline at K = 1, the unrolled micro-batches at
@@ -377,6 +382,7 @@ fn simulate_inputs(profile: &Profile, inputs: &StepInputs, semantics: Semantics)
         slots,
         host: inputs.host.as_ref().map(host::HostInputs::report),
         blocks: timing.blocks,
+        host_events: timing.host_events,
         peak_index: peak,
     }
 }

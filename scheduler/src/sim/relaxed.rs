@@ -59,6 +59,9 @@ pub(super) fn run(inputs: &StepInputs, interference: Interference) -> Timing {
     let mut host = inputs.host.as_ref().map(|h| (h, HostState::new(h)));
     for _ in 0..MAX_ITERATIONS {
         let iteration_start = compute_end;
+        if let Some((_, state)) = host.as_mut() {
+            state.begin();
+        }
         let mut start_us = Vec::with_capacity(slots);
         let mut compute_start_us = Vec::with_capacity(slots);
         let mut duration_us = Vec::with_capacity(slots);
@@ -111,18 +114,23 @@ pub(super) fn run(inputs: &StepInputs, interference: Interference) -> Timing {
         }
         let time = compute_end - iteration_start;
         iteration_times.push(time);
-        last = Some((start_us, compute_start_us, duration_us, blocks));
+        let host_events = host
+            .as_ref()
+            .map_or_else(Vec::new, |(_, state)| state.events_from(iteration_start));
+        last = Some((start_us, compute_start_us, duration_us, blocks, host_events));
         if stationary(&iteration_times) {
             break;
         }
     }
     let iteration_time_us = steady_time(&iteration_times);
-    let (start_us, compute_start_us, duration_us, blocks) = last.expect("at least one iteration");
+    let (start_us, compute_start_us, duration_us, blocks, host_events) =
+        last.expect("at least one iteration");
     Timing {
         start_us,
         compute_start_us,
         duration_us,
         iteration_time_us,
         blocks,
+        host_events,
     }
 }

@@ -44,6 +44,9 @@ fn pass(
     let mut duration_us = Vec::with_capacity(slots);
     let mut blocks = Vec::new();
     let mut now = start;
+    if let Some(state) = host.as_deref_mut() {
+        state.begin();
+    }
     for s in 0..slots {
         let (c, per_link) = (inputs.compute_us[s], inputs.link_comm_us[s]);
         let stretch = per_link.map(|q| interference.comm_stretch(c, q));
@@ -89,6 +92,7 @@ fn pass(
         duration_us,
         iteration_time_us: now - start,
         blocks,
+        host_events: host.map_or_else(Vec::new, |state| state.events_from(start)),
     }
 }
 
