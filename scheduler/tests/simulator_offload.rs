@@ -310,3 +310,33 @@ fn relaxed_is_never_slower_than_strict_with_offload() {
     }
     assert!(checked >= 100, "only {checked} plans offloaded");
 }
+
+/// A `[host]` is checked field by field, each error naming it: more ranks per link than per
+/// node, more ranks per node than the world, a curve out of order; a profile without one loads
+/// and keeps its digest (the bundled n64 profile predates hosts).
+#[test]
+fn a_host_is_checked_field_by_field() {
+    let error = |edit: &dyn Fn(&mut Host)| {
+        let mut p = offload_profile(0.2, 100.0, 1 << 20);
+        edit(p.host.as_mut().unwrap());
+        p.validate("p.toml").unwrap_err().to_string()
+    };
+    let e = error(&|h| h.ranks_per_link = 3);
+    assert!(
+        e.contains("p.toml") && e.contains("host.ranks_per_link"),
+        "{e}"
+    );
+    let e = error(&|h| h.ranks_per_node = 3);
+    assert!(
+        e.contains("host.ranks_per_node") && e.contains("world size 2"),
+        "{e}"
+    );
+    let e = error(&|h| h.host_to_device.points.reverse());
+    assert!(e.contains("host.host_to_device.points"), "{e}");
+    let e = error(&|h| h.optimizer_us_per_param = 0.0);
+    assert!(e.contains("host.optimizer_us_per_param"), "{e}");
+    let path = common::repo_root().join("profiles/llama2-70b-h100-n64.toml");
+    let old = Profile::load(&path).unwrap();
+    assert!(old.host.is_none());
+    assert!(!old.to_toml().contains("[host]"));
+}
