@@ -86,6 +86,8 @@ pub struct SweepRow {
     /// ILP: integer columns and rows of the widest model solved.
     pub integer_variables: Option<usize>,
     pub constraints: Option<usize>,
+    /// An offloading plan's host memory per node (DESIGN §3.13).
+    pub host_memory_bytes: Option<u64>,
 }
 
 impl SweepRow {
@@ -107,6 +109,9 @@ impl SweepRow {
             units_fsdp: count(Level::Fsdp),
             recomputed_units: plan
                 .map_or(0, |(s, _)| s.units().iter().filter(|u| u.recompute).count()),
+            host_memory_bytes: plan
+                .and_then(|(_, sim)| sim.host.as_ref())
+                .map(|h| whole_bytes(h.memory_bytes)),
             gap: None,
             window_depth: None,
             solve_seconds: None,
