@@ -111,7 +111,19 @@ fn sweep_writes_csv_charts_summary_and_json() {
     assert!(lines.next().unwrap().starts_with(
         "cap_bytes,method,feasible,iteration_time_us,peak_memory_bytes,exposed_comm_us"
     ));
-    assert_eq!(lines.count(), 4 * 7, "one row per (cap, method)");
+    // The ILP, the six baselines and, the A100's catalog entry having a host, the two offload
+    // baselines (DESIGN §3.13).
+    assert_eq!(lines.count(), 4 * 9, "one row per (cap, method)");
+    // The host's memory is the last column, filled exactly for the offload rows that fit.
+    for line in csv.lines().skip(1) {
+        let cells: Vec<&str> = line.split(',').collect();
+        let fitting_offload = cells[1].ends_with("-offload") && cells[2] == "true";
+        assert_eq!(
+            fitting_offload,
+            !cells[cells.len() - 1].is_empty(),
+            "{line}"
+        );
+    }
     assert!(
         std::fs::read_dir(&sweep_dir).unwrap().all(|e| !e
             .unwrap()

@@ -68,6 +68,13 @@ impl<B: Backend> Prepared<B> {
         steps: usize,
     ) -> Result<Self> {
         let schedule = plan.schedule(profile, origin)?;
+        if let Some(unit) = (0..schedule.units().len()).find(|&u| !schedule.offload(u).is_none()) {
+            return Err(Error::Mismatch(format!(
+                "{origin}: units[{unit}].offload is `{}`, and the runtime does not run offload yet \
+                 (DESIGN §3.13: simulate it, or plan without offload)",
+                schedule.offload(unit).name()
+            )));
+        }
         let world = backend.world_size();
         if plan.world_size as usize != world {
             return Err(Error::Mismatch(format!(

@@ -5,8 +5,8 @@ use crate::curve::CommCurve;
 use crate::hardware::{Catalog, Device, Interconnect};
 use crate::model::{Attention, ModelSpec, PositionEmbedding};
 use crate::profile::{
-    BytesPerParam, CommCurves, GroupCurves, Link, PROFILE_SCHEMA, Profile, Topology, UnitProfile,
-    offered_groups,
+    BytesPerParam, CommCurves, GroupCurves, Host, Link, PROFILE_SCHEMA, Profile, Topology,
+    UnitProfile, offered_groups,
 };
 use crate::{Error, Result};
 use std::collections::BTreeMap;
@@ -177,6 +177,37 @@ pub fn analytic_topology(
 /// 16 channels: 2·16·(4 + 4 + 0.25) MiB = 264 MiB.
 pub const NCCL_COMMUNICATOR_BYTES: u64 = 2 * 16 * (8 * 1024 * 1024 + 256 * 1024);
 
+/// The `[host]` of `world` ranks of `device` (DESIGN §3.13), None where the catalog gives the
+/// device no host: the ranks of a node are min(world, gpus_per_node); those sharing one host link
+/// min(that, gpus_per_link) copy at once, so each rank's copy of S bytes takes
+/// α + S·ranks_per_link/β; a rank's step per parameter is the host's × the ranks of its node.
+pub fn analytic_host(catalog: &Catalog, device: &Device, world: u32) -> Option<Host> {
+    let spec = device.host.as_ref()?;
+    let link = &catalog.host_links[&spec.link];
+    let ranks_per_node = device.gpus_per_node.min(world);
+    let ranks_per_link = spec.gpus_per_link.min(ranks_per_node);
+    let curve = |gbps: f64| CommCurve {
+        points: CURVE_SIZES_LOG2
+            .map(|e| {
+                let bytes = 1u64 << e;
+                let per_rank_bytes_per_us = gbps * 1e3 / f64::from(ranks_per_link);
+                (
+                    bytes,
+                    link.latency_us + bytes as f64 / per_rank_bytes_per_us,
+                )
+            })
+            .collect(),
+    };
+    Some(Host {
+        ranks_per_node,
+        ranks_per_link,
+        memory_bytes: spec.memory_bytes,
+        optimizer_us_per_param: spec.optimizer_us_per_param * f64::from(ranks_per_node),
+        host_to_device: curve(link.host_to_device_gbps),
+        device_to_host: curve(link.device_to_host_gbps),
+    })
+}
+
 /// Builds the analytic profile of `model` under `opts`.
 pub fn analytic_profile(
     model: &ModelSpec,
@@ -281,6 +312,7 @@ pub fn analytic_profile(
             .topology
             .map(|node| analytic_topology(catalog, &opts.device, n, node))
             .transpose()?,
+        host: analytic_host(catalog, device, n),
     };
     profile.validate("analytic profile")?;
     Ok(profile)
@@ -331,6 +363,21 @@ mod tests {
         let expected = 15.0 + 0.875 * 1073741824.0 / 370e3;
         assert!((profile.comm.all_gather.time_us(1073741824.0) - expected).abs() < 1e-9);
         assert!(profile.block_size_bytes.is_power_of_two());
+    }
+
+    #[test]
+    fn host_copies_share_the_link_and_steps_share_the_host() {
+        let profile = zoo_profile("llama2-7b", 8);
+        let host = profile.host.as_ref().unwrap();
+        assert_eq!((host.ranks_per_node, host.ranks_per_link), (8, 2));
+        // 10 µs + 2^30 B · 2 ranks / 55e3 B/µs.
+        let expected = 10.0 + 1073741824.0 * 2.0 / 55e3;
+        assert!((host.host_to_device.time_us(1073741824.0) - expected).abs() < 1e-9);
+        assert!((host.optimizer_us_per_param - 8.0 * 2.5e-4).abs() < 1e-18);
+        let alone = zoo_profile("llama2-7b", 1);
+        let host = alone.host.as_ref().unwrap();
+        assert_eq!((host.ranks_per_node, host.ranks_per_link), (1, 1));
+        assert!((host.device_to_host.time_us(55e3) - 11.0).abs() < 1e-9);
     }
 
     #[test]

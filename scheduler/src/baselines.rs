@@ -4,9 +4,13 @@
 //! cyclically (past F_1 to E, then B_1, …) and clamped to the op's window; reductions go in the
 //! slot right after B_i; every op is launched whole (all blocks in one slot). With K ≥ 2
 //! micro-batches (DESIGN §3.10) the inner boundary's ops take the same positions in their windows,
-//! and each baseline accumulates and keeps as its framework does by default.
+//! and each baseline accumulates and keeps as its framework does by default. The offload
+//! baselines (DESIGN §3.13) are built in `baselines::offload`.
+
+mod offload;
 
 use crate::groups::{secondary_group, whole_node_groups};
+use crate::offload::Offload;
 use crate::plan::{Plan, Producer, plan_with_prediction};
 use crate::profile::Profile;
 use crate::schedule::{Accumulation, Launch, Schedule, UnitSchedule, inner_ops};
@@ -38,6 +42,12 @@ pub enum BaselineKind {
     /// FSDP2's HSDP (a 2-D replicate × shard mesh): fsdp2 over the smallest shard group of
     /// whole nodes that fits (DESIGN §3.11).
     Hsdp,
+    /// FSDP2's `CPUOffloadPolicy`: fsdp2 with every unit's parameters, gradients and optimizer
+    /// state on the host and the step there after the backward (DESIGN §3.13).
+    Fsdp2Offload,
+    /// DeepSpeed ZeRO-3 with `offload_optimizer`: zero3 with every unit's optimizer state and
+    /// master on the host, the step there after the backward (DESIGN §3.13).
+    Zero3Offload,
 }
 
 impl BaselineKind {
@@ -55,6 +65,18 @@ impl BaselineKind {
 
     /// The baselines that need a topology's groups (DESIGN §3.11).
     pub const HIERARCHICAL: [BaselineKind; 2] = [BaselineKind::Hsdp, BaselineKind::Hpz];
+
+    /// The baselines that offload to the host (DESIGN §3.13).
+    pub const OFFLOAD: [BaselineKind; 2] = [BaselineKind::Fsdp2Offload, BaselineKind::Zero3Offload];
+
+    /// The offload baselines `profile` offers (a `[host]`, one micro-batch per step). Kept out of
+    /// [`Self::of`], the ILP's warm starts: the ILP does not model offload yet.
+    pub fn offload_of(profile: &Profile) -> Vec<BaselineKind> {
+        Self::OFFLOAD
+            .into_iter()
+            .filter(|kind| kind.unavailable_on(profile).is_none())
+            .collect()
+    }
 
     /// The baselines of `profile`: [`Self::ALL`], [`Self::NO_SYNC`] when it has K ≥ 2, and
     /// [`Self::HIERARCHICAL`] when its topology offers a secondary group.
@@ -86,6 +108,9 @@ impl BaselineKind {
                     name.trim_end_matches("-nosync")
                 )
             });
+        }
+        if Self::OFFLOAD.contains(&self) {
+            return offload::unavailable_on(name, profile);
         }
         let offered = match self {
             BaselineKind::Hsdp => !whole_node_groups(profile).is_empty(),
@@ -154,6 +179,8 @@ impl BaselineKind {
             BaselineKind::Fsdp2NoSync => "fsdp2-nosync",
             BaselineKind::Hpz => "hpz",
             BaselineKind::Hsdp => "hsdp",
+            BaselineKind::Fsdp2Offload => "fsdp2-offload",
+            BaselineKind::Zero3Offload => "zero3-offload",
         }
     }
 }
@@ -166,6 +193,7 @@ impl std::str::FromStr for BaselineKind {
                 .into_iter()
                 .chain(Self::NO_SYNC)
                 .chain(Self::HIERARCHICAL)
+                .chain(Self::OFFLOAD)
         };
         every().find(|k| k.name() == s).ok_or_else(|| {
             format!(
@@ -393,6 +421,26 @@ pub fn baseline(
             checkpoint,
             accumulation,
         )?,
+        BaselineKind::Fsdp2Offload => {
+            let schedule = depth_schedule(
+                profile,
+                (&levels(l, Level::Fsdp, true), Groups::default()),
+                &vec![(1, 1); l],
+                checkpoint,
+                accumulation,
+            )?;
+            offload::every_unit(profile, schedule, Offload::Full, kind.name())?
+        }
+        BaselineKind::Zero3Offload => {
+            let schedule = depth_schedule(
+                profile,
+                (&levels(l, Level::Fsdp, false), Groups::default()),
+                &offload::forward_prefetch_to_e(zero3_depths(profile)),
+                checkpoint,
+                accumulation,
+            )?;
+            offload::every_unit(profile, schedule, Offload::Optimizer, kind.name())?
+        }
         BaselineKind::BestGrid => {
             let (level, depth, schedule) = best_grid(profile, checkpoint, cap)?;
             details.insert(

@@ -135,6 +135,13 @@ pub struct Fsdp2Plan {
 /// FSDP2's semantics, and every rounding and change; an error where those settings cannot be
 /// evaluated.
 pub fn fsdp2(profile: &Profile, schedule: &Schedule) -> Result<Fsdp2Plan> {
+    if let Some(unit) = (0..schedule.units().len()).find(|&u| !schedule.offload(u).is_none()) {
+        return Err(crate::Error::Mismatch(format!(
+            "export fsdp2: units[{unit}].offload is `{}`, and offload is not exported yet \
+             (DESIGN §3.13)",
+            schedule.offload(unit).name()
+        )));
+    }
     let (units, mut notes, changes) = settings_of(profile, schedule);
     let settings = Settings::new(profile, units)?;
     let eval = evaluate(profile, &settings);

@@ -20,6 +20,32 @@ pub struct Device {
     pub intra_node: String,
     /// Interconnect key used across nodes (per-GPU bandwidth).
     pub inter_node: String,
+    /// The host the GPUs offload to (DESIGN §3.13); absent: no host link, offload refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostSpec>,
+}
+
+/// A node's host as offload sees it (DESIGN §3.13).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSpec {
+    /// Host link key (`[host_links]`).
+    pub link: String,
+    /// GPUs whose copies share one host link (one PCIe switch uplink).
+    pub gpus_per_link: u32,
+    /// Host memory per node, bytes.
+    pub memory_bytes: u64,
+    /// The whole host's optimizer step time per parameter, µs.
+    pub optimizer_us_per_param: f64,
+}
+
+/// A GPU's link to its host: achieved copy bandwidths per direction and a copy's fixed cost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostLink {
+    pub host_to_device_gbps: f64,
+    pub device_to_host_gbps: f64,
+    pub latency_us: f64,
 }
 
 impl Device {
@@ -53,6 +79,9 @@ pub struct Interconnect {
 pub struct Catalog {
     pub devices: BTreeMap<String, Device>,
     pub interconnects: BTreeMap<String, Interconnect>,
+    /// The host links devices name (DESIGN §3.13); absent in a catalog without hosts.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub host_links: BTreeMap<String, HostLink>,
 }
 
 /// The catalog shipped in `models/hardware.toml`, compiled in so every command works from any
@@ -101,6 +130,7 @@ impl Catalog {
                 }
             }
         }
+        self.validate_hosts(origin)?;
         for (name, ic) in &self.interconnects {
             let positive = [
                 ic.all_gather_busbw_gbps,
@@ -117,6 +147,50 @@ impl Catalog {
                     origin,
                     format!("interconnects.{name}"),
                     "positive bandwidths and non-negative latencies",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every device's host names a defined link, shares it among at least one GPU, has memory and
+    /// a positive step time; every host link has positive bandwidths and a non-negative latency.
+    fn validate_hosts(&self, origin: &str) -> Result<()> {
+        for (name, d) in &self.devices {
+            let Some(host) = &d.host else { continue };
+            let field = |f: &str| format!("devices.{name}.host.{f}");
+            if !self.host_links.contains_key(&host.link) {
+                return Err(Error::invalid(
+                    origin,
+                    field("link"),
+                    format!("a link defined under [host_links], got `{}`", host.link),
+                ));
+            }
+            if host.gpus_per_link == 0 || host.memory_bytes == 0 {
+                return Err(Error::invalid(
+                    origin,
+                    format!("devices.{name}.host"),
+                    "positive gpus_per_link and memory_bytes",
+                ));
+            }
+            if !(host.optimizer_us_per_param > 0.0 && host.optimizer_us_per_param.is_finite()) {
+                return Err(Error::invalid(
+                    origin,
+                    field("optimizer_us_per_param"),
+                    format!("a positive number, got {}", host.optimizer_us_per_param),
+                ));
+            }
+        }
+        for (name, link) in &self.host_links {
+            let bandwidths = [link.host_to_device_gbps, link.device_to_host_gbps]
+                .iter()
+                .all(|v| *v > 0.0 && v.is_finite());
+            let latency = link.latency_us >= 0.0 && link.latency_us.is_finite();
+            if !(bandwidths && latency) {
+                return Err(Error::invalid(
+                    origin,
+                    format!("host_links.{name}"),
+                    "positive bandwidths and a non-negative latency",
                 ));
             }
         }
@@ -156,6 +230,25 @@ mod tests {
         let e = c.device("tpu").unwrap_err().to_string();
         assert!(
             e.contains("a100-80g, h100-sxm, h200") && e.contains("`tpu`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn h100_hosts_pair_two_gpus_on_pcie5() {
+        let c = Catalog::bundled().unwrap();
+        let host = c.device("h100-sxm").unwrap().host.as_ref().unwrap();
+        assert_eq!(host.gpus_per_link, 2);
+        assert_eq!(c.host_links[&host.link].host_to_device_gbps, 55.0);
+    }
+
+    #[test]
+    fn a_host_naming_an_undefined_link_is_refused() {
+        let text = BUNDLED_CATALOG.replace("link = \"pcie5-x16\"", "link = \"pcie9\"");
+        let c: Catalog = crate::io::parse_toml(&text, "cat.toml").unwrap();
+        let e = c.validate("cat.toml").unwrap_err().to_string();
+        assert!(
+            e.contains("cat.toml") && e.contains("host.link") && e.contains("`pcie9`"),
             "{e}"
         );
     }

@@ -19,6 +19,7 @@ pub mod ilp;
 pub mod io;
 pub mod model;
 pub mod nccl_tests;
+pub mod offload;
 pub mod plan;
 pub mod precision;
 pub mod profile;

@@ -2,6 +2,7 @@
 //! launched at each slot index. A `Schedule` exists only valid: its constructor enforces every
 //! rule of DESIGN §3.2 against the profile, and its launches carry their window positions.
 
+use crate::offload::{HostStep, Offload};
 use crate::profile::Profile;
 use crate::timeline::{Level, Op, Timeline, Window};
 use crate::{Error, Result};
@@ -91,6 +92,10 @@ pub struct Schedule {
     placed: Vec<BTreeMap<Op, Vec<Placed>>>,
     /// Per unit and op of the inner boundary, its launches in window order (empty at K = 1).
     inner_placed: Vec<BTreeMap<Op, Vec<Placed>>>,
+    /// Per unit, where its state lives (DESIGN §3.13): all `none` unless [`Schedule::offloaded`].
+    offload: Vec<Offload>,
+    /// When the host steps (DESIGN §3.13).
+    host_step: HostStep,
 }
 
 /// Per unit and op, launches in window order.
@@ -136,11 +141,52 @@ impl Schedule {
     pub fn new(profile: &Profile, units: Vec<UnitSchedule>) -> Result<Self> {
         let (placed, inner_placed) = Self::place(profile, &units)?;
         Ok(Schedule {
+            offload: vec![Offload::None; units.len()],
+            host_step: HostStep::default(),
             units,
             micro_batches: profile.micro_batches,
             placed,
             inner_placed,
         })
+    }
+
+    /// The schedule with each unit's `offload` and the plan's `host_step` (DESIGN §3.13), checked
+    /// against `profile` (a host to offload to, sharded units at K = 1 without groups, the host's
+    /// memory); `origin` names the plan in errors.
+    pub fn offloaded(
+        self,
+        profile: &Profile,
+        offload: Vec<Offload>,
+        host_step: HostStep,
+        origin: &str,
+    ) -> Result<Self> {
+        crate::offload::check(profile, &self.units, &offload, host_step)
+            .map_err(|(field, expected)| Error::invalid(origin, field, expected))?;
+        Ok(Schedule {
+            offload,
+            host_step,
+            ..self
+        })
+    }
+
+    /// Unit `unit`'s offload mode.
+    pub fn offload(&self, unit: usize) -> Offload {
+        self.offload[unit]
+    }
+
+    /// Every unit's offload mode, in unit order.
+    pub fn offload_modes(&self) -> &[Offload] {
+        &self.offload
+    }
+
+    /// Whether any unit is offloaded.
+    pub fn offloads(&self) -> bool {
+        self.offload.iter().any(|m| !m.is_none())
+    }
+
+    /// When the host steps.
+    pub fn host_step(&self) -> HostStep {
+        self.host_step
     }
 
     /// K, micro-batches per step.

@@ -24,10 +24,16 @@ pub enum Method {
 }
 
 impl Method {
-    /// Every method for `profile`: the ILP, then its baselines in [`BaselineKind::of`]'s order.
+    /// Every method for `profile`: the ILP, then its baselines in [`BaselineKind::of`]'s order,
+    /// then the offload baselines it offers ([`BaselineKind::offload_of`]).
     pub fn all(profile: &Profile) -> Vec<Method> {
         std::iter::once(Method::Ilp)
             .chain(BaselineKind::of(profile).into_iter().map(Method::Baseline))
+            .chain(
+                BaselineKind::offload_of(profile)
+                    .into_iter()
+                    .map(Method::Baseline),
+            )
             .collect()
     }
 
@@ -80,6 +86,8 @@ pub struct SweepRow {
     /// ILP: integer columns and rows of the widest model solved.
     pub integer_variables: Option<usize>,
     pub constraints: Option<usize>,
+    /// An offloading plan's host memory per node (DESIGN §3.13).
+    pub host_memory_bytes: Option<u64>,
 }
 
 impl SweepRow {
@@ -101,6 +109,9 @@ impl SweepRow {
             units_fsdp: count(Level::Fsdp),
             recomputed_units: plan
                 .map_or(0, |(s, _)| s.units().iter().filter(|u| u.recompute).count()),
+            host_memory_bytes: plan
+                .and_then(|(_, sim)| sim.host.as_ref())
+                .map(|h| whole_bytes(h.memory_bytes)),
             gap: None,
             window_depth: None,
             solve_seconds: None,
@@ -124,8 +135,8 @@ pub fn best_baseline_row(profile: &Profile, kind: BaselineKind, cap: u64) -> Swe
 /// Every baseline of a profile at one cap, beside the ILP (`demo`).
 pub struct BaselineComparison {
     pub cap: u64,
-    /// Each kind of [`BaselineKind::of`] with checkpointing off, then on, that can be built at
-    /// the cap ([`baselines_at`]).
+    /// Each kind of [`BaselineKind::of`], then of [`BaselineKind::offload_of`], with
+    /// checkpointing off, then on, that can be built at the cap ([`baselines_at`]).
     pub built: Vec<ChosenBaseline>,
     /// The node layout's baselines the profile does not offer, each with its reason
     /// ([`BaselineKind::unavailable_on`]).
@@ -137,7 +148,7 @@ impl BaselineComparison {
     pub fn at(profile: &Profile, cap: u64) -> BaselineComparison {
         BaselineComparison {
             cap,
-            built: baselines_at(profile, &BaselineKind::of(profile), true, Some(cap)).collect(),
+            built: baselines_at(profile, &every_baseline(profile), true, Some(cap)).collect(),
             left_out: BaselineKind::HIERARCHICAL
                 .into_iter()
                 .filter_map(|kind| Some((kind, kind.unavailable_on(profile)?)))
@@ -154,6 +165,13 @@ impl BaselineComparison {
             )
         })
     }
+}
+
+/// The baselines of `profile` a comparison builds: [`BaselineKind::of`] and the offload ones.
+fn every_baseline(profile: &Profile) -> Vec<BaselineKind> {
+    let mut kinds = BaselineKind::of(profile);
+    kinds.extend(BaselineKind::offload_of(profile));
+    kinds
 }
 
 /// One solved cap of a chain.

@@ -46,7 +46,7 @@ pub enum Command {
     /// Execute a plan: one process per rank (under mpirun), real training of an MLP or GPT-2 model.
     Run(RunArgs),
     /// Write the plan of a baseline (ddp, zero2, fsdp1, fsdp2, zero3, best-grid; with micro-batches
-    /// also ddp-nosync, fsdp2-nosync).
+    /// also ddp-nosync, fsdp2-nosync; with a host link fsdp2-offload, zero3-offload).
     Baseline(BaselineArgs),
     /// Simulate a plan: iteration time, communication, per-slot memory, optional trace.
     Simulate(SimulateArgs),
@@ -174,7 +174,8 @@ pub struct BaselineArgs {
     pub profile: PathBuf,
     /// ddp, zero2, fsdp1, fsdp2, zero3, best-grid; with micro-batches ddp-nosync, fsdp2-nosync;
     /// on a profile with nodes (DESIGN §3.11) hsdp (within the cap, the smallest shard group of
-    /// whole nodes that fits) or hpz.
+    /// whole nodes that fits) or hpz; on a profile with a host link (DESIGN §3.13) fsdp2-offload
+    /// or zero3-offload.
     #[arg(long, value_parser = str::parse::<BaselineKind>)]
     pub kind: BaselineKind,
     /// Activation checkpointing for every unit.

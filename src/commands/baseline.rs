@@ -36,6 +36,7 @@ pub fn run(args: BaselineArgs) -> anyhow::Result<()> {
             "peak_slot": sim.peak_slot,
             "peak_micro_batch": sim.peak_micro_batch,
             "fits_cap": fits,
+            "host_memory_bytes": sim.host.as_ref().map(|h| whole_bytes(h.memory_bytes)),
         }));
     } else {
         let fit = match fits {
@@ -43,8 +44,11 @@ pub fn run(args: BaselineArgs) -> anyhow::Result<()> {
             Some(false) => ", EXCEEDS the cap",
             None => "",
         };
+        let host = sim.host.as_ref().map_or(String::new(), |h| {
+            format!(", host memory {} per node", format_bytes(h.memory_bytes))
+        });
         outln!(
-            "wrote {}: {} — iteration {}, peak {} at {}{fit}",
+            "wrote {}: {} — iteration {}, peak {} at {}{fit}{host}",
             args.out.display(),
             kind.name(),
             ms(sim.iteration_time_us),

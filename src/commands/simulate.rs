@@ -44,6 +44,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             "micro_batches": profile.micro_batches,
             "memory_cap_bytes": plan.memory_cap_bytes,
             "fits_cap": fits,
+            "host": sim.host,
             "slots": sim.slots,
         }));
     } else {
@@ -69,6 +70,15 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
                 "  memory cap       {} ({})",
                 format_bytes(cap as f64),
                 if fits { "fits" } else { "EXCEEDED" }
+            );
+        }
+        if let Some(host) = &sim.host {
+            outln!(
+                "  host             {} per node; per rank D2H {}, step {}, H2D {}",
+                format_bytes(host.memory_bytes),
+                ms(host.device_to_host_us),
+                ms(host.step_us),
+                ms(host.host_to_device_us)
             );
         }
         if let Some(path) = &args.trace {

@@ -7,6 +7,7 @@ use serde_json::json;
 use shardplan_runtime::dispatch::{Data, Model};
 use shardplan_runtime::fit::{Packing, solve_to_fit};
 use shardplan_runtime::model_file::ModelFile;
+use shardplan_scheduler::baselines::{BaselineKind, Preference, best_baseline};
 use shardplan_scheduler::ilp::{Objective, SolveOptions, Solved, WindowLimits, solve};
 use shardplan_scheduler::io::check_outputs_distinct;
 use shardplan_scheduler::profile::Profile;
@@ -50,7 +51,10 @@ pub fn run(args: SolveArgs) -> anyhow::Result<()> {
         hint: None,
     };
     let (solved, packing) = match &args.model {
-        None => (solve(&profile, &options)?, None),
+        None => (
+            solve(&profile, &options).map_err(|e| with_offload_note(e, &profile, &options))?,
+            None,
+        ),
         Some(path) => {
             let origin = path.display().to_string();
             let file = ModelFile::load(path)?;
@@ -64,6 +68,39 @@ pub fn run(args: SolveArgs) -> anyhow::Result<()> {
     plan.save(&args.out)?;
     report(&args, &solved, packing.as_ref());
     Ok(())
+}
+
+/// Where nothing fits on the device alone, the fastest offload baseline that fits the cap
+/// (DESIGN §3.13) named after the ILP's infeasibility: the ILP does not model offload yet.
+fn with_offload_note(
+    error: shardplan_scheduler::Error,
+    profile: &Profile,
+    options: &SolveOptions,
+) -> shardplan_scheduler::Error {
+    let shardplan_scheduler::Error::Infeasible(why) = error else {
+        return error;
+    };
+    let offload = BaselineKind::offload_of(profile);
+    let cap = options.memory_cap_bytes;
+    let note = match best_baseline(profile, &offload, true, cap, Preference::Fastest) {
+        Some(best) => {
+            let sim = &best.plan.simulation;
+            format!(
+                "; the ILP does not model offload yet, and the fastest offload baseline that fits \
+                 is {}: iteration {}, device peak {}, host {} per node (`shardplan baseline \
+                 --kind {}{}`)",
+                best.label(),
+                ms(sim.iteration_time_us),
+                format_bytes(sim.peak_memory_bytes),
+                format_bytes(sim.host.as_ref().map_or(0.0, |h| h.memory_bytes)),
+                best.kind.name(),
+                if best.checkpoint { " --checkpoint" } else { "" }
+            )
+        }
+        None if offload.is_empty() => String::new(),
+        None => "; no offload baseline fits either".into(),
+    };
+    shardplan_scheduler::Error::Infeasible(format!("{why}{note}"))
 }
 
 fn report(args: &SolveArgs, solved: &Solved, packing: Option<&Packing>) {

@@ -20,11 +20,11 @@ use std::time::Instant;
 fn csv(rows: &[SweepRow]) -> String {
     let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v}"));
     let mut out = String::from(
-        "cap_bytes,method,feasible,iteration_time_us,peak_memory_bytes,exposed_comm_us,units_none,units_sdp,units_fsdp,recomputed_units,gap,window_depth,solve_seconds,integer_variables,constraints\n",
+        "cap_bytes,method,feasible,iteration_time_us,peak_memory_bytes,exposed_comm_us,units_none,units_sdp,units_fsdp,recomputed_units,gap,window_depth,solve_seconds,integer_variables,constraints,host_memory_bytes\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
             r.cap_bytes,
             r.method,
             r.feasible,
@@ -40,6 +40,7 @@ fn csv(rows: &[SweepRow]) -> String {
             opt(r.solve_seconds),
             r.integer_variables.map_or(String::new(), |v| v.to_string()),
             r.constraints.map_or(String::new(), |v| v.to_string()),
+            r.host_memory_bytes.map_or(String::new(), |v| v.to_string()),
         ));
     }
     out

@@ -103,7 +103,94 @@ pub fn cases(inputs: &Inputs) -> Vec<Case> {
                 .as_bytes(),
         )
     };
+    // DESIGN §3.13: a profile without its host, one whose host lacks a curve, and a plan that
+    // offloads its first unit (matched by world size and names).
+    let profile_text = std::fs::read_to_string(profile).unwrap();
+    let (before_host, _) = profile_text.split_once("\n[host]").unwrap();
+    let no_host = inputs.write("no-host.toml", before_host.as_bytes());
+    let (before_d2h, _) = profile_text.split_once("\n[host.device_to_host]").unwrap();
+    let no_d2h = inputs.write("no-d2h.toml", before_d2h.as_bytes());
+    let offloading = {
+        let text = std::fs::read_to_string(plan).unwrap();
+        let kept: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with("profile_digest"))
+            .collect();
+        let text =
+            kept.join("\n")
+                .replacen("level = \"sdp\"", "level = \"sdp\"\noffload = \"full\"", 1);
+        inputs.write("offloading.toml", text.as_bytes())
+    };
+    let offload_baseline =
+        |p: &str| format!("baseline --profile {p} --kind fsdp2-offload --out {out}");
     vec![
+        case(
+            "a host without memory",
+            baseline(&inputs.profile_with("memory_bytes = 2199023255552", "memory_bytes = 0", 1)),
+            2,
+            "a positive byte count, got 0",
+            Some("host.memory_bytes"),
+        ),
+        case(
+            "a negative host step",
+            baseline(&inputs.profile_with(
+                "optimizer_us_per_param = 0.002",
+                "optimizer_us_per_param = -0.002",
+                1,
+            )),
+            2,
+            "a positive time up to 1e15 µs, got -0.002",
+            Some("host.optimizer_us_per_param"),
+        ),
+        case(
+            "a host without its device-to-host curve",
+            baseline(&no_d2h),
+            2,
+            "field `host.device_to_host`: missing",
+            Some("host.device_to_host"),
+        ),
+        case(
+            "a plan that offloads on a profile without a host",
+            format!("simulate --profile {no_host} --plan {offloading}"),
+            2,
+            "none: the profile has no [host]",
+            Some("units[0].offload"),
+        ),
+        case(
+            "a cap only offload fits",
+            format!("solve --profile {profile} --memory-cap 700MiB --out {out}"),
+            3,
+            "the smallest feasible cap is 816.25 MiB (855903232 bytes), peaking at slot B14 where \
+             the largest part is persistent state, 237.35 MiB; the ILP does not model offload \
+             yet, and the fastest offload baseline that fits is zero3-offload+ckpt: iteration \
+             35.442 ms",
+            None,
+        ),
+        case(
+            "an export of an offloading plan",
+            format!("export fsdp2 --profile {profile} --plan {offloading} --out {out}"),
+            2,
+            "units[0].offload is `full`, and offload is not exported yet",
+            None,
+        ),
+        case(
+            "an offload baseline on a profile without a host",
+            offload_baseline(&no_host),
+            2,
+            "fsdp2-offload needs a profile with a host link",
+            Some("--kind"),
+        ),
+        case(
+            "a host smaller than the offloaded state",
+            offload_baseline(&inputs.profile_with(
+                "memory_bytes = 2199023255552",
+                "memory_bytes = 1048576",
+                1,
+            )),
+            3,
+            "over the host's memory of 1.00 MiB (the profile's host.memory_bytes)",
+            None,
+        ),
         case(
             "missing file",
             baseline("missing.toml"),

@@ -104,6 +104,7 @@ pub fn workload_profile(
         units,
         comm,
         topology: None,
+        host: None,
     };
     profile.validate("measured profile")?;
     Ok(profile)

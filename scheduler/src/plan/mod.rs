@@ -37,7 +37,13 @@
 //! between micro-batches) and the inner boundary's launches `ar_inner`, `rs_inner`, `ag_inner`,
 //! `agf_inner` (slots F<i>, B<i> and I, the boundary between micro-batches), each present
 //! exactly where the op runs there.
+//!
+//! On a profile with a `[host]` (DESIGN §3.13) a sharded unit may carry `offload = "optimizer"`
+//! or `"full"`, and the plan `host_step = "after-backward"` (the frameworks' step after the whole
+//! backward; `overlapped`, each unit's step as soon as its gradient is on the host, when left
+//! out).
 
+use crate::offload::{HostStep, Offload};
 use crate::profile::Profile;
 use crate::schedule::{Accumulation, Launch, Schedule, UnitSchedule};
 use crate::size::whole_bytes;
@@ -80,6 +86,9 @@ pub struct Predicted {
     /// The peak slot's micro-batch, when the step has several.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_micro_batch: Option<u32>,
+    /// The host memory of one node, when the plan offloads (DESIGN §3.13).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_memory_bytes: Option<u64>,
 }
 
 impl Predicted {
@@ -90,6 +99,7 @@ impl Predicted {
             peak_memory_bytes: whole_bytes(sim.peak_memory_bytes),
             peak_slot: sim.peak_slot,
             peak_micro_batch: sim.peak_micro_batch,
+            host_memory_bytes: sim.host.as_ref().map(|h| whole_bytes(h.memory_bytes)),
         }
     }
 }
@@ -133,6 +143,9 @@ pub struct UnitPlan {
     pub ag_inner: Vec<(Slot, u32)>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub agf_inner: Vec<(Slot, u32)>,
+    /// Where the unit's state lives (DESIGN §3.13); none when left out.
+    #[serde(default, skip_serializing_if = "Offload::is_none")]
+    pub offload: Offload,
 }
 
 fn is_false(value: &bool) -> bool {
@@ -203,6 +216,9 @@ pub struct Plan {
     pub micro_batches: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_cap_bytes: Option<u64>,
+    /// When the host's optimizer steps run (DESIGN §3.13); overlapped when left out.
+    #[serde(default, skip_serializing_if = "HostStep::is_overlapped")]
+    pub host_step: HostStep,
     #[serde(default)]
     pub producer: Producer,
     /// The strict simulation when the plan was written (a record; never read back as truth).
@@ -333,7 +349,12 @@ impl Plan {
                 secondary_group: u.secondary_group,
             });
         }
-        Schedule::new(profile, units)
+        let schedule = Schedule::new(profile, units)?;
+        let offload: Vec<Offload> = self.units.iter().map(|u| u.offload).collect();
+        if offload.iter().all(Offload::is_none) && self.host_step.is_overlapped() {
+            return Ok(schedule);
+        }
+        schedule.offloaded(profile, offload, self.host_step, origin)
     }
 
     /// Builds the plan file of a schedule; `predicted` comes from the strict simulator.
@@ -349,7 +370,8 @@ impl Plan {
             .units()
             .iter()
             .zip(&profile.units)
-            .map(|(u, p)| {
+            .enumerate()
+            .map(|(unit, (u, p))| {
                 let mut plan = UnitPlan {
                     name: p.name.clone(),
                     level: u.level,
@@ -367,6 +389,7 @@ impl Plan {
                     rs_inner: vec![],
                     ag_inner: vec![],
                     agf_inner: vec![],
+                    offload: schedule.offload(unit),
                 };
                 for (&op, launches) in &u.launches {
                     if let Some(list) = plan.launches_mut(op) {
@@ -393,6 +416,7 @@ impl Plan {
             world_size: profile.world_size,
             micro_batches: profile.micro_batches,
             memory_cap_bytes,
+            host_step: schedule.host_step(),
             producer,
             predicted: Some(predicted),
             units,

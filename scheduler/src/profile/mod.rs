@@ -1,8 +1,10 @@
 //! The profile: everything the cost model needs about one training setup (DESIGN §3 inputs),
 //! as a versioned, human-editable TOML file whose field names carry their units.
 
+mod host;
 mod topology;
 
+pub use host::Host;
 pub use topology::{Group, GroupCurves, Link, Topology, offered_groups};
 
 use crate::curve::{CommCurve, MAX_TIME_US};
@@ -213,6 +215,10 @@ pub struct Profile {
     /// (and not written): one link, the model of §3.1–3.10, digests unchanged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology: Option<Topology>,
+    /// The host the ranks offload to (DESIGN §3.13). Absent (and not written): no host link,
+    /// offload refused, digests unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<Host>,
 }
 
 impl Profile {
@@ -537,6 +543,9 @@ impl Profile {
         if let Some(Err((field, expected))) =
             self.topology.as_ref().map(|t| t.check(self.world_size))
         {
+            return bad(field, expected);
+        }
+        if let Some(Err((field, expected))) = self.host.as_ref().map(|h| h.check(self.world_size)) {
             return bad(field, expected);
         }
         Ok(())

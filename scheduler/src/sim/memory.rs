@@ -1,11 +1,12 @@
 //! Per-slot memory of a rank (DESIGN §3):
 //! M_s = Σ persistent_i + Σ gathered_i(s) + Σ grad_i(s) + Σ_{F_i ≤ s ≤ B_i} saved_i + ws(s),
 //! with a lent unit's buffers extended to its borrower's backward B_j (DESIGN §3.9), an hpZ
-//! unit's secondary shard from F_i to B_i and the communicators' buffers (DESIGN §3.11).
+//! unit's secondary shard from F_i to B_i and the communicators' buffers (DESIGN §3.11), and an
+//! offloaded unit's terms (DESIGN §3.13): its persistent state on the device, its reduced
+//! gradient shard until the end of its last RS launch slot, a `full` gather block's H2D shard.
 
-use crate::cost::{
-    block_bytes, communicator_bytes, persistent_bytes_over, saved_bytes, secondary_shard_bytes,
-};
+use crate::cost::{block_bytes, communicator_bytes, saved_bytes, secondary_shard_bytes};
+use crate::offload::{Offload, device_persistent_bytes, gather_shard_bytes, gradient_shard_bytes};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
 use crate::timeline::{Level, Op};
@@ -61,7 +62,8 @@ pub fn memory_by_slot(profile: &Profile, schedule: &Schedule) -> Vec<MemoryBreak
     for (unit, u) in schedule.units().iter().enumerate() {
         let (forward, backward) = (timeline.forward(unit), timeline.backward(unit));
         let p = &profile.units[unit];
-        let persistent = persistent_bytes_over(profile, unit, u.level, u.shard_group);
+        let offload = schedule.offload(unit);
+        let persistent = device_persistent_bytes(profile, unit, u, offload);
         for m in memory.iter_mut() {
             m.persistent += persistent;
         }
@@ -99,8 +101,22 @@ pub fn memory_by_slot(profile: &Profile, schedule: &Schedule) -> Vec<MemoryBreak
         for (op, launches) in schedule.ops(unit) {
             let window = timeline.window(unit, op.window_kind());
             let bytes = block_bytes(profile, unit, op);
+            let shard = match offload {
+                Offload::Full if !op.is_reduction() => gather_shard_bytes(profile, unit),
+                _ => 0.0,
+            };
+            if op == Op::ReduceScatter
+                && !offload.is_none()
+                && let Some(last) = launches.last()
+            {
+                // The reduced shard waits on the device for its copy to the host.
+                memory[backward].gradient += gradient_shard_bytes(profile, unit);
+                for q in 0..=last.position {
+                    memory[window.slot_at(q)].gradient += gradient_shard_bytes(profile, unit);
+                }
+            }
             for l in launches {
-                let amount = bytes * f64::from(l.blocks);
+                let amount = (bytes + shard) * f64::from(l.blocks);
                 let pos = l.position;
                 match op {
                     // RA reduces the persistent gradient shard in place.

@@ -1,16 +1,19 @@
 //! The reference simulator (DESIGN §3): iteration time, per-slot durations and memory of any
 //! validated schedule, under strict or relaxed semantics, and its Chrome/Perfetto trace.
 
+mod host;
 mod memory;
 mod relaxed;
 mod steps;
 mod strict;
 pub mod trace;
 
+pub use host::{HostEvent, HostReport, HostTrack};
 pub use memory::{MemoryBreakdown, memory_by_slot};
 pub use trace::chrome_trace;
 
-use crate::cost::{Interference, among, block_time, compute_us};
+use crate::cost::{Interference, among, compute_us};
+use crate::offload::offloaded_block_time;
 use crate::profile::{Link, Profile};
 use crate::schedule::Schedule;
 use crate::timeline::{Level, Op, Slot};
@@ -106,8 +109,14 @@ pub struct Simulation {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_micro_batch: Option<u32>,
     pub slots: Vec<SlotReport>,
+    /// The host's memory and work where the schedule offloads (DESIGN §3.13).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostReport>,
     #[serde(skip)]
     pub blocks: Vec<BlockEvent>,
+    /// The host's copies and steps as they ran (DESIGN §3.13); empty without offload.
+    #[serde(skip)]
+    pub host_events: Vec<HostEvent>,
     /// The index of the peak slot in `slots`.
     #[serde(skip)]
     peak_index: usize,
@@ -173,6 +182,8 @@ struct StepInputs {
     /// Per slot: the op instances whose window opens there.
     opens: Vec<Vec<usize>>,
     instances: usize,
+    /// The host's side where the schedule offloads (DESIGN §3.13; K = 1 only).
+    host: Option<host::HostInputs>,
 }
 
 impl StepInputs {
@@ -217,7 +228,7 @@ impl StepInputs {
         let slots = timeline.slot_count();
         let instance = |unit: usize, op: Op| unit * Op::ALL.len() + op_index(op);
         let interference = Interference::of(profile);
-        let queue = schedule
+        let queue: Vec<Vec<Entry>> = schedule
             .queues()
             .into_iter()
             .map(|q| {
@@ -225,7 +236,8 @@ impl StepInputs {
                     .flat_map(|e| {
                         let u = &schedule.units()[e.unit];
                         let among = among(profile, u, e.op);
-                        let block = block_time(profile, e.unit, e.op, among);
+                        let offload = schedule.offload(e.unit);
+                        let block = offloaded_block_time(profile, e.unit, e.op, among, offload);
                         let after = match e.op {
                             Op::ReplicaAllReduce => Some(Op::ReduceScatter),
                             op if op.is_forward_gather() && u.shard_group.is_some() => {
@@ -272,6 +284,7 @@ impl StepInputs {
             }
         }
         StepInputs {
+            host: host::HostInputs::of(profile, schedule, &queue),
             labels: (0..slots).map(|s| (timeline.slot(s), None)).collect(),
             compute_us: (0..slots)
                 .map(|s| compute_us(profile, timeline, s, |u| units[u].recompute))
@@ -304,6 +317,8 @@ struct Timing {
     duration_us: Vec<f64>,
     iteration_time_us: f64,
     blocks: Vec<BlockEvent>,
+    /// The host's copies and steps (DESIGN §3.13), empty without offload.
+    host_events: Vec<HostEvent>,
 }
 
 /// Simulates a validated schedule: the flat timeline at K = 1, the unrolled micro-batches at
@@ -365,7 +380,9 @@ fn simulate_inputs(profile: &Profile, inputs: &StepInputs, semantics: Semantics)
         peak_slot: slots[peak].slot,
         peak_micro_batch: slots[peak].micro_batch,
         slots,
+        host: inputs.host.as_ref().map(host::HostInputs::report),
         blocks: timing.blocks,
+        host_events: timing.host_events,
         peak_index: peak,
     }
 }

@@ -11,14 +11,40 @@
 //! The timeline is cyclic (gathers launched in one iteration feed the next), so iterations are
 //! simulated until the iteration time is stationary; the last iteration is reported. Relaxed has
 //! a subset of strict's waits, hence T_relaxed ≤ T_strict for every plan.
+//!
+//! With offloaded units (DESIGN §3.13) a gather block also waits for its unit's parameters (and,
+//! `full`, its shard's H2D), an offloaded unit's last reduction block starts its host chain, and
+//! E's compute ends no earlier than the `after-backward` steps.
 
+use super::host::{Hook, HostState};
 use super::{StepInputs, Timing};
 use crate::cost::Interference;
 
 /// Iterations after which a non-stationary (periodic) regime is averaged instead.
-const MAX_ITERATIONS: usize = 64;
+pub(super) const MAX_ITERATIONS: usize = 64;
 /// Relative change of the iteration time that counts as stationary.
 const STATIONARY: f64 = 1e-12;
+
+/// Whether the last three of `times` are equal within [`STATIONARY`] relative.
+pub(super) fn stationary(times: &[f64]) -> bool {
+    let n = times.len();
+    n >= 3 && {
+        let scale = STATIONARY * times[n - 1].max(1.0);
+        (times[n - 1] - times[n - 2]).abs() <= scale && (times[n - 2] - times[n - 3]).abs() <= scale
+    }
+}
+
+/// The reported iteration time of `times`: the last where it became stationary, else (after
+/// [`MAX_ITERATIONS`]) the mean of the second half.
+pub(super) fn steady_time(times: &[f64]) -> f64 {
+    let n = times.len();
+    if n < MAX_ITERATIONS {
+        times[n - 1]
+    } else {
+        let tail = &times[n / 2..];
+        tail.iter().sum::<f64>() / tail.len() as f64
+    }
+}
 
 pub(super) fn run(inputs: &StepInputs, interference: Interference) -> Timing {
     let slots = inputs.labels.len();
@@ -30,8 +56,12 @@ pub(super) fn run(inputs: &StepInputs, interference: Interference) -> Timing {
     let mut last = None;
     // Per block of a slot, the readiness of what it waits for across links (reused slot to slot).
     let mut launched_before: Vec<f64> = Vec::new();
-    for iteration in 0..MAX_ITERATIONS {
+    let mut host = inputs.host.as_ref().map(|h| (h, HostState::new(h)));
+    for _ in 0..MAX_ITERATIONS {
         let iteration_start = compute_end;
+        if let Some((_, state)) = host.as_mut() {
+            state.begin();
+        }
         let mut start_us = Vec::with_capacity(slots);
         let mut compute_start_us = Vec::with_capacity(slots);
         let mut duration_us = Vec::with_capacity(slots);
@@ -51,11 +81,18 @@ pub(super) fn run(inputs: &StepInputs, interference: Interference) -> Timing {
                     .iter()
                     .map(|e| e.after.map_or(f64::NEG_INFINITY, |i| ready[i])),
             );
-            for (entry, &waits) in inputs.queue[s].iter().zip(&launched_before) {
+            for (k, (entry, &waits)) in inputs.queue[s].iter().zip(&launched_before).enumerate() {
                 let link = entry.link.index();
                 let t = entry.time_us * stretch[link];
-                let start = channel_free[link].max(launch).max(waits);
+                let mut start = channel_free[link].max(launch).max(waits);
+                let hook = inputs.hook(s, k);
+                if let (Some((h, state)), Hook::Gather(unit)) = (host.as_mut(), hook) {
+                    start = start.max(state.gather_start(h, unit, launch));
+                }
                 let end = start + t;
+                if let (Some((h, state)), Hook::EndsReduction(unit)) = (host.as_mut(), hook) {
+                    state.reduction_done(h, unit, end);
+                }
                 channel_free[link] = end;
                 ready[entry.instance] = ready[entry.instance].max(end);
                 blocks.push(inputs.event(s, entry, start - iteration_start, end - iteration_start));
@@ -66,34 +103,34 @@ pub(super) fn run(inputs: &StepInputs, interference: Interference) -> Timing {
                 .fold(f64::NEG_INFINITY, f64::max);
             let compute_start = compute_end.max(wait);
             compute_end = compute_start + inputs.compute_us[s] + inputs.load_us[s];
+            if let Some((_, state)) = &host
+                && s + 1 == inputs.opens.len()
+            {
+                compute_end = compute_end.max(state.barrier);
+            }
             start_us.push(launch - iteration_start);
             compute_start_us.push(compute_start - iteration_start);
             duration_us.push(compute_end - launch);
         }
         let time = compute_end - iteration_start;
         iteration_times.push(time);
-        last = Some((start_us, compute_start_us, duration_us, blocks));
-        let n = iteration_times.len();
-        if iteration >= 2
-            && (iteration_times[n - 1] - iteration_times[n - 2]).abs() <= STATIONARY * time.max(1.0)
-            && (iteration_times[n - 2] - iteration_times[n - 3]).abs() <= STATIONARY * time.max(1.0)
-        {
+        let host_events = host
+            .as_ref()
+            .map_or_else(Vec::new, |(_, state)| state.events_from(iteration_start));
+        last = Some((start_us, compute_start_us, duration_us, blocks, host_events));
+        if stationary(&iteration_times) {
             break;
         }
     }
-    let n = iteration_times.len();
-    let iteration_time_us = if n < MAX_ITERATIONS {
-        iteration_times[n - 1]
-    } else {
-        let tail = &iteration_times[n / 2..];
-        tail.iter().sum::<f64>() / tail.len() as f64
-    };
-    let (start_us, compute_start_us, duration_us, blocks) = last.expect("at least one iteration");
+    let iteration_time_us = steady_time(&iteration_times);
+    let (start_us, compute_start_us, duration_us, blocks, host_events) =
+        last.expect("at least one iteration");
     Timing {
         start_us,
         compute_start_us,
         duration_us,
         iteration_time_us,
         blocks,
+        host_events,
     }
 }

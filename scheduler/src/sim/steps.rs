@@ -203,6 +203,7 @@ pub(super) fn unrolled(profile: &Profile, schedule: &Schedule) -> StepInputs {
         needs,
         opens,
         instances: k * units.len() * Op::ALL.len(),
+        host: None,
     }
     .with_totals()
 }

@@ -1,7 +1,8 @@
 //! Chrome trace JSON (opens in Perfetto and chrome://tracing): a slot track, a compute track, a
-//! communication track with one event per block, and a stacked memory counter per slot.
+//! communication track with one event per block, a stacked memory counter per slot, and where the
+//! plan offloads the host's D2H, step and H2D tracks.
 
-use super::Simulation;
+use super::{HostTrack, Simulation};
 use crate::profile::Profile;
 use crate::timeline::Slot;
 use serde_json::{Value, json};
@@ -10,6 +11,12 @@ const PID: u32 = 1;
 const SLOTS_TID: u32 = 1;
 const COMPUTE_TID: u32 = 2;
 const COMM_TID: u32 = 3;
+/// The host's tracks (DESIGN §3.13): D2H copies, host steps, H2D copies.
+const HOST_TIDS: [(HostTrack, u32); 3] = [
+    (HostTrack::DeviceToHost, 4),
+    (HostTrack::Step, 5),
+    (HostTrack::HostToDevice, 6),
+];
 
 /// A complete event ("X") on track `tid`: `name` from `ts` for `dur` µs.
 pub fn complete(name: String, tid: u32, ts: f64, dur: f64, args: Value) -> Value {
@@ -68,6 +75,22 @@ pub fn chrome_trace(profile: &Profile, sim: &Simulation) -> Value {
             b.start_us,
             b.end_us - b.start_us,
             json!({"launched_at": b.launched_at()}),
+        ));
+    }
+    if !sim.host_events.is_empty() {
+        events.extend(HOST_TIDS.map(|(track, tid)| thread_name(tid, track.name())));
+    }
+    for h in &sim.host_events {
+        let tid = HOST_TIDS
+            .iter()
+            .find(|(track, _)| *track == h.track)
+            .map_or(COMM_TID, |&(_, tid)| tid);
+        events.push(complete(
+            format!("{} {}", h.track.name(), profile.units[h.unit].name),
+            tid,
+            h.start_us,
+            h.end_us - h.start_us,
+            json!({}),
         ));
     }
     trace_file(events)

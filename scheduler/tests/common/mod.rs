@@ -106,6 +106,7 @@ pub fn profile(
             all_reduce,
         },
         topology: None,
+        host: None,
     };
     profile.validate("test profile").unwrap();
     profile

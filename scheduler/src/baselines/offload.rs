@@ -1,0 +1,61 @@
+//! The offload baselines (DESIGN §3.13): `fsdp2-offload` (FSDP2's `CPUOffloadPolicy`) and
+//! `zero3-offload` (ZeRO-3 with `offload_optimizer`), their schedules' offload and when a profile
+//! has none.
+
+use crate::offload::{HostStep, Offload, host_node_bytes};
+use crate::profile::Profile;
+use crate::schedule::Schedule;
+use crate::size::format_bytes;
+use crate::{Error, Result};
+
+/// Why the offload baseline `name` has no plan on `profile`: no host link, or micro-batches.
+pub(super) fn unavailable_on(name: &str, profile: &Profile) -> Option<String> {
+    if profile.host.is_none() {
+        return Some(format!(
+            "{name} needs a profile with a host link, a [host] as `profile analytic` writes it \
+             for a device whose catalog entry has a host, and the profile has none"
+        ));
+    }
+    (profile.micro_batches != 1).then(|| {
+        format!(
+            "{name} is modelled at one micro-batch per step, and the profile has \
+             micro_batches = {}",
+            profile.micro_batches
+        )
+    })
+}
+
+/// Gather depths (forward, backward) whose forward prefetch reaches back at most to E: with the
+/// steps after the whole backward, a forward gather may not launch during the backward.
+pub(super) fn forward_prefetch_to_e(depths: Vec<(usize, usize)>) -> Vec<(usize, usize)> {
+    depths
+        .into_iter()
+        .enumerate()
+        .map(|(unit, (forward, backward))| (forward.min(unit + 1), backward))
+        .collect()
+}
+
+/// `schedule` with every unit offloaded as `mode` and the steps after the backward, as the
+/// frameworks run them (DESIGN §3.13); an error naming the host's memory where the offloaded
+/// state exceeds it.
+pub(super) fn every_unit(
+    profile: &Profile,
+    schedule: Schedule,
+    mode: Offload,
+    name: &str,
+) -> Result<Schedule> {
+    let modes = vec![mode; schedule.units().len()];
+    let needed = host_node_bytes(profile, &modes);
+    if let Some(host) = &profile.host
+        && needed > host.memory_bytes as f64
+    {
+        return Err(Error::Infeasible(format!(
+            "{name}: the offloaded state needs {} per node ({} ranks), over the host's memory of \
+             {} (the profile's host.memory_bytes)",
+            format_bytes(needed),
+            host.ranks_per_node,
+            format_bytes(host.memory_bytes as f64)
+        )));
+    }
+    schedule.offloaded(profile, modes, HostStep::AfterBackward, name)
+}
