@@ -25,6 +25,15 @@ pub struct TimelineEntry {
     pub unsharded: Vec<String>,
     /// The all-gathers its pre-hook issues, in issue order.
     pub issued: Vec<String>,
+    /// The bytes of those units' unsharded parameters, Σ Ψ_u·p (FSDP2's unsharded parameters,
+    /// in the gathered precision; its all-gather output for a unit still in flight).
+    pub unsharded_bytes: u64,
+    /// Units whose unsharded parameters FSDP2 frees after this pre-hook and before the next
+    /// boundary's (post-forward, post-backward), in order.
+    pub resharded: Vec<String>,
+    /// Units whose gradients FSDP2 reduces after this pre-hook and before the next boundary's
+    /// (post-backward), in order.
+    pub reduced: Vec<String>,
 }
 
 /// FSDP2's time and memory for a set of settings.
@@ -60,15 +69,20 @@ pub fn evaluate(profile: &Profile, settings: &Settings) -> Evaluation {
     let bytes = profile.bytes_per_param;
     for b in &settings.walk().boundaries {
         let replicated = settings.units()[b.unit].sharding == super::Sharding::Replicated;
-        let flat = match b.pass {
-            Pass::Forward => timeline.forward(b.unit),
-            Pass::Backward => timeline.backward(b.unit),
+        let slot = |unit: usize| {
+            b.micro_batch * width
+                + match b.pass {
+                    Pass::Forward => timeline.forward(unit),
+                    Pass::Backward => timeline.backward(unit),
+                }
         };
-        let slot = b.micro_batch * width + flat;
         let full = profile.laid_out_params(b.unit) as f64;
         if b.copied_out {
-            memory_bytes[slot] += full * bytes.param as f64;
+            // In the slot of the compute the pre-hook precedes.
+            memory_bytes[slot(b.computes)] += full * bytes.param as f64;
         }
+        // The reduction follows the unit's own backward.
+        let slot = slot(b.unit);
         if b.reduces {
             let grad = full * bytes.grad as f64;
             memory_bytes[slot] += if replicated { 2.0 * grad } else { grad };
@@ -103,6 +117,13 @@ pub fn evaluate(profile: &Profile, settings: &Settings) -> Evaluation {
         micro_batch: several.then_some(b.micro_batch as u32 + 1),
         unsharded: names(&b.unsharded),
         issued: names(&b.issued),
+        unsharded_bytes: b
+            .unsharded
+            .iter()
+            .map(|&u| profile.units[u].params * bytes.param)
+            .sum(),
+        resharded: names(&b.resharded),
+        reduced: names(&b.reduced),
     };
     Evaluation {
         peak_memory_bytes: whole_bytes(memory_bytes[peak]),
