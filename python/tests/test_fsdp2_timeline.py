@@ -20,6 +20,9 @@ from shardplan_torch.fsdp_timeline import TimelineRecorder
 from shardplan_torch.testing import TinyGPT, batch, free_port, in_process_group, loss_fn, shardplan, tiny_profile
 
 
+RECORDED = ["at", "unsharded", "issued", "unsharded_bytes", "resharded", "reduced"]
+
+
 def record(rank, world, exported):
     """Each exported plan's recorded timeline, by name, on this rank."""
     recorded = {}
@@ -61,7 +64,7 @@ class Fsdp2Timeline(unittest.TestCase):
             export = json.loads(path.read_text())
             timeline = export["fsdp2_timeline"]
             sharded[kind] = any(u["sharded"] for u in export["units"])
-            predicted[kind] = [{"at": e["at"], "unsharded": e["unsharded"], "issued": e["issued"]} for e in timeline]
+            predicted[kind] = [{k: e[k] for k in RECORDED} for e in timeline]
         result = d / "recorded.json"
         mp.spawn(worker, args=(world, exported, str(result), free_port()), nprocs=world)
         recorded = json.loads(result.read_text())
