@@ -164,10 +164,9 @@ impl Hooks<'_> {
     /// Unit `u`'s post-backward in a micro-batch that is the step's `last` or not.
     fn post_backward(&mut self, u: usize, last: bool) {
         self.reshard(u, !(last || self.units[u].reshard_after_backward));
-        if last || self.units[u].requires_gradient_sync {
-            if let Some(b) = self.boundaries.last_mut() {
-                b.reduced.push(u);
-            }
+        let reduces = last || self.units[u].requires_gradient_sync;
+        if let Some(b) = self.boundaries.last_mut().filter(|_| reduces) {
+            b.reduced.push(u);
         }
     }
 }
@@ -200,8 +199,8 @@ pub fn walk(units: &[UnitSettings], micro_batches: usize, borrowers: &[Option<us
     };
     for m in 0..micro_batches {
         let last = m + 1 == micro_batches;
-        for j in 0..l {
-            hooks.pre_hook(m, Pass::Forward, j, j, &units[j].forward_prefetch);
+        for (j, unit) in units.iter().enumerate() {
+            hooks.pre_hook(m, Pass::Forward, j, j, &unit.forward_prefetch);
             if let Some(group) = groups.iter().find(|g| g[0] == j) {
                 for &u in group {
                     hooks.post_forward(u);
