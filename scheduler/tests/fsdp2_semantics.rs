@@ -352,3 +352,23 @@ fn a_tied_lender_is_one_group_with_its_borrower() {
     );
     assert_eq!(exported.fsdp2_timeline[4].at, "B:u1");
 }
+
+/// Every unit replicated (ddp): a replicated unit's unsharded copy lives beside its parameters
+/// while FSDP2 holds it unsharded. Untied, u1's copy is made at F:u1 and B:u1 and freed after
+/// each; tied to u4, its group holds it from F1 until u4's forward ends, copies it again at its
+/// pre-backward before u4's backward and frees it after B1. The tied settings' memory is the
+/// untied's plus Ψ'_1·p in F2, F3, F4, B4, B3 and B2 (the model's own memory is the same: a
+/// replicated lender adds nothing, DESIGN §3.9).
+#[test]
+fn a_tied_replicated_lender_keeps_its_copy_from_its_forward_to_its_post_backward() {
+    let untied = four_units(1);
+    let mut tied = four_units(1);
+    tied.units[3].reads_params_of = Some("u1".into());
+    let ddp = || vec![UnitSettings::new(Sharding::Replicated); 4];
+    let memory = |p: &Profile| evaluate(p, &Settings::new(p, ddp()).unwrap()).memory_bytes;
+    let copy = (untied.laid_out_params(0) * 2) as f64;
+    let held = [0.0, copy, copy, copy, copy, copy, copy, 0.0, 0.0];
+    for (s, (t, u)) in memory(&tied).iter().zip(memory(&untied)).enumerate() {
+        close(t - u, held[s], &format!("slot {s}"));
+    }
+}
