@@ -1,8 +1,9 @@
 """FSDP2's own execution against `export fsdp2`'s `fsdp2_timeline` (DESIGN §3.12): baseline plans
 of TinyGPT are exported, applied with `apply_plan`, and one optimizer step runs with
 `shardplan_torch.fsdp_timeline.TimelineRecorder` on; at every module boundary, in execution
-order, the units FSDP2 holds unsharded (gathered, or their all-gather issued) and the all-gathers
-its hook issued, in order, equal the export's prediction. Cases: N = 2 (gloo), K = 1, five flat baselines and the ILP's plans at two caps; K = 2 with the micro-batch switches
+order, the units FSDP2 holds unsharded (gathered, or their all-gather issued), the all-gathers
+its hook issued, in order, the bytes it holds unsharded, and the groups it resharded and reduced
+before the next boundary, in order, equal the export's prediction. Cases: N = 2 (gloo), K = 1, five flat baselines and the ILP's plans at two caps; K = 2 with the micro-batch switches
 (fsdp2-nosync: no gradient sync, zero2: no reshard after backward, on the first micro-batch);
 N = 4 declared as 2 nodes × 2, hsdp and hpz."""
 
