@@ -84,7 +84,38 @@ fn an_fsdp2_peak_above_the_plan_cap_needs_force() {
     let timeline = file["fsdp2_timeline"].as_array().unwrap();
     assert_eq!(timeline.len(), 2 * units);
     assert_eq!(timeline[0]["at"], "F:embedding");
-    assert_eq!(timeline[units]["at"], "B:head");
+    // GPT-2's head reads the embedding's wte (tied): one FSDP2 group, whose pre-backward runs
+    // first, before the head's (DESIGN §3.12).
+    assert_eq!(timeline[units]["at"], "B:embedding");
+    assert_eq!(timeline[units + 1]["at"], "B:head");
+    // F:embedding holds the embedding and block.1 (its forward list), in bf16 (2 bytes):
+    // wte 50257·768 + wpe 1024·768 = 39383808 and a block 7087872 parameters.
+    assert_eq!(
+        timeline[0]["unsharded"],
+        serde_json::json!(["embedding", "block.1"])
+    );
+    assert_eq!(
+        timeline[0]["unsharded_bytes"].as_u64(),
+        Some(2 * (39_383_808 + 7_087_872))
+    );
+    // Each unit is reduced once, the embedding last (its post-backward is the final callback's),
+    // and freed once after its backward.
+    let listed = |field: &str| -> Vec<String> {
+        timeline[units..]
+            .iter()
+            .flat_map(|e| e[field].as_array().unwrap().clone())
+            .map(|n| n.as_str().unwrap().to_string())
+            .collect()
+    };
+    let mut names: Vec<String> = file["units"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["name"].as_str().unwrap().to_string())
+        .collect();
+    names.reverse();
+    assert_eq!(listed("reduced"), names);
+    assert_eq!(listed("resharded"), names);
 
     let json = shardplan(&format!(
         "export fsdp2 --profile {profile} --plan {capped} --out {out}2 --json"

@@ -1,8 +1,9 @@
 """FSDP2's own execution against `export fsdp2`'s `fsdp2_timeline` (DESIGN §3.12): baseline plans
 of TinyGPT are exported, applied with `apply_plan`, and one optimizer step runs with
 `shardplan_torch.fsdp_timeline.TimelineRecorder` on; at every module boundary, in execution
-order, the units FSDP2 holds unsharded (gathered, or their all-gather issued) and the all-gathers
-its hook issued, in order, equal the export's prediction. Cases: N = 2 (gloo), K = 1, five flat baselines and the ILP's plans at two caps; K = 2 with the micro-batch switches
+order, the units FSDP2 holds unsharded (gathered, or their all-gather issued), the all-gathers
+its hook issued, in order, the bytes it holds unsharded, and the groups it resharded and reduced
+before the next boundary, in order, equal the export's prediction. Cases: N = 2 (gloo), K = 1, five flat baselines and the ILP's plans at two caps; K = 2 with the micro-batch switches
 (fsdp2-nosync: no gradient sync, zero2: no reshard after backward, on the first micro-batch);
 N = 4 declared as 2 nodes × 2, hsdp and hpz."""
 
@@ -18,6 +19,9 @@ from shardplan_torch import start_micro_batch
 from shardplan_torch.fsdp import apply_plan
 from shardplan_torch.fsdp_timeline import TimelineRecorder
 from shardplan_torch.testing import TinyGPT, batch, free_port, in_process_group, loss_fn, shardplan, tiny_profile
+
+
+RECORDED = ["at", "unsharded", "issued", "unsharded_bytes", "resharded", "reduced"]
 
 
 def record(rank, world, exported):
@@ -61,7 +65,7 @@ class Fsdp2Timeline(unittest.TestCase):
             export = json.loads(path.read_text())
             timeline = export["fsdp2_timeline"]
             sharded[kind] = any(u["sharded"] for u in export["units"])
-            predicted[kind] = [{"at": e["at"], "unsharded": e["unsharded"], "issued": e["issued"]} for e in timeline]
+            predicted[kind] = [{k: e[k] for k in RECORDED} for e in timeline]
         result = d / "recorded.json"
         mp.spawn(worker, args=(world, exported, str(result), free_port()), nprocs=world)
         recorded = json.loads(result.read_text())

@@ -217,10 +217,26 @@ fn settings_of(
     let mut backward: Vec<Vec<usize>> = vec![Vec::new(); l];
     let mut notes = Vec::new();
     for i in 0..l {
+        let tied_fsdp = tied_fsdp_lender(profile, schedule, i);
+        if let Some(j) = tied_fsdp {
+            notes.push(format!(
+                "{}: fsdp, but one FSDP2 group with {}'s tied module (DESIGN §3.12): FSDP2 holds \
+                 it unsharded from F{} until {}'s forward ends, and freed there would gather it \
+                 again, exposed, at its pre-backward; exported with reshard_after_forward=False \
+                 (sdp), without its backward gather",
+                name(i),
+                name(j),
+                i + 1,
+                name(j)
+            ));
+        }
         for (op, launches) in schedule.ops(i) {
             let Some(first) = launches.first() else {
                 continue;
             };
+            if op == Op::GatherBackward && tied_fsdp.is_some() {
+                continue;
+            }
             let slot = timeline.slot(first.slot);
             if launches.len() > 1 {
                 notes.push(format!(
@@ -330,6 +346,7 @@ fn settings_of(
                 level => Sharding::Sharded {
                     shard_group: u.shard_group,
                     reshard_after_forward: match (level, u.secondary_group) {
+                        _ if tied_fsdp_lender(profile, schedule, i).is_some() => Reshard::Keep,
                         (Level::Sdp, _) => Reshard::Keep,
                         (_, Some(h)) => Reshard::ToSecondary(h),
                         _ => Reshard::Free,
@@ -344,6 +361,15 @@ fn settings_of(
         })
         .collect();
     (units, notes, changes)
+}
+
+/// The borrower of unit `i` when `i` is an fsdp unit whose parameters it reads (DESIGN §3.9):
+/// FSDP2 cannot free such a unit between the two (its module and the borrower's tied one are
+/// one group), so the export keeps it unsharded after the forward.
+fn tied_fsdp_lender(profile: &Profile, schedule: &Schedule, i: usize) -> Option<usize> {
+    profile
+        .borrower(i)
+        .filter(|_| schedule.units()[i].level == Level::Fsdp)
 }
 
 #[cfg(test)]

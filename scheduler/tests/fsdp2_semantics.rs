@@ -270,3 +270,105 @@ fn prefetch_lists_run_in_their_pass_direction() {
     let e = Settings::new(&p, units).unwrap_err().to_string();
     assert!(e.contains("u4.backward_prefetch"), "{e}");
 }
+
+/// u4 reads u1's parameters (a tied head, DESIGN §3.9): FSDP2 holds u1 with u4's tied module in
+/// one group. fsdp_chain with u1 sdp (FSDP2 cannot free it between the two). Post-forward order
+/// u2 u3 u4 u1 (the group's forward ends with u4's), so u1's pre-backward runs first, before
+/// u4's compute, and its default prefetch names u4 (unsharded: nothing issued); u4's names u3,
+/// u3's u2, and u2, first in that order, prefetches nothing. u1's post-backward follows the
+/// step's last compute. Ψ = 1000, p = 2: 2000 bytes a unit.
+///
+/// | boundary | unsharded | issued | resharded after | reduced after | bytes |
+/// | F:u1 | u1 u2 | u1 u2 | | | 4000 |
+/// | F:u2 | u1 u2 u3 | u3 | u2 | | 6000 |
+/// | F:u3 | u1 u3 u4 | u4 | u3 | | 6000 |
+/// | F:u4 | u1 u4 | | | | 4000 |
+/// | B:u1 | u1 u4 | | | | 4000 |
+/// | B:u4 | u1 u3 u4 | u3 | u4 | u4 | 6000 |
+/// | B:u3 | u1 u2 u3 | u2 | u3 | u3 | 6000 |
+/// | B:u2 | u1 u2 | | u2 u1 | u2 u1 | 4000 |
+///
+/// u1 freed after its forward (fsdp) is refused; the fsdp1 baseline's export keeps it, noted.
+#[test]
+fn a_tied_lender_is_one_group_with_its_borrower() {
+    let mut p = four_units(1);
+    p.units[3].reads_params_of = Some("u1".into());
+    let mut units = fsdp_chain();
+    units[0].sharding = Sharding::Sharded {
+        shard_group: None,
+        reshard_after_forward: Reshard::Keep,
+    };
+    let e = evaluate(&p, &Settings::new(&p, units).unwrap());
+    let names = |list: &[String]| list.join(" ");
+    let got: Vec<_> = e
+        .timeline
+        .iter()
+        .map(|t| {
+            (
+                t.at.as_str(),
+                names(&t.unsharded),
+                names(&t.issued),
+                names(&t.resharded),
+                names(&t.reduced),
+                t.unsharded_bytes,
+            )
+        })
+        .collect();
+    let expected = [
+        ("F:u1", "u1 u2", "u1 u2", "", "", 4000),
+        ("F:u2", "u1 u2 u3", "u3", "u2", "", 6000),
+        ("F:u3", "u1 u3 u4", "u4", "u3", "", 6000),
+        ("F:u4", "u1 u4", "", "", "", 4000),
+        ("B:u1", "u1 u4", "", "", "", 4000),
+        ("B:u4", "u1 u3 u4", "u3", "u4", "u4", 6000),
+        ("B:u3", "u1 u2 u3", "u2", "u3", "u3", 6000),
+        ("B:u2", "u1 u2", "", "u2 u1", "u2 u1", 4000),
+    ];
+    let expected: Vec<_> = expected
+        .iter()
+        .map(|&(at, u, i, r, d, b)| (at, u.into(), i.into(), r.into(), d.into(), b))
+        .collect::<Vec<(&str, String, String, String, String, u64)>>();
+    assert_eq!(got, expected);
+
+    let refused = Settings::new(&p, fsdp_chain()).unwrap_err().to_string();
+    assert!(
+        refused.contains("u1.reshard_after_forward") && refused.contains("tied to u4"),
+        "{refused}"
+    );
+    let plan = baseline(&p, BaselineKind::Fsdp1, false, None).unwrap();
+    let exported = export(&p, &plan.schedule).unwrap();
+    assert_eq!(
+        (
+            exported.units[0].level,
+            exported.units[0].reshard_after_forward
+        ),
+        ("fsdp", Some(false))
+    );
+    assert!(!exported.exact);
+    assert!(
+        exported.approximations[0].starts_with("u1: fsdp, but one FSDP2 group with u4's"),
+        "{:?}",
+        exported.approximations
+    );
+    assert_eq!(exported.fsdp2_timeline[4].at, "B:u1");
+}
+
+/// Every unit replicated (ddp): a replicated unit's unsharded copy lives beside its parameters
+/// while FSDP2 holds it unsharded. Untied, u1's copy is made at F:u1 and B:u1 and freed after
+/// each; tied to u4, its group holds it from F1 until u4's forward ends, copies it again at its
+/// pre-backward before u4's backward and frees it after B1. The tied settings' memory is the
+/// untied's plus Ψ'_1·p in F2, F3, F4, B4, B3 and B2 (the model's own memory is the same: a
+/// replicated lender adds nothing, DESIGN §3.9).
+#[test]
+fn a_tied_replicated_lender_keeps_its_copy_from_its_forward_to_its_post_backward() {
+    let untied = four_units(1);
+    let mut tied = four_units(1);
+    tied.units[3].reads_params_of = Some("u1".into());
+    let ddp = || vec![UnitSettings::new(Sharding::Replicated); 4];
+    let memory = |p: &Profile| evaluate(p, &Settings::new(p, ddp()).unwrap()).memory_bytes;
+    let copy = (untied.laid_out_params(0) * 2) as f64;
+    let held = [0.0, copy, copy, copy, copy, copy, copy, 0.0, 0.0];
+    for (s, (t, u)) in memory(&tied).iter().zip(memory(&untied)).enumerate() {
+        close(t - u, held[s], &format!("slot {s}"));
+    }
+}

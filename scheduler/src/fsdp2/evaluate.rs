@@ -1,9 +1,10 @@
 //! The time, memory and timeline of FSDP2 settings (DESIGN §3.12): the simulator runs their
 //! schedule ([`super::translate`]), and each slot's memory adds the copies FSDP2 makes beside the
 //! model's buffers: a gathered unit's all-gather output beside its unsharded parameters in the
-//! slot of its copy-out (a replicated unit's unsharded copy beside its parameters), and in the
-//! slot of a reducing backward the reduce-scatter input beside the unsharded gradient (a
-//! replicated unit's gradient copies too, its reduce-scatter input held into the next slot).
+//! slot of its copy-out (a replicated unit's unsharded copy beside its parameters, in every slot
+//! it is unsharded), and in the slot of a reducing backward the reduce-scatter input beside the
+//! unsharded gradient (a replicated unit's gradient copies too, its reduce-scatter input held
+//! into the next slot).
 
 use super::Settings;
 use super::hooks::{Boundary, Pass};
@@ -25,6 +26,15 @@ pub struct TimelineEntry {
     pub unsharded: Vec<String>,
     /// The all-gathers its pre-hook issues, in issue order.
     pub issued: Vec<String>,
+    /// The bytes of those units' unsharded parameters, Σ Ψ_u·p (FSDP2's unsharded parameters,
+    /// in the gathered precision; its all-gather output for a unit still in flight).
+    pub unsharded_bytes: u64,
+    /// Units whose unsharded parameters FSDP2 frees after this pre-hook and before the next
+    /// boundary's (post-forward, post-backward), in order.
+    pub resharded: Vec<String>,
+    /// Units whose gradients FSDP2 reduces after this pre-hook and before the next boundary's
+    /// (post-backward), in order.
+    pub reduced: Vec<String>,
 }
 
 /// FSDP2's time and memory for a set of settings.
@@ -58,17 +68,33 @@ pub fn evaluate(profile: &Profile, settings: &Settings) -> Evaluation {
     let timeline = Timeline::new(profile.unit_count());
     let width = timeline.slot_count();
     let bytes = profile.bytes_per_param;
+    let is_replicated = |u: usize| settings.units()[u].sharding == super::Sharding::Replicated;
+    // A replicated unit's unsharded copy, beside its parameters, in every slot whose compute
+    // finds it unsharded: its own F and B, a tied lender's from its forward to its post-backward.
+    let mut copies = std::collections::BTreeSet::new();
     for b in &settings.walk().boundaries {
-        let replicated = settings.units()[b.unit].sharding == super::Sharding::Replicated;
-        let flat = match b.pass {
-            Pass::Forward => timeline.forward(b.unit),
-            Pass::Backward => timeline.backward(b.unit),
+        let replicated = is_replicated(b.unit);
+        let slot = |unit: usize| {
+            b.micro_batch * width
+                + match b.pass {
+                    Pass::Forward => timeline.forward(unit),
+                    Pass::Backward => timeline.backward(unit),
+                }
         };
-        let slot = b.micro_batch * width + flat;
         let full = profile.laid_out_params(b.unit) as f64;
-        if b.copied_out {
-            memory_bytes[slot] += full * bytes.param as f64;
+        if b.copied_out && !replicated {
+            // In the slot of the compute the pre-hook precedes.
+            memory_bytes[slot(b.computes)] += full * bytes.param as f64;
         }
+        let copied = b.unsharded.iter().filter(|&&u| is_replicated(u));
+        copies.extend(copied.map(|&u| (slot(b.computes), u)));
+        if b.unit != b.computes && replicated {
+            // A tied lender's pre-backward: its copy stays past its own backward (no boundary of
+            // its own), to its post-backward.
+            copies.extend((slot(b.computes)..=slot(b.unit)).map(|s| (s, b.unit)));
+        }
+        // The reduction follows the unit's own backward.
+        let slot = slot(b.unit);
         if b.reduces {
             let grad = full * bytes.grad as f64;
             memory_bytes[slot] += if replicated { 2.0 * grad } else { grad };
@@ -76,6 +102,9 @@ pub fn evaluate(profile: &Profile, settings: &Settings) -> Evaluation {
                 memory_bytes[slot + 1] += grad;
             }
         }
+    }
+    for (slot, u) in copies {
+        memory_bytes[slot] += (profile.laid_out_params(u) * bytes.param) as f64;
     }
     let peak = (0..memory_bytes.len()).fold(0, |best, s| {
         if memory_bytes[s] > memory_bytes[best] {
@@ -103,6 +132,13 @@ pub fn evaluate(profile: &Profile, settings: &Settings) -> Evaluation {
         micro_batch: several.then_some(b.micro_batch as u32 + 1),
         unsharded: names(&b.unsharded),
         issued: names(&b.issued),
+        unsharded_bytes: b
+            .unsharded
+            .iter()
+            .map(|&u| profile.units[u].params * bytes.param)
+            .sum(),
+        resharded: names(&b.resharded),
+        reduced: names(&b.reduced),
     };
     Evaluation {
         peak_memory_bytes: whole_bytes(memory_bytes[peak]),

@@ -135,7 +135,34 @@ impl Settings {
                 );
             }
         }
-        let walk = hooks::walk(&units, profile.micro_batches as usize);
+        let borrowers: Vec<Option<usize>> = (0..l).map(|i| profile.borrower(i)).collect();
+        for (i, j) in borrowers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, j)| Some((i, (*j)?)))
+        {
+            let freed = matches!(
+                units[i].sharding,
+                Sharding::Sharded {
+                    reshard_after_forward: Reshard::Free | Reshard::ToSecondary(_),
+                    ..
+                }
+            );
+            if freed {
+                let borrower = &profile.units[j].name;
+                return invalid(
+                    i,
+                    "reshard_after_forward",
+                    format!(
+                        "false for a module tied to {borrower}'s (one FSDP2 group, DESIGN \
+                         §3.12): the group stays unsharded until {borrower}'s forward ends, and \
+                         freed there it is gathered again, exposed, at its pre-backward just \
+                         before {borrower}'s backward, which the slot model cannot place"
+                    ),
+                );
+            }
+        }
+        let walk = hooks::walk(&units, profile.micro_batches as usize, &borrowers);
         let schedule = translate::schedule(profile, &units, &walk)?;
         Ok(Settings {
             units,

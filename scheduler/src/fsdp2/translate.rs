@@ -84,7 +84,7 @@ fn forward_gather_slot(
     unit: usize,
 ) -> Result<usize> {
     match walk.issuer(0, Pass::Forward, unit) {
-        Some(b) if b.unit != unit => Ok(timeline.forward(b.unit)),
+        Some(b) if b.unit != unit => Ok(timeline.forward(b.computes)),
         _ if unit == 0 => Ok(timeline.end()),
         _ => Err(exposed(
             profile,
@@ -103,7 +103,9 @@ fn backward_gather_slot(
     unit: usize,
 ) -> Result<usize> {
     match walk.issuer(0, Pass::Backward, unit) {
-        Some(b) if b.unit != unit => Ok(timeline.backward(b.unit)),
+        // A tied lender's pre-backward runs just before its borrower's compute: a gather it
+        // issues for the borrower is as exposed as the borrower's own.
+        Some(b) if b.unit != unit && b.computes != unit => Ok(timeline.backward(b.computes)),
         _ => Err(exposed(
             profile,
             unit,
