@@ -217,7 +217,9 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
     Ok(b.place(&pending, &kept_fsdp))
 }
 
-/// The plan's micro-batches per step must be the model's.
+/// The plan's micro-batches per step must be the model's, and with several no unit may be over
+/// a shard or secondary group: the runtime does not run hierarchical levels with micro-batches
+/// yet (DESIGN §3.11.1; the scheduler plans and simulates them).
 fn check_micro_batches(workload: &dyn Workload, schedule: &Schedule) -> Result<()> {
     if schedule.micro_batches() as usize != workload.micro_batches() {
         return Err(Error::Mismatch(format!(
@@ -226,6 +228,19 @@ fn check_micro_batches(workload: &dyn Workload, schedule: &Schedule) -> Result<(
             schedule.micro_batches(),
             workload.name(),
             workload.micro_batches()
+        )));
+    }
+    let hierarchical = schedule
+        .units()
+        .iter()
+        .position(|u| u.shard_group.is_some() || u.secondary_group.is_some());
+    if let Some(unit) = hierarchical.filter(|_| schedule.micro_batches() >= 2) {
+        return Err(Error::Mismatch(format!(
+            "the plan's unit {} is over a shard_group or secondary_group with {} micro-batches \
+             per step: the runtime runs hierarchical levels at one micro-batch per step only \
+             (DESIGN §3.11.1); plan with --micro-batches 1 or without --gpus-per-node",
+            unit + 1,
+            schedule.micro_batches()
         )));
     }
     Ok(())

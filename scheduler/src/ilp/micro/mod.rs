@@ -348,6 +348,7 @@ fn schedule_from(profile: &Profile, units: &[model::UnitCols], values: &[f64]) -
                     accumulate: config.accumulate,
                     keep: config.keep && config.level != Level::None,
                     inner,
+                    ..Accumulation::default()
                 },
                 shard_group: None,
                 secondary_group: None,
