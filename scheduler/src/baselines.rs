@@ -90,6 +90,12 @@ impl BaselineKind {
         kinds
     }
 
+    /// Whether the baseline exists only with micro-batches (K ≥ 2): the gradient-sync and
+    /// all-reduce switches.
+    pub fn needs_micro_batches(self) -> bool {
+        self.at_one_micro_batch().is_some()
+    }
+
     /// The baseline a micro-batch form switches from at its last micro-batch (`hsdp-nosync` →
     /// `hsdp`), for the forms that exist only with K ≥ 2; None for every other.
     fn at_one_micro_batch(self) -> Option<BaselineKind> {
@@ -415,13 +421,12 @@ pub fn baseline(
             accumulation,
         )?,
         BaselineKind::Hpz | BaselineKind::HpzNoSync => {
-            let (h, schedule) = hierarchical::hpz(profile, checkpoint, accumulation)?;
+            let (h, schedule) = hierarchical::hpz(profile, kind, checkpoint)?;
             details.insert("secondary_group".into(), toml::Value::Integer(h.into()));
             schedule
         }
         BaselineKind::Hsdp | BaselineKind::HsdpNoSync | BaselineKind::HsdpRaOnce => {
-            let switches = (accumulation, kind.replica_reduce());
-            let (s, schedule) = hierarchical::hsdp(profile, checkpoint, cap, switches)?;
+            let (s, schedule) = hierarchical::hsdp(profile, kind, checkpoint, cap)?;
             details.insert("shard_group".into(), toml::Value::Integer(s.into()));
             schedule
         }

@@ -2,13 +2,16 @@
 //! whose shard-group unit reduce-scatters every micro-batch and all-reduces across replicas once
 //! (and, against it, after every micro-batch, and accumulating unsharded); the refusals of
 //! `replica_reduce`; random hierarchical plans at K ≥ 2 (relaxed ≤ strict, their file format);
-//! the hierarchical baselines at K ≥ 2, their FSDP2 export and their refusal at K = 1.
+//! the hierarchical baselines at K ≥ 2, their FSDP2 export and their refusal at K = 1; `solve` at
+//! K ≥ 2 on nodes, whose MIP knows no groups, never worse than the best hierarchical baseline.
 
 mod common;
 
 use common::{Rng, check, close, random_profile, random_schedule, schedule, with_topology};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
+use shardplan_scheduler::baselines::{Preference, best_baseline};
 use shardplan_scheduler::export::fsdp2;
+use shardplan_scheduler::ilp::{SolveOptions, solve};
 use shardplan_scheduler::plan::{Plan, Producer, plan_with_prediction};
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::ReplicaReduce;
@@ -344,4 +347,48 @@ fn micro_batch_forms_are_refused_at_one_micro_batch() {
     for kind in [BaselineKind::Hsdp, BaselineKind::Hpz] {
         assert!(kind.unavailable_on(&p).is_none());
     }
+}
+
+/// llama2-70b on 8 nodes of 8 H100s at K = 8 and 79.65 GiB: the fastest baseline that fits is
+/// hierarchical (hpz+ckpt, 55,316 ms); the micro-batch MIP searches the world's levels only, and
+/// `solve` returns a plan at least as fast: the MIP's, or that baseline (outside its space).
+#[test]
+fn solve_at_micro_batches_on_nodes_is_never_worse_than_a_hierarchical_baseline() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../profiles/llama2-70b-h100-8x8.toml");
+    let mut profile = Profile::load(&path).unwrap();
+    profile.micro_batches = 8;
+    let cap = (79.65 * f64::from(1u32 << 30)) as u64;
+    let best = best_baseline(
+        &profile,
+        &BaselineKind::of(&profile),
+        true,
+        Some(cap),
+        Preference::Fastest,
+    )
+    .unwrap();
+    assert!(
+        BaselineKind::HIERARCHICAL.contains(&best.kind),
+        "{}",
+        best.label()
+    );
+    let options = SolveOptions {
+        memory_cap_bytes: Some(cap),
+        time_limit_s: 5.0,
+        ..SolveOptions::default()
+    };
+    let solved = solve(&profile, &options).unwrap();
+    let time = solved.simulation.iteration_time_us;
+    assert!(time <= best.plan.simulation.iteration_time_us * (1.0 + 1e-9));
+    assert!(solved.simulation.peak_memory_bytes <= cap as f64);
+    if time < best.plan.simulation.iteration_time_us {
+        return; // the MIP found a faster plan over the world: inside its space
+    }
+    let units = solved.schedule.units();
+    assert!(
+        units
+            .iter()
+            .any(|u| u.shard_group.is_some() || u.secondary_group.is_some())
+    );
+    assert_eq!(solved.report.warm_start.as_ref().unwrap().0, best.label());
 }
