@@ -4,7 +4,8 @@ of TinyGPT are exported, applied with `apply_plan`, and one optimizer step runs 
 order, the units FSDP2 holds unsharded (gathered, or their all-gather issued) and the all-gathers
 its hook issued, in order, equal the export's prediction. Cases: N = 2 (gloo), K = 1, five flat baselines and the ILP's plans at two caps; K = 2 with the micro-batch switches
 (fsdp2-nosync: no gradient sync, zero2: no reshard after backward, on the first micro-batch);
-N = 4 declared as 2 nodes × 2, hsdp and hpz."""
+N = 4 declared as 2 nodes × 2, hsdp and hpz; the same at K = 2 with hsdp-ra-once
+(`set_requires_all_reduce(False)` on the first micro-batch), hsdp-nosync and hpz-nosync."""
 
 import json
 import pathlib
@@ -111,6 +112,13 @@ class Fsdp2Timeline(unittest.TestCase):
             prof = d / "tiny.toml"
             tiny_profile(d, batch(0, 1), prof, name="tiny gpt 2x2", world=4, gpus_per_node=2)
             self.check(d, prof, ["hsdp", "hpz"], 4)
+
+    def test_hierarchical_micro_batch_switches_on_two_nodes(self):
+        with tempfile.TemporaryDirectory() as d:
+            d = pathlib.Path(d)
+            prof = d / "tiny.toml"
+            tiny_profile(d, batch(0, 1), prof, name="tiny gpt 2x2 k2", world=4, gpus_per_node=2, micro_batches=2)
+            self.check(d, prof, ["hsdp", "hsdp-ra-once", "hsdp-nosync", "hpz-nosync"], 4)
 
 
 if __name__ == "__main__":
