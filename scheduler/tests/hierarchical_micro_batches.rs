@@ -133,9 +133,8 @@ fn hsdp_reduce_scatters_every_micro_batch_and_all_reduces_once() {
 
 /// The same plan with the replica AllReduce after every micro-batch (`"every"`, FSDP2's
 /// default): u2's RA^1 runs at I of micro-batch 1, beside u1's RS and AGF on the inter link:
-/// I = 135 + 23 = 158, T = 353 + 353 = 706 (23 more). Each RS^m's reduced shard (400/2 = 200 B)
-/// lives from its slot to its RA's before it is added into the accumulated shard: B1 5300 + 200
-/// = 5500 and I (E) 3900 + 200 = 4100 in both micro-batches; the peak stays B3's 7200.
+/// I = 135 + 23 = 158, T = 353 + 353 = 706 (23 more); memory unchanged (RA reduces the shard in
+/// place).
 #[test]
 fn hsdp_all_reducing_every_micro_batch_adds_one_replica_all_reduce() {
     let p = two_micro_batches();
@@ -152,19 +151,6 @@ fn hsdp_all_reducing_every_micro_batch_adds_one_replica_all_reduce() {
         ]
     );
     close(strict.peak_memory_bytes, 7200.0, "peak");
-    for m in [1, 2] {
-        let slots = micro_batch(&strict, m);
-        close(
-            slots[5].memory_bytes,
-            5500.0,
-            &format!("B1 of micro-batch {m}"),
-        );
-        close(
-            slots[6].memory_bytes,
-            4100.0,
-            &format!("boundary of micro-batch {m}"),
-        );
-    }
     let relaxed = simulate(&p, &s, Semantics::Relaxed);
     assert!(relaxed.iteration_time_us <= strict.iteration_time_us + 1e-9);
     // Relaxed: each RA starts after its own micro-batch's RS is done.

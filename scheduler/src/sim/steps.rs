@@ -86,11 +86,6 @@ pub(super) fn unrolled(profile: &Profile, schedule: &Schedule) -> StepInputs {
     for (unit, u) in units.iter().enumerate() {
         let (forward, backward) = (timeline.forward(unit), timeline.backward(unit));
         let (accumulate, keep) = (u.accumulation.accumulate, u.accumulation.keep);
-        // A shard-group unit all-reducing every micro-batch (DESIGN §3.11.1): each RS block's
-        // reduced shard is all-reduced before it is added into the accumulated one.
-        let replica_every = u.shard_group.is_some()
-            && !accumulate
-            && u.accumulation.replica_reduce == ReplicaReduce::Every;
         per_unit_memory(profile, schedule, step, unit, &mut memory);
         for op in u.ops() {
             let kind = op.window_kind();
@@ -156,12 +151,6 @@ pub(super) fn unrolled(profile: &Profile, schedule: &Schedule) -> StepInputs {
                         Op::ReduceScatter => {
                             let from = step.at(reduced, backward);
                             add(step, &mut memory, from, slot, amount, gradient);
-                            if let Some(s) = u.shard_group.filter(|_| replica_every) {
-                                // Its reduced shard, from the RS's slot to its RA's.
-                                let ra = step.position(window, kind, boundary, l.position + 1);
-                                let shard = amount / f64::from(s);
-                                add(step, &mut memory, slot, ra, shard, gradient);
-                            }
                         }
                         Op::Gather | Op::GatherForward | Op::GatherBackward => {
                             add(step, &mut memory, slot, last, amount, gathered);
@@ -192,6 +181,8 @@ pub(super) fn unrolled(profile: &Profile, schedule: &Schedule) -> StepInputs {
             }
         }
         let reduction = u.level.ops()[0];
+        let replica_every =
+            u.shard_group.is_some() && u.accumulation.replica_reduce == ReplicaReduce::Every;
         let writer = timeline.backward(first_gradient_writer(profile, unit));
         for m in 0..k {
             let needed = match u.level {
