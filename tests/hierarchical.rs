@@ -2,7 +2,7 @@
 //! profile with nodes, bad shard and secondary groups refused naming the field (plain and under
 //! `--json`), a plan for another node size refused, and hierarchical plans run on 4 MPI ranks as
 //! 2 nodes of 2; with micro-batches (DESIGN §3.11.1) the baselines' micro-batch forms planned at
-//! K = 2 and refused at K = 1 naming the option, and such plans refused by the runtime.
+//! K = 2 and refused at K = 1 naming the option (tests/gpt2.rs runs them).
 
 mod common;
 
@@ -12,7 +12,6 @@ use shardplan_runtime::mlp::{max_relative_error, reference_training};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::ilp::{SolveOptions, solve};
 
-use shardplan_runtime::layout::place;
 use shardplan_scheduler::schedule::Schedule;
 use std::path::Path;
 
@@ -231,10 +230,9 @@ fn a_measured_node_size_must_divide_the_world() {
 
 /// gpt2-small on 8 ranks as nodes of 2: at K = 2 `hsdp-ra-once` writes `replica_reduce = "last"`
 /// and simulates; at K = 1 it and the other micro-batch forms are refused naming
-/// `--micro-batches` (plain and under `--json`). The runtime's layout refuses a hierarchical plan
-/// of K = 2 naming the unit and the group, and lays out the flat fsdp2 plan of the same profile.
+/// `--micro-batches` (plain and under `--json`).
 #[test]
-fn micro_batch_forms_plan_at_two_micro_batches_and_the_runtime_refuses_them() {
+fn micro_batch_forms_plan_at_two_micro_batches_and_are_refused_at_one() {
     let dir = tempfile::tempdir().unwrap();
     let at_two = dir.path().join("k2.toml").display().to_string();
     ok(&[analytic("2", &at_two), vec!["--micro-batches", "2"]].concat());
@@ -269,17 +267,4 @@ fn micro_batch_forms_plan_at_two_micro_batches_and_the_runtime_refuses_them() {
             &["--kind", "--micro-batches", kind],
         );
     }
-    let model = common::gpt2_tiny_accumulating(4, 2);
-    let accumulating = common::two_nodes_of_two(common::gpt2_tiny_accumulating_profile(4, 2));
-    let hsdp = baseline(&accumulating, BaselineKind::Hsdp, false, None).unwrap();
-    let e = place(&model, &accumulating, &hsdp.schedule)
-        .err()
-        .expect("refused")
-        .to_string();
-    assert!(
-        e.contains("shard_group or secondary_group") && e.contains("2 micro-batches"),
-        "{e}"
-    );
-    let fsdp2 = baseline(&accumulating, BaselineKind::Fsdp2, false, None).unwrap();
-    place(&model, &accumulating, &fsdp2.schedule).unwrap();
 }

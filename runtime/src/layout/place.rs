@@ -217,9 +217,7 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
     Ok(b.place(&pending, &kept_fsdp))
 }
 
-/// The plan's micro-batches per step must be the model's, and with several no unit may be over
-/// a shard or secondary group: the runtime does not run hierarchical levels with micro-batches
-/// yet (DESIGN §3.11.1; the scheduler plans and simulates them).
+/// The plan's micro-batches per step must be the model's.
 fn check_micro_batches(workload: &dyn Workload, schedule: &Schedule) -> Result<()> {
     if schedule.micro_batches() as usize != workload.micro_batches() {
         return Err(Error::Mismatch(format!(
@@ -228,19 +226,6 @@ fn check_micro_batches(workload: &dyn Workload, schedule: &Schedule) -> Result<(
             schedule.micro_batches(),
             workload.name(),
             workload.micro_batches()
-        )));
-    }
-    let hierarchical = schedule
-        .units()
-        .iter()
-        .position(|u| u.shard_group.is_some() || u.secondary_group.is_some());
-    if let Some(unit) = hierarchical.filter(|_| schedule.micro_batches() >= 2) {
-        return Err(Error::Mismatch(format!(
-            "the plan's unit {} is over a shard_group or secondary_group with {} micro-batches \
-             per step: the runtime runs hierarchical levels at one micro-batch per step only \
-             (DESIGN §3.11.1); plan with --micro-batches 1 or without --gpus-per-node",
-            unit + 1,
-            schedule.micro_batches()
         )));
     }
     Ok(())
@@ -293,10 +278,19 @@ impl UnitSlots<'_> {
         let full_grad = self.full_gradient(b, (block_elements, grad))?;
         let gathered_forward = self.gathered_forward(b, (block_elements, param))?;
         let gathered_backward = self.gathered_backward(b, (block_elements, param))?;
-        // An hpZ unit's secondary shard, written at F_i, read by its backward gather.
+        // An hpZ unit's secondary shard, written at F_i, read by its backward gather, in every
+        // micro-batch (DESIGN §3.11.1).
         let secondary = u.secondary_group.map(|h| {
             let (h, name) = (h as usize, format!("{name} secondary shard"));
-            let alive = b.alive(&[(self.forward, self.backward)]);
+            let spans: Vec<(usize, usize)> = (0..self.step.micro_batches)
+                .map(|m| {
+                    (
+                        self.step.at(m, self.forward),
+                        self.step.at(m, self.backward),
+                    )
+                })
+                .collect();
+            let alive = b.alive(&spans);
             let request = Request::whole(name, param.bytes() * (padded / h) as u64, alive);
             let birth = self.forward;
             (h, b.push(request, param, Tenure::Step { birth }, false))
