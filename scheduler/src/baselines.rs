@@ -109,9 +109,9 @@ impl BaselineKind {
     }
 
     /// Why `self` has no plan on `profile` (a requirement the profile does not meet, named with
-    /// the way to meet it), or None where it has one: the no-sync baselines need micro-batches,
-    /// hsdp and hpz a node layout whose world spans nodes, with its groups' curves, at one
-    /// micro-batch per step (DESIGN §3.11). Every command that takes a baseline by name asks this.
+    /// the way to meet it), or None where it has one: the no-sync and ra-once baselines need
+    /// micro-batches, hsdp and hpz (and their forms) a node layout whose world spans nodes, with
+    /// its groups' curves (DESIGN §3.11). Every command that takes a baseline by name asks this.
     pub fn unavailable_on(self, profile: &Profile) -> Option<String> {
         let name = self.name();
         if let Some(base) = self.at_one_micro_batch()

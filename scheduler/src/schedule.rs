@@ -74,16 +74,6 @@ pub enum ReplicaReduce {
     Last,
 }
 
-impl ReplicaReduce {
-    /// The name plan files use.
-    pub fn name(self) -> &'static str {
-        match self {
-            ReplicaReduce::Every => "every",
-            ReplicaReduce::Last => "last",
-        }
-    }
-}
-
 /// The ops of a unit that run at the boundary between two micro-batches: its reduction unless
 /// it accumulates, its forward gather unless it keeps the parameters.
 pub fn inner_ops(level: Level, accumulate: bool, keep: bool) -> Vec<Op> {
