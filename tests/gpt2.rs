@@ -280,6 +280,29 @@ fn accumulating_random_plans_train_like_ddp_on_one() {
     eprintln!("K = 4: worst relative update difference from DDP at N = 1: {worst:.2e}");
 }
 
+/// K = 4 on 4 ranks as 2 nodes of 2 (DESIGN §3.11.1): every hierarchical baseline, ±ckpt,
+/// strict and relaxed, trains like DDP at N = 1, K = 4; each layout's live peak is the simulator's.
+#[test]
+fn hierarchical_accumulating_baselines_train_like_ddp_on_one() {
+    let s = setup_accumulating(4);
+    let reference = s.reference();
+    let nodes = common::two_nodes_of_two(gpt2_tiny_accumulating_profile(4, 4));
+    let g = gpt2_tiny_accumulating(4, 4);
+    for kind in BaselineKind::HIERARCHICAL {
+        for checkpoint in [false, true] {
+            let b = baseline(&nodes, kind, checkpoint, None).unwrap();
+            let live = place(&g, &nodes, &b.schedule)
+                .unwrap()
+                .arena
+                .live_peak_bytes;
+            let label = kind.label(checkpoint);
+            assert_eq!(live as f64, b.simulation.peak_memory_bytes, "{label}");
+            let name = format!("{label}-k4-2x2");
+            s.train_like(&reference, (4, &name), &nodes, &b.schedule);
+        }
+    }
+}
+
 /// The bf16 policy (DESIGN §6.9): random plans at N = 2 and 4, strict and relaxed, train like
 /// bf16 DDP at N = 1 — gathers carry the bf16 rounding of the same fp32 master, whichever rank
 /// holds it; the hsdp and hpz baselines at N = 4 as two nodes of two alike; the N = 1 run trains

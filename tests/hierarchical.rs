@@ -1,7 +1,8 @@
 //! Hierarchical plans through the binary (DESIGN §3.11): the `hsdp` and `hpz` baselines on a
 //! profile with nodes, bad shard and secondary groups refused naming the field (plain and under
 //! `--json`), a plan for another node size refused, and hierarchical plans run on 4 MPI ranks as
-//! 2 nodes of 2.
+//! 2 nodes of 2; with micro-batches (DESIGN §3.11.1) the baselines' micro-batch forms planned at
+//! K = 2 and refused at K = 1 naming the option (tests/gpt2.rs runs them).
 
 mod common;
 
@@ -225,4 +226,45 @@ fn a_measured_node_size_must_divide_the_world() {
         ],
         &["--gpus-per-node", "divisor of the world size 4"],
     );
+}
+
+/// gpt2-small on 8 ranks as nodes of 2: at K = 2 `hsdp-ra-once` writes `replica_reduce = "last"`
+/// and simulates; at K = 1 it and the other micro-batch forms are refused naming
+/// `--micro-batches` (plain and under `--json`).
+#[test]
+fn micro_batch_forms_plan_at_two_micro_batches_and_are_refused_at_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let at_two = dir.path().join("k2.toml").display().to_string();
+    ok(&[analytic("2", &at_two), vec!["--micro-batches", "2"]].concat());
+    let plan = dir.path().join("ra-once.plan.toml").display().to_string();
+    let kind = ["--kind", "hsdp-ra-once"];
+    ok(&[
+        &["baseline", "--profile", &at_two][..],
+        &kind,
+        &["--out", &plan],
+    ]
+    .concat());
+    let written = std::fs::read_to_string(&plan).unwrap();
+    assert!(written.contains("replica_reduce = \"last\""), "{written}");
+    ok(&["simulate", "--profile", &at_two, "--plan", &plan]);
+    let profile = nodes(dir.path(), "2");
+    for kind in ["hsdp-nosync", "hsdp-ra-once", "hpz-nosync"] {
+        let out = dir
+            .path()
+            .join(format!("{kind}.toml"))
+            .display()
+            .to_string();
+        refused(
+            &[
+                "baseline",
+                "--profile",
+                &profile,
+                "--kind",
+                kind,
+                "--out",
+                &out,
+            ],
+            &["--kind", "--micro-batches", kind],
+        );
+    }
 }

@@ -108,7 +108,9 @@ def start_micro_batch(model, units, plan, index):
     """Sets FSDP2's switches for micro-batch `index` (0-based) of a step of the plan's
     `micro_batches` on `model` sharded by `apply_plan`: a unit whose gradients accumulate
     (`requires_gradient_sync` false) reduces only in the last micro-batch, a unit that keeps its
-    parameters (`reshard_after_backward` false) reshards only after the last backward."""
+    parameters (`reshard_after_backward` false) reshards only after the last backward, and an
+    HSDP unit whose replica all-reduce runs once (`requires_all_reduce` false) reduce-scatters
+    every micro-batch and all-reduces only in the last."""
     plan = _load(plan)
     count = plan.get("micro_batches", 1)
     if not 0 <= index < count:
@@ -119,3 +121,5 @@ def start_micro_batch(model, units, plan, index):
         module = by_name[u["name"]].modules[0]
         module.set_requires_gradient_sync(last or u["requires_gradient_sync"], recurse=False)
         module.set_reshard_after_backward(last or u["reshard_after_backward"], recurse=False)
+        if not u.get("requires_all_reduce", True):
+            module.set_requires_all_reduce(last, recurse=False)

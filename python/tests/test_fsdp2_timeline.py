@@ -5,7 +5,8 @@ order, the units FSDP2 holds unsharded (gathered, or their all-gather issued), t
 its hook issued, in order, the bytes it holds unsharded, and the groups it resharded and reduced
 before the next boundary, in order, equal the export's prediction. Cases: N = 2 (gloo), K = 1, five flat baselines and the ILP's plans at two caps; K = 2 with the micro-batch switches
 (fsdp2-nosync: no gradient sync, zero2: no reshard after backward, on the first micro-batch);
-N = 4 declared as 2 nodes × 2, hsdp and hpz."""
+N = 4 declared as 2 nodes × 2, hsdp and hpz; the same at K = 2 with hsdp-ra-once
+(`set_requires_all_reduce(False)` on the first micro-batch), hsdp-nosync and hpz-nosync."""
 
 import json
 import pathlib
@@ -115,6 +116,13 @@ class Fsdp2Timeline(unittest.TestCase):
             prof = d / "tiny.toml"
             tiny_profile(d, batch(0, 1), prof, name="tiny gpt 2x2", world=4, gpus_per_node=2)
             self.check(d, prof, ["hsdp", "hpz"], 4)
+
+    def test_hierarchical_micro_batch_switches_on_two_nodes(self):
+        with tempfile.TemporaryDirectory() as d:
+            d = pathlib.Path(d)
+            prof = d / "tiny.toml"
+            tiny_profile(d, batch(0, 1), prof, name="tiny gpt 2x2 k2", world=4, gpus_per_node=2, micro_batches=2)
+            self.check(d, prof, ["hsdp", "hsdp-ra-once", "hsdp-nosync", "hpz-nosync"], 4)
 
 
 if __name__ == "__main__":

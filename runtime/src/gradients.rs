@@ -8,11 +8,15 @@
 //! | any | yes | zero | keep (the unreduced gradient adds up) |
 //! | sdp, fsdp | no | zero | seed: zero, then this rank's reduced shard into its own segment |
 //! | none | no | zero | rank 0 keeps the reduced sum, the others zero |
+//! | over a shard group, RA every micro-batch | no | zero | seed on the first replica (ranks 0 … S − 1), zero on the others |
 //!
 //! A ReduceScatter writes Σ_r full_r[segment q] into rank q's shard; with rank q's shard (the sum
 //! so far) seeded into its own segment, the result is the sum so far plus this micro-batch's. An
 //! AllReduce of a buffer that holds the reduced sum on one rank only adds it once. Both need the
-//! previous micro-batch's reduction done (its instance is a wait of the preparing slot).
+//! previous micro-batch's reduction done (its instance is a wait of the preparing slot). A unit
+//! over a shard group whose replica AllReduce follows every ReduceScatter (DESIGN §3.11.1) reduces
+//! its shard in place across replicas, so only one replica seeds the sum so far: one rank of each
+//! replica group, as a replicated unit keeps it on rank 0.
 //!
 //! Proven end to end: every baseline at K = 4 trains to transformers' numbers accumulating four
 //! passes per step (python/tests/test_gpt2.py), and random plans to DDP's (tests/gpt2.rs); with
@@ -22,6 +26,7 @@ use crate::Result;
 use crate::backend::Backend;
 use crate::layout::UnitLayout;
 use crate::workload::Workload;
+use shardplan_scheduler::schedule::{ReplicaReduce, UnitSchedule};
 use shardplan_scheduler::timeline::Level;
 
 /// The units whose gradient `unit`'s backward writes first: its own unless another unit borrows
@@ -56,6 +61,20 @@ impl GradientStart {
             (_, false, Level::None) if rank == 0 => GradientStart::Keep,
             (_, false, Level::None) => GradientStart::Zero,
             (_, false, _) => GradientStart::Seed,
+        }
+    }
+
+    /// This start on rank `rank` for `unit`: a seed only on the first replica (ranks 0 … S − 1)
+    /// where the unit is over a shard group of S and all-reduces across replicas every
+    /// micro-batch, zeros on the other replicas.
+    pub fn across_replicas(self, unit: &UnitSchedule, rank: usize) -> GradientStart {
+        let a = &unit.accumulation;
+        let every = (!a.accumulate && a.replica_reduce == ReplicaReduce::Every)
+            .then_some(unit.shard_group)
+            .flatten();
+        match (self, every) {
+            (GradientStart::Seed, Some(s)) if rank >= s as usize => GradientStart::Zero,
+            (start, _) => start,
         }
     }
 

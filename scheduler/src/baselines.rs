@@ -4,16 +4,18 @@
 //! cyclically (past F_1 to E, then B_1, …) and clamped to the op's window; reductions go in the
 //! slot right after B_i; every op is launched whole (all blocks in one slot). With K ≥ 2
 //! micro-batches (DESIGN §3.10) the inner boundary's ops take the same positions in their windows,
-//! and each baseline accumulates and keeps as its framework does by default. The offload
-//! baselines (DESIGN §3.13) are built in `baselines::offload`.
+//! and each baseline accumulates and keeps as its framework does by default. The hierarchical
+//! ones (hsdp, hpz and their micro-batch forms) are built in `hierarchical`, the offload
+//! baselines (DESIGN §3.13) in `offload`.
 
+mod hierarchical;
 mod offload;
 
 use crate::groups::{secondary_group, whole_node_groups};
 use crate::offload::Offload;
 use crate::plan::{Plan, Producer, plan_with_prediction};
 use crate::profile::Profile;
-use crate::schedule::{Accumulation, Launch, Schedule, UnitSchedule, inner_ops};
+use crate::schedule::{Accumulation, Launch, ReplicaReduce, Schedule, UnitSchedule, inner_ops};
 use crate::sim::Simulation;
 use crate::size::format_bytes;
 use crate::timeline::{Level, Op, Timeline};
@@ -40,8 +42,17 @@ pub enum BaselineKind {
     /// node-local secondary shard (DESIGN §3.11; on a profile whose topology offers it).
     Hpz,
     /// FSDP2's HSDP (a 2-D replicate × shard mesh): fsdp2 over the smallest shard group of
-    /// whole nodes that fits (DESIGN §3.11).
+    /// whole nodes that fits (DESIGN §3.11); with K ≥ 2 it reduce-scatters and all-reduces
+    /// across replicas every micro-batch (FSDP2's and torchtitan's default).
     Hsdp,
+    /// hsdp with `set_requires_gradient_sync(False)` until the last micro-batch: the unsharded
+    /// gradient accumulates, one ReduceScatter and replica AllReduce a step (K ≥ 2).
+    HsdpNoSync,
+    /// hsdp with `set_requires_all_reduce(False)` until the last micro-batch: a ReduceScatter
+    /// every micro-batch, the replica AllReduce once a step (K ≥ 2, DESIGN §3.11.1).
+    HsdpRaOnce,
+    /// hpz with `set_requires_gradient_sync(False)` until the last micro-batch (K ≥ 2).
+    HpzNoSync,
     /// FSDP2's `CPUOffloadPolicy`: fsdp2 with every unit's parameters, gradients and optimizer
     /// state on the host and the step there after the backward (DESIGN §3.13).
     Fsdp2Offload,
@@ -63,8 +74,15 @@ impl BaselineKind {
     /// The baselines that exist only with micro-batches (K ≥ 2): the gradient-sync switches.
     pub const NO_SYNC: [BaselineKind; 2] = [BaselineKind::DdpNoSync, BaselineKind::Fsdp2NoSync];
 
-    /// The baselines that need a topology's groups (DESIGN §3.11).
-    pub const HIERARCHICAL: [BaselineKind; 2] = [BaselineKind::Hsdp, BaselineKind::Hpz];
+    /// The baselines that need a topology's groups (DESIGN §3.11): hsdp and hpz, and their
+    /// forms that exist only with micro-batches (DESIGN §3.11.1).
+    pub const HIERARCHICAL: [BaselineKind; 5] = [
+        BaselineKind::Hsdp,
+        BaselineKind::HsdpNoSync,
+        BaselineKind::HsdpRaOnce,
+        BaselineKind::Hpz,
+        BaselineKind::HpzNoSync,
+    ];
 
     /// The baselines that offload to the host (DESIGN §3.13).
     pub const OFFLOAD: [BaselineKind; 2] = [BaselineKind::Fsdp2Offload, BaselineKind::Zero3Offload];
@@ -78,41 +96,62 @@ impl BaselineKind {
             .collect()
     }
 
-    /// The baselines of `profile`: [`Self::ALL`], [`Self::NO_SYNC`] when it has K ≥ 2, and
-    /// [`Self::HIERARCHICAL`] when its topology offers a secondary group.
+    /// The baselines of `profile`: [`Self::ALL`], [`Self::NO_SYNC`] when it has K ≥ 2, and of
+    /// [`Self::HIERARCHICAL`] those its topology and micro-batches offer.
     pub fn of(profile: &Profile) -> Vec<BaselineKind> {
         let mut kinds = Self::ALL.to_vec();
         if profile.micro_batches >= 2 {
             kinds.extend(Self::NO_SYNC);
         }
-        if !whole_node_groups(profile).is_empty() {
-            kinds.push(BaselineKind::Hsdp);
-        }
-        if secondary_group(profile).is_some() {
-            kinds.push(BaselineKind::Hpz);
-        }
+        kinds.extend(
+            Self::HIERARCHICAL
+                .into_iter()
+                .filter(|k| k.unavailable_on(profile).is_none()),
+        );
         kinds
     }
 
+    /// Whether the baseline exists only with micro-batches (K ≥ 2): the gradient-sync and
+    /// all-reduce switches.
+    pub fn needs_micro_batches(self) -> bool {
+        self.at_one_micro_batch().is_some()
+    }
+
+    /// The baseline a micro-batch form switches from at its last micro-batch (`hsdp-nosync` →
+    /// `hsdp`), for the forms that exist only with K ≥ 2; None for every other.
+    fn at_one_micro_batch(self) -> Option<BaselineKind> {
+        match self {
+            BaselineKind::DdpNoSync => Some(BaselineKind::Ddp),
+            BaselineKind::Fsdp2NoSync => Some(BaselineKind::Fsdp2),
+            BaselineKind::HsdpNoSync | BaselineKind::HsdpRaOnce => Some(BaselineKind::Hsdp),
+            BaselineKind::HpzNoSync => Some(BaselineKind::Hpz),
+            _ => None,
+        }
+    }
+
     /// Why `self` has no plan on `profile` (a requirement the profile does not meet, named with
-    /// the way to meet it), or None where it has one: the no-sync baselines need micro-batches,
-    /// hsdp and hpz a node layout whose world spans nodes, with its groups' curves, at one
-    /// micro-batch per step (DESIGN §3.11). Every command that takes a baseline by name asks this.
+    /// the way to meet it), or None where it has one: the no-sync and ra-once baselines need
+    /// micro-batches, hsdp and hpz (and their forms) a node layout whose world spans nodes, with
+    /// its groups' curves (DESIGN §3.11). Every command that takes a baseline by name asks this.
     pub fn unavailable_on(self, profile: &Profile) -> Option<String> {
         let name = self.name();
-        if Self::NO_SYNC.contains(&self) {
-            return (profile.micro_batches < 2).then(|| {
-                format!(
-                    "{name}: gradient sync can only be skipped between micro-batches, and the \
-                     profile has micro_batches = 1 (there it is {})",
-                    name.trim_end_matches("-nosync")
-                )
-            });
+        if let Some(base) = self.at_one_micro_batch()
+            && profile.micro_batches < 2
+        {
+            let skipped = match self {
+                BaselineKind::HsdpRaOnce => "the replica AllReduce can only be deferred",
+                _ => "gradient sync can only be skipped",
+            };
+            return Some(format!(
+                "{name}: {skipped} between micro-batches, and the profile has micro_batches = 1 \
+                 (`profile analytic --micro-batches K` with K ≥ 2; at K = 1 it is {})",
+                base.name()
+            ));
         }
         if Self::OFFLOAD.contains(&self) {
             return offload::unavailable_on(name, profile);
         }
-        let offered = match self {
+        let offered = match self.at_one_micro_batch().unwrap_or(self) {
             BaselineKind::Hsdp => !whole_node_groups(profile).is_empty(),
             BaselineKind::Hpz => secondary_group(profile).is_some(),
             _ => return None,
@@ -127,19 +166,13 @@ impl BaselineKind {
             ));
         };
         let (world, node) = (profile.world_size, topology.gpus_per_node);
-        Some(if profile.micro_batches != 1 {
-            format!(
-                "{name} is modelled at one micro-batch per step, and the profile has \
-                 micro_batches = {}",
-                profile.micro_batches
-            )
-        } else if world <= node {
+        Some(if world <= node {
             format!(
                 "{name} needs a world that spans nodes, and the profile's {world} ranks fit in \
                  one node of {node}"
             )
         } else {
-            let groups = match self {
+            let groups = match self.at_one_micro_batch().unwrap_or(self) {
                 BaselineKind::Hsdp => "a shard group of whole nodes and its replica group",
                 _ => "the node group",
             };
@@ -155,9 +188,21 @@ impl BaselineKind {
     /// parameters; the no-sync variants accumulate unsharded gradients.
     fn accumulation(self) -> (bool, bool) {
         match self {
-            BaselineKind::DdpNoSync | BaselineKind::Fsdp2NoSync => (true, false),
+            BaselineKind::DdpNoSync
+            | BaselineKind::Fsdp2NoSync
+            | BaselineKind::HsdpNoSync
+            | BaselineKind::HpzNoSync => (true, false),
             BaselineKind::Zero2 => (false, true),
             _ => (false, false),
+        }
+    }
+
+    /// When a shard-group unit all-reduces across replicas (DESIGN §3.11.1): once a step for
+    /// `hsdp-ra-once`, after every micro-batch's ReduceScatter for the others.
+    fn replica_reduce(self) -> ReplicaReduce {
+        match self {
+            BaselineKind::HsdpRaOnce => ReplicaReduce::Last,
+            _ => ReplicaReduce::Every,
         }
     }
 
@@ -179,6 +224,9 @@ impl BaselineKind {
             BaselineKind::Fsdp2NoSync => "fsdp2-nosync",
             BaselineKind::Hpz => "hpz",
             BaselineKind::Hsdp => "hsdp",
+            BaselineKind::HsdpNoSync => "hsdp-nosync",
+            BaselineKind::HsdpRaOnce => "hsdp-ra-once",
+            BaselineKind::HpzNoSync => "hpz-nosync",
             BaselineKind::Fsdp2Offload => "fsdp2-offload",
             BaselineKind::Zero3Offload => "zero3-offload",
         }
@@ -214,11 +262,13 @@ pub struct BaselinePlan {
 
 /// The groups of ranks a baseline shards its units over (DESIGN §3.11): a shard group S < N for
 /// every sharded unit whose window (B_i, F_i) holds RS, RA and a gather (the others stay over the
-/// world), a secondary group for every fsdp unit.
+/// world), a secondary group for every fsdp unit; with micro-batches, when a shard-group unit
+/// that reduces every micro-batch all-reduces across replicas.
 #[derive(Debug, Clone, Copy, Default)]
 struct Groups {
     shard: Option<u32>,
     secondary: Option<u32>,
+    replica_reduce: ReplicaReduce,
 }
 
 /// Builds a schedule from per-unit levels and per-unit gather depths (forward, backward) over
@@ -271,10 +321,15 @@ fn depth_schedule(
                     .into_iter()
                     .map(|op| (op, launches[&op].clone()))
                     .collect();
+                let replica_reduce = match shard_group {
+                    Some(_) if !accumulate => groups.replica_reduce,
+                    _ => ReplicaReduce::Every,
+                };
                 Accumulation {
                     accumulate,
                     keep,
                     inner,
+                    replica_reduce,
                 }
             } else {
                 Accumulation::default()
@@ -392,25 +447,13 @@ pub fn baseline(
             checkpoint,
             accumulation,
         )?,
-        BaselineKind::Hpz => {
-            let h = secondary_group(profile).ok_or_else(|| {
-                Error::Mismatch("hpz: the profile offers no secondary group".into())
-            })?;
+        BaselineKind::Hpz | BaselineKind::HpzNoSync => {
+            let (h, schedule) = hierarchical::hpz(profile, kind, checkpoint)?;
             details.insert("secondary_group".into(), toml::Value::Integer(h.into()));
-            let groups = Groups {
-                shard: None,
-                secondary: Some(h),
-            };
-            depth_schedule(
-                profile,
-                (&levels(l, Level::Fsdp, true), groups),
-                &vec![(1, 1); l],
-                checkpoint,
-                accumulation,
-            )?
+            schedule
         }
-        BaselineKind::Hsdp => {
-            let (s, schedule) = hsdp(profile, checkpoint, cap)?;
+        BaselineKind::Hsdp | BaselineKind::HsdpNoSync | BaselineKind::HsdpRaOnce => {
+            let (s, schedule) = hierarchical::hsdp(profile, kind, checkpoint, cap)?;
             details.insert("shard_group".into(), toml::Value::Integer(s.into()));
             schedule
         }
@@ -452,43 +495,6 @@ pub fn baseline(
         }
     };
     Ok(finish(profile, schedule, kind.name(), details, cap))
-}
-
-/// FSDP2's HSDP: fsdp2's plan with every sharded unit over the smallest shard group of whole
-/// nodes (S = G·2^j < N, with curves in the profile) whose plan fits `cap` (without a cap, the
-/// node); the shard group and the schedule.
-fn hsdp(profile: &Profile, checkpoint: bool, cap: Option<u64>) -> Result<(u32, Schedule)> {
-    let candidates = whole_node_groups(profile);
-    let l = profile.unit_count();
-    let mut smallest_peak = f64::INFINITY;
-    for &s in &candidates {
-        let groups = Groups {
-            shard: Some(s),
-            secondary: None,
-        };
-        let schedule = depth_schedule(
-            profile,
-            (&levels(l, Level::Fsdp, true), groups),
-            &vec![(1, 1); l],
-            checkpoint,
-            (false, false),
-        )?;
-        let sim = crate::classes::simulate_strict(profile, &schedule);
-        if cap.is_none_or(|c| sim.peak_memory_bytes <= c as f64) {
-            return Ok((s, schedule));
-        }
-        smallest_peak = smallest_peak.min(sim.peak_memory_bytes);
-    }
-    Err(Error::Infeasible(format!(
-        "hsdp: no shard group of whole nodes ({}) fits the memory cap of {}; the smallest peak is {}",
-        candidates
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(", "),
-        format_bytes(cap.unwrap_or(0) as f64),
-        format_bytes(smallest_peak)
-    )))
 }
 
 /// The fastest of {none} ∪ {sdp, fsdp} × {depth 1, 2, 3} whose strict peak fits `cap`; with

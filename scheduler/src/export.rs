@@ -23,7 +23,9 @@
 //!
 //! - micro-batches (DESIGN §3.10): a unit that accumulates skips gradient sync
 //!   (`set_requires_gradient_sync(False)`) on every micro-batch but the last, one that keeps its
-//!   parameters skips resharding after backward (`set_reshard_after_backward(False)`) likewise;
+//!   parameters skips resharding after backward (`set_reshard_after_backward(False)`) likewise,
+//!   and an HSDP unit whose replica AllReduce runs once skips it (`set_requires_all_reduce(False)`,
+//!   DESIGN §3.11.1);
 //!   FSDP2 prefetches alike in every micro-batch, so an inner boundary launching elsewhere than
 //!   the step's is rounded to the step's.
 //!
@@ -35,7 +37,7 @@ use crate::Result;
 use crate::fsdp2::evaluate::TimelineEntry;
 use crate::fsdp2::{Reshard, Settings, Sharding, UnitSettings, evaluate};
 use crate::profile::Profile;
-use crate::schedule::Schedule;
+use crate::schedule::{ReplicaReduce, Schedule};
 use crate::sim::{Semantics, simulate};
 use crate::size::whole_bytes;
 use crate::timeline::{Level, Op, Slot};
@@ -68,6 +70,9 @@ pub struct Fsdp2Unit {
     /// Whether parameters are resharded after every micro-batch's backward (false: kept until
     /// the next micro-batch's forward, resharded after the last; `set_reshard_after_backward`).
     pub reshard_after_backward: bool,
+    /// Whether an HSDP unit all-reduces its reduced shard across replicas after every
+    /// micro-batch (false: only after the last, FSDP2's `set_requires_all_reduce`).
+    pub requires_all_reduce: bool,
 }
 
 /// FSDP2's `MixedPrecisionPolicy` for the profile's bytes per parameter (DESIGN §6.9): gathered
@@ -176,6 +181,7 @@ pub fn fsdp2(profile: &Profile, schedule: &Schedule) -> Result<Fsdp2Plan> {
                 backward_prefetch: names(&u.backward_prefetch),
                 requires_gradient_sync: u.requires_gradient_sync,
                 reshard_after_backward: u.reshard_after_backward,
+                requires_all_reduce: u.requires_all_reduce,
             }
         })
         .collect();
@@ -358,6 +364,7 @@ fn settings_of(
             backward_prefetch: std::mem::take(&mut backward[i]),
             requires_gradient_sync: !u.accumulation.accumulate,
             reshard_after_backward: !u.accumulation.keep,
+            requires_all_reduce: u.accumulation.replica_reduce == ReplicaReduce::Every,
         })
         .collect();
     (units, notes, changes)

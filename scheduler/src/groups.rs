@@ -1,16 +1,15 @@
 //! The groups of ranks a unit may be sharded over beyond the world (DESIGN §3.11): the shard
 //! groups S < N (HSDP) and the hpZ secondary group H that the plan space offers a profile, and
-//! the checks of a unit's groups against its profile.
+//! the checks of a unit's groups against its profile. With micro-batches (K ≥ 2) the groups are
+//! the same; what a shard-group unit does at each micro-batch boundary is its accumulation's
+//! (DESIGN §3.11.1).
 
 use crate::profile::{Link, Profile, Topology};
 use crate::timeline::Level;
 
-/// The topology of `profile` where hierarchical levels are modelled (one micro-batch per step).
+/// The topology of `profile`, where it has one.
 fn hierarchical(profile: &Profile) -> Option<&Topology> {
-    profile
-        .topology
-        .as_ref()
-        .filter(|_| profile.micro_batches == 1)
+    profile.topology.as_ref()
 }
 
 /// Whether the profile has the curves of a shard group of `s` ranks and of its replica group.
@@ -24,7 +23,7 @@ fn has_shard_group(topology: &Topology, world: u32, s: u32) -> bool {
 
 /// The shard groups smaller than the world the ILP offers `profile` (DESIGN §3.11): the node,
 /// S = G < N, whose collectives stay on the intra link, where its shard and replica groups have
-/// curves in the profile's topology; none without a topology or with micro-batches. Larger groups
+/// curves in the profile's topology; none without a topology. Larger groups
 /// of whole nodes are valid in plans and are the `hsdp` baseline's (and so the ILP's warm
 /// starts), but each would add a full set of launch columns per unit.
 pub fn shard_groups(profile: &Profile) -> Vec<u32> {
@@ -38,7 +37,7 @@ pub fn shard_groups(profile: &Profile) -> Vec<u32> {
 
 /// Every shard group of whole nodes smaller than the world with curves in the profile, ascending:
 /// S = G·2^j < N dividing N (as HSDP meshes are built; the `hsdp` baseline's candidates). Empty
-/// without a topology or with micro-batches.
+/// without a topology.
 pub fn whole_node_groups(profile: &Profile) -> Vec<u32> {
     let Some(topology) = hierarchical(profile) else {
         return Vec::new();
@@ -51,7 +50,7 @@ pub fn whole_node_groups(profile: &Profile) -> Vec<u32> {
 }
 
 /// The secondary group the plan space offers `profile`: a node's G ranks, where the world spans
-/// nodes and the topology has the node group's curves (with one micro-batch per step).
+/// nodes and the topology has the node group's curves.
 pub fn secondary_group(profile: &Profile) -> Option<u32> {
     let t = hierarchical(profile)?;
     let g = t.gpus_per_node;
@@ -72,16 +71,6 @@ pub struct UnitGroups {
 pub fn check(profile: &Profile, u: UnitGroups) -> Result<(), (&'static str, String)> {
     let world = profile.world_size;
     let needs = |field| -> Result<&Topology, (&'static str, String)> {
-        if profile.micro_batches != 1 {
-            return Err((
-                field,
-                format!(
-                    "hierarchical levels are modelled at one micro-batch per step, the profile \
-                     has micro_batches = {}",
-                    profile.micro_batches
-                ),
-            ));
-        }
         profile.topology.as_ref().ok_or((
             field,
             "a profile with a [topology] (gpus_per_node and its groups), this one has none".into(),

@@ -56,6 +56,23 @@ pub struct Accumulation {
     /// Launches per op at the boundary between two micro-batches (slot index 2L is I), for the
     /// ops that run there ([`inner_ops`]).
     pub inner: BTreeMap<Op, Vec<Launch>>,
+    /// A shard-group unit that reduces every micro-batch: whether its replica AllReduce follows
+    /// every ReduceScatter or only the step's (DESIGN §3.11.1).
+    pub replica_reduce: ReplicaReduce,
+}
+
+/// When a shard-group unit's reduced shard is AllReduced across its replica group, where it
+/// reduce-scatters every micro-batch (DESIGN §3.11.1).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReplicaReduce {
+    /// After every micro-batch's ReduceScatter (FSDP2's default).
+    #[default]
+    Every,
+    /// After the step's last ReduceScatter only; the inner ones add into the shard, which the
+    /// one AllReduce then reduces (FSDP2's `set_requires_all_reduce(False)` until the last
+    /// micro-batch).
+    Last,
 }
 
 /// The ops of a unit that run at the boundary between two micro-batches: its reduction unless
@@ -321,14 +338,7 @@ impl Schedule {
             if hsdp {
                 // Each RS block's replica AllReduce, in the next slot (DESIGN §3.11).
                 let window = timeline.window(unit, Op::ReduceScatter.window_kind());
-                let ra = unit_placed[&Op::ReduceScatter]
-                    .iter()
-                    .map(|l: &Placed| Placed {
-                        slot: window.slot_at(l.position + 1),
-                        position: l.position + 1,
-                        blocks: l.blocks,
-                    })
-                    .collect();
+                let ra = followers(window, &unit_placed[&Op::ReduceScatter]);
                 unit_placed.insert(Op::ReplicaAllReduce, ra);
             }
             placed.push(unit_placed);
@@ -355,8 +365,8 @@ impl Schedule {
             if *a != Accumulation::default() {
                 return Err(rule(
                     first_op,
-                    "accumulate, keep and inner launches need micro-batches: the profile has \
-                     micro_batches = 1"
+                    "accumulate, keep, replica_reduce and inner launches need micro-batches: the \
+                     profile has micro_batches = 1"
                         .into(),
                 ));
             }
@@ -383,6 +393,21 @@ impl Schedule {
                     profile.units[reader].name
                 ),
             ));
+        }
+        if a.replica_reduce == ReplicaReduce::Last {
+            let why = if u.shard_group.is_none() {
+                Some("a unit over a shard group (shard_group), this one is over the world")
+            } else if a.accumulate {
+                Some("accumulate = false: an accumulating unit reduces once per step anyway")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(rule(
+                    first_op,
+                    format!("replica_reduce = \"last\" needs {why}"),
+                ));
+            }
         }
         let ops = inner_ops(u.level, a.accumulate, a.keep);
         if let Some((&op, _)) = a
@@ -414,6 +439,24 @@ impl Schedule {
                 )
             })?;
             placed.insert(op, op_placed);
+        }
+        let replica_every = u.shard_group.is_some() && a.replica_reduce == ReplicaReduce::Every;
+        if let Some(rs) = placed.get(&Op::ReduceScatter).filter(|_| replica_every) {
+            // Each inner RS block's replica AllReduce, in the next slot (DESIGN §3.11.1).
+            let window = timeline.window(unit, Op::ReduceScatter.window_kind());
+            let last = rs.last().map_or(0, |l| l.position);
+            if last + 1 >= window.len {
+                return Err(rule(
+                    Op::ReduceScatter,
+                    format!(
+                        "inner boundary at {}: over a shard group, an RS block's replica \
+                         AllReduce follows in the next slot, and the window ends there",
+                        timeline.inner_slot(window.slot_at(last))
+                    ),
+                ));
+            }
+            let ra = followers(window, rs);
+            placed.insert(Op::ReplicaAllReduce, ra);
         }
         Ok(placed)
     }
@@ -500,6 +543,19 @@ fn check_reduction_order(
         }
     }
     Ok(())
+}
+
+/// The replica AllReduce of each ReduceScatter launch: its blocks one window position later
+/// (DESIGN §3.11); the caller has checked that the position lies in the window.
+fn followers(window: Window, reduce_scatter: &[Placed]) -> Vec<Placed> {
+    reduce_scatter
+        .iter()
+        .map(|l| Placed {
+            slot: window.slot_at(l.position + 1),
+            position: l.position + 1,
+            blocks: l.blocks,
+        })
+        .collect()
 }
 
 /// Places one op's launches at their window positions: each inside the window, each slot once,

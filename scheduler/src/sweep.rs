@@ -139,7 +139,8 @@ pub struct BaselineComparison {
     /// checkpointing off, then on, that can be built at the cap ([`baselines_at`]).
     pub built: Vec<ChosenBaseline>,
     /// The node layout's baselines the profile does not offer, each with its reason
-    /// ([`BaselineKind::unavailable_on`]).
+    /// ([`BaselineKind::unavailable_on`]); their micro-batch forms only where the profile has
+    /// micro-batches.
     pub left_out: Vec<(BaselineKind, String)>,
 }
 
@@ -151,6 +152,7 @@ impl BaselineComparison {
             built: baselines_at(profile, &every_baseline(profile), true, Some(cap)).collect(),
             left_out: BaselineKind::HIERARCHICAL
                 .into_iter()
+                .filter(|kind| profile.micro_batches >= 2 || !kind.needs_micro_batches())
                 .filter_map(|kind| Some((kind, kind.unavailable_on(profile)?)))
                 .collect(),
         }

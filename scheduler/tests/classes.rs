@@ -1,11 +1,12 @@
 //! The step of many micro-batches simulated by its classes (`classes::simulate_strict`) against
 //! the simulator unrolling all K: every total, the peak, and each class slot's timing and memory
-//! where the whole step has it, for random plans (random accumulate and keep, κ > 0) and the
-//! baselines of a zoo profile.
+//! where the whole step has it, for random plans (random accumulate and keep, κ > 0; on nodes,
+//! with shard groups, random `replica_reduce` and secondary groups, DESIGN §3.11.1) and the
+//! baselines of a zoo profile (on nodes too).
 
 mod common;
 
-use common::{Rng, close, random_profile, random_schedule};
+use common::{Rng, close, random_profile, random_schedule, with_topology};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::classes::simulate_strict;
 use shardplan_scheduler::profile::Profile;
@@ -72,6 +73,50 @@ fn random_plans_of_many_micro_batches() {
         profile.micro_batches = 5 + (case % 4) as u32;
         let schedule = random_schedule(&mut rng, &profile);
         agrees(&profile, &schedule, &format!("case {case}"));
+    }
+}
+
+/// Hierarchical plans at K = 5 and 8: RS and RA on two links, at every inner boundary or the
+/// step's only.
+#[test]
+fn random_hierarchical_plans_of_many_micro_batches() {
+    let mut rng = Rng(6311);
+    let mut hierarchical = 0;
+    for case in 0..120 {
+        let mut profile = random_profile(&mut rng, 2 + case % 4, 0.3, 5000);
+        if !with_topology(&mut rng, &mut profile) {
+            continue;
+        }
+        profile.micro_batches = [5, 8][case % 2];
+        let schedule = random_schedule(&mut rng, &profile);
+        hierarchical += usize::from(schedule.units().iter().any(|u| u.shard_group.is_some()));
+        agrees(&profile, &schedule, &format!("case {case}"));
+    }
+    assert!(
+        hierarchical >= 20,
+        "only {hierarchical} plans over a shard group"
+    );
+}
+
+/// The hierarchical baselines and their micro-batch forms on llama2-7b at N = 64 on nodes of 2
+/// or 32 (random curves), K = 5 and 8.
+#[test]
+fn hierarchical_baselines_of_many_micro_batches() {
+    let base = common::zoo_profile("llama2-7b");
+    for k in [5, 8] {
+        let mut profile = base.clone();
+        profile.micro_batches = k;
+        assert!(with_topology(&mut Rng(5), &mut profile));
+        for kind in BaselineKind::HIERARCHICAL {
+            for checkpoint in [false, true] {
+                let plan = baseline(&profile, kind, checkpoint, None).unwrap();
+                agrees(
+                    &profile,
+                    &plan.schedule,
+                    &format!("K = {k}, {}", kind.label(checkpoint)),
+                );
+            }
+        }
     }
 }
 

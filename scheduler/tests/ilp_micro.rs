@@ -88,6 +88,7 @@ fn unit_options(profile: &Profile, unit: usize, recompute: bool) -> Vec<UnitSche
                                     accumulate,
                                     keep,
                                     inner: i.clone(),
+                                    ..Accumulation::default()
                                 },
                             });
                         }

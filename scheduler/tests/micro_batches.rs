@@ -237,6 +237,7 @@ fn repeated(profile: &Profile, flat: &Schedule) -> Schedule {
                     accumulate: false,
                     keep: false,
                     inner,
+                    ..Accumulation::default()
                 },
                 ..u.clone()
             }

@@ -174,8 +174,9 @@ pub struct BaselineArgs {
     pub profile: PathBuf,
     /// ddp, zero2, fsdp1, fsdp2, zero3, best-grid; with micro-batches ddp-nosync, fsdp2-nosync;
     /// on a profile with nodes (DESIGN §3.11) hsdp (within the cap, the smallest shard group of
-    /// whole nodes that fits) or hpz; on a profile with a host link (DESIGN §3.13) fsdp2-offload
-    /// or zero3-offload.
+    /// whole nodes that fits) or hpz, and with micro-batches hsdp-nosync, hsdp-ra-once,
+    /// hpz-nosync (DESIGN §3.11.1); on a profile with a host link (DESIGN §3.13)
+    /// fsdp2-offload or zero3-offload.
     #[arg(long, value_parser = str::parse::<BaselineKind>)]
     pub kind: BaselineKind,
     /// Activation checkpointing for every unit.
@@ -313,8 +314,8 @@ pub struct SweepArgs {
     #[arg(long)]
     pub out_dir: PathBuf,
     /// Comma-separated: ilp, ddp, zero2, fsdp1, fsdp2, zero3, best-grid; with micro-batches
-    /// ddp-nosync, fsdp2-nosync; on a profile with nodes (DESIGN §3.11) hsdp, hpz (default: all
-    /// of them).
+    /// ddp-nosync, fsdp2-nosync; on a profile with nodes (DESIGN §3.11) hsdp, hpz, and with
+    /// micro-batches hsdp-nosync, hsdp-ra-once, hpz-nosync (default: all of them).
     #[arg(long, value_parser = methods_arg)]
     pub methods: Option<MethodsArg>,
     /// Seconds per ILP solve, or `unlimited` (default 5; with the ilp method).

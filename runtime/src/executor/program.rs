@@ -8,7 +8,7 @@ use crate::layout::Placement;
 use shardplan_scheduler::cost::Among;
 use shardplan_scheduler::profile::{Link, Profile};
 use shardplan_scheduler::schedule::{
-    QueueKey, Schedule, UnitSchedule, in_canonical_order, queue_key,
+    QueueKey, ReplicaReduce, Schedule, UnitSchedule, in_canonical_order, queue_key,
 };
 use shardplan_scheduler::timeline::{Level, Op};
 use shardplan_scheduler::unrolled::Unrolled;
@@ -269,12 +269,17 @@ fn needs(
             if u.level == Level::Fsdp {
                 needs.push(need(i, Kind::BackwardGather, Some(m)));
             }
-            // The previous micro-batch's reduction of each gradient this slot prepares.
+            // The previous micro-batch's reduction of each gradient this slot prepares, and its
+            // replica AllReduce where one follows every ReduceScatter (it reduces the shard the
+            // seed reads in place, DESIGN §3.11.1).
             for &w in &first_written[i] {
-                let level = units[w].level;
-                if m > 0 && !units[w].accumulation.accumulate {
-                    let kind = Kind::of(level.ops()[0]);
+                let a = &units[w].accumulation;
+                if m > 0 && !a.accumulate {
+                    let kind = Kind::of(units[w].level.ops()[0]);
                     needs.push(need(w, kind, Some(m - 1)));
+                    if units[w].shard_group.is_some() && a.replica_reduce == ReplicaReduce::Every {
+                        needs.push(need(w, Kind::ReplicaAllReduce, Some(m - 1)));
+                    }
                 }
             }
             needs

@@ -278,10 +278,19 @@ impl UnitSlots<'_> {
         let full_grad = self.full_gradient(b, (block_elements, grad))?;
         let gathered_forward = self.gathered_forward(b, (block_elements, param))?;
         let gathered_backward = self.gathered_backward(b, (block_elements, param))?;
-        // An hpZ unit's secondary shard, written at F_i, read by its backward gather.
+        // An hpZ unit's secondary shard, written at F_i, read by its backward gather, in every
+        // micro-batch (DESIGN §3.11.1).
         let secondary = u.secondary_group.map(|h| {
             let (h, name) = (h as usize, format!("{name} secondary shard"));
-            let alive = b.alive(&[(self.forward, self.backward)]);
+            let spans: Vec<(usize, usize)> = (0..self.step.micro_batches)
+                .map(|m| {
+                    (
+                        self.step.at(m, self.forward),
+                        self.step.at(m, self.backward),
+                    )
+                })
+                .collect();
+            let alive = b.alive(&spans);
             let request = Request::whole(name, param.bytes() * (padded / h) as u64, alive);
             let birth = self.forward;
             (h, b.push(request, param, Tenure::Step { birth }, false))

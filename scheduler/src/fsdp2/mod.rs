@@ -54,6 +54,10 @@ pub struct UnitSettings {
     pub requires_gradient_sync: bool,
     /// `set_reshard_after_backward(False)` on micro-batches 1 … K−1 when false.
     pub reshard_after_backward: bool,
+    /// `set_requires_all_reduce(False)` on micro-batches 1 … K−1 when false: an HSDP module
+    /// reduce-scatters every micro-batch into `_partial_reduce_output` and all-reduces the sum
+    /// once, after the last (DESIGN §3.11.1).
+    pub requires_all_reduce: bool,
 }
 
 impl UnitSettings {
@@ -66,6 +70,7 @@ impl UnitSettings {
             backward_prefetch: Vec::new(),
             requires_gradient_sync: true,
             reshard_after_backward: true,
+            requires_all_reduce: true,
         }
     }
 }
@@ -119,12 +124,29 @@ impl Settings {
                     }
                 }
             }
-            let switched = !u.requires_gradient_sync || !u.reshard_after_backward;
+            let switched =
+                !u.requires_gradient_sync || !u.reshard_after_backward || !u.requires_all_reduce;
             if switched && profile.micro_batches < 2 {
                 return invalid(
                     j,
                     "requires_gradient_sync",
-                    "both switches true with one micro-batch per step".into(),
+                    "every switch true with one micro-batch per step".into(),
+                );
+            }
+            let meshed = matches!(
+                u.sharding,
+                Sharding::Sharded {
+                    shard_group: Some(_),
+                    ..
+                }
+            );
+            if !u.requires_all_reduce && (!meshed || !u.requires_gradient_sync) {
+                return invalid(
+                    j,
+                    "requires_all_reduce",
+                    "true unless the module is over a 2-D (replicate, shard) mesh and syncs \
+                     gradients every micro-batch (there is no replica all-reduce to defer)"
+                        .into(),
                 );
             }
             if u.sharding == Sharding::Replicated && !u.reshard_after_backward {

@@ -10,7 +10,7 @@
 use super::hooks::{Pass, Walk};
 use super::{Reshard, Sharding, UnitSettings};
 use crate::profile::Profile;
-use crate::schedule::{Accumulation, Launch, Schedule, UnitSchedule, inner_ops};
+use crate::schedule::{Accumulation, Launch, ReplicaReduce, Schedule, UnitSchedule, inner_ops};
 use crate::timeline::{Level, Op, Timeline, WindowKind};
 use crate::{Error, Result};
 use std::collections::BTreeMap;
@@ -45,6 +45,11 @@ pub fn schedule(profile: &Profile, units: &[UnitSettings], walk: &Walk) -> Resul
             launches.insert(op, vec![whole(profile, v, slot)]);
         }
         let (accumulate, keep) = (!u.requires_gradient_sync, !u.reshard_after_backward);
+        let replica_reduce = if u.requires_all_reduce {
+            ReplicaReduce::Every
+        } else {
+            ReplicaReduce::Last
+        };
         let inner = if profile.micro_batches >= 2 {
             inner_ops(level, accumulate, keep)
                 .into_iter()
@@ -61,6 +66,7 @@ pub fn schedule(profile: &Profile, units: &[UnitSettings], walk: &Walk) -> Resul
                 accumulate,
                 keep,
                 inner,
+                replica_reduce,
             },
             shard_group,
             secondary_group,

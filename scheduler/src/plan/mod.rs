@@ -36,7 +36,9 @@
 //! and a unit `accumulate = true` (reduce once per step), `keep = true` (keep gathered parameters
 //! between micro-batches) and the inner boundary's launches `ar_inner`, `rs_inner`, `ag_inner`,
 //! `agf_inner` (slots F<i>, B<i> and I, the boundary between micro-batches), each present
-//! exactly where the op runs there.
+//! exactly where the op runs there. A unit over a shard group that reduces every micro-batch may
+//! carry `replica_reduce = "last"` (DESIGN §3.11.1: its replica AllReduce only after the step's
+//! last ReduceScatter; absent: `"every"`, after each).
 //!
 //! On a profile with a `[host]` (DESIGN §3.13) a sharded unit may carry `offload = "optimizer"`
 //! or `"full"`, and the plan `host_step = "after-backward"` (the frameworks' step after the whole
@@ -45,7 +47,7 @@
 
 use crate::offload::{HostStep, Offload};
 use crate::profile::Profile;
-use crate::schedule::{Accumulation, Launch, Schedule, UnitSchedule};
+use crate::schedule::{Accumulation, Launch, ReplicaReduce, Schedule, UnitSchedule};
 use crate::size::whole_bytes;
 use crate::timeline::{Level, Op, Slot, Timeline};
 use crate::{Error, Result};
@@ -134,6 +136,10 @@ pub struct UnitPlan {
     /// k_i (DESIGN §3.10): keep gathered parameters between micro-batches.
     #[serde(default, skip_serializing_if = "is_false")]
     pub keep: bool,
+    /// A shard-group unit's replica AllReduce after every micro-batch's ReduceScatter or only
+    /// the step's (DESIGN §3.11.1); absent: every.
+    #[serde(default, skip_serializing_if = "is_every")]
+    pub replica_reduce: ReplicaReduce,
     /// The inner boundary's launches (slots F<i>, B<i>, I).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ar_inner: Vec<(Slot, u32)>,
@@ -150,6 +156,10 @@ pub struct UnitPlan {
 
 fn is_false(value: &bool) -> bool {
     !*value
+}
+
+fn is_every(value: &ReplicaReduce) -> bool {
+    *value == ReplicaReduce::Every
 }
 
 impl UnitPlan {
@@ -344,6 +354,7 @@ impl Plan {
                     accumulate: u.accumulate,
                     keep: u.keep,
                     inner,
+                    replica_reduce: u.replica_reduce,
                 },
                 shard_group: u.shard_group,
                 secondary_group: u.secondary_group,
@@ -385,6 +396,7 @@ impl Plan {
                     secondary_group: u.secondary_group,
                     accumulate: u.accumulation.accumulate,
                     keep: u.accumulation.keep,
+                    replica_reduce: u.accumulation.replica_reduce,
                     ar_inner: vec![],
                     rs_inner: vec![],
                     ag_inner: vec![],

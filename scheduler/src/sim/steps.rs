@@ -2,15 +2,16 @@
 //! each followed by its boundary (I between micro-batches, E after the last), K·(2L + 1) slots.
 //! Every op instance is placed by its assignment — the step boundary's `launches`, the inner
 //! boundaries' `accumulation.inner`, AGB's launches in every micro-batch — so the simulator needs
-//! no slot classes: it checks the ILP's compression instead of sharing it.
+//! no slot classes: it checks the ILP's compression instead of sharing it. A shard group's replica
+//! AllReduce follows its ReduceScatter at the boundaries where it runs (DESIGN §3.11.1).
 
 use super::{Entry, MemoryBreakdown, StepInputs, op_index};
 use crate::cost::{
-    Interference, among, block_bytes, block_time, communicator_bytes, compute_us, persistent_bytes,
-    saved_bytes,
+    Interference, among, block_bytes, block_time, communicator_bytes, compute_us,
+    persistent_bytes_over, saved_bytes, secondary_shard_bytes,
 };
 use crate::profile::Profile;
-use crate::schedule::{QueueKey, Schedule, in_canonical_order, queue_key};
+use crate::schedule::{QueueKey, ReplicaReduce, Schedule, in_canonical_order, queue_key};
 use crate::timeline::{Level, Op, Slot};
 use crate::unrolled::{Instance, Unrolled, first_gradient_writer};
 
@@ -86,7 +87,7 @@ pub(super) fn unrolled(profile: &Profile, schedule: &Schedule) -> StepInputs {
         let (forward, backward) = (timeline.forward(unit), timeline.backward(unit));
         let (accumulate, keep) = (u.accumulation.accumulate, u.accumulation.keep);
         per_unit_memory(profile, schedule, step, unit, &mut memory);
-        for &op in u.level.ops() {
+        for op in u.ops() {
             let kind = op.window_kind();
             let window = timeline.window(unit, kind);
             for boundary in 0..k {
@@ -100,6 +101,17 @@ pub(super) fn unrolled(profile: &Profile, schedule: &Schedule) -> StepInputs {
                 }
                 let instance = Instance { unit, op, boundary };
                 opens[step.position(window, kind, boundary, 0)].push(id(instance));
+                // What a block waits for across links (relaxed, DESIGN §3.11): a replica
+                // AllReduce its ReduceScatter, the step's forward gather of a shard-group unit
+                // its replica AllReduce (the optimizer step between); inside the step the
+                // parameters do not change, so an inner gather waits for nothing.
+                let after = match op {
+                    Op::ReplicaAllReduce => Some(Op::ReduceScatter),
+                    op if op.is_forward_gather() && u.shard_group.is_some() && boundary == 0 => {
+                        Some(Op::ReplicaAllReduce)
+                    }
+                    _ => None,
+                };
                 let among = among(profile, u, op);
                 let mut block = block_time(profile, unit, op, among);
                 if boundary != 0 {
@@ -112,7 +124,7 @@ pub(super) fn unrolled(profile: &Profile, schedule: &Schedule) -> StepInputs {
                     op,
                     instance: id(instance),
                     link: among.link(profile),
-                    after: None,
+                    after: after.map(|op| id(Instance { unit, op, boundary })),
                     time_us: block.total_us(),
                     load_us: interference.load_us(op, block),
                 };
@@ -169,6 +181,8 @@ pub(super) fn unrolled(profile: &Profile, schedule: &Schedule) -> StepInputs {
             }
         }
         let reduction = u.level.ops()[0];
+        let replica_every =
+            u.shard_group.is_some() && u.accumulation.replica_reduce == ReplicaReduce::Every;
         let writer = timeline.backward(first_gradient_writer(profile, unit));
         for m in 0..k {
             let needed = match u.level {
@@ -186,8 +200,12 @@ pub(super) fn unrolled(profile: &Profile, schedule: &Schedule) -> StepInputs {
             }
             if m > 0 && !accumulate {
                 // The gradient's first writer in micro-batch m prepares the buffer the previous
-                // micro-batch's reduction reads and writes (DESIGN §6.10).
+                // micro-batch's reduction reads and writes (DESIGN §6.10), and the shard its
+                // replica AllReduce reduces in place.
                 needs[step.at(m, writer)].push(instance(reduction, m));
+                if replica_every {
+                    needs[step.at(m, writer)].push(instance(Op::ReplicaAllReduce, m));
+                }
             }
         }
     }
@@ -221,7 +239,7 @@ fn per_unit_memory(
     let u = &schedule.units()[unit];
     let p = &profile.units[unit];
     let (forward, backward) = (timeline.forward(unit), timeline.backward(unit));
-    let persistent = persistent_bytes(profile, unit, u.level);
+    let persistent = persistent_bytes_over(profile, unit, u.level, u.shard_group);
     for m in memory.iter_mut() {
         m.persistent += persistent;
     }
@@ -234,6 +252,17 @@ fn per_unit_memory(
         }
         memory[f].workspace += p.forward_workspace_bytes as f64;
         memory[b].workspace += p.backward_workspace_bytes as f64;
+        if let Some(h) = u.secondary_group {
+            // hpZ's secondary shard, from F^m_i to B^m_i (DESIGN §3.11).
+            add(
+                step,
+                memory,
+                f,
+                b,
+                secondary_shard_bytes(profile, unit, h),
+                gathered,
+            );
+        }
     }
     let Some(borrower) = profile.borrower(unit) else {
         return;

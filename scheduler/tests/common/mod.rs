@@ -280,9 +280,13 @@ pub fn with_topology(rng: &mut Rng, profile: &mut Profile) -> bool {
 /// A random valid schedule: random levels (the last unit never fsdp), recompute flags, and
 /// each op's blocks spread over random slots of its window, reductions before gathers; with
 /// micro-batches, random accumulate and keep, and the inner boundary's ops spread over their
-/// whole windows (no order rule there).
+/// whole windows (no order rule there; a shard-group unit's inner RS short of the last slot
+/// where its replica AllReduce follows it, and a random `ReplicaReduce` where it reduces every
+/// micro-batch).
 pub fn random_schedule(rng: &mut Rng, profile: &Profile) -> Schedule {
-    use shardplan_scheduler::schedule::{Accumulation, Launch, UnitSchedule, inner_ops};
+    use shardplan_scheduler::schedule::{
+        Accumulation, Launch, ReplicaReduce, UnitSchedule, inner_ops,
+    };
     use shardplan_scheduler::timeline::{Level, Op, Timeline};
     let l = profile.unit_count();
     let timeline = Timeline::new(l);
@@ -335,8 +339,19 @@ pub fn random_schedule(rng: &mut Rng, profile: &Profile) -> Schedule {
                 accumulation.accumulate = rng.coin();
                 let kept_fsdp_lender = level == Level::Fsdp && profile.borrower(unit).is_some();
                 accumulation.keep = level != Level::None && !kept_fsdp_lender && rng.coin();
+                if shard_group.is_some() && !accumulation.accumulate && rng.coin() {
+                    accumulation.replica_reduce = ReplicaReduce::Last;
+                }
+                let followed =
+                    shard_group.is_some() && accumulation.replica_reduce == ReplicaReduce::Every;
                 for op in inner_ops(level, accumulation.accumulate, accumulation.keep) {
-                    let positions = 0..=timeline.window(unit, op.window_kind()).len - 1;
+                    let len = timeline.window(unit, op.window_kind()).len;
+                    let last = if op == Op::ReduceScatter && followed {
+                        len - 2
+                    } else {
+                        len - 1
+                    };
+                    let positions = 0..=last;
                     let spread = spread(rng, nb, positions, op, unit);
                     accumulation.inner.insert(op, spread);
                 }

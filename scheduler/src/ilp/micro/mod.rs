@@ -140,11 +140,17 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
     };
     let time = value_of(&simulation);
     let scale = peak.map_or(1.0, |(_, scale)| scale);
-    let bound = (solved
+    let dual_bound = solved
         .double_info_value(c"mip_dual_bound")
         .unwrap_or(f64::NEG_INFINITY)
-        * scale)
-        .min(time);
+        * scale;
+    // A hierarchical baseline (DESIGN §3.11.1) lies outside the MIP's space, which knows no
+    // groups: the bound is over that space, not over the plan, and may lie above it.
+    let bound = if outside_the_space(&schedule) {
+        dual_bound
+    } else {
+        dual_bound.min(time)
+    };
     let status = match status {
         HighsModelStatus::Optimal if solved.mip_gap() <= 1e-9 => SolveStatus::Optimal,
         HighsModelStatus::Optimal => SolveStatus::GapLimit,
@@ -249,10 +255,23 @@ struct Parts<'a> {
     count: usize,
 }
 
+/// Whether a unit of `schedule` is over a shard or secondary group, which the MIP does not
+/// offer (its levels are over the world).
+fn outside_the_space(schedule: &Schedule) -> bool {
+    schedule
+        .units()
+        .iter()
+        .any(|u| u.shard_group.is_some() || u.secondary_group.is_some())
+}
+
 /// The column values of `schedule`: its configurations, recompute flags, launches and their
 /// running sums, the step's RS→FG boundary after its last reduction block, and each slot's
-/// duration at its terms; None for a schedule the MIP cannot express.
+/// duration at its terms; None for a schedule the MIP cannot express (one over a group of ranks
+/// other than the world among them).
 fn values_of(profile: &Profile, parts: &Parts, schedule: &Schedule) -> Option<Vec<f64>> {
+    if outside_the_space(schedule) {
+        return None;
+    }
     let mut values = vec![0.0; parts.count];
     for (u, unit) in parts.units.iter().zip(schedule.units()) {
         let a = &unit.accumulation;
@@ -348,6 +367,7 @@ fn schedule_from(profile: &Profile, units: &[model::UnitCols], values: &[f64]) -
                     accumulate: config.accumulate,
                     keep: config.keep && config.level != Level::None,
                     inner,
+                    ..Accumulation::default()
                 },
                 shard_group: None,
                 secondary_group: None,
