@@ -14,6 +14,7 @@ use shardplan_runtime::session::Prepared;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::curve::CommCurve;
 use shardplan_scheduler::profile::CommCurves;
+use shardplan_scheduler::schedule::Recompute;
 use shardplan_scheduler::sim::Semantics;
 use std::path::Path;
 use std::sync::Arc;
@@ -111,7 +112,7 @@ fn overhead(c: &mut Criterion) {
     let mlp = Mlp::new(spec.clone(), 0, 1);
     let profile =
         workload_profile(&mlp, 1, &times, comm, Some(1 << 30), Default::default()).unwrap();
-    let plan = baseline(&profile, BaselineKind::Ddp, false, None)
+    let plan = baseline(&profile, BaselineKind::Ddp, Recompute::Off, None)
         .unwrap()
         .plan;
     let prepared = Prepared::new(

@@ -9,7 +9,9 @@
 use crate::groups::{secondary_group, whole_node_groups};
 use crate::plan::{Plan, Producer, plan_with_prediction};
 use crate::profile::Profile;
-use crate::schedule::{Accumulation, Launch, Schedule, UnitSchedule, inner_ops};
+use crate::schedule::{
+    Accumulation, Launch, Recompute, RecomputeChoice, Schedule, UnitSchedule, inner_ops,
+};
 use crate::sim::Simulation;
 use crate::size::format_bytes;
 use crate::timeline::{Level, Op, Timeline};
@@ -138,8 +140,12 @@ impl BaselineKind {
 
     /// The name of the baseline with checkpointing on or off, as tables and reports write it
     /// (`fsdp2`, `fsdp2+ckpt`).
-    pub fn label(self, checkpoint: bool) -> String {
-        format!("{}{}", self.name(), if checkpoint { "+ckpt" } else { "" })
+    pub fn label(self, checkpoint: Recompute) -> String {
+        let suffix = match checkpoint {
+            Recompute::On => "+ckpt",
+            Recompute::Off => "",
+        };
+        format!("{}{suffix}", self.name())
     }
 
     pub fn name(self) -> &'static str {
@@ -202,7 +208,7 @@ fn depth_schedule(
     profile: &Profile,
     (levels, groups): (&[Level], Groups),
     depths: &[(usize, usize)],
-    recompute: bool,
+    recompute: Recompute,
     (accumulate, keep): (bool, bool),
 ) -> Result<Schedule> {
     let timeline = Timeline::new(profile.unit_count());
@@ -253,7 +259,7 @@ fn depth_schedule(
             };
             UnitSchedule {
                 level,
-                recompute,
+                recompute: recompute.is_on(),
                 launches,
                 accumulation,
                 shard_group,
@@ -323,7 +329,7 @@ fn grid_point(
     profile: &Profile,
     level: Level,
     depth: usize,
-    recompute: bool,
+    recompute: Recompute,
     accumulation: (bool, bool),
 ) -> Result<Schedule> {
     let l = profile.unit_count();
@@ -341,12 +347,14 @@ fn grid_point(
 pub fn baseline(
     profile: &Profile,
     kind: BaselineKind,
-    checkpoint: bool,
+    checkpoint: Recompute,
     cap: Option<u64>,
 ) -> Result<BaselinePlan> {
     let l = profile.unit_count();
-    let mut details =
-        BTreeMap::from([("checkpoint".to_string(), toml::Value::Boolean(checkpoint))]);
+    let mut details = BTreeMap::from([(
+        "checkpoint".to_string(),
+        toml::Value::Boolean(checkpoint.is_on()),
+    )]);
     if let Some(reason) = kind.unavailable_on(profile) {
         return Err(Error::Mismatch(reason));
     }
@@ -409,7 +417,7 @@ pub fn baseline(
 /// FSDP2's HSDP: fsdp2's plan with every sharded unit over the smallest shard group of whole
 /// nodes (S = G·2^j < N, with curves in the profile) whose plan fits `cap` (without a cap, the
 /// node); the shard group and the schedule.
-fn hsdp(profile: &Profile, checkpoint: bool, cap: Option<u64>) -> Result<(u32, Schedule)> {
+fn hsdp(profile: &Profile, checkpoint: Recompute, cap: Option<u64>) -> Result<(u32, Schedule)> {
     let candidates = whole_node_groups(profile);
     let l = profile.unit_count();
     let mut smallest_peak = f64::INFINITY;
@@ -447,7 +455,7 @@ fn hsdp(profile: &Profile, checkpoint: bool, cap: Option<u64>) -> Result<(u32, S
 /// micro-batches, each also with every (accumulate, keep).
 fn best_grid(
     profile: &Profile,
-    checkpoint: bool,
+    checkpoint: Recompute,
     cap: Option<u64>,
 ) -> Result<(Level, usize, Schedule)> {
     let mut points = vec![(Level::None, 1)];
@@ -530,7 +538,7 @@ impl Preference {
 #[derive(Debug, Clone)]
 pub struct ChosenBaseline {
     pub kind: BaselineKind,
-    pub checkpoint: bool,
+    pub checkpoint: Recompute,
     pub plan: BaselinePlan,
 }
 
@@ -540,28 +548,26 @@ impl ChosenBaseline {
     }
 }
 
-/// Every baseline of `kinds`, each with checkpointing off and, when `checkpointing`, on, that
-/// can be built at `cap` (a baseline that cannot is left out).
+/// Every baseline of `kinds`, each with checkpointing off and, where `checkpointing` allows it,
+/// on, that can be built at `cap` (a baseline that cannot is left out).
 pub fn baselines_at(
     profile: &Profile,
     kinds: &[BaselineKind],
-    checkpointing: bool,
+    checkpointing: RecomputeChoice,
     cap: Option<u64>,
 ) -> impl Iterator<Item = ChosenBaseline> {
-    let variants: &[bool] = if checkpointing {
-        &[false, true]
-    } else {
-        &[false]
-    };
     kinds.iter().flat_map(move |&kind| {
-        variants.iter().filter_map(move |&checkpoint| {
-            let plan = baseline(profile, kind, checkpoint, cap).ok()?;
-            Some(ChosenBaseline {
-                kind,
-                checkpoint,
-                plan,
+        checkpointing
+            .settings()
+            .iter()
+            .filter_map(move |&checkpoint| {
+                let plan = baseline(profile, kind, checkpoint, cap).ok()?;
+                Some(ChosenBaseline {
+                    kind,
+                    checkpoint,
+                    plan,
+                })
             })
-        })
     })
 }
 
@@ -569,7 +575,7 @@ pub fn baselines_at(
 pub fn best_baseline(
     profile: &Profile,
     kinds: &[BaselineKind],
-    checkpointing: bool,
+    checkpointing: RecomputeChoice,
     cap: Option<u64>,
     preference: Preference,
 ) -> Option<ChosenBaseline> {

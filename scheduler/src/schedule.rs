@@ -14,6 +14,57 @@ pub struct Launch {
     pub blocks: u32,
 }
 
+/// Whether a unit recomputes its activations in its backward (activation checkpointing) or
+/// keeps them from its forward. It replaces the `checkpoint: bool` / `recompute: bool`
+/// parameters: `On` is their `true`, `Off` their `false`. A schedule's unit holds it as
+/// [`UnitSchedule::recompute`], a bool as the plan file writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recompute {
+    Off,
+    On,
+}
+
+impl Recompute {
+    /// The setting `unit` holds as its [`UnitSchedule::recompute`] flag.
+    pub fn of(unit: &UnitSchedule) -> Recompute {
+        if unit.recompute {
+            Recompute::On
+        } else {
+            Recompute::Off
+        }
+    }
+
+    /// Whether activations are recomputed (the bool a plan file writes).
+    pub fn is_on(self) -> bool {
+        self == Recompute::On
+    }
+}
+
+/// Whether a search (the ILP, the baselines' variants) may choose [`Recompute::On`] for a unit.
+/// It replaces the `allow_recompute: bool` / `checkpointing: bool` parameters: `Allowed` is their
+/// `true`, `Forbidden` their `false`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecomputeChoice {
+    /// Every unit keeps its activations.
+    Forbidden,
+    /// A unit may keep its activations or recompute them.
+    Allowed,
+}
+
+impl RecomputeChoice {
+    /// The settings a unit may take, [`Recompute::Off`] first.
+    pub fn settings(self) -> &'static [Recompute] {
+        match self {
+            RecomputeChoice::Forbidden => &[Recompute::Off],
+            RecomputeChoice::Allowed => &[Recompute::Off, Recompute::On],
+        }
+    }
+
+    pub fn is_allowed(self) -> bool {
+        self == RecomputeChoice::Allowed
+    }
+}
+
 /// One unit's choices.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnitSchedule {

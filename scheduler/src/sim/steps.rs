@@ -10,7 +10,7 @@ use crate::cost::{
     saved_bytes,
 };
 use crate::profile::Profile;
-use crate::schedule::{QueueKey, Schedule, in_canonical_order, queue_key};
+use crate::schedule::{QueueKey, Recompute, Schedule, in_canonical_order, queue_key};
 use crate::timeline::{Level, Op, Slot};
 use crate::unrolled::{Instance, Unrolled, first_gradient_writer};
 
@@ -224,7 +224,7 @@ fn per_unit_memory(
     for m in memory.iter_mut() {
         m.persistent += persistent;
     }
-    let saved = saved_bytes(profile, unit, u.recompute);
+    let saved = saved_bytes(profile, unit, Recompute::of(u));
     for m in 0..k {
         let (f, b) = (step.at(m, forward), step.at(m, backward));
         add(step, memory, f, b, saved, activation);

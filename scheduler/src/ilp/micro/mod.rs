@@ -17,7 +17,7 @@ use crate::baselines::ChosenBaseline;
 use crate::classes::simulate_strict;
 use crate::cost::Interference;
 use crate::profile::Profile;
-use crate::schedule::{Accumulation, Launch, Schedule, UnitSchedule, inner_ops};
+use crate::schedule::{Accumulation, Launch, RecomputeChoice, Schedule, UnitSchedule, inner_ops};
 use crate::size::format_bytes;
 use crate::timeline::{Level, Op, Timeline, WindowKind};
 use crate::{Error, Result};
@@ -43,7 +43,7 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
     let built = build(
         profile,
         limits,
-        options.allow_recompute,
+        options.recompute_choice(),
         (options.memory_cap_bytes, peak_scale),
     );
     // T = Σ weight·d_s: the step time.
@@ -220,7 +220,12 @@ fn checked(
 /// the memory of each slot of the first, steady (K ≥ 3) and last micro-batch; None where the
 /// MIP cannot express the schedule.
 pub fn rows_at(profile: &Profile, schedule: &Schedule) -> Option<(f64, Vec<f64>)> {
-    let built = build(profile, WindowLimits::FULL, true, (None, None));
+    let built = build(
+        profile,
+        WindowLimits::FULL,
+        RecomputeChoice::Allowed,
+        (None, None),
+    );
     let parts = Parts {
         units: &built.units,
         terms: &built.terms,

@@ -7,6 +7,7 @@ use crate::cost::{Among, Interference, block_bytes, block_time, persistent_bytes
 use crate::ilp::WindowLimits;
 use crate::ilp::variables::{Col, Columns};
 use crate::profile::Profile;
+use crate::schedule::RecomputeChoice;
 use crate::timeline::{Level, Op, Timeline, Window, WindowKind};
 use good_lp::{Constraint, Expression, constraint};
 
@@ -213,7 +214,7 @@ pub(super) struct Built {
 pub(super) fn build(
     profile: &Profile,
     limits: WindowLimits,
-    allow_recompute: bool,
+    allow_recompute: RecomputeChoice,
     (cap, peak_scale): (Option<u64>, Option<f64>),
 ) -> Built {
     let timeline = Timeline::new(profile.unit_count());
@@ -293,7 +294,7 @@ fn declare(
     profile: &Profile,
     (timeline, limits): (Timeline, WindowLimits),
     i: usize,
-    allow_recompute: bool,
+    allow_recompute: RecomputeChoice,
 ) -> UnitCols {
     let last = i + 1 == profile.unit_count();
     let lender = profile.borrower(i).is_some();
@@ -301,7 +302,7 @@ fn declare(
         .into_iter()
         .map(|c| (c, columns.binary()))
         .collect();
-    let recompute = allow_recompute.then(|| columns.binary());
+    let recompute = allow_recompute.is_allowed().then(|| columns.binary());
     let nb = profile.blocks(i);
     let mut launches = Vec::new();
     for op in OPS {
