@@ -9,9 +9,7 @@
 use crate::groups::{secondary_group, whole_node_groups};
 use crate::plan::{Plan, Producer, plan_with_prediction};
 use crate::profile::Profile;
-use crate::schedule::{
-    Accumulation, Launch, Recompute, RecomputeChoice, Schedule, UnitSchedule, inner_ops,
-};
+use crate::schedule::{Accumulation, Launch, Recompute, RecomputeChoice, Schedule, UnitSchedule};
 use crate::sim::Simulation;
 use crate::size::format_bytes;
 use crate::timeline::{Level, Op, Timeline};
@@ -244,16 +242,17 @@ fn depth_schedule(
             let accumulation = if profile.micro_batches >= 2 {
                 // An fsdp unit whose parameters another unit reads never keeps (DESIGN §3.10).
                 let lender = level == Level::Fsdp && profile.borrower(unit).is_some();
-                let keep = keep && level != Level::None && !lender;
-                let inner = inner_ops(level, accumulate, keep)
+                let mut accumulation = Accumulation {
+                    accumulate,
+                    keep: keep && level != Level::None && !lender,
+                    inner: BTreeMap::new(),
+                };
+                accumulation.inner = accumulation
+                    .inner_ops(level)
                     .into_iter()
                     .map(|op| (op, launches[&op].clone()))
                     .collect();
-                Accumulation {
-                    accumulate,
-                    keep,
-                    inner,
-                }
+                accumulation
             } else {
                 Accumulation::default()
             };

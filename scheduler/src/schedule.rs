@@ -104,23 +104,27 @@ pub struct Accumulation {
     /// k_i (sdp, fsdp): gathered parameters stay from B^m_i to the end of F^{m+1}_i.
     pub keep: bool,
     /// Launches per op at the boundary between two micro-batches (slot index 2L is I), for the
-    /// ops that run there ([`inner_ops`]).
+    /// ops that run there ([`Accumulation::inner_ops`]).
     pub inner: BTreeMap<Op, Vec<Launch>>,
 }
 
-/// The ops of a unit that run at the boundary between two micro-batches: its reduction unless
-/// it accumulates, its forward gather unless it keeps the parameters.
-pub fn inner_ops(level: Level, accumulate: bool, keep: bool) -> Vec<Op> {
-    level
-        .ops()
-        .iter()
-        .copied()
-        .filter(|op| match op {
-            Op::AllReduce | Op::ReduceScatter => !accumulate,
-            Op::Gather | Op::GatherForward => !keep,
-            Op::GatherBackward | Op::ReplicaAllReduce => false,
-        })
-        .collect()
+impl Accumulation {
+    /// The ops of a unit at `level` that run at the boundary between two micro-batches: its
+    /// reduction unless it accumulates, its forward gather unless it keeps the parameters (read
+    /// from `accumulate` and `keep`; `inner` is not read). It replaces the free function
+    /// `inner_ops(level, accumulate: bool, keep: bool)`.
+    pub fn inner_ops(&self, level: Level) -> Vec<Op> {
+        level
+            .ops()
+            .iter()
+            .copied()
+            .filter(|op| match op {
+                Op::AllReduce | Op::ReduceScatter => !self.accumulate,
+                Op::Gather | Op::GatherForward => !self.keep,
+                Op::GatherBackward | Op::ReplicaAllReduce => false,
+            })
+            .collect()
+    }
 }
 
 /// `blocks` blocks of an op launched at slot index `slot`, the `position`-th slot of the op's
@@ -346,7 +350,8 @@ impl Schedule {
 
     /// Checks a unit's choices across micro-batches (DESIGN §3.10) and places its inner
     /// boundary's launches: only at K ≥ 2, `keep` only at sdp or fsdp, launches exactly for
-    /// [`inner_ops`], each inside its window (I in place of E) and covering the unit's blocks.
+    /// [`Accumulation::inner_ops`], each inside its window (I in place of E) and covering the
+    /// unit's blocks.
     fn place_inner(
         profile: &Profile,
         timeline: Timeline,
@@ -389,7 +394,7 @@ impl Schedule {
                 ),
             ));
         }
-        let ops = inner_ops(u.level, a.accumulate, a.keep);
+        let ops = a.inner_ops(u.level);
         if let Some((&op, _)) = a
             .inner
             .iter()

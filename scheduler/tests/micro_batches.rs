@@ -9,7 +9,7 @@ use common::{Rng, affine, close, profile, random_profile, random_schedule, sched
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::plan::{Plan, Producer, plan_with_prediction};
 use shardplan_scheduler::profile::Profile;
-use shardplan_scheduler::schedule::{Accumulation, Recompute, Schedule, UnitSchedule, inner_ops};
+use shardplan_scheduler::schedule::{Accumulation, Recompute, Schedule, UnitSchedule};
 use shardplan_scheduler::sim::{Semantics, Simulation, simulate};
 
 /// Two units, K = 2, N = 2, p = g = 2, o = 4, one block each, κ = 0, E's compute 15.
@@ -226,7 +226,8 @@ fn repeated(profile: &Profile, flat: &Schedule) -> Schedule {
         .units()
         .iter()
         .map(|u| {
-            let inner = inner_ops(u.level, false, false)
+            let inner = Accumulation::default()
+                .inner_ops(u.level)
                 .into_iter()
                 .map(|op| (op, u.launches[&op].clone()))
                 .collect();

@@ -10,7 +10,7 @@
 use super::hooks::{Pass, Walk};
 use super::{Reshard, Sharding, UnitSettings};
 use crate::profile::Profile;
-use crate::schedule::{Accumulation, Launch, Schedule, UnitSchedule, inner_ops};
+use crate::schedule::{Accumulation, Launch, Schedule, UnitSchedule};
 use crate::timeline::{Level, Op, Timeline, WindowKind};
 use crate::{Error, Result};
 use std::collections::BTreeMap;
@@ -44,24 +44,23 @@ pub fn schedule(profile: &Profile, units: &[UnitSettings], walk: &Walk) -> Resul
             };
             launches.insert(op, vec![whole(profile, v, slot)]);
         }
-        let (accumulate, keep) = (!u.requires_gradient_sync, !u.reshard_after_backward);
-        let inner = if profile.micro_batches >= 2 {
-            inner_ops(level, accumulate, keep)
+        let mut accumulation = Accumulation {
+            accumulate: !u.requires_gradient_sync,
+            keep: !u.reshard_after_backward,
+            inner: BTreeMap::new(),
+        };
+        if profile.micro_batches >= 2 {
+            accumulation.inner = accumulation
+                .inner_ops(level)
                 .into_iter()
                 .map(|op| (op, launches[&op].clone()))
-                .collect()
-        } else {
-            BTreeMap::new()
-        };
+                .collect();
+        }
         scheduled.push(UnitSchedule {
             level,
             recompute: u.recompute,
             launches,
-            accumulation: Accumulation {
-                accumulate,
-                keep,
-                inner,
-            },
+            accumulation,
             shard_group,
             secondary_group,
         });

@@ -280,7 +280,7 @@ pub fn with_topology(rng: &mut Rng, profile: &mut Profile) -> bool {
 /// micro-batches, random accumulate and keep, and the inner boundary's ops spread over their
 /// whole windows (no order rule there).
 pub fn random_schedule(rng: &mut Rng, profile: &Profile) -> Schedule {
-    use shardplan_scheduler::schedule::{Accumulation, Launch, UnitSchedule, inner_ops};
+    use shardplan_scheduler::schedule::{Accumulation, Launch, UnitSchedule};
     use shardplan_scheduler::timeline::{Level, Op, Timeline};
     let l = profile.unit_count();
     let timeline = Timeline::new(l);
@@ -333,7 +333,7 @@ pub fn random_schedule(rng: &mut Rng, profile: &Profile) -> Schedule {
                 accumulation.accumulate = rng.coin();
                 let kept_fsdp_lender = level == Level::Fsdp && profile.borrower(unit).is_some();
                 accumulation.keep = level != Level::None && !kept_fsdp_lender && rng.coin();
-                for op in inner_ops(level, accumulation.accumulate, accumulation.keep) {
+                for op in accumulation.inner_ops(level) {
                     let positions = 0..=timeline.window(unit, op.window_kind()).len - 1;
                     let spread = spread(rng, nb, positions, op, unit);
                     accumulation.inner.insert(op, spread);

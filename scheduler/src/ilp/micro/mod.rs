@@ -17,7 +17,7 @@ use crate::baselines::ChosenBaseline;
 use crate::classes::simulate_strict;
 use crate::cost::Interference;
 use crate::profile::Profile;
-use crate::schedule::{Accumulation, Launch, RecomputeChoice, Schedule, UnitSchedule, inner_ops};
+use crate::schedule::{Accumulation, Launch, RecomputeChoice, Schedule, UnitSchedule};
 use crate::size::format_bytes;
 use crate::timeline::{Level, Op, Timeline, WindowKind};
 use crate::{Error, Result};
@@ -341,7 +341,13 @@ fn schedule_from(profile: &Profile, units: &[model::UnitCols], values: &[f64]) -
                 .iter()
                 .map(|&op| (op, placed(op, Boundary::Step)))
                 .collect();
-            let inner = inner_ops(config.level, config.accumulate, config.keep)
+            let mut accumulation = Accumulation {
+                accumulate: config.accumulate,
+                keep: config.keep && config.level != Level::None,
+                inner: BTreeMap::new(),
+            };
+            accumulation.inner = accumulation
+                .inner_ops(config.level)
                 .into_iter()
                 .map(|op| (op, placed(op, Boundary::Inner)))
                 .collect();
@@ -349,11 +355,7 @@ fn schedule_from(profile: &Profile, units: &[model::UnitCols], values: &[f64]) -
                 level: config.level,
                 recompute: u.recompute.is_some_and(on),
                 launches,
-                accumulation: Accumulation {
-                    accumulate: config.accumulate,
-                    keep: config.keep && config.level != Level::None,
-                    inner,
-                },
+                accumulation,
                 shard_group: None,
                 secondary_group: None,
             }
