@@ -45,7 +45,7 @@ fn hand_written(spec: &MlpSpec, params: &mut [Vec<f32>], m: &mut [Vec<f32>], v: 
                 &mut rest[0],
                 rows,
                 spec.dims(u),
-                spec.relu(u),
+                spec.activation(u),
             );
         }
         mse_grad(
@@ -71,7 +71,7 @@ fn hand_written(spec: &MlpSpec, params: &mut [Vec<f32>], m: &mut [Vec<f32>], v: 
                 (u > 0).then_some(lower[u].as_mut_slice()),
                 rows,
                 spec.dims(u),
-                spec.relu(u),
+                spec.activation(u),
             );
             let n = grads[u].len();
             scratch[..n].copy_from_slice(&grads[u]);
