@@ -20,6 +20,14 @@ pub struct Gemm {
     pub b_transposed: bool,
 }
 
+/// How a product reads an operand: as stored, or transposed (the former `transposed: bool`'s
+/// `true`; [`Gemm::a_transposed`] sets it on the first operand).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Orientation {
+    AsStored,
+    Transposed,
+}
+
 /// The arguments of cuBLAS's `gemm` (`cublasSgemm`, `cublasSgemmStridedBatched`,
 /// `cublasGemmStridedBatchedEx`) that compute a [`Strided`] product:
 /// `gemm(transa, transb, m, n, k, α, B, lda, strideA, A, ldb, strideB, β, C, ldc, strideC, batch)`.
