@@ -22,6 +22,7 @@ use crate::Result;
 use crate::backend::Backend;
 use crate::layout::UnitLayout;
 use crate::workload::Workload;
+use shardplan_scheduler::schedule::UnitSchedule;
 use shardplan_scheduler::timeline::Level;
 
 /// The units whose gradient `unit`'s backward writes first: its own unless another unit borrows
@@ -47,10 +48,10 @@ pub enum GradientStart {
 }
 
 impl GradientStart {
-    /// The start of micro-batch `micro_batch` (0-based) for a unit at `level` that accumulates
-    /// (or not), on rank `rank`.
-    pub fn of(level: Level, accumulate: bool, micro_batch: usize, rank: usize) -> GradientStart {
-        match (micro_batch, accumulate, level) {
+    /// The start of micro-batch `micro_batch` (0-based) for `unit` (its level, and whether it
+    /// accumulates), on rank `rank`.
+    pub fn of(unit: &UnitSchedule, micro_batch: usize, rank: usize) -> GradientStart {
+        match (micro_batch, unit.accumulation.accumulate, unit.level) {
             (0, _, _) => GradientStart::Zero,
             (_, true, _) => GradientStart::Keep,
             (_, false, Level::None) if rank == 0 => GradientStart::Keep,

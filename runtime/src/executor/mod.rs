@@ -442,7 +442,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
         let rank = self.backend.rank();
         for &w in &self.program.first_written[unit] {
             let u = &self.schedule.units()[w];
-            let start = GradientStart::of(u.level, u.accumulation.accumulate, micro_batch, rank);
+            let start = GradientStart::of(u, micro_batch, rank);
             start.prepare(self.backend, &layout.units[w])?;
         }
         Ok(())
