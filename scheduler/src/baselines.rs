@@ -269,12 +269,21 @@ fn depth_schedule(
     Schedule::new(profile, units)
 }
 
-/// Every unit at `level`, except that the last unit cannot be fsdp and is kept sdp (as FSDP
-/// keeps its root unit); `fsdp2` also keeps the first unit sdp.
-fn levels(units: usize, level: Level, first_sdp: bool) -> Vec<Level> {
+/// The units an fsdp baseline keeps at sdp: the last (as FSDP keeps its root unit; the former
+/// `first_sdp: bool`'s `false`), or, as `fsdp2` does, the first and the last (`true`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeptSdp {
+    Last,
+    FirstAndLast,
+}
+
+/// Every unit at `level`, except that the last unit cannot be fsdp and is kept sdp, with the
+/// first too where `kept` says so.
+fn levels(units: usize, level: Level, kept: KeptSdp) -> Vec<Level> {
     (0..units)
         .map(|u| {
-            let keep = level == Level::Fsdp && (u + 1 == units || (first_sdp && u == 0));
+            let first = kept == KeptSdp::FirstAndLast && u == 0;
+            let keep = level == Level::Fsdp && (u + 1 == units || first);
             if keep { Level::Sdp } else { level }
         })
         .collect()
@@ -334,7 +343,7 @@ fn grid_point(
     let l = profile.unit_count();
     depth_schedule(
         profile,
-        (&levels(l, level, false), Groups::default()),
+        (&levels(l, level, KeptSdp::Last), Groups::default()),
         &vec![(depth, depth); l],
         recompute,
         accumulation,
@@ -366,7 +375,10 @@ pub fn baseline(
         BaselineKind::Fsdp1 => grid_point(profile, Level::Fsdp, 1, checkpoint, accumulation)?,
         BaselineKind::Fsdp2 | BaselineKind::Fsdp2NoSync => depth_schedule(
             profile,
-            (&levels(l, Level::Fsdp, true), Groups::default()),
+            (
+                &levels(l, Level::Fsdp, KeptSdp::FirstAndLast),
+                Groups::default(),
+            ),
             &vec![(1, 1); l],
             checkpoint,
             accumulation,
@@ -382,7 +394,7 @@ pub fn baseline(
             };
             depth_schedule(
                 profile,
-                (&levels(l, Level::Fsdp, true), groups),
+                (&levels(l, Level::Fsdp, KeptSdp::FirstAndLast), groups),
                 &vec![(1, 1); l],
                 checkpoint,
                 accumulation,
@@ -395,7 +407,7 @@ pub fn baseline(
         }
         BaselineKind::Zero3 => depth_schedule(
             profile,
-            (&levels(l, Level::Fsdp, false), Groups::default()),
+            (&levels(l, Level::Fsdp, KeptSdp::Last), Groups::default()),
             &zero3_depths(profile),
             checkpoint,
             accumulation,
@@ -427,7 +439,7 @@ fn hsdp(profile: &Profile, checkpoint: Recompute, cap: Option<u64>) -> Result<(u
         };
         let schedule = depth_schedule(
             profile,
-            (&levels(l, Level::Fsdp, true), groups),
+            (&levels(l, Level::Fsdp, KeptSdp::FirstAndLast), groups),
             &vec![(1, 1); l],
             checkpoint,
             (false, false),
