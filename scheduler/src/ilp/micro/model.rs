@@ -20,9 +20,11 @@ pub(super) struct Config {
 }
 
 impl Config {
-    /// Every configuration of a unit; the last unit is never fsdp, and an fsdp unit whose
-    /// parameters another unit reads never keeps them (DESIGN §3.10).
-    fn all(last: bool, lender: bool) -> Vec<Config> {
+    /// Every configuration of `profile`'s unit `unit`; the last unit is never fsdp, and an fsdp
+    /// unit whose parameters another unit reads never keeps them (DESIGN §3.10).
+    fn all(profile: &Profile, unit: usize) -> Vec<Config> {
+        let last = unit + 1 == profile.unit_count();
+        let lender = profile.borrower(unit).is_some();
         let mut all = Vec::new();
         for level in Level::ALL {
             if last && level == Level::Fsdp {
@@ -296,9 +298,7 @@ fn declare(
     i: usize,
     allow_recompute: RecomputeChoice,
 ) -> UnitCols {
-    let last = i + 1 == profile.unit_count();
-    let lender = profile.borrower(i).is_some();
-    let configs = Config::all(last, lender)
+    let configs = Config::all(profile, i)
         .into_iter()
         .map(|c| (c, columns.binary()))
         .collect();
