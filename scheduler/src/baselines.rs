@@ -127,22 +127,24 @@ impl BaselineKind {
 
     /// (a, k) of DESIGN §3.10 as the framework does it by default with several micro-batches:
     /// DDP, FSDP and ZeRO-3 reduce every micro-batch and re-gather; ZeRO-2 keeps its gathered
-    /// parameters; the no-sync variants accumulate unsharded gradients.
-    fn accumulation(self) -> (bool, bool) {
-        match self {
+    /// parameters; the no-sync variants accumulate unsharded gradients. No inner launches.
+    fn accumulation(self) -> Accumulation {
+        let (accumulate, keep) = match self {
             BaselineKind::DdpNoSync | BaselineKind::Fsdp2NoSync => (true, false),
             BaselineKind::Zero2 => (false, true),
             _ => (false, false),
+        };
+        Accumulation {
+            accumulate,
+            keep,
+            inner: BTreeMap::new(),
         }
     }
 
     /// The name of the baseline with checkpointing on or off, as tables and reports write it
     /// (`fsdp2`, `fsdp2+ckpt`).
     pub fn label(self, checkpoint: Recompute) -> String {
-        let suffix = match checkpoint {
-            Recompute::On => "+ckpt",
-            Recompute::Off => "",
-        };
+        let suffix = if checkpoint.is_on() { "+ckpt" } else { "" };
         format!("{}{suffix}", self.name())
     }
 
@@ -199,7 +201,7 @@ struct Groups {
 
 /// Builds a schedule from per-unit levels and per-unit gather depths (forward, backward) over
 /// `groups` (a shard group's forward gathers at least two slots after its RS, RA between);
-/// with micro-batches, every unit accumulates and keeps as `(accumulate, keep)` says (keep only
+/// with micro-batches, every unit accumulates and keeps as `choice` says (keep only
 /// where the unit is sharded and, at fsdp, lends no parameters) and its inner boundary's ops take
 /// their step positions.
 fn depth_schedule(
@@ -207,7 +209,7 @@ fn depth_schedule(
     (levels, groups): (&[Level], Groups),
     depths: &[(usize, usize)],
     recompute: Recompute,
-    (accumulate, keep): (bool, bool),
+    choice: &Accumulation,
 ) -> Result<Schedule> {
     let timeline = Timeline::new(profile.unit_count());
     let units = levels
@@ -243,8 +245,8 @@ fn depth_schedule(
                 // An fsdp unit whose parameters another unit reads never keeps (DESIGN §3.10).
                 let lender = level == Level::Fsdp && profile.borrower(unit).is_some();
                 let mut accumulation = Accumulation {
-                    accumulate,
-                    keep: keep && level != Level::None && !lender,
+                    accumulate: choice.accumulate,
+                    keep: choice.keep && level != Level::None && !lender,
                     inner: BTreeMap::new(),
                 };
                 accumulation.inner = accumulation
@@ -332,13 +334,14 @@ fn finish(
     }
 }
 
-/// One uniform grid point: (level, depth) for every unit, and (accumulate, keep).
+/// One uniform grid point: (level, depth) for every unit, and `accumulation`'s (accumulate,
+/// keep).
 fn grid_point(
     profile: &Profile,
     level: Level,
     depth: usize,
     recompute: Recompute,
-    accumulation: (bool, bool),
+    accumulation: &Accumulation,
 ) -> Result<Schedule> {
     let l = profile.unit_count();
     depth_schedule(
@@ -369,10 +372,10 @@ pub fn baseline(
     let accumulation = kind.accumulation();
     let schedule = match kind {
         BaselineKind::Ddp | BaselineKind::DdpNoSync => {
-            grid_point(profile, Level::None, 1, checkpoint, accumulation)?
+            grid_point(profile, Level::None, 1, checkpoint, &accumulation)?
         }
-        BaselineKind::Zero2 => grid_point(profile, Level::Sdp, 1, checkpoint, accumulation)?,
-        BaselineKind::Fsdp1 => grid_point(profile, Level::Fsdp, 1, checkpoint, accumulation)?,
+        BaselineKind::Zero2 => grid_point(profile, Level::Sdp, 1, checkpoint, &accumulation)?,
+        BaselineKind::Fsdp1 => grid_point(profile, Level::Fsdp, 1, checkpoint, &accumulation)?,
         BaselineKind::Fsdp2 | BaselineKind::Fsdp2NoSync => depth_schedule(
             profile,
             (
@@ -381,7 +384,7 @@ pub fn baseline(
             ),
             &vec![(1, 1); l],
             checkpoint,
-            accumulation,
+            &accumulation,
         )?,
         BaselineKind::Hpz => {
             let h = secondary_group(profile).ok_or_else(|| {
@@ -397,7 +400,7 @@ pub fn baseline(
                 (&levels(l, Level::Fsdp, KeptSdp::FirstAndLast), groups),
                 &vec![(1, 1); l],
                 checkpoint,
-                accumulation,
+                &accumulation,
             )?
         }
         BaselineKind::Hsdp => {
@@ -410,7 +413,7 @@ pub fn baseline(
             (&levels(l, Level::Fsdp, KeptSdp::Last), Groups::default()),
             &zero3_depths(profile),
             checkpoint,
-            accumulation,
+            &accumulation,
         )?,
         BaselineKind::BestGrid => {
             let (level, depth, schedule) = best_grid(profile, checkpoint, cap)?;
@@ -442,7 +445,7 @@ fn hsdp(profile: &Profile, checkpoint: Recompute, cap: Option<u64>) -> Result<(u
             (&levels(l, Level::Fsdp, KeptSdp::FirstAndLast), groups),
             &vec![(1, 1); l],
             checkpoint,
-            (false, false),
+            &Accumulation::default(),
         )?;
         let sim = crate::classes::simulate_strict(profile, &schedule);
         if cap.is_none_or(|c| sim.peak_memory_bytes <= c as f64) {
@@ -473,16 +476,23 @@ fn best_grid(
     for level in [Level::Sdp, Level::Fsdp] {
         points.extend((1..=3).map(|d| (level, d)));
     }
-    let accumulations: &[(bool, bool)] = if profile.micro_batches >= 2 {
+    let choices: &[(bool, bool)] = if profile.micro_batches >= 2 {
         &[(false, false), (true, false), (false, true), (true, true)]
     } else {
         &[(false, false)]
     };
+    let accumulations: Vec<Accumulation> = (choices.iter())
+        .map(|&(accumulate, keep)| Accumulation {
+            accumulate,
+            keep,
+            inner: BTreeMap::new(),
+        })
+        .collect();
     let mut best: Option<(f64, f64, Level, usize, Schedule)> = None;
     let mut smallest_peak = f64::INFINITY;
     for (level, depth) in points {
-        for &accumulation in accumulations {
-            if level == Level::None && accumulation.1 {
+        for accumulation in &accumulations {
+            if level == Level::None && accumulation.keep {
                 continue;
             }
             let schedule = grid_point(profile, level, depth, checkpoint, accumulation)?;
