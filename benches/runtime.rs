@@ -14,6 +14,7 @@ use shardplan_runtime::session::Prepared;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::curve::CommCurve;
 use shardplan_scheduler::profile::CommCurves;
+use shardplan_scheduler::schedule::Recompute;
 use shardplan_scheduler::sim::Semantics;
 use std::path::Path;
 use std::sync::Arc;
@@ -44,7 +45,7 @@ fn hand_written(spec: &MlpSpec, params: &mut [Vec<f32>], m: &mut [Vec<f32>], v: 
                 &mut rest[0],
                 rows,
                 spec.dims(u),
-                spec.relu(u),
+                spec.activation(u),
             );
         }
         mse_grad(
@@ -70,7 +71,7 @@ fn hand_written(spec: &MlpSpec, params: &mut [Vec<f32>], m: &mut [Vec<f32>], v: 
                 (u > 0).then_some(lower[u].as_mut_slice()),
                 rows,
                 spec.dims(u),
-                spec.relu(u),
+                spec.activation(u),
             );
             let n = grads[u].len();
             scratch[..n].copy_from_slice(&grads[u]);
@@ -111,7 +112,7 @@ fn overhead(c: &mut Criterion) {
     let mlp = Mlp::new(spec.clone(), 0, 1);
     let profile =
         workload_profile(&mlp, 1, &times, comm, Some(1 << 30), Default::default()).unwrap();
-    let plan = baseline(&profile, BaselineKind::Ddp, false, None)
+    let plan = baseline(&profile, BaselineKind::Ddp, Recompute::Off, None)
         .unwrap()
         .plan;
     let prepared = Prepared::new(

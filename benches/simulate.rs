@@ -6,6 +6,7 @@ use shardplan_scheduler::analytic::{AnalyticOptions, analytic_profile};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::hardware::Catalog;
 use shardplan_scheduler::model::ModelSpec;
+use shardplan_scheduler::schedule::Recompute;
 use shardplan_scheduler::sim::{Semantics, simulate};
 use std::hint::black_box;
 use std::path::Path;
@@ -20,7 +21,7 @@ fn simulator(c: &mut Criterion) {
         &AnalyticOptions::new("h100-sxm", 64),
     )
     .unwrap();
-    let plan = baseline(&profile, BaselineKind::Fsdp2, false, None).unwrap();
+    let plan = baseline(&profile, BaselineKind::Fsdp2, Recompute::Off, None).unwrap();
     c.bench_function("simulate gpt3-175b fsdp2 strict", |b| {
         b.iter(|| {
             simulate(

@@ -5,6 +5,7 @@
 //! (a file, a field or a flag that cannot be used as given, or a usage error), 3 no plan fits the
 //! memory cap (or the time ceiling).
 
+use crate::output::Output;
 use serde_json::json;
 
 /// A flag whose value clap accepted but the command cannot use (out of range, or in conflict with
@@ -129,10 +130,10 @@ impl Failure {
     /// Prints the failure as [`Failure::report`] does, except on a rank other than 0 of a job
     /// an MPI launcher started (every rank failing alike before or without MPI), which prints it
     /// as a line on stderr: under `--json` stdout holds one document, rank 0's.
-    pub fn report_once(&self, json: bool) {
+    pub fn report_once(&self, output: Output) {
         match shardplan_runtime::launch::launcher_rank() {
             Some(rank) if rank > 0 => self.report_from_rank(rank),
-            _ => self.report(json),
+            _ => self.report(output),
         }
     }
 
@@ -144,19 +145,21 @@ impl Failure {
     }
 
     /// Prints the failure: one JSON object on stdout, or `error: …` on stderr.
-    pub fn report(&self, json: bool) {
-        if json {
-            crate::output::print_json(&json!({
+    pub fn report(&self, output: Output) {
+        match output {
+            Output::Json => crate::output::print_json(&json!({
                 "error": self.message,
                 "kind": self.kind,
                 "file": self.file,
                 "field": self.field,
                 "exit_code": self.code,
-            }));
-        } else {
-            // One write, so that the lines of ranks failing together under mpirun never interleave.
-            let line = format!("error: {}\n", self.message);
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+            })),
+            Output::Text => {
+                // One write, so that the lines of ranks failing together under mpirun never
+                // interleave.
+                let line = format!("error: {}\n", self.message);
+                let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+            }
         }
     }
 }

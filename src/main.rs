@@ -11,6 +11,7 @@ mod plots;
 
 use clap::Parser;
 use failure::Failure;
+use output::Output;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -20,7 +21,7 @@ fn main() -> ExitCode {
         Err(e) => {
             let json = std::env::args_os().any(|a| a == "--json");
             if json {
-                Failure::usage(&e).report_once(true);
+                Failure::usage(&e).report_once(Output::Json);
                 return ExitCode::from(2);
             }
             e.exit()
@@ -30,12 +31,12 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .init();
-    let json = args.command.json();
+    let output = args.command.output();
     match commands::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let failure = Failure::of(&e);
-            failure.report_once(json);
+            failure.report_once(output);
             ExitCode::from(failure.code)
         }
     }

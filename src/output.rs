@@ -3,6 +3,22 @@
 use serde_json::Value;
 use std::io::Write;
 
+/// What a command prints, its failures included: lines for people, or one JSON document on
+/// stdout (`--json`). It replaces the `json: bool` parameters: `Json` is their `true`, `Text`
+/// their `false`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    Text,
+    Json,
+}
+
+impl Output {
+    /// The output a command's `--json` flag (clap's bool) asks for: the one conversion.
+    pub fn of_json_flag(json: bool) -> Output {
+        if json { Output::Json } else { Output::Text }
+    }
+}
+
 /// Writes one line on stdout. A reader that has gone away (`shardplan … | head`) is not a
 /// failure: the rest of the output is dropped, as `println!` would instead panic.
 pub fn emit(line: std::fmt::Arguments) {

@@ -14,6 +14,7 @@ use shardplan_runtime::session::Prepared;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::ilp::{SolveOptions, solve};
 use shardplan_scheduler::profile::Profile;
+use shardplan_scheduler::schedule::Recompute;
 use std::path::PathBuf;
 
 /// Rank 0 of `size` ranks, for setting a plan up (`Prepared`), which runs no collective.
@@ -64,7 +65,7 @@ fn options(cap: u64) -> SolveOptions {
 fn caps(profile: &Profile, count: u64) -> Vec<u64> {
     let peaks: Vec<f64> = BaselineKind::ALL
         .into_iter()
-        .flat_map(|kind| [false, true].map(|ckpt| (kind, ckpt)))
+        .flat_map(|kind| [Recompute::Off, Recompute::On].map(|ckpt| (kind, ckpt)))
         .filter_map(|(kind, ckpt)| baseline(profile, kind, ckpt, None).ok())
         .map(|b| b.simulation.peak_memory_bytes)
         .collect();
@@ -84,7 +85,7 @@ fn packed_baselines(
 ) -> Vec<(String, f64)> {
     BaselineKind::ALL
         .into_iter()
-        .flat_map(|kind| [false, true].map(|ckpt| (kind, ckpt)))
+        .flat_map(|kind| [Recompute::Off, Recompute::On].map(|ckpt| (kind, ckpt)))
         .filter_map(|(kind, ckpt)| {
             let plan = baseline(profile, kind, ckpt, Some(cap)).ok()?;
             let arena = place(g, profile, &plan.schedule).unwrap().arena;
@@ -301,7 +302,7 @@ fn a_cap_equal_to_ddps_peak_packs_ddp() {
         let mlp = Mlp::new(spec.clone(), 0, world);
         let profile = runtime_profile(&mlp, world as u32, 16 << 20);
         assert_eq!(profile.blocks(1), 5);
-        let ddp = baseline(&profile, BaselineKind::Ddp, false, None).unwrap();
+        let ddp = baseline(&profile, BaselineKind::Ddp, Recompute::Off, None).unwrap();
         let peak = ddp.simulation.peak_memory_bytes;
         assert_eq!(
             place(&mlp, &profile, &ddp.schedule)

@@ -18,7 +18,7 @@ use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::plan::{Producer, plan_with_prediction};
 use shardplan_scheduler::precision::FloatFormat;
 use shardplan_scheduler::profile::Profile;
-use shardplan_scheduler::schedule::Schedule;
+use shardplan_scheduler::schedule::{Recompute, Schedule};
 use shardplan_scheduler::timeline::{Level, Op};
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -161,7 +161,7 @@ impl Setup {
     fn reference(&self) -> Reference {
         let g = gpt2_tiny_accumulating(1, self.micro_batches);
         let p1 = self.profile(1);
-        let ddp = baseline(&p1, BaselineKind::Ddp, false, None)
+        let ddp = baseline(&p1, BaselineKind::Ddp, Recompute::Off, None)
             .unwrap()
             .schedule;
         let (profile_path, plan) = self.save("ddp1", &p1, &ddp);
@@ -289,7 +289,7 @@ fn hierarchical_accumulating_baselines_train_like_ddp_on_one() {
     let nodes = common::two_nodes_of_two(gpt2_tiny_accumulating_profile(4, 4));
     let g = gpt2_tiny_accumulating(4, 4);
     for kind in BaselineKind::HIERARCHICAL {
-        for checkpoint in [false, true] {
+        for checkpoint in [Recompute::Off, Recompute::On] {
             let b = baseline(&nodes, kind, checkpoint, None).unwrap();
             let live = place(&g, &nodes, &b.schedule)
                 .unwrap()
@@ -333,7 +333,9 @@ fn bf16_random_plans_train_like_bf16_ddp_on_one() {
         // HSDP's replica AllReduce in the reduction's format, hpZ's bf16 secondary shard.
         let nodes = common::two_nodes_of_two(s.profile(4));
         for kind in [BaselineKind::Hsdp, BaselineKind::Hpz] {
-            let schedule = baseline(&nodes, kind, true, None).unwrap().schedule;
+            let schedule = baseline(&nodes, kind, Recompute::On, None)
+                .unwrap()
+                .schedule;
             let grouped = (schedule.units().iter())
                 .any(|u| u.shard_group.is_some() || u.secondary_group.is_some());
             assert!(grouped, "{} shards over a group", kind.name());
@@ -347,7 +349,7 @@ fn bf16_random_plans_train_like_bf16_ddp_on_one() {
 fn bad_inputs_are_refused_naming_what_is_wrong() {
     let s = setup();
     let p1 = profile(1);
-    let ddp = baseline(&p1, BaselineKind::Ddp, false, None)
+    let ddp = baseline(&p1, BaselineKind::Ddp, Recompute::Off, None)
         .unwrap()
         .schedule;
     let (profile_path, plan) = s.save("ddp1", &p1, &ddp);
@@ -480,7 +482,9 @@ fn a_resumed_bf16_run_trains_like_an_uninterrupted_one() {
 
 fn resumed_like_uninterrupted(s: Setup, kind: BaselineKind) {
     let profile = s.profile(2);
-    let schedule = baseline(&profile, kind, true, None).unwrap().schedule;
+    let schedule = baseline(&profile, kind, Recompute::On, None)
+        .unwrap()
+        .schedule;
     let (profile_path, plan) = s.save("resumed", &profile, &schedule);
     let checkpoints = s.path("checkpoints");
     let data = s.data.to_str().unwrap().to_string();

@@ -12,7 +12,7 @@ use shardplan_runtime::mlp::{max_relative_error, reference_training};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::ilp::{SolveOptions, solve};
 
-use shardplan_scheduler::schedule::Schedule;
+use shardplan_scheduler::schedule::{Recompute, Schedule};
 use std::path::Path;
 
 /// Runs `args`, expecting success.
@@ -145,7 +145,7 @@ fn hierarchical_plans_train_like_the_reference_on_two_nodes_of_two() {
     let mut plans: Vec<(String, Schedule)> = Vec::new();
     let mut peaks = Vec::new();
     for kind in [BaselineKind::Hsdp, BaselineKind::Hpz] {
-        for ckpt in [false, true] {
+        for ckpt in [Recompute::Off, Recompute::On] {
             let b = baseline(&profile, kind, ckpt, None).unwrap();
             peaks.push(b.simulation.peak_memory_bytes as u64);
             plans.push((kind.label(ckpt), b.schedule));

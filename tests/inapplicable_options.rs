@@ -8,6 +8,7 @@ mod common;
 
 use common::{assert_success, profile, shardplan, spec, write_plan};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
+use shardplan_scheduler::schedule::Recompute;
 use std::path::Path;
 
 /// Exit code, the JSON error's `field` and its message of a failing command run with `--json`.
@@ -42,7 +43,7 @@ fn run_refuses_what_the_model_cannot_use() {
     let profile = profile(&spec, 1);
     let profile_path = dir.path().join("profile.toml");
     profile.save(&profile_path).unwrap();
-    let ddp = baseline(&profile, BaselineKind::Ddp, false, None).unwrap();
+    let ddp = baseline(&profile, BaselineKind::Ddp, Recompute::Off, None).unwrap();
     let plan = write_plan(dir.path(), "ddp", &profile, &ddp.schedule);
     let data = dir.path().join("good.bin");
     std::fs::write(&data, [1u8, 0, 2, 0]).unwrap();

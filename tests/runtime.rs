@@ -11,7 +11,7 @@ use shardplan_runtime::measure::{UnitTime, workload_profile};
 use shardplan_runtime::mlp::{Mlp, max_relative_error, reference_training};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::profile::Profile;
-use shardplan_scheduler::schedule::Schedule;
+use shardplan_scheduler::schedule::{Recompute, Schedule};
 use std::path::Path;
 use std::process::Output;
 
@@ -47,9 +47,18 @@ fn check_world(world: usize, random_plans: usize) {
     .map(|k| {
         (
             k.name().to_string(),
-            baseline(&profile, k, k == BaselineKind::Zero2, None)
-                .unwrap()
-                .schedule,
+            baseline(
+                &profile,
+                k,
+                if k == BaselineKind::Zero2 {
+                    Recompute::On
+                } else {
+                    Recompute::Off
+                },
+                None,
+            )
+            .unwrap()
+            .schedule,
         )
     })
     .collect();
@@ -211,7 +220,7 @@ fn a_measured_profile_carries_every_interference_factor() {
     for kappa in [p.overlap_slowdown, p.comm_slowdown, update] {
         assert!((0.0..=1.0).contains(&kappa), "{p:?}");
     }
-    let ddp = baseline(&p, BaselineKind::Ddp, false, None).unwrap();
+    let ddp = baseline(&p, BaselineKind::Ddp, Recompute::Off, None).unwrap();
     let plan = write_plan(dir.path(), "ddp", &p, &ddp.schedule);
     let ran = run_plan(2, &out, &plan, &model, 3, &["--json"]);
     assert!(
@@ -232,7 +241,7 @@ fn a_measured_profile_carries_every_interference_factor() {
     let optimizer: f64 = p.units.iter().map(|u| u.optimizer_us).sum();
     let with = ddp.simulation.overlap_slowdown_us;
     p.update_slowdown = None;
-    let without = baseline(&p, BaselineKind::Ddp, false, None)
+    let without = baseline(&p, BaselineKind::Ddp, Recompute::Off, None)
         .unwrap()
         .simulation;
     let expected = (update - p.overlap_slowdown) * optimizer;
@@ -257,7 +266,7 @@ fn a_plan_above_its_own_cap_is_refused_before_allocating() {
     let profile = profile(&spec, 1);
     let profile_path = dir.path().join("profile.toml");
     profile.save(&profile_path).unwrap();
-    let ddp = baseline(&profile, BaselineKind::Ddp, false, None).unwrap();
+    let ddp = baseline(&profile, BaselineKind::Ddp, Recompute::Off, None).unwrap();
     let peak = ddp.plan.predicted.as_ref().unwrap().peak_memory_bytes;
     let capped = |cap: u64| {
         let mut plan = ddp.plan.clone();

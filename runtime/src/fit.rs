@@ -271,7 +271,7 @@ fn packed_baseline(
     for chosen in baselines_at(
         profile,
         &BaselineKind::ALL,
-        options.allow_recompute,
+        options.recompute_choice(),
         Some(cap),
     ) {
         let label = chosen.label();

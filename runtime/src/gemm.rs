@@ -20,6 +20,14 @@ pub struct Gemm {
     pub b_transposed: bool,
 }
 
+/// How a product reads an operand: as stored, or transposed (the former `transposed: bool`'s
+/// `true`; [`Gemm::a_transposed`] sets it on the first operand).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Orientation {
+    AsStored,
+    Transposed,
+}
+
 /// The arguments of cuBLAS's `gemm` (`cublasSgemm`, `cublasSgemmStridedBatched`,
 /// `cublasGemmStridedBatchedEx`) that compute a [`Strided`] product:
 /// `gemm(transa, transb, m, n, k, α, B, lda, strideA, A, ldb, strideB, β, C, ldc, strideC, batch)`.
@@ -404,7 +412,7 @@ mod tests {
     /// `backward` names) through cuBLAS's column-major call equal the CPU backend's layer.
     #[test]
     fn cublas_layer_products_equal_the_cpu_layer() {
-        use crate::mlp::{linear_backward, linear_forward};
+        use crate::mlp::{Activation, linear_backward, linear_forward};
         let close = |x: &[f32], y: &[f32], what: &str| {
             for (a, b) in x.iter().zip(y) {
                 assert!((a - b).abs() <= 1e-5, "{what}: {x:?} vs {y:?}");
@@ -418,7 +426,14 @@ mod tests {
         );
         let (w, bias) = params.split_at(dout * din);
         let mut expected = vec![0.0; rows * dout];
-        linear_forward(&x, &params, &mut expected, rows, (din, dout), false);
+        linear_forward(
+            &x,
+            &params,
+            &mut expected,
+            rows,
+            (din, dout),
+            Activation::Identity,
+        );
         let forward = Gemm::linear(rows, din, dout);
         let mut out: Vec<f32> = (0..rows).flat_map(|_| bias.iter().copied()).collect();
         blas_gemm(&forward.cublas(), w, &x, 1.0, &mut out);
@@ -436,7 +451,7 @@ mod tests {
             Some(&mut grad_in),
             rows,
             (din, dout),
-            false,
+            Activation::Identity,
         );
         let [input_grad, weight_grad] = forward.backward();
         let mut dx = vec![0.0; rows * din];

@@ -52,10 +52,10 @@ pub enum GradientStart {
 }
 
 impl GradientStart {
-    /// The start of micro-batch `micro_batch` (0-based) for a unit at `level` that accumulates
-    /// (or not), on rank `rank`.
-    pub fn of(level: Level, accumulate: bool, micro_batch: usize, rank: usize) -> GradientStart {
-        match (micro_batch, accumulate, level) {
+    /// The start of micro-batch `micro_batch` (0-based) for `unit` (its level, and whether it
+    /// accumulates), on rank `rank`.
+    pub fn of(unit: &UnitSchedule, micro_batch: usize, rank: usize) -> GradientStart {
+        match (micro_batch, unit.accumulation.accumulate, unit.level) {
             (0, _, _) => GradientStart::Zero,
             (_, true, _) => GradientStart::Keep,
             (_, false, Level::None) if rank == 0 => GradientStart::Keep,

@@ -6,7 +6,7 @@
 
 use shardplan_runtime::cuda::module::per_element;
 use shardplan_runtime::mlp::cuda::SOURCE;
-use shardplan_runtime::mlp::{self, BETA1, BETA2, EPSILON};
+use shardplan_runtime::mlp::{self, Activation, BETA1, BETA2, EPSILON};
 
 mod shim;
 
@@ -100,7 +100,14 @@ fn layer_kernels_equal_the_cpu_backend() {
     params.extend(&bias);
     let x = values(rows * din, 2);
     let mut expected = vec![0.0f32; rows * dout];
-    mlp::linear_forward(&x, &params, &mut expected, rows, (din, dout), true);
+    mlp::linear_forward(
+        &x,
+        &params,
+        &mut expected,
+        rows,
+        (din, dout),
+        Activation::Relu,
+    );
     let mut out = vec![f32::NAN; rows * dout];
     let (g, t) = grid(rows * dout);
     // SAFETY: the wrappers' signatures are the types above; the buffers have the sizes given.
@@ -137,7 +144,7 @@ fn layer_kernels_equal_the_cpu_backend() {
         None,
         rows,
         (din, dout),
-        true,
+        Activation::Relu,
     );
     let mut masked = grad_out.clone();
     let mut sums = earlier[dout * din..].to_vec();

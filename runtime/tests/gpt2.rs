@@ -19,6 +19,7 @@ use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::plan::{Producer, plan_with_prediction};
 use shardplan_scheduler::precision::FloatFormat;
 use shardplan_scheduler::profile::Profile;
+use shardplan_scheduler::schedule::Recompute;
 use shardplan_scheduler::sim::{Semantics, simulate};
 
 /// Places every baseline (each with and without checkpointing) and `randoms` random plans of
@@ -53,10 +54,10 @@ fn arenas_of(
         let mut rng = Rng(world as u64 * 31 + 5 + u64::from(seed - 1));
         let baselines = BaselineKind::of(&profile)
             .into_iter()
-            .flat_map(|kind| [false, true].map(|checkpoint| (kind, checkpoint)))
+            .flat_map(|kind| [Recompute::Off, Recompute::On].map(|checkpoint| (kind, checkpoint)))
             .map(|(kind, checkpoint)| {
                 let b = baseline(&profile, kind, checkpoint, None).unwrap();
-                (format!("{} ckpt={checkpoint}", kind.name()), b.schedule)
+                (format!("{} ckpt={checkpoint:?}", kind.name()), b.schedule)
             });
         let random =
             (0..randoms).map(|k| (format!("random{k}"), random_schedule(&mut rng, &profile)));

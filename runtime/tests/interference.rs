@@ -11,7 +11,7 @@ use shardplan_runtime::backend::{
     Allocation, Backend, CpuBackend, DeviceMemory, Group, Loopback, Region, Stream,
 };
 use shardplan_runtime::measure::{MeasureOptions, measure_workload};
-use shardplan_runtime::mlp::{Mlp, MlpKernels, MlpSpec};
+use shardplan_runtime::mlp::{Activation, Mlp, MlpKernels, MlpSpec};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -134,9 +134,12 @@ impl MlpKernels for KnownInterference {
         out: Region,
         rows: usize,
         dims: (usize, usize),
-        relu: bool,
+        activation: Activation,
     ) -> Result<()> {
-        self.kernel(|| self.inner.linear_forward(x, params, out, rows, dims, relu))
+        self.kernel(|| {
+            self.inner
+                .linear_forward(x, params, out, rows, dims, activation)
+        })
     }
     fn linear_backward(
         &self,
@@ -148,11 +151,11 @@ impl MlpKernels for KnownInterference {
         grad_in: Option<Region>,
         rows: usize,
         dims: (usize, usize),
-        relu: bool,
+        activation: Activation,
     ) -> Result<()> {
         self.kernel(|| {
             self.inner.linear_backward(
-                x, params, output, grad_out, grads, grad_in, rows, dims, relu,
+                x, params, output, grad_out, grads, grad_in, rows, dims, activation,
             )
         })
     }

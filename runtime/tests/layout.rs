@@ -7,6 +7,7 @@ use common::{Rng, profile, random_schedule, spec};
 use shardplan_runtime::layout::place;
 use shardplan_runtime::mlp::Mlp;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
+use shardplan_scheduler::schedule::Recompute;
 
 /// The buffers the runtime lays out for whole-op launches (every baseline, with and without
 /// checkpointing) peak at exactly the simulator's peak, which counts the same buffers: the blocks'
@@ -21,7 +22,7 @@ fn laid_out_buffers_peak_at_the_predicted_peak_for_baselines() {
     for world in [1usize, 2, 4] {
         let profile = profile(&spec, world as u32);
         for kind in BaselineKind::ALL {
-            for checkpoint in [false, true] {
+            for checkpoint in [Recompute::Off, Recompute::On] {
                 let b = baseline(&profile, kind, checkpoint, None).unwrap();
                 let l = place(&Mlp::new(spec.clone(), 0, world), &profile, &b.schedule).unwrap();
                 let (label, predicted) = (kind.label(checkpoint), b.simulation.peak_memory_bytes);

@@ -10,6 +10,7 @@ use shardplan_runtime::backend::{CpuBackend, Loopback};
 use shardplan_runtime::session::Prepared;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::precision::FloatFormat;
+use shardplan_scheduler::schedule::Recompute;
 use shardplan_scheduler::sim::Semantics;
 
 /// Steps run before counting (their first touches of the arena and the temporaries fault).
@@ -42,7 +43,7 @@ fn steps_after_the_first_reuse_their_pages() {
         gpt2_tiny_bf16(1, FloatFormat::Fp32),
         gpt2_tiny_bf16_profile(1, FloatFormat::Fp32),
     );
-    for checkpoint in [false, true] {
+    for checkpoint in [Recompute::Off, Recompute::On] {
         let schedule = baseline(&profile, BaselineKind::Ddp, checkpoint, None)
             .unwrap()
             .schedule;
@@ -82,7 +83,7 @@ fn steps_after_the_first_reuse_their_pages() {
         }
         assert!(
             counted.iter().any(|c| c.0 <= MOST_FAULTS_A_STEP),
-            "checkpoint={checkpoint}: minor page faults a step, in {SHORT_RUN} steps and in \
+            "checkpoint={checkpoint:?}: minor page faults a step, in {SHORT_RUN} steps and in \
              {LONG_RUN}, each try: {counted:?} (at most {MOST_FAULTS_A_STEP} a step expected)"
         );
     }

@@ -8,6 +8,7 @@ use crate::profile::{
     BytesPerParam, CommCurves, GroupCurves, Host, Link, PROFILE_SCHEMA, Profile, Topology,
     UnitProfile, offered_groups,
 };
+use crate::timeline::Collective;
 use crate::{Error, Result};
 use std::collections::BTreeMap;
 
@@ -83,27 +84,24 @@ impl AnalyticOptions {
     }
 }
 
-/// The three ops' ring step counts and bandwidth factors for `n` ranks (nccl-tests busbw rules).
-fn ring_time(ic_busbw_gbps: f64, ic: &Interconnect, n: u32, all_reduce: bool, bytes: f64) -> f64 {
+/// The three ops' ring step counts and bandwidth factors for `n` ranks (nccl-tests busbw rules):
+/// an AllReduce takes twice a gather's or a reduce-scatter's steps and bytes.
+fn ring_time(ic_busbw_gbps: f64, ic: &Interconnect, n: u32, op: Collective, bytes: f64) -> f64 {
     let n = n as f64;
-    let (steps, factor) = if all_reduce {
-        (2.0 * (n - 1.0), 2.0 * (n - 1.0) / n)
-    } else {
-        (n - 1.0, (n - 1.0) / n)
+    let (steps, factor) = match op {
+        Collective::AllReduce => (2.0 * (n - 1.0), 2.0 * (n - 1.0) / n),
+        Collective::AllGather | Collective::ReduceScatter => (n - 1.0, (n - 1.0) / n),
     };
     let bytes_per_us = ic_busbw_gbps * 1e3;
     ic.base_latency_us + steps * ic.step_latency_us + factor * bytes / bytes_per_us
 }
 
-fn analytic_curve(busbw_gbps: f64, ic: &Interconnect, n: u32, all_reduce: bool) -> CommCurve {
+fn analytic_curve(busbw_gbps: f64, ic: &Interconnect, n: u32, op: Collective) -> CommCurve {
     CommCurve {
         points: CURVE_SIZES_LOG2
             .map(|e| {
                 let bytes = 1u64 << e;
-                (
-                    bytes,
-                    ring_time(busbw_gbps, ic, n, all_reduce, bytes as f64),
-                )
+                (bytes, ring_time(busbw_gbps, ic, n, op, bytes as f64))
             })
             .collect(),
     }
@@ -116,9 +114,14 @@ pub fn comm_curves(catalog: &Catalog, device: &str, world_size: u32) -> Result<C
     let ic = catalog.interconnect_for(device, world_size);
     let n = world_size;
     Ok(CommCurves {
-        all_gather: analytic_curve(ic.all_gather_busbw_gbps, ic, n, false),
-        reduce_scatter: analytic_curve(ic.reduce_scatter_busbw_gbps, ic, n, false),
-        all_reduce: analytic_curve(ic.all_reduce_busbw_gbps, ic, n, true),
+        all_gather: analytic_curve(ic.all_gather_busbw_gbps, ic, n, Collective::AllGather),
+        reduce_scatter: analytic_curve(
+            ic.reduce_scatter_busbw_gbps,
+            ic,
+            n,
+            Collective::ReduceScatter,
+        ),
+        all_reduce: analytic_curve(ic.all_reduce_busbw_gbps, ic, n, Collective::AllReduce),
     })
 }
 
@@ -131,9 +134,14 @@ pub fn group_curves(device: &Device, catalog: &Catalog, ranks: u32, link: Link) 
     };
     let ic = &catalog.interconnects[key];
     CommCurves {
-        all_gather: analytic_curve(ic.all_gather_busbw_gbps, ic, ranks, false),
-        reduce_scatter: analytic_curve(ic.reduce_scatter_busbw_gbps, ic, ranks, false),
-        all_reduce: analytic_curve(ic.all_reduce_busbw_gbps, ic, ranks, true),
+        all_gather: analytic_curve(ic.all_gather_busbw_gbps, ic, ranks, Collective::AllGather),
+        reduce_scatter: analytic_curve(
+            ic.reduce_scatter_busbw_gbps,
+            ic,
+            ranks,
+            Collective::ReduceScatter,
+        ),
+        all_reduce: analytic_curve(ic.all_reduce_busbw_gbps, ic, ranks, Collective::AllReduce),
     }
 }
 

@@ -15,7 +15,9 @@ use crate::groups::{secondary_group, whole_node_groups};
 use crate::offload::Offload;
 use crate::plan::{Plan, Producer, plan_with_prediction};
 use crate::profile::Profile;
-use crate::schedule::{Accumulation, Launch, ReplicaReduce, Schedule, UnitSchedule, inner_ops};
+use crate::schedule::{
+    Accumulation, Launch, Recompute, RecomputeChoice, ReplicaReduce, Schedule, UnitSchedule,
+};
 use crate::sim::Simulation;
 use crate::size::format_bytes;
 use crate::timeline::{Level, Op, Timeline};
@@ -185,15 +187,20 @@ impl BaselineKind {
 
     /// (a, k) of DESIGN §3.10 as the framework does it by default with several micro-batches:
     /// DDP, FSDP and ZeRO-3 reduce every micro-batch and re-gather; ZeRO-2 keeps its gathered
-    /// parameters; the no-sync variants accumulate unsharded gradients.
-    fn accumulation(self) -> (bool, bool) {
-        match self {
+    /// parameters; the no-sync variants accumulate unsharded gradients. No inner launches.
+    fn accumulation(self) -> Accumulation {
+        let (accumulate, keep) = match self {
             BaselineKind::DdpNoSync
             | BaselineKind::Fsdp2NoSync
             | BaselineKind::HsdpNoSync
             | BaselineKind::HpzNoSync => (true, false),
             BaselineKind::Zero2 => (false, true),
             _ => (false, false),
+        };
+        Accumulation {
+            accumulate,
+            keep,
+            ..Accumulation::default()
         }
     }
 
@@ -208,8 +215,9 @@ impl BaselineKind {
 
     /// The name of the baseline with checkpointing on or off, as tables and reports write it
     /// (`fsdp2`, `fsdp2+ckpt`).
-    pub fn label(self, checkpoint: bool) -> String {
-        format!("{}{}", self.name(), if checkpoint { "+ckpt" } else { "" })
+    pub fn label(self, checkpoint: Recompute) -> String {
+        let suffix = if checkpoint.is_on() { "+ckpt" } else { "" };
+        format!("{}{suffix}", self.name())
     }
 
     pub fn name(self) -> &'static str {
@@ -273,15 +281,15 @@ struct Groups {
 
 /// Builds a schedule from per-unit levels and per-unit gather depths (forward, backward) over
 /// `groups` (a shard group's forward gathers at least two slots after its RS, RA between);
-/// with micro-batches, every unit accumulates and keeps as `(accumulate, keep)` says (keep only
+/// with micro-batches, every unit accumulates and keeps as `choice` says (keep only
 /// where the unit is sharded and, at fsdp, lends no parameters) and its inner boundary's ops take
 /// their step positions.
 fn depth_schedule(
     profile: &Profile,
     (levels, groups): (&[Level], Groups),
     depths: &[(usize, usize)],
-    recompute: bool,
-    (accumulate, keep): (bool, bool),
+    recompute: Recompute,
+    choice: &Accumulation,
 ) -> Result<Schedule> {
     let timeline = Timeline::new(profile.unit_count());
     let units = levels
@@ -316,27 +324,26 @@ fn depth_schedule(
             let accumulation = if profile.micro_batches >= 2 {
                 // An fsdp unit whose parameters another unit reads never keeps (DESIGN §3.10).
                 let lender = level == Level::Fsdp && profile.borrower(unit).is_some();
-                let keep = keep && level != Level::None && !lender;
-                let inner = inner_ops(level, accumulate, keep)
+                let mut accumulation = Accumulation {
+                    accumulate: choice.accumulate,
+                    keep: choice.keep && level != Level::None && !lender,
+                    ..Accumulation::default()
+                };
+                accumulation.inner = accumulation
+                    .inner_ops(level)
                     .into_iter()
                     .map(|op| (op, launches[&op].clone()))
                     .collect();
-                let replica_reduce = match shard_group {
-                    Some(_) if !accumulate => groups.replica_reduce,
-                    _ => ReplicaReduce::Every,
-                };
-                Accumulation {
-                    accumulate,
-                    keep,
-                    inner,
-                    replica_reduce,
+                if shard_group.is_some() && !accumulation.accumulate {
+                    accumulation.replica_reduce = groups.replica_reduce;
                 }
+                accumulation
             } else {
                 Accumulation::default()
             };
             UnitSchedule {
                 level,
-                recompute,
+                recompute: recompute.is_on(),
                 launches,
                 accumulation,
                 shard_group,
@@ -347,12 +354,21 @@ fn depth_schedule(
     Schedule::new(profile, units)
 }
 
-/// Every unit at `level`, except that the last unit cannot be fsdp and is kept sdp (as FSDP
-/// keeps its root unit); `fsdp2` also keeps the first unit sdp.
-fn levels(units: usize, level: Level, first_sdp: bool) -> Vec<Level> {
+/// The units an fsdp baseline keeps at sdp: the last (as FSDP keeps its root unit; the former
+/// `first_sdp: bool`'s `false`), or, as `fsdp2` does, the first and the last (`true`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeptSdp {
+    Last,
+    FirstAndLast,
+}
+
+/// Every unit at `level`, except that the last unit cannot be fsdp and is kept sdp, with the
+/// first too where `kept` says so.
+fn levels(units: usize, level: Level, kept: KeptSdp) -> Vec<Level> {
     (0..units)
         .map(|u| {
-            let keep = level == Level::Fsdp && (u + 1 == units || (first_sdp && u == 0));
+            let first = kept == KeptSdp::FirstAndLast && u == 0;
+            let keep = level == Level::Fsdp && (u + 1 == units || first);
             if keep { Level::Sdp } else { level }
         })
         .collect()
@@ -401,18 +417,19 @@ fn finish(
     }
 }
 
-/// One uniform grid point: (level, depth) for every unit, and (accumulate, keep).
+/// One uniform grid point: (level, depth) for every unit, and `accumulation`'s (accumulate,
+/// keep).
 fn grid_point(
     profile: &Profile,
     level: Level,
     depth: usize,
-    recompute: bool,
-    accumulation: (bool, bool),
+    recompute: Recompute,
+    accumulation: &Accumulation,
 ) -> Result<Schedule> {
     let l = profile.unit_count();
     depth_schedule(
         profile,
-        (&levels(l, level, false), Groups::default()),
+        (&levels(l, level, KeptSdp::Last), Groups::default()),
         &vec![(depth, depth); l],
         recompute,
         accumulation,
@@ -424,28 +441,33 @@ fn grid_point(
 pub fn baseline(
     profile: &Profile,
     kind: BaselineKind,
-    checkpoint: bool,
+    checkpoint: Recompute,
     cap: Option<u64>,
 ) -> Result<BaselinePlan> {
     let l = profile.unit_count();
-    let mut details =
-        BTreeMap::from([("checkpoint".to_string(), toml::Value::Boolean(checkpoint))]);
+    let mut details = BTreeMap::from([(
+        "checkpoint".to_string(),
+        toml::Value::Boolean(checkpoint.is_on()),
+    )]);
     if let Some(reason) = kind.unavailable_on(profile) {
         return Err(Error::Mismatch(reason));
     }
     let accumulation = kind.accumulation();
     let schedule = match kind {
         BaselineKind::Ddp | BaselineKind::DdpNoSync => {
-            grid_point(profile, Level::None, 1, checkpoint, accumulation)?
+            grid_point(profile, Level::None, 1, checkpoint, &accumulation)?
         }
-        BaselineKind::Zero2 => grid_point(profile, Level::Sdp, 1, checkpoint, accumulation)?,
-        BaselineKind::Fsdp1 => grid_point(profile, Level::Fsdp, 1, checkpoint, accumulation)?,
+        BaselineKind::Zero2 => grid_point(profile, Level::Sdp, 1, checkpoint, &accumulation)?,
+        BaselineKind::Fsdp1 => grid_point(profile, Level::Fsdp, 1, checkpoint, &accumulation)?,
         BaselineKind::Fsdp2 | BaselineKind::Fsdp2NoSync => depth_schedule(
             profile,
-            (&levels(l, Level::Fsdp, true), Groups::default()),
+            (
+                &levels(l, Level::Fsdp, KeptSdp::FirstAndLast),
+                Groups::default(),
+            ),
             &vec![(1, 1); l],
             checkpoint,
-            accumulation,
+            &accumulation,
         )?,
         BaselineKind::Hpz | BaselineKind::HpzNoSync => {
             let (h, schedule) = hierarchical::hpz(profile, kind, checkpoint)?;
@@ -459,28 +481,31 @@ pub fn baseline(
         }
         BaselineKind::Zero3 => depth_schedule(
             profile,
-            (&levels(l, Level::Fsdp, false), Groups::default()),
+            (&levels(l, Level::Fsdp, KeptSdp::Last), Groups::default()),
             &zero3_depths(profile),
             checkpoint,
-            accumulation,
+            &accumulation,
         )?,
         BaselineKind::Fsdp2Offload => {
             let schedule = depth_schedule(
                 profile,
-                (&levels(l, Level::Fsdp, true), Groups::default()),
+                (
+                    &levels(l, Level::Fsdp, KeptSdp::FirstAndLast),
+                    Groups::default(),
+                ),
                 &vec![(1, 1); l],
                 checkpoint,
-                accumulation,
+                &accumulation,
             )?;
             offload::every_unit(profile, schedule, Offload::Full, kind.name())?
         }
         BaselineKind::Zero3Offload => {
             let schedule = depth_schedule(
                 profile,
-                (&levels(l, Level::Fsdp, false), Groups::default()),
+                (&levels(l, Level::Fsdp, KeptSdp::Last), Groups::default()),
                 &offload::forward_prefetch_to_e(zero3_depths(profile)),
                 checkpoint,
-                accumulation,
+                &accumulation,
             )?;
             offload::every_unit(profile, schedule, Offload::Optimizer, kind.name())?
         }
@@ -501,23 +526,30 @@ pub fn baseline(
 /// micro-batches, each also with every (accumulate, keep).
 fn best_grid(
     profile: &Profile,
-    checkpoint: bool,
+    checkpoint: Recompute,
     cap: Option<u64>,
 ) -> Result<(Level, usize, Schedule)> {
     let mut points = vec![(Level::None, 1)];
     for level in [Level::Sdp, Level::Fsdp] {
         points.extend((1..=3).map(|d| (level, d)));
     }
-    let accumulations: &[(bool, bool)] = if profile.micro_batches >= 2 {
+    let choices: &[(bool, bool)] = if profile.micro_batches >= 2 {
         &[(false, false), (true, false), (false, true), (true, true)]
     } else {
         &[(false, false)]
     };
+    let accumulations: Vec<Accumulation> = (choices.iter())
+        .map(|&(accumulate, keep)| Accumulation {
+            accumulate,
+            keep,
+            ..Accumulation::default()
+        })
+        .collect();
     let mut best: Option<(f64, f64, Level, usize, Schedule)> = None;
     let mut smallest_peak = f64::INFINITY;
     for (level, depth) in points {
-        for &accumulation in accumulations {
-            if level == Level::None && accumulation.1 {
+        for accumulation in &accumulations {
+            if level == Level::None && accumulation.keep {
                 continue;
             }
             let schedule = grid_point(profile, level, depth, checkpoint, accumulation)?;
@@ -584,7 +616,7 @@ impl Preference {
 #[derive(Debug, Clone)]
 pub struct ChosenBaseline {
     pub kind: BaselineKind,
-    pub checkpoint: bool,
+    pub checkpoint: Recompute,
     pub plan: BaselinePlan,
 }
 
@@ -594,28 +626,26 @@ impl ChosenBaseline {
     }
 }
 
-/// Every baseline of `kinds`, each with checkpointing off and, when `checkpointing`, on, that
-/// can be built at `cap` (a baseline that cannot is left out).
+/// Every baseline of `kinds`, each with checkpointing off and, where `checkpointing` allows it,
+/// on, that can be built at `cap` (a baseline that cannot is left out).
 pub fn baselines_at(
     profile: &Profile,
     kinds: &[BaselineKind],
-    checkpointing: bool,
+    checkpointing: RecomputeChoice,
     cap: Option<u64>,
 ) -> impl Iterator<Item = ChosenBaseline> {
-    let variants: &[bool] = if checkpointing {
-        &[false, true]
-    } else {
-        &[false]
-    };
     kinds.iter().flat_map(move |&kind| {
-        variants.iter().filter_map(move |&checkpoint| {
-            let plan = baseline(profile, kind, checkpoint, cap).ok()?;
-            Some(ChosenBaseline {
-                kind,
-                checkpoint,
-                plan,
+        checkpointing
+            .settings()
+            .iter()
+            .filter_map(move |&checkpoint| {
+                let plan = baseline(profile, kind, checkpoint, cap).ok()?;
+                Some(ChosenBaseline {
+                    kind,
+                    checkpoint,
+                    plan,
+                })
             })
-        })
     })
 }
 
@@ -623,7 +653,7 @@ pub fn baselines_at(
 pub fn best_baseline(
     profile: &Profile,
     kinds: &[BaselineKind],
-    checkpointing: bool,
+    checkpointing: RecomputeChoice,
     cap: Option<u64>,
     preference: Preference,
 ) -> Option<ChosenBaseline> {

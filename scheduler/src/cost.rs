@@ -2,7 +2,7 @@
 //! time of a block, compute time of a slot, persistent bytes of a unit.
 
 use crate::profile::{CommCurves, Link, Profile};
-use crate::schedule::{Schedule, UnitSchedule};
+use crate::schedule::{Recompute, Schedule, UnitSchedule};
 use crate::timeline::{Level, Op, Timeline};
 
 /// Interference in a slot (DESIGN §3.4): compute c beside communication-stream work takes
@@ -238,12 +238,11 @@ pub fn most_compute_us(profile: &Profile, timeline: Timeline, slot: usize) -> f6
 
 /// saved_i: the bytes a unit keeps from F_i to B_i, its activations or (recomputed) its
 /// checkpoint (DESIGN §3.5).
-pub fn saved_bytes(profile: &Profile, unit: usize, recompute: bool) -> f64 {
+pub fn saved_bytes(profile: &Profile, unit: usize, recompute: Recompute) -> f64 {
     let p = &profile.units[unit];
-    if recompute {
-        p.checkpoint_activation_bytes as f64
-    } else {
-        p.activation_bytes as f64
+    match recompute {
+        Recompute::On => p.checkpoint_activation_bytes as f64,
+        Recompute::Off => p.activation_bytes as f64,
     }
 }
 

@@ -327,7 +327,8 @@ impl ModelSpec {
     pub fn block_params(&self) -> u64 {
         let h = self.hidden;
         let (q, kv) = self.attention_widths();
-        let biases = self.bias.params(q, kv, h, self.ffn, self.gated_mlp);
+        let up = if self.gated_mlp { 2 } else { 1 } * self.ffn;
+        let biases = self.bias.params(q, kv, h, up);
         let qk_norm = match self.qk_norm {
             None => 0,
             Some(QkNorm::PerHead) => self.norm_params(2 * self.head_size()),

@@ -15,6 +15,57 @@ pub struct Launch {
     pub blocks: u32,
 }
 
+/// Whether a unit recomputes its activations in its backward (activation checkpointing) or
+/// keeps them from its forward. It replaces the `checkpoint: bool` / `recompute: bool`
+/// parameters: `On` is their `true`, `Off` their `false`. A schedule's unit holds it as
+/// [`UnitSchedule::recompute`], a bool as the plan file writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recompute {
+    Off,
+    On,
+}
+
+impl Recompute {
+    /// The setting `unit` holds as its [`UnitSchedule::recompute`] flag.
+    pub fn of(unit: &UnitSchedule) -> Recompute {
+        if unit.recompute {
+            Recompute::On
+        } else {
+            Recompute::Off
+        }
+    }
+
+    /// Whether activations are recomputed (the bool a plan file writes).
+    pub fn is_on(self) -> bool {
+        self == Recompute::On
+    }
+}
+
+/// Whether a search (the ILP, the baselines' variants) may choose [`Recompute::On`] for a unit.
+/// It replaces the `allow_recompute: bool` / `checkpointing: bool` parameters: `Allowed` is their
+/// `true`, `Forbidden` their `false`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecomputeChoice {
+    /// Every unit keeps its activations.
+    Forbidden,
+    /// A unit may keep its activations or recompute them.
+    Allowed,
+}
+
+impl RecomputeChoice {
+    /// The settings a unit may take, [`Recompute::Off`] first.
+    pub fn settings(self) -> &'static [Recompute] {
+        match self {
+            RecomputeChoice::Forbidden => &[Recompute::Off],
+            RecomputeChoice::Allowed => &[Recompute::Off, Recompute::On],
+        }
+    }
+
+    pub fn is_allowed(self) -> bool {
+        self == RecomputeChoice::Allowed
+    }
+}
+
 /// One unit's choices.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnitSchedule {
@@ -54,7 +105,7 @@ pub struct Accumulation {
     /// k_i (sdp, fsdp): gathered parameters stay from B^m_i to the end of F^{m+1}_i.
     pub keep: bool,
     /// Launches per op at the boundary between two micro-batches (slot index 2L is I), for the
-    /// ops that run there ([`inner_ops`]).
+    /// ops that run there ([`Accumulation::inner_ops`]).
     pub inner: BTreeMap<Op, Vec<Launch>>,
     /// A shard-group unit that reduces every micro-batch: whether its replica AllReduce follows
     /// every ReduceScatter or only the step's (DESIGN §3.11.1).
@@ -75,19 +126,23 @@ pub enum ReplicaReduce {
     Last,
 }
 
-/// The ops of a unit that run at the boundary between two micro-batches: its reduction unless
-/// it accumulates, its forward gather unless it keeps the parameters.
-pub fn inner_ops(level: Level, accumulate: bool, keep: bool) -> Vec<Op> {
-    level
-        .ops()
-        .iter()
-        .copied()
-        .filter(|op| match op {
-            Op::AllReduce | Op::ReduceScatter => !accumulate,
-            Op::Gather | Op::GatherForward => !keep,
-            Op::GatherBackward | Op::ReplicaAllReduce => false,
-        })
-        .collect()
+impl Accumulation {
+    /// The ops of a unit at `level` that run at the boundary between two micro-batches: its
+    /// reduction unless it accumulates, its forward gather unless it keeps the parameters (read
+    /// from `accumulate` and `keep`; `inner` is not read). It replaces the free function
+    /// `inner_ops(level, accumulate: bool, keep: bool)`.
+    pub fn inner_ops(&self, level: Level) -> Vec<Op> {
+        level
+            .ops()
+            .iter()
+            .copied()
+            .filter(|op| match op {
+                Op::AllReduce | Op::ReduceScatter => !self.accumulate,
+                Op::Gather | Op::GatherForward => !self.keep,
+                Op::GatherBackward | Op::ReplicaAllReduce => false,
+            })
+            .collect()
+    }
 }
 
 /// `blocks` blocks of an op launched at slot index `slot`, the `position`-th slot of the op's
@@ -351,7 +406,8 @@ impl Schedule {
 
     /// Checks a unit's choices across micro-batches (DESIGN §3.10) and places its inner
     /// boundary's launches: only at K ≥ 2, `keep` only at sdp or fsdp, launches exactly for
-    /// [`inner_ops`], each inside its window (I in place of E) and covering the unit's blocks.
+    /// [`Accumulation::inner_ops`], each inside its window (I in place of E) and covering the
+    /// unit's blocks.
     fn place_inner(
         profile: &Profile,
         timeline: Timeline,
@@ -409,7 +465,7 @@ impl Schedule {
                 ));
             }
         }
-        let ops = inner_ops(u.level, a.accumulate, a.keep);
+        let ops = a.inner_ops(u.level);
         if let Some((&op, _)) = a
             .inner
             .iter()

@@ -9,7 +9,7 @@ use crate::baselines::{BaselineKind, ChosenBaseline, Preference, baselines_at, b
 use crate::classes::simulate_strict;
 use crate::ilp::{Objective, SolveOptions, WindowLimits, solve};
 use crate::profile::Profile;
-use crate::schedule::Schedule;
+use crate::schedule::{RecomputeChoice, Schedule};
 use crate::sim::Simulation;
 use crate::size::whole_bytes;
 use crate::timeline::Level;
@@ -123,7 +123,13 @@ impl SweepRow {
 
 /// The fastest variant (checkpointing off or on) of a baseline that fits `cap`.
 pub fn best_baseline_row(profile: &Profile, kind: BaselineKind, cap: u64) -> SweepRow {
-    let best = best_baseline(profile, &[kind], true, Some(cap), Preference::Fastest);
+    let best = best_baseline(
+        profile,
+        &[kind],
+        RecomputeChoice::Allowed,
+        Some(cap),
+        Preference::Fastest,
+    );
     SweepRow::new(
         cap,
         Method::Baseline(kind),
@@ -149,7 +155,13 @@ impl BaselineComparison {
     pub fn at(profile: &Profile, cap: u64) -> BaselineComparison {
         BaselineComparison {
             cap,
-            built: baselines_at(profile, &every_baseline(profile), true, Some(cap)).collect(),
+            built: baselines_at(
+                profile,
+                &every_baseline(profile),
+                RecomputeChoice::Allowed,
+                Some(cap),
+            )
+            .collect(),
             left_out: BaselineKind::HIERARCHICAL
                 .into_iter()
                 .filter(|kind| profile.micro_batches >= 2 || !kind.needs_micro_batches())
@@ -307,7 +319,7 @@ pub fn cap_range(
     let up_to_mib = |bytes: f64| whole_bytes(bytes / mib as f64) * mib;
     // The peak of the plan `preference` picks among `kinds`, checkpointing off and on, uncapped.
     let peak_of = |kinds: &[BaselineKind], preference| {
-        best_baseline(profile, kinds, true, None, preference)
+        best_baseline(profile, kinds, RecomputeChoice::Allowed, None, preference)
             .map(|b| b.plan.simulation.peak_memory_bytes)
             .ok_or_else(|| Error::invalid("sweep", "methods", "baselines that build without a cap"))
     };

@@ -10,7 +10,7 @@ use common::{Rng, close, random_profile, random_schedule, with_topology};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::classes::simulate_strict;
 use shardplan_scheduler::profile::Profile;
-use shardplan_scheduler::schedule::Schedule;
+use shardplan_scheduler::schedule::{Recompute, Schedule};
 use shardplan_scheduler::sim::{Semantics, simulate};
 
 /// Asserts that the class simulation of `schedule` is the whole step's.
@@ -108,7 +108,7 @@ fn hierarchical_baselines_of_many_micro_batches() {
         profile.micro_batches = k;
         assert!(with_topology(&mut Rng(5), &mut profile));
         for kind in BaselineKind::HIERARCHICAL {
-            for checkpoint in [false, true] {
+            for checkpoint in [Recompute::Off, Recompute::On] {
                 let plan = baseline(&profile, kind, checkpoint, None).unwrap();
                 agrees(
                     &profile,
@@ -126,7 +126,7 @@ fn baselines_of_many_micro_batches() {
     profile.micro_batches = 7;
     let kinds = BaselineKind::of(&profile);
     for kind in kinds {
-        for checkpoint in [false, true] {
+        for checkpoint in [Recompute::Off, Recompute::On] {
             let plan = baseline(&profile, kind, checkpoint, None).unwrap();
             agrees(&profile, &plan.schedule, &kind.label(checkpoint));
         }

@@ -6,6 +6,7 @@ mod common;
 use common::{affine, profile, schedule};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::export::fsdp2;
+use shardplan_scheduler::schedule::Recompute;
 
 /// Four units of one block each (B = 10 kB).
 fn four_units() -> shardplan_scheduler::profile::Profile {
@@ -28,7 +29,7 @@ fn fsdp1_is_exact_and_keeps_fsdp2_defaults() {
     let p = four_units();
     let e = fsdp2(
         &p,
-        &baseline(&p, BaselineKind::Fsdp1, false, None)
+        &baseline(&p, BaselineKind::Fsdp1, Recompute::Off, None)
             .unwrap()
             .schedule,
     )

@@ -9,6 +9,7 @@ use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::export::fsdp2 as export;
 use shardplan_scheduler::fsdp2::{Reshard, Settings, Sharding, UnitSettings, evaluate};
 use shardplan_scheduler::profile::Profile;
+use shardplan_scheduler::schedule::Recompute;
 use shardplan_scheduler::timeline::Op;
 
 /// Four units of Ψ 1000 (one block), f 10, b 20, act 100, N = 4, p = g = 2, o = 12, κ = 0; every
@@ -202,7 +203,7 @@ fn hsdp_all_reduces_across_replicas_after_the_reduce_scatter() {
     assert_eq!(durations, [10.0, 30.0, 5.0, 10.0, 105.0, 20.0, 158.0]);
     close(e.iteration_time_us(), 338.0, "time");
     // The hsdp baseline exports exactly: its replica AllReduce is where FSDP2 issues it.
-    let plan = baseline(&p, BaselineKind::Hsdp, false, None).unwrap();
+    let plan = baseline(&p, BaselineKind::Hsdp, Recompute::Off, None).unwrap();
     let exported = export(&p, &plan.schedule).unwrap();
     assert!(exported.exact, "{:?}", exported.approximations);
     assert!(
@@ -335,7 +336,7 @@ fn a_tied_lender_is_one_group_with_its_borrower() {
         refused.contains("u1.reshard_after_forward") && refused.contains("tied to u4"),
         "{refused}"
     );
-    let plan = baseline(&p, BaselineKind::Fsdp1, false, None).unwrap();
+    let plan = baseline(&p, BaselineKind::Fsdp1, Recompute::Off, None).unwrap();
     let exported = export(&p, &plan.schedule).unwrap();
     assert_eq!(
         (

@@ -14,7 +14,7 @@ use shardplan_scheduler::export::fsdp2;
 use shardplan_scheduler::ilp::{SolveOptions, solve};
 use shardplan_scheduler::plan::{Plan, Producer, plan_with_prediction};
 use shardplan_scheduler::profile::Profile;
-use shardplan_scheduler::schedule::ReplicaReduce;
+use shardplan_scheduler::schedule::{Recompute, RecomputeChoice, ReplicaReduce};
 use shardplan_scheduler::sim::{Semantics, Simulation, simulate};
 use shardplan_scheduler::timeline::Op;
 
@@ -287,7 +287,7 @@ fn hierarchical_baselines_at_two_micro_batches() {
     let p = two_micro_batches();
     for kind in BaselineKind::HIERARCHICAL {
         assert!(BaselineKind::of(&p).contains(&kind), "{}", kind.name());
-        for checkpoint in [false, true] {
+        for checkpoint in [Recompute::Off, Recompute::On] {
             let label = kind.label(checkpoint);
             let b = baseline(&p, kind, checkpoint, None).unwrap();
             let back = b.plan.schedule(&p, &label).unwrap();
@@ -318,7 +318,7 @@ fn hierarchical_baselines_at_two_micro_batches() {
     }
     // hsdp-ra-once saves one RA per inner boundary against hsdp; hsdp-nosync all inner RS too.
     let time = |kind| {
-        baseline(&p, kind, false, None)
+        baseline(&p, kind, Recompute::Off, None)
             .unwrap()
             .simulation
             .iteration_time_us
@@ -341,7 +341,9 @@ fn micro_batch_forms_are_refused_at_one_micro_batch() {
         let why = kind.unavailable_on(&p).unwrap();
         assert!(why.contains("--micro-batches"), "{why}");
         assert!(why.contains(&format!("it is {base}")), "{why}");
-        let e = baseline(&p, kind, false, None).unwrap_err().to_string();
+        let e = baseline(&p, kind, Recompute::Off, None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(kind.name()), "{e}");
     }
     for kind in [BaselineKind::Hsdp, BaselineKind::Hpz] {
@@ -362,7 +364,7 @@ fn solve_at_micro_batches_on_nodes_is_never_worse_than_a_hierarchical_baseline()
     let best = best_baseline(
         &profile,
         &BaselineKind::of(&profile),
-        true,
+        RecomputeChoice::Allowed,
         Some(cap),
         Preference::Fastest,
     )

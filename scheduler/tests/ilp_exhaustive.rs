@@ -18,7 +18,7 @@ use shardplan_scheduler::ilp::{
     priced_lp_bound, solve,
 };
 use shardplan_scheduler::profile::Profile;
-use shardplan_scheduler::schedule::UnitSchedule;
+use shardplan_scheduler::schedule::{Recompute, UnitSchedule};
 use shardplan_scheduler::sim::{Semantics, simulate};
 use shardplan_scheduler::size::whole_bytes;
 use shardplan_scheduler::timeline::{Level, Op, Timeline};
@@ -465,7 +465,7 @@ fn a_cap_equal_to_a_baselines_peak_admits_that_baseline() {
             4000,
         );
         for kind in BaselineKind::ALL {
-            for checkpoint in [false, true] {
+            for checkpoint in [Recompute::Off, Recompute::On] {
                 let Ok(plan) = baseline(&profile, kind, checkpoint, None) else {
                     continue;
                 };
@@ -478,14 +478,14 @@ fn a_cap_equal_to_a_baselines_peak_admits_that_baseline() {
                 };
                 let solved = solve(&profile, &options).unwrap_or_else(|e| {
                     panic!(
-                        "seed {seed} {} (ckpt {checkpoint}) at its peak {cap}: {e}",
+                        "seed {seed} {} (ckpt {checkpoint:?}) at its peak {cap}: {e}",
                         kind.name()
                     )
                 });
                 let (t, p) = (solved.report.objective, plan.simulation.iteration_time_us);
                 assert!(
                     t <= p * (1.0 + 1e-9),
-                    "seed {seed} {} (ckpt {checkpoint}) at its peak {cap}: ILP {t} > baseline {p}",
+                    "seed {seed} {} (ckpt {checkpoint:?}) at its peak {cap}: ILP {t} > baseline {p}",
                     kind.name()
                 );
                 assert!(solved.simulation.peak_memory_bytes <= cap as f64);
@@ -504,7 +504,7 @@ fn a_limited_search_returns_a_plan_within_its_limit() {
         let mut rng = Rng(seed * 15485863 + 5);
         let profile = random_profile(&mut rng, 4, 0.0, 40_000);
         // At fsdp2's peak its plan (gathers prefetched one slot early) is a warm start.
-        let fsdp2 = baseline(&profile, BaselineKind::Fsdp2, false, None).unwrap();
+        let fsdp2 = baseline(&profile, BaselineKind::Fsdp2, Recompute::Off, None).unwrap();
         let options = SolveOptions {
             memory_cap_bytes: Some(whole_bytes(fsdp2.simulation.peak_memory_bytes)),
             limits: WindowLimits::depth(NonZeroUsize::MIN),

@@ -10,7 +10,7 @@ use common::{Rng, every_schedule, launches, placements, random_profile, reported
 use shardplan_scheduler::Error;
 use shardplan_scheduler::ilp::{Objective, SolveOptions, solve};
 use shardplan_scheduler::profile::Profile;
-use shardplan_scheduler::schedule::{Accumulation, Launch, UnitSchedule, inner_ops};
+use shardplan_scheduler::schedule::{Accumulation, Launch, UnitSchedule};
 use shardplan_scheduler::sim::{Semantics, simulate};
 use shardplan_scheduler::size::whole_bytes;
 use shardplan_scheduler::timeline::{Level, Op, Timeline};
@@ -72,7 +72,12 @@ fn unit_options(profile: &Profile, unit: usize, recompute: bool) -> Vec<UnitSche
                     timeline,
                     unit,
                     nb,
-                    &inner_ops(level, accumulate, keep),
+                    &Accumulation {
+                        accumulate,
+                        keep,
+                        ..Accumulation::default()
+                    }
+                    .inner_ops(level),
                     false,
                 );
                 for r in [false, true].into_iter().filter(|&r| recompute || !r) {

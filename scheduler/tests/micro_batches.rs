@@ -9,7 +9,7 @@ use common::{Rng, affine, close, profile, random_profile, random_schedule, sched
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::plan::{Plan, Producer, plan_with_prediction};
 use shardplan_scheduler::profile::Profile;
-use shardplan_scheduler::schedule::{Accumulation, Schedule, UnitSchedule, inner_ops};
+use shardplan_scheduler::schedule::{Accumulation, Recompute, Schedule, UnitSchedule};
 use shardplan_scheduler::sim::{Semantics, Simulation, simulate};
 
 /// Two units, K = 2, N = 2, p = g = 2, o = 4, one block each, κ = 0, E's compute 15.
@@ -226,7 +226,8 @@ fn repeated(profile: &Profile, flat: &Schedule) -> Schedule {
         .units()
         .iter()
         .map(|u| {
-            let inner = inner_ops(u.level, false, false)
+            let inner = Accumulation::default()
+                .inner_ops(u.level)
                 .into_iter()
                 .map(|op| (op, u.launches[&op].clone()))
                 .collect();
@@ -338,9 +339,13 @@ fn random_accumulating_plans() {
 #[test]
 fn baselines_with_micro_batches() {
     let mut profile = common::zoo_profile("llama2-7b");
-    assert!(baseline(&profile, BaselineKind::Fsdp2NoSync, false, None).is_err());
+    assert!(baseline(&profile, BaselineKind::Fsdp2NoSync, Recompute::Off, None).is_err());
     profile.micro_batches = 4;
-    let plan = |kind| baseline(&profile, kind, false, None).unwrap().simulation;
+    let plan = |kind| {
+        baseline(&profile, kind, Recompute::Off, None)
+            .unwrap()
+            .simulation
+    };
     let (sync, nosync) = (plan(BaselineKind::Fsdp2), plan(BaselineKind::Fsdp2NoSync));
     assert!(nosync.comm_us < sync.comm_us);
     assert!(nosync.peak_memory_bytes > sync.peak_memory_bytes);
@@ -351,10 +356,10 @@ fn baselines_with_micro_batches() {
         ddp.peak_memory_bytes,
         "replicated gradients are full anyway",
     );
-    let zero2 = baseline(&profile, BaselineKind::Zero2, false, None).unwrap();
+    let zero2 = baseline(&profile, BaselineKind::Zero2, Recompute::Off, None).unwrap();
     assert!(zero2.schedule.units().iter().all(|u| u.accumulation.keep));
     for kind in BaselineKind::of(&profile) {
-        for checkpoint in [false, true] {
+        for checkpoint in [Recompute::Off, Recompute::On] {
             let b = baseline(&profile, kind, checkpoint, None).unwrap();
             assert_eq!(b.plan.micro_batches, 4);
         }

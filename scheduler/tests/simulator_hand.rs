@@ -5,6 +5,7 @@ mod common;
 
 use common::{affine, check, check_memory, close, profile, schedule};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
+use shardplan_scheduler::schedule::Recompute;
 use shardplan_scheduler::sim::{Semantics, simulate};
 
 /// Two replicated units (DDP; κ_c = `kappa`). N = 2, p = g = 2, o = 4; one block each.
@@ -277,7 +278,7 @@ fn communication_slowed_by_compute() {
 #[test]
 fn fsdp1_baseline_placement_time_and_memory() {
     let p = mixed_profile();
-    let b = baseline(&p, BaselineKind::Fsdp1, false, None).unwrap();
+    let b = baseline(&p, BaselineKind::Fsdp1, Recompute::Off, None).unwrap();
     // Placement (depth 1): u1 RS E, AGF E (window {E}), AGB B2; u2 RS B1, AGF F1, AGB B3;
     // u3 RS B2, AG F2.
     let text = b.plan.to_toml();
@@ -338,7 +339,7 @@ fn without_comm_slowdown_the_predictions_are_unchanged() {
         p.digest(),
         "sha256:191da969d56c2502a24c057f02ac9709601a89d28fc6b97bcd2442f652d460ed"
     );
-    let plan = baseline(&p, BaselineKind::Fsdp2, true, None)
+    let plan = baseline(&p, BaselineKind::Fsdp2, Recompute::On, None)
         .unwrap()
         .schedule;
     close(

@@ -13,6 +13,7 @@ use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::offload::{HostStep, Offload};
 use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::{Host, Profile};
+use shardplan_scheduler::schedule::Recompute;
 use shardplan_scheduler::sim::{HostTrack, Semantics, simulate};
 use shardplan_scheduler::timeline::Level;
 
@@ -233,10 +234,10 @@ fn offload_baselines_fit_one_gpu_where_fsdp2_does_not() {
     )
     .unwrap();
     let cap = 85_523_536_281.0; // 79.65 GiB
-    let fsdp2 = baseline(&profile, BaselineKind::Fsdp2, true, None).unwrap();
+    let fsdp2 = baseline(&profile, BaselineKind::Fsdp2, Recompute::On, None).unwrap();
     assert!(fsdp2.simulation.peak_memory_bytes > cap);
     for kind in BaselineKind::OFFLOAD {
-        let b = baseline(&profile, kind, true, None).unwrap();
+        let b = baseline(&profile, kind, Recompute::On, None).unwrap();
         assert!(b.simulation.peak_memory_bytes <= cap, "{}", kind.name());
         let relaxed = simulate(&profile, &b.schedule, Semantics::Relaxed);
         assert!(relaxed.iteration_time_us <= b.simulation.iteration_time_us * (1.0 + 1e-12));

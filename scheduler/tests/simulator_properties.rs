@@ -7,7 +7,7 @@ use common::{Rng, random_profile, random_schedule, with_topology};
 use proptest::prelude::*;
 use shardplan_scheduler::Error;
 use shardplan_scheduler::plan::{Plan, Producer, plan_with_prediction};
-use shardplan_scheduler::schedule::{Launch, Schedule};
+use shardplan_scheduler::schedule::{Launch, Recompute, Schedule};
 use shardplan_scheduler::sim::{Semantics, simulate};
 use shardplan_scheduler::timeline::{Level, Op};
 
@@ -149,7 +149,9 @@ fn the_optimizer_step_follows_the_reduction() {
     assert!((added(Op::ReduceScatter) - 10.0).abs() < 1e-9);
     assert_eq!(added(Op::GatherForward), 0.0);
     for (kind, step) in [(BaselineKind::Ddp, 80.0), (BaselineKind::Fsdp2, 20.0)] {
-        let plan = baseline(&without, kind, false, None).unwrap().schedule;
+        let plan = baseline(&without, kind, Recompute::Off, None)
+            .unwrap()
+            .schedule;
         let time = |p| simulate(p, &plan, Semantics::Strict).iteration_time_us;
         let grown = time(&with) - time(&without);
         assert!(

@@ -12,6 +12,7 @@ use shardplan_scheduler::model::ModelSpec;
 use shardplan_scheduler::profile::{
     CommCurves, GroupCurves, Link, Profile, Topology, offered_groups,
 };
+use shardplan_scheduler::schedule::Recompute;
 
 fn llama70b(world: u32, node: Option<Option<u32>>) -> Result<Profile, String> {
     let path = repo_root().join("models/llama2-70b.toml");
@@ -61,8 +62,8 @@ fn an_analytic_topology_adds_the_groups_and_changes_no_prediction() {
     assert_eq!(flat.digest(), zoo_profile("llama2-70b").digest());
     for kind in BaselineKind::ALL {
         let (a, b) = (
-            baseline(&flat, kind, true, None).unwrap(),
-            baseline(&nodes, kind, true, None).unwrap(),
+            baseline(&flat, kind, Recompute::On, None).unwrap(),
+            baseline(&nodes, kind, Recompute::On, None).unwrap(),
         );
         assert_eq!(
             a.simulation.iteration_time_us,

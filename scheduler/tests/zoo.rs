@@ -5,6 +5,7 @@ mod common;
 use common::zoo_profile;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::model::ModelSpec;
+use shardplan_scheduler::schedule::Recompute;
 use std::path::PathBuf;
 
 const ZOO: [&str; 9] = [
@@ -54,7 +55,7 @@ fn peak_memory_ddp_at_least_zero2_at_least_fsdp1_for_every_zoo_model() {
     for name in ZOO {
         let profile = zoo_profile(name);
         let peak = |kind| {
-            baseline(&profile, kind, false, None)
+            baseline(&profile, kind, Recompute::Off, None)
                 .unwrap()
                 .simulation
                 .peak_memory_bytes
@@ -84,7 +85,7 @@ fn every_baseline_is_a_valid_plan_for_every_zoo_model() {
     for name in ZOO {
         let profile = zoo_profile(name);
         for kind in BaselineKind::ALL {
-            for checkpoint in [false, true] {
+            for checkpoint in [Recompute::Off, Recompute::On] {
                 let b = baseline(&profile, kind, checkpoint, None).unwrap();
                 let reparsed = b.plan.schedule(&profile, name).unwrap();
                 assert_eq!(reparsed, b.schedule, "{name} {}", kind.name());

@@ -4,6 +4,7 @@ mod values;
 
 pub use values::{CapsArg, MemoryCap, MethodsArg, bytes_arg};
 
+use crate::output::Output;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use shardplan_runtime::cuda::{CudaOptions, ProductMath};
 use shardplan_runtime::dispatch::BackendKind;
@@ -61,9 +62,9 @@ pub enum Command {
 }
 
 impl Command {
-    /// Whether the command was asked for machine output (`--json`); errors follow it.
-    pub fn json(&self) -> bool {
-        match self {
+    /// What the command was asked to print (`--json`: machine output); errors follow it.
+    pub fn output(&self) -> Output {
+        Output::of_json_flag(match self {
             Command::Profile(ProfileCommand::Analytic(a)) => a.json,
             Command::Profile(ProfileCommand::Measure(a)) => a.json,
             Command::Solve(a) => a.json,
@@ -76,7 +77,7 @@ impl Command {
             Command::Inspect(a) => a.json,
             Command::Demo(a) => a.json,
             Command::Doctor(_) => false,
-        }
+        })
     }
 }
 

@@ -7,6 +7,7 @@ use serde_json::json;
 use shardplan_scheduler::baselines::baseline;
 use shardplan_scheduler::io::check_outputs_distinct;
 use shardplan_scheduler::profile::Profile;
+use shardplan_scheduler::schedule::Recompute;
 use shardplan_scheduler::size::{format_bytes, whole_bytes};
 
 pub fn run(args: BaselineArgs) -> anyhow::Result<()> {
@@ -23,7 +24,12 @@ pub fn run(args: BaselineArgs) -> anyhow::Result<()> {
         ));
     }
     let cap = args.memory_cap.and_then(MemoryCap::bytes);
-    let result = baseline(&profile, kind, args.checkpoint, cap)?;
+    let checkpoint = if args.checkpoint {
+        Recompute::On
+    } else {
+        Recompute::Off
+    };
+    let result = baseline(&profile, kind, checkpoint, cap)?;
     result.plan.save(&args.out)?;
     let sim = &result.simulation;
     let fits = cap.map(|cap| sim.peak_memory_bytes <= cap as f64);

@@ -3,7 +3,7 @@
 
 use super::end_job_on_failure;
 use crate::cli::MeasureArgs;
-use crate::output::{outln, print_json};
+use crate::output::{Output, outln, print_json};
 use serde_json::json;
 use shardplan_runtime::dispatch::start;
 use shardplan_runtime::measure::{LaunchRow, MeasureOptions, Measured, by_category, measure_model};
@@ -30,7 +30,11 @@ pub fn measure(args: MeasureArgs) -> anyhow::Result<()> {
     };
     let (universe, backend) = start(args.backend.kind()?)?;
     let result = measure_model(backend, model, &origin, &options);
-    let measured = end_job_on_failure(universe.as_ref(), result.map_err(Into::into), args.json)?;
+    let measured = end_job_on_failure(
+        universe.as_ref(),
+        result.map_err(Into::into),
+        Output::of_json_flag(args.json),
+    )?;
     let Measured {
         profile,
         rank,

@@ -15,6 +15,7 @@ mod sweep;
 
 use crate::cli::{Cli, CommCommand, Command, ExportCommand, ProfileCommand};
 use crate::failure::Failure;
+use crate::output::Output;
 use shardplan_runtime::backend::MpiUniverse;
 use shardplan_runtime::launch::{abort_peers, job_rank};
 use shardplan_scheduler::plan::Plan;
@@ -59,13 +60,13 @@ pub fn load_plan(
 pub(crate) fn end_job_on_failure<T>(
     universe: Option<&MpiUniverse>,
     result: anyhow::Result<T>,
-    json: bool,
+    output: Output,
 ) -> anyhow::Result<T> {
     if let (Err(error), Some(universe)) = (&result, universe) {
         let (rank, ranks) = job_rank(universe);
         if ranks > 1 {
             let failure = Failure::of(error);
-            report_for_job(&failure, rank, json);
+            report_for_job(&failure, rank, output);
             abort_peers(failure.code.into());
         }
     }
@@ -75,12 +76,12 @@ pub(crate) fn end_job_on_failure<T>(
 /// Reports the failure of rank `rank` of a job of several ranks: rank 0's as the command's
 /// (one JSON object under `--json`), the others' as a line on stderr, after which they give
 /// rank 0 [`REPORT_GRACE`] to print under `--json`.
-pub(crate) fn report_for_job(failure: &Failure, rank: usize, json: bool) {
+pub(crate) fn report_for_job(failure: &Failure, rank: usize, output: Output) {
     if rank == 0 {
-        failure.report(json);
+        failure.report(output);
     } else {
         failure.report_from_rank(rank);
-        if json {
+        if output == Output::Json {
             std::thread::sleep(REPORT_GRACE);
         }
     }

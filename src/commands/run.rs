@@ -4,7 +4,7 @@
 use super::{end_job_on_failure, report_for_job};
 use crate::cli::{RunArgs, SemanticsArg};
 use crate::failure::Failure;
-use crate::output::{ms, outln, print_json};
+use crate::output::{Output, ms, outln, print_json};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use shardplan_runtime::backend::Backend;
@@ -67,7 +67,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
                 },
             )
         });
-    end_job_on_failure(universe.as_ref(), result, args.json)
+    end_job_on_failure(universe.as_ref(), result, Output::of_json_flag(args.json))
 }
 
 /// What a step trains on, for the progress bar: `per_step` tokens or samples over all ranks.
@@ -140,7 +140,8 @@ fn run_with<B: Backend, W: Train<B>>(
         timeout: Duration::from_secs_f64(args.timeout),
         trace: args.trace.is_some(),
         on_step: bar.as_ref().map(|(_, on_step)| on_step.clone()),
-        on_stall: (backend.world_size() > 1).then(|| stall_report(backend.rank(), args.json)),
+        on_stall: (backend.world_size() > 1)
+            .then(|| stall_report(backend.rank(), Output::of_json_flag(args.json))),
     };
     let origin = args.plan.display().to_string();
     let durability = Durability {
@@ -179,10 +180,10 @@ fn run_with<B: Backend, W: Train<B>>(
 }
 
 /// How rank `rank` reports a collective the watchdog found stalled, before the job ends.
-fn stall_report(rank: usize, json: bool) -> OnStall {
+fn stall_report(rank: usize, output: Output) -> OnStall {
     OnStall(Arc::new(move |error: &shardplan_runtime::Error| {
         let error = shardplan_runtime::Error::Timeout(error.to_string());
-        report_for_job(&Failure::of(&error.into()), rank, json);
+        report_for_job(&Failure::of(&error.into()), rank, output);
     }))
 }
 

@@ -11,6 +11,7 @@ use shardplan_scheduler::baselines::{BaselineKind, Preference, best_baseline};
 use shardplan_scheduler::ilp::{Objective, SolveOptions, Solved, WindowLimits, solve};
 use shardplan_scheduler::io::check_outputs_distinct;
 use shardplan_scheduler::profile::Profile;
+use shardplan_scheduler::schedule::RecomputeChoice;
 use shardplan_scheduler::size::{format_bytes, whole_bytes};
 use shardplan_scheduler::timeline::Level;
 
@@ -82,7 +83,13 @@ fn with_offload_note(
     };
     let offload = BaselineKind::offload_of(profile);
     let cap = options.memory_cap_bytes;
-    let note = match best_baseline(profile, &offload, true, cap, Preference::Fastest) {
+    let note = match best_baseline(
+        profile,
+        &offload,
+        RecomputeChoice::Allowed,
+        cap,
+        Preference::Fastest,
+    ) {
         Some(best) => {
             let sim = &best.plan.simulation;
             format!(
@@ -94,7 +101,11 @@ fn with_offload_note(
                 format_bytes(sim.peak_memory_bytes),
                 format_bytes(sim.host.as_ref().map_or(0.0, |h| h.memory_bytes)),
                 best.kind.name(),
-                if best.checkpoint { " --checkpoint" } else { "" }
+                if best.checkpoint.is_on() {
+                    " --checkpoint"
+                } else {
+                    ""
+                }
             )
         }
         None if offload.is_empty() => String::new(),

@@ -9,7 +9,7 @@ pub use runtime_fixtures::*;
 use shardplan_runtime::mlp::MlpSpec;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::profile::{GroupCurves, Link, Profile, Topology};
-use shardplan_scheduler::schedule::Schedule;
+use shardplan_scheduler::schedule::{Recompute, Schedule};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -136,7 +136,9 @@ fn mlp_job(dir: &Path, kind: BaselineKind, profile_of: impl Fn(&MlpSpec) -> Prof
     let profile = profile_of(&spec);
     let profile_path = dir.join("profile.toml");
     profile.save(&profile_path).unwrap();
-    let schedule = baseline(&profile, kind, false, None).unwrap().schedule;
+    let schedule = baseline(&profile, kind, Recompute::Off, None)
+        .unwrap()
+        .schedule;
     let plan = write_plan(dir, kind.name(), &profile, &schedule);
     MlpJob {
         ranks: profile.world_size as usize,

@@ -42,7 +42,25 @@ struct Leases {
 struct Lease {
     id: u64,
     range: Range<usize>,
-    exclusive: bool,
+    access: Access,
+}
+
+/// How a lease borrows its words: `Shared` to read (the former `exclusive: bool`'s `false`),
+/// `Exclusive` to write (`true`), which no other lease of an overlapping word may coexist with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Shared,
+    Exclusive,
+}
+
+impl Access {
+    /// What the borrow is for, as the clash error says it.
+    fn purpose(self) -> &'static str {
+        match self {
+            Access::Shared => "read",
+            Access::Exclusive => "write",
+        }
+    }
 }
 
 /// A format elements are stored in.
@@ -84,7 +102,7 @@ impl HostArena {
     /// The elements of `region` as stored, to read; fails while any part of them is borrowed to
     /// write, or when the region holds another format than `T`.
     pub(crate) fn lend<T: Stored>(&self, region: Region) -> Result<Lent<'_, T>> {
-        let (lease, cells) = self.lease::<T>(region, false)?;
+        let (lease, cells) = self.lease::<T>(region, Access::Shared)?;
         // SAFETY: no `LentMut` overlapping these cells is alive (checked by `lease`) and none can
         // be created until this lease is returned on drop; the words hold `region.len` elements
         // of `T` (`Stored`), whose alignment the words' meets.
@@ -98,7 +116,7 @@ impl HostArena {
     /// The elements of `region` as stored, to write; fails while any part of them is borrowed
     /// at all, or when the region holds another format than `T`.
     pub(crate) fn lend_mut<T: Stored>(&self, region: Region) -> Result<LentMut<'_, T>> {
-        let (lease, cells) = self.lease::<T>(region, true)?;
+        let (lease, cells) = self.lease::<T>(region, Access::Exclusive)?;
         // SAFETY: this lease is the only live borrow of these cells (checked by `lease`) until it
         // is returned on drop; writing through a shared `UnsafeCell` is allowed; the layout is
         // as in `lend`.
@@ -157,7 +175,7 @@ impl HostArena {
     fn lease<T: Stored>(
         &self,
         region: Region,
-        exclusive: bool,
+        access: Access,
     ) -> Result<(LeaseGuard<'_>, &[UnsafeCell<f32>])> {
         if region.format != T::FORMAT {
             return Err(Error::Backend(format!(
@@ -178,28 +196,23 @@ impl HostArena {
         })?;
         let mut leases = recover(self.leases.lock());
         let clash = leases.live.iter().find(|lease| {
-            (exclusive || lease.exclusive)
+            (access == Access::Exclusive || lease.access == Access::Exclusive)
                 && !range.is_empty()
                 && lease.range.start < range.end
                 && range.start < lease.range.end
         });
         if let Some(clash) = clash {
-            let access = |exclusive| if exclusive { "write" } else { "read" };
             return Err(Error::Backend(format!(
                 "arena words {range:?} borrowed to {} while {:?} are borrowed to {}: the \
                  schedule let two operations use the same memory at once",
-                access(exclusive),
+                access.purpose(),
                 clash.range,
-                access(clash.exclusive)
+                clash.access.purpose()
             )));
         }
         let id = leases.next_id;
         leases.next_id += 1;
-        leases.live.push(Lease {
-            id,
-            range,
-            exclusive,
-        });
+        leases.live.push(Lease { id, range, access });
         Ok((LeaseGuard { arena: self, id }, cells))
     }
 

@@ -42,7 +42,7 @@ use crate::train::Train;
 use crate::workload::Pass;
 use crate::{Error, Result};
 use kind::{Kind, PerUnitKind};
-use program::{Program, program};
+use program::{LinkChannels, Program, program};
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::Schedule;
 use shardplan_scheduler::sim::Semantics;
@@ -264,8 +264,12 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
     ) -> Self {
         let units = placement.for_step(0).units.len();
         let first_written = (0..units).map(|u| first_written_by(workload, u)).collect();
-        let concurrent = backend.concurrent_communicators();
-        let program = program(schedule, placement, first_written, profile, concurrent);
+        let link_channels = if backend.concurrent_communicators() {
+            LinkChannels::Separate
+        } else {
+            LinkChannels::Shared
+        };
+        let program = program(schedule, placement, first_written, profile, link_channels);
         let event = || Event::spinning(backend.host_wait_spin());
         Walk {
             total: (options.steps + 2) * program.slots,
@@ -438,8 +442,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
         let rank = self.backend.rank();
         for &w in &self.program.first_written[unit] {
             let u = &self.schedule.units()[w];
-            let start = GradientStart::of(u.level, u.accumulation.accumulate, micro_batch, rank)
-                .across_replicas(u, rank);
+            let start = GradientStart::of(u, micro_batch, rank).across_replicas(u, rank);
             start.prepare(self.backend, &layout.units[w])?;
         }
         Ok(())

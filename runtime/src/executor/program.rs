@@ -136,18 +136,26 @@ pub(super) struct Program {
     pub(super) parities: usize,
 }
 
+/// Whether the links' collectives run on channels of their own: `Separate` (the former
+/// `concurrent: bool`'s `true`, where the backend can run two links' collectives at once) or one
+/// `Shared` channel (`false`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LinkChannels {
+    Separate,
+    Shared,
+}
+
 /// The program of `schedule` over its unrolled step (DESIGN §6.3, §6.10): each op instance's
 /// blocks queued at their launch slots in the canonical order, with the data step they serve,
-/// each on the channel of its link (`concurrent`: the backend can run two links' collectives at
-/// once; else every block on one channel).
+/// each on the channel of its link (`link_channels`: separate, or every block on one channel).
 pub(super) fn program(
     schedule: &Schedule,
     placement: &Placement,
     first_written: Vec<Vec<usize>>,
     profile: &Profile,
-    concurrent: bool,
+    link_channels: LinkChannels,
 ) -> Program {
-    let channels = channels(schedule, profile, concurrent);
+    let channels = channels(schedule, profile, link_channels);
     let unrolled = Unrolled::of(schedule);
     let blocks: Vec<u64> = (placement.for_step(0).units.iter())
         .map(|u| u.blocks as u64)
@@ -170,8 +178,8 @@ pub(super) fn program(
     }
 }
 
-/// The link each op of `schedule` runs on, one channel per link (`concurrent`), else one.
-fn channels(schedule: &Schedule, profile: &Profile, concurrent: bool) -> Vec<Link> {
+/// The link each op of `schedule` runs on, one channel per link (`Separate`), else one.
+fn channels(schedule: &Schedule, profile: &Profile, link_channels: LinkChannels) -> Vec<Link> {
     let world = profile.world_size as usize;
     let mut channels: Vec<Link> = (schedule.units().iter())
         .flat_map(|u| {
@@ -182,7 +190,7 @@ fn channels(schedule: &Schedule, profile: &Profile, concurrent: bool) -> Vec<Lin
         .collect();
     channels.sort_unstable();
     channels.dedup();
-    if !concurrent {
+    if link_channels == LinkChannels::Shared {
         channels.truncate(1);
     }
     channels

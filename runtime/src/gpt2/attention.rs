@@ -7,7 +7,7 @@
 //! and dV is written once. The CPU backend runs the products on the host (this module's
 //! functions), the CUDA backend through cuBLAS (`gpt2::launches`), the same [`Product`]s.
 
-use crate::gemm::{Gemm, Strided};
+use crate::gemm::{Gemm, Orientation, Strided};
 use crate::gpt2::kernels::lane_sum;
 use multiversion::multiversion;
 
@@ -103,21 +103,20 @@ impl AttentionShape {
         self.product(b, Gemm::new(t, t, d).b_transposed(), [a, bt, (c, 0)])
     }
 
-    /// [T × d] = op([T × T])·[T × d] (the probabilities transposed when `transposed`).
+    /// [T × d] = op([T × T])·[T × d], the probabilities read as `probabilities` says.
     fn weighted(
         &self,
         b: usize,
-        transposed: bool,
+        probabilities: Orientation,
         p: Buffer,
         v: (Buffer, usize),
         c: (Buffer, usize),
     ) -> Product {
         let (t, d) = (self.seq, self.head_dim());
         let gemm = Gemm::new(t, d, t);
-        let gemm = if transposed {
-            gemm.a_transposed()
-        } else {
-            gemm
+        let gemm = match probabilities {
+            Orientation::AsStored => gemm,
+            Orientation::Transposed => gemm.a_transposed(),
         };
         self.product(b, gemm, [(p, 0), v, c])
     }
@@ -133,7 +132,7 @@ impl AttentionShape {
         let c = self.hidden;
         self.weighted(
             b,
-            false,
+            Orientation::AsStored,
             Buffer::Probs,
             (Buffer::Qkv, 2 * c),
             (Buffer::Rows, 0),
@@ -147,7 +146,7 @@ impl AttentionShape {
             self.scores(b, (Buffer::Rows, 0), (Buffer::Qkv, 2 * c), Buffer::DProbs),
             self.weighted(
                 b,
-                true,
+                Orientation::Transposed,
                 Buffer::Probs,
                 (Buffer::Rows, 0),
                 (Buffer::DQkv, 2 * c),
@@ -161,12 +160,18 @@ impl AttentionShape {
         [
             self.weighted(
                 b,
-                false,
+                Orientation::AsStored,
                 Buffer::DProbs,
                 (Buffer::Qkv, c),
                 (Buffer::DQkv, 0),
             ),
-            self.weighted(b, true, Buffer::DProbs, (Buffer::Qkv, 0), (Buffer::DQkv, c)),
+            self.weighted(
+                b,
+                Orientation::Transposed,
+                Buffer::DProbs,
+                (Buffer::Qkv, 0),
+                (Buffer::DQkv, c),
+            ),
         ]
     }
 }

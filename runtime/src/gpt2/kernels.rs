@@ -386,15 +386,22 @@ pub struct AdamWStep {
     pub one_minus_beta2: f32,
 }
 
+/// Whether an AdamW step decays a run of elements: `Apply` (the former `decay: bool`'s `true`)
+/// shrinks them by `1 − lr·wd` first, `Skip` (`false`) leaves them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decay {
+    Apply,
+    Skip,
+}
+
 impl AdamW {
     /// The scalars of step `step` (≥ 1), with or without weight decay.
-    pub fn at_step(&self, step: u32, decay: bool) -> AdamWStep {
+    pub fn at_step(&self, step: u32, decay: Decay) -> AdamWStep {
         let bc1 = 1.0 - self.beta1.powi(step as i32);
         AdamWStep {
-            shrink: if decay {
-                1.0 - self.learning_rate * self.weight_decay
-            } else {
-                1.0
+            shrink: match decay {
+                Decay::Apply => 1.0 - self.learning_rate * self.weight_decay,
+                Decay::Skip => 1.0,
             },
             step_size: self.learning_rate / bc1,
             bias_correction2_sqrt: (1.0 - self.beta2.powi(step as i32)).sqrt(),
@@ -406,21 +413,21 @@ impl AdamW {
 
 /// `0..len` cut into runs that decay alike: the `decayed` ranges (sorted, disjoint, within
 /// `len`) and the gaps between them, in order, empty runs left out.
-pub fn decay_runs(decayed: &[Range<usize>], len: usize) -> Vec<(Range<usize>, bool)> {
+pub fn decay_runs(decayed: &[Range<usize>], len: usize) -> Vec<(Range<usize>, Decay)> {
     let mut runs = Vec::with_capacity(2 * decayed.len() + 1);
     let mut at = 0;
     for r in decayed {
-        runs.push((at..r.start, false));
-        runs.push((r.clone(), true));
+        runs.push((at..r.start, Decay::Skip));
+        runs.push((r.clone(), Decay::Apply));
         at = r.end;
     }
-    runs.push((at..len, false));
+    runs.push((at..len, Decay::Skip));
     runs.retain(|(r, _)| !r.is_empty());
     runs
 }
 
 /// One AdamW step (`step` ≥ 1) as `torch.optim.AdamW` (single-tensor path) computes it:
-/// `p ← p·(1 − lr·wd)` when `decay`, then the Adam update with bias corrections.
+/// `p ← p·(1 − lr·wd)` where `decay` applies, then the Adam update with bias corrections.
 #[multiversion(targets = "simd")]
 pub fn adamw(
     params: &mut [f32],
@@ -429,7 +436,7 @@ pub fn adamw(
     v: &mut [f32],
     step: u32,
     hp: &AdamW,
-    decay: bool,
+    decay: Decay,
 ) {
     let s = hp.at_step(step, decay);
     for k in 0..params.len() {

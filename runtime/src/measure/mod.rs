@@ -27,6 +27,7 @@ use crate::workload::Workload;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::curve::CommCurve;
 use shardplan_scheduler::profile::{CommCurves, PROFILE_SCHEMA, Profile, UnitProfile};
+use shardplan_scheduler::schedule::Recompute;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -144,11 +145,11 @@ pub fn compute_placements(workload: &dyn Workload, world: u32) -> Result<[Placem
         Some(largest),
         BTreeMap::new(),
     )?;
-    let placed = |checkpointed: bool| {
+    let placed = |checkpointed: Recompute| {
         let ddp = baseline(&provisional, BaselineKind::Ddp, checkpointed, None)?;
         place(workload, &provisional, &ddp.schedule)
     };
-    Ok([placed(false)?, placed(true)?])
+    Ok([placed(Recompute::Off)?, placed(Recompute::On)?])
 }
 
 /// The median of `samples` (the upper one of an even count); NaN for none.

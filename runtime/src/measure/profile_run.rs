@@ -89,8 +89,8 @@ pub fn measure_model(
             backend.replay(&model, origin, TransformerJob { origin, options })
         }
         file => {
-            refuse_for_trained(origin, "--micro-batch", options.micro_batch.is_some())?;
-            refuse_for_trained(origin, "--seq-len", options.seq_len.is_some())?;
+            refuse_for_trained(origin, "--micro-batch", options.micro_batch)?;
+            refuse_for_trained(origin, "--seq-len", options.seq_len)?;
             // One micro-batch's pass is what is measured; the profile says how many make a step.
             let ranks = (backend.rank(), options.world_size as usize);
             let model = Model::build(file, origin, ranks, Data::Synthetic)?;
@@ -101,8 +101,8 @@ pub fn measure_model(
 
 /// Refuses `setting`, a replayed transformer's, where it is `given` for a trained model (the MLP,
 /// a GPT-2 with [training]): its file sets its batch and sequence.
-fn refuse_for_trained(origin: &str, setting: &'static str, given: bool) -> Result<()> {
-    if !given {
+fn refuse_for_trained<T>(origin: &str, setting: &'static str, given: Option<T>) -> Result<()> {
+    if given.is_none() {
         return Ok(());
     }
     Err(Error::Setting {

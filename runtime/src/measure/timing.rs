@@ -9,6 +9,7 @@ use crate::gradients::{GradientStart, first_written_by};
 use crate::layout::Layout;
 use crate::train::{Train, optimize_unit};
 use crate::workload::Pass;
+use shardplan_scheduler::schedule::Recompute;
 use shardplan_scheduler::timeline::Collective;
 
 /// Elements of the largest message of the curves, rounded to a multiple of the world size.
@@ -106,13 +107,13 @@ fn compute_round_marks<B: Backend, W: Train<B>>(
     workload: &W,
     layout: &Layout,
     steps: &DataSteps,
-    recompute: bool,
+    recompute: Recompute,
 ) -> Result<Vec<[B::Mark; 2]>> {
     let (stream, l) = (Stream::Compute, workload.unit_count());
     let mut marks = Vec::with_capacity(3 * l);
     let mut recomputed = Vec::with_capacity(l);
     for s in 0..2 * l {
-        if recompute && s >= l {
+        if recompute.is_on() && s >= l {
             let start = backend.mark(stream)?;
             let unit = 2 * l - 1 - s;
             workload.forward(backend, layout, unit, steps.current(), Pass::Recompute)?;
@@ -161,7 +162,7 @@ pub fn time_units<B: Backend, W: Train<B>>(
 ) -> Result<UnitTimes> {
     const WARM_UP: usize = 3;
     let l = workload.unit_count();
-    let round = |layout: &Layout, recompute: bool| -> Result<Vec<[B::Mark; 2]>> {
+    let round = |layout: &Layout, recompute: Recompute| -> Result<Vec<[B::Mark; 2]>> {
         let mut marks = compute_round_marks(backend, workload, layout, steps, recompute)?;
         let computed = backend.mark(Stream::Compute)?;
         backend.wait_mark(Stream::Communication, &computed)?;
@@ -176,10 +177,10 @@ pub fn time_units<B: Backend, W: Train<B>>(
     };
     let (mut plain, mut recomputing) = (Vec::with_capacity(repeats), Vec::new());
     for k in 0..2 * (repeats + WARM_UP) {
-        let recompute = k % 2 == 1;
+        let recompute = [Recompute::Off, Recompute::On][k % 2];
         let mut marks = round(layouts.plain, recompute)?;
         if k >= 2 * WARM_UP {
-            if recompute {
+            if recompute.is_on() {
                 recomputing.push(marks.drain(l..3 * l).collect::<Vec<_>>());
             } else {
                 plain.push(marks);
@@ -188,7 +189,7 @@ pub fn time_units<B: Backend, W: Train<B>>(
     }
     let mut checkpointed = Vec::with_capacity(repeats);
     for k in 0..repeats + WARM_UP {
-        let mut forwards = round(layouts.checkpointed, true)?;
+        let mut forwards = round(layouts.checkpointed, Recompute::On)?;
         if k >= WARM_UP {
             forwards.truncate(l);
             checkpointed.push(forwards);

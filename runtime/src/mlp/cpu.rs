@@ -2,7 +2,7 @@
 //! borrowed to read or to write for the call (the arena refuses a borrow that overlaps another
 //! operation's).
 
-use super::{self as k, MlpKernels};
+use super::{self as k, Activation, MlpKernels};
 use crate::Result;
 use crate::backend::{Collectives, CpuBackend, Region};
 
@@ -14,7 +14,7 @@ impl<C: Collectives> MlpKernels for CpuBackend<C> {
         out: Region,
         rows: usize,
         dims: (usize, usize),
-        relu: bool,
+        activation: Activation,
     ) -> Result<()> {
         k::linear_forward(
             &self.read(x)?,
@@ -22,7 +22,7 @@ impl<C: Collectives> MlpKernels for CpuBackend<C> {
             &mut self.write(out)?,
             rows,
             dims,
-            relu,
+            activation,
         );
         Ok(())
     }
@@ -36,7 +36,7 @@ impl<C: Collectives> MlpKernels for CpuBackend<C> {
         grad_in: Option<Region>,
         rows: usize,
         dims: (usize, usize),
-        relu: bool,
+        activation: Activation,
     ) -> Result<()> {
         let mut grad_in = grad_in.map(|r| self.write(r)).transpose()?;
         k::linear_backward(
@@ -48,7 +48,7 @@ impl<C: Collectives> MlpKernels for CpuBackend<C> {
             grad_in.as_deref_mut(),
             rows,
             dims,
-            relu,
+            activation,
         );
         Ok(())
     }

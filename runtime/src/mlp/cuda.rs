@@ -8,7 +8,7 @@
 //! test runs this very source on the CPU, one thread after another
 //! (runtime/tests/cuda_kernels.rs).
 
-use super::{BETA1, BETA2, EPSILON, LOSS_PARTIALS, MlpKernels};
+use super::{Activation, BETA1, BETA2, EPSILON, LOSS_PARTIALS, MlpKernels};
 use crate::Result;
 use crate::backend::{Operand, Region, Stream};
 use crate::cuda::CudaBackend;
@@ -113,11 +113,13 @@ impl MlpKernels for CudaBackend {
         out: Region,
         rows: usize,
         (din, dout): (usize, usize),
-        relu: bool,
+        activation: Activation,
     ) -> Result<()> {
         use KernelArg::{Int, Int32, Pointer};
         let device = self.workload_device::<MlpDevice>()?;
-        let key = || format!("linear_forward {x:?} {params:?} {out:?} {rows} {din} {dout} {relu}");
+        let key = || {
+            format!("linear_forward {x:?} {params:?} {out:?} {rows} {din} {dout} {activation:?}")
+        };
         self.graphed(Stream::Compute, key, || {
             let bias = params.sub(dout * din, dout);
             let (o, n) = (self.pointer(out)?, (rows * dout) as i64);
@@ -136,7 +138,7 @@ impl MlpKernels for CudaBackend {
             )?;
             let product = Gemm::linear(rows, din, dout).dense();
             self.product(&product, [x, params, out].map(Operand::whole), 1.0)?;
-            if relu {
+            if activation == Activation::Relu {
                 self.launch(
                     &device.kernels,
                     "relu",
@@ -159,18 +161,18 @@ impl MlpKernels for CudaBackend {
         grad_in: Option<Region>,
         rows: usize,
         (din, dout): (usize, usize),
-        relu: bool,
+        activation: Activation,
     ) -> Result<()> {
         use KernelArg::{Int, Int32, Pointer};
         let device = self.workload_device::<MlpDevice>()?;
         let key = || {
             format!(
-                "linear_backward {x:?} {params:?} {output:?} {grad_out:?} {grads:?} {grad_in:?} {rows} {din} {dout} {relu}"
+                "linear_backward {x:?} {params:?} {output:?} {grad_out:?} {grads:?} {grad_in:?} {rows} {din} {dout} {activation:?}"
             )
         };
         self.graphed(Stream::Compute, key, || {
             let n = (rows * dout) as i64;
-            if relu {
+            if activation == Activation::Relu {
                 let mask = [
                     Pointer(self.pointer(grad_out)?),
                     Pointer(self.pointer(output)?),

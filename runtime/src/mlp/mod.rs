@@ -94,8 +94,12 @@ impl MlpSpec {
     }
 
     /// ReLU after every unit but the last.
-    pub fn relu(&self, unit: usize) -> bool {
-        unit + 1 < self.units()
+    pub fn activation(&self, unit: usize) -> Activation {
+        if unit + 1 < self.units() {
+            Activation::Relu
+        } else {
+            Activation::Identity
+        }
     }
 
     /// The initial flat parameters of a unit (identical on every rank): W uniform in ±1/√in,
@@ -153,27 +157,35 @@ pub(crate) fn uniform(a: u64, b: u64, c: u64) -> f32 {
     ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
 }
 
-/// out = x·Wᵀ + bias (rows × out), then ReLU in place when `relu`.
+/// What a unit applies to its linear layer's output: ReLU (the former `relu: bool`'s `true`) or
+/// nothing (`false`), the output then being the layer's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    Relu,
+    Identity,
+}
+
+/// out = x·Wᵀ + bias (rows × out), then ReLU in place where `activation` is ReLU.
 pub fn linear_forward(
     x: &[f32],
     params: &[f32],
     out: &mut [f32],
     rows: usize,
     (din, dout): (usize, usize),
-    relu: bool,
+    activation: Activation,
 ) {
     let (w, bias) = params.split_at(dout * din);
     for r in 0..rows {
         out[r * dout..(r + 1) * dout].copy_from_slice(&bias[..dout]);
     }
     Gemm::linear(rows, din, dout).host(1.0, x, w, 1.0, out);
-    if relu {
+    if activation == Activation::Relu {
         out.iter_mut().for_each(|v| *v = v.max(0.0));
     }
 }
 
 /// Backward of one unit. `grad_out` (rows × out) holds dL/d(output) and is turned into dL/dz in
-/// place (masked by `output > 0` when `relu`); adds the parameter gradient (W then bias) into
+/// place (masked by `output > 0` where `activation` is ReLU); adds the parameter gradient (W then bias) into
 /// `grads` (the executor prepares it, DESIGN §6.10) and writes dL/dx, when given, into `grad_in`
 /// (rows × in).
 #[allow(clippy::too_many_arguments)]
@@ -186,9 +198,9 @@ pub fn linear_backward(
     grad_in: Option<&mut [f32]>,
     rows: usize,
     (din, dout): (usize, usize),
-    relu: bool,
+    activation: Activation,
 ) {
-    if relu {
+    if activation == Activation::Relu {
         grad_out.iter_mut().zip(output).for_each(|(g, a)| {
             if *a <= 0.0 {
                 *g = 0.0
@@ -282,7 +294,7 @@ pub fn reference_training_from(
                 &mut out,
                 rows,
                 (din, dout),
-                spec.relu(u),
+                spec.activation(u),
             );
             outputs.push(out);
         }
@@ -302,7 +314,7 @@ pub fn reference_training_from(
                 grad_in.as_deref_mut(),
                 rows,
                 dims,
-                spec.relu(u),
+                spec.activation(u),
             );
             adam(
                 &mut params[u],
@@ -428,7 +440,7 @@ mod tests {
             let mut input = x.clone();
             for (u, p) in params.iter().enumerate() {
                 let mut out = vec![0.0; rows * s.dims(u).1];
-                linear_forward(&input, p, &mut out, rows, s.dims(u), s.relu(u));
+                linear_forward(&input, p, &mut out, rows, s.dims(u), s.activation(u));
                 input = out;
             }
             input
@@ -441,7 +453,14 @@ mod tests {
         let mut outs = vec![x.clone()];
         for u in 0..3 {
             let mut out = vec![0.0; rows * s.dims(u).1];
-            linear_forward(&outs[u], &params[u], &mut out, rows, s.dims(u), s.relu(u));
+            linear_forward(
+                &outs[u],
+                &params[u],
+                &mut out,
+                rows,
+                s.dims(u),
+                s.activation(u),
+            );
             outs.push(out);
         }
         let mut g = vec![0.0; rows * 4];
@@ -457,7 +476,7 @@ mod tests {
             Some(&mut gin),
             rows,
             s.dims(2),
-            false,
+            Activation::Identity,
         );
         let mut grads1 = vec![0.0; s.params(1)];
         linear_backward(
@@ -469,7 +488,7 @@ mod tests {
             None,
             rows,
             s.dims(1),
-            true,
+            Activation::Relu,
         );
         for k in [0, 7, 50, s.params(1) - 1] {
             let h = 1e-2f32;

@@ -2,8 +2,8 @@
 //! also the input batch, the last the targets; the last unit's backward workspace is the loss
 //! gradient. Nothing is recomputable (internals are empty), and the optimizer is Adam.
 
-use super::MlpSpec;
 use super::loader::{Batch, Loader};
+use super::{Activation, MlpSpec};
 use crate::Result;
 use crate::backend::{Backend, Region};
 use crate::layout::Layout;
@@ -108,7 +108,7 @@ pub trait MlpKernels: Backend {
     fn load_kernels(&self) -> Result<()> {
         Ok(())
     }
-    /// `out = x·Wᵀ + b` (then ReLU when `relu`), `params` = W | b, `dims` = (in, out).
+    /// `out = x·Wᵀ + b` (then ReLU where `activation` is ReLU), `params` = W | b, `dims` = (in, out).
     fn linear_forward(
         &self,
         x: Region,
@@ -116,10 +116,10 @@ pub trait MlpKernels: Backend {
         out: Region,
         rows: usize,
         dims: (usize, usize),
-        relu: bool,
+        activation: Activation,
     ) -> Result<()>;
     /// The gradients of `linear_forward` from `grad_out` (turned into dL/dz in place, masked by
-    /// `output > 0` when `relu`): W's then b's added into `grads`, the input's written into
+    /// `output > 0` where `activation` is ReLU): W's then b's added into `grads`, the input's written into
     /// `grad_in` if given.
     #[allow(clippy::too_many_arguments)]
     fn linear_backward(
@@ -132,7 +132,7 @@ pub trait MlpKernels: Backend {
         grad_in: Option<Region>,
         rows: usize,
         dims: (usize, usize),
-        relu: bool,
+        activation: Activation,
     ) -> Result<()>;
     /// Writes dL/dz into `grad` and this rank's partial loss into loss slot `step`.
     fn mse_grad(&self, z: Region, y: Region, grad: Region, scale: f32, step: usize) -> Result<()>;
@@ -192,7 +192,7 @@ impl<B: MlpKernels> Train<B> for Mlp {
             output,
             rows,
             self.spec.dims(unit),
-            self.spec.relu(unit),
+            self.spec.activation(unit),
         )
     }
 
@@ -217,7 +217,7 @@ impl<B: MlpKernels> Train<B> for Mlp {
             u.input_gradient,
             rows,
             self.spec.dims(unit),
-            self.spec.relu(unit),
+            self.spec.activation(unit),
         )
     }
 

@@ -2,10 +2,10 @@
 //! nodes and hpZ's node-local secondary shard, each at any number of micro-batches with the
 //! gradient-sync and all-reduce switches its kind sets.
 
-use super::{BaselineKind, Groups, depth_schedule, levels};
+use super::{BaselineKind, Groups, KeptSdp, depth_schedule, levels};
 use crate::groups::{secondary_group, whole_node_groups};
 use crate::profile::Profile;
-use crate::schedule::Schedule;
+use crate::schedule::{Recompute, Schedule};
 use crate::size::format_bytes;
 use crate::timeline::Level;
 use crate::{Error, Result};
@@ -15,7 +15,7 @@ use crate::{Error, Result};
 pub(super) fn hpz(
     profile: &Profile,
     kind: BaselineKind,
-    checkpoint: bool,
+    checkpoint: Recompute,
 ) -> Result<(u32, Schedule)> {
     let h = secondary_group(profile).ok_or_else(|| {
         Error::Mismatch(format!(
@@ -30,10 +30,10 @@ pub(super) fn hpz(
     let l = profile.unit_count();
     let schedule = depth_schedule(
         profile,
-        (&levels(l, Level::Fsdp, true), groups),
+        (&levels(l, Level::Fsdp, KeptSdp::FirstAndLast), groups),
         &vec![(1, 1); l],
         checkpoint,
-        kind.accumulation(),
+        &kind.accumulation(),
     )?;
     Ok((h, schedule))
 }
@@ -45,7 +45,7 @@ pub(super) fn hpz(
 pub(super) fn hsdp(
     profile: &Profile,
     kind: BaselineKind,
-    checkpoint: bool,
+    checkpoint: Recompute,
     cap: Option<u64>,
 ) -> Result<(u32, Schedule)> {
     let candidates = whole_node_groups(profile);
@@ -59,10 +59,10 @@ pub(super) fn hsdp(
         };
         let schedule = depth_schedule(
             profile,
-            (&levels(l, Level::Fsdp, true), groups),
+            (&levels(l, Level::Fsdp, KeptSdp::FirstAndLast), groups),
             &vec![(1, 1); l],
             checkpoint,
-            kind.accumulation(),
+            &kind.accumulation(),
         )?;
         let sim = crate::classes::simulate_strict(profile, &schedule);
         if cap.is_none_or(|c| sim.peak_memory_bytes <= c as f64) {

@@ -10,7 +10,7 @@
 use super::hooks::{Pass, Walk};
 use super::{Reshard, Sharding, UnitSettings};
 use crate::profile::Profile;
-use crate::schedule::{Accumulation, Launch, ReplicaReduce, Schedule, UnitSchedule, inner_ops};
+use crate::schedule::{Accumulation, Launch, ReplicaReduce, Schedule, UnitSchedule};
 use crate::timeline::{Level, Op, Timeline, WindowKind};
 use crate::{Error, Result};
 use std::collections::BTreeMap;
@@ -44,30 +44,28 @@ pub fn schedule(profile: &Profile, units: &[UnitSettings], walk: &Walk) -> Resul
             };
             launches.insert(op, vec![whole(profile, v, slot)]);
         }
-        let (accumulate, keep) = (!u.requires_gradient_sync, !u.reshard_after_backward);
-        let replica_reduce = if u.requires_all_reduce {
-            ReplicaReduce::Every
-        } else {
-            ReplicaReduce::Last
+        let mut accumulation = Accumulation {
+            accumulate: !u.requires_gradient_sync,
+            keep: !u.reshard_after_backward,
+            inner: BTreeMap::new(),
+            replica_reduce: if u.requires_all_reduce {
+                ReplicaReduce::Every
+            } else {
+                ReplicaReduce::Last
+            },
         };
-        let inner = if profile.micro_batches >= 2 {
-            inner_ops(level, accumulate, keep)
+        if profile.micro_batches >= 2 {
+            accumulation.inner = accumulation
+                .inner_ops(level)
                 .into_iter()
                 .map(|op| (op, launches[&op].clone()))
-                .collect()
-        } else {
-            BTreeMap::new()
-        };
+                .collect();
+        }
         scheduled.push(UnitSchedule {
             level,
             recompute: u.recompute,
             launches,
-            accumulation: Accumulation {
-                accumulate,
-                keep,
-                inner,
-                replica_reduce,
-            },
+            accumulation,
             shard_group,
             secondary_group,
         });

@@ -459,7 +459,7 @@ mod tests {
     use crate::ilp::mapping::{schedule_values, slot_terms};
     use crate::ilp::model::{Form, build};
     use crate::ilp::variables::ExtraPositions;
-    use crate::schedule::Schedule;
+    use crate::schedule::{Recompute, Schedule};
     use crate::sim::{Semantics, simulate};
 
     /// GPT-2 XL on 64 H100s (analytic): 0.14 ms forwards beside 1.7 ms blocks. Every baseline,
@@ -479,7 +479,7 @@ mod tests {
         assert!(longer.len() > profile.unit_count(), "{} rows", longer.len());
         let mut tight = 0;
         for kind in BaselineKind::ALL {
-            for checkpoint in [false, true] {
+            for checkpoint in [Recompute::Off, Recompute::On] {
                 let plan = baseline(&profile, kind, checkpoint, None).unwrap();
                 // The embedding and head save nothing by recompute and have no column for it.
                 let units = plan.schedule.into_units().into_iter().zip(&built.units);
@@ -502,7 +502,7 @@ mod tests {
                     let d = simulated.slots[*s].duration_us;
                     assert!(
                         right <= d * (1.0 + 1e-12),
-                        "{kind:?} (checkpoint {checkpoint}) slot {s}: {right} > {d}"
+                        "{kind:?} (checkpoint {checkpoint:?}) slot {s}: {right} > {d}"
                     );
                     tight += usize::from(right >= d * (1.0 - 1e-12));
                 }

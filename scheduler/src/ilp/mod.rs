@@ -42,7 +42,7 @@ pub use solve::solve;
 use crate::baselines::Preference;
 use crate::plan::{Plan, Predicted, Producer};
 use crate::profile::Profile;
-use crate::schedule::Schedule;
+use crate::schedule::{RecomputeChoice, Schedule};
 use crate::sim::Simulation;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -113,6 +113,17 @@ impl Default for SolveOptions {
             allow_recompute: true,
             two_phase: true,
             hint: None,
+        }
+    }
+}
+
+impl SolveOptions {
+    /// [`Self::allow_recompute`] as the ILP's columns and the baselines' variants take it.
+    pub fn recompute_choice(&self) -> RecomputeChoice {
+        if self.allow_recompute {
+            RecomputeChoice::Allowed
+        } else {
+            RecomputeChoice::Forbidden
         }
     }
 }

@@ -83,6 +83,7 @@ mod tests {
     use crate::hardware::Catalog;
     use crate::ilp::WindowLimits;
     use crate::ilp::variables::Choice;
+    use crate::schedule::Recompute;
     use crate::sim::{Semantics, simulate};
     use std::num::NonZeroUsize;
 
@@ -98,7 +99,7 @@ mod tests {
         let catalog = Catalog::bundled().unwrap();
         let profile = analytic_profile(&zoo("llama2-7b"), &catalog, &options).unwrap();
         let peak = |kind| {
-            let plan = baseline(&profile, kind, true, None).unwrap();
+            let plan = baseline(&profile, kind, Recompute::On, None).unwrap();
             plan.simulation.peak_memory_bytes
         };
         let cap = (peak(BaselineKind::Fsdp2) + peak(BaselineKind::Hsdp)) / 2.0;

@@ -94,11 +94,12 @@ mod tests {
     use super::*;
     use crate::analytic::zoo_profile;
     use crate::baselines::{BaselineKind, baseline};
+    use crate::schedule::Recompute;
 
     /// A plan to share (GPT-2 small's DDP on 8 H100s).
     fn a_plan() -> Schedule {
         let profile = zoo_profile("gpt2-small", 8);
-        baseline(&profile, BaselineKind::Ddp, false, None)
+        baseline(&profile, BaselineKind::Ddp, Recompute::Off, None)
             .unwrap()
             .schedule
     }

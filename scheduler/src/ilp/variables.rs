@@ -39,15 +39,23 @@ pub(super) struct Columns {
     pub relaxed: bool,
 }
 
+/// Whether a column counts among the integer ones (binary and integer columns; the former
+/// `integer: bool`'s `true`) or is continuous (`false`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Integrality {
+    Integer,
+    Continuous,
+}
+
 impl Columns {
-    fn add(&mut self, def: good_lp::VariableDefinition, integer: bool) -> Col {
+    fn add(&mut self, def: good_lp::VariableDefinition, integrality: Integrality) -> Col {
         let var = self.problem.add(def);
         let col = Col {
             var,
             index: self.count,
         };
         self.count += 1;
-        self.integer += usize::from(integer);
+        self.integer += usize::from(integrality == Integrality::Integer);
         col
     }
 
@@ -57,21 +65,24 @@ impl Columns {
         } else {
             variable().binary()
         };
-        self.add(def, true)
+        self.add(def, Integrality::Integer)
     }
 
     pub fn integer(&mut self, max: u32) -> Col {
         let def = variable().min(0).max(max);
-        self.add(if self.relaxed { def } else { def.integer() }, true)
+        self.add(
+            if self.relaxed { def } else { def.integer() },
+            Integrality::Integer,
+        )
     }
 
     pub fn continuous(&mut self) -> Col {
-        self.add(variable().min(0), false)
+        self.add(variable().min(0), Integrality::Continuous)
     }
 
     /// A continuous column in [0, 1].
     pub fn fraction(&mut self) -> Col {
-        self.add(variable().min(0).max(1), false)
+        self.add(variable().min(0).max(1), Integrality::Continuous)
     }
 }
 

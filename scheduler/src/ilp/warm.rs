@@ -23,7 +23,7 @@ pub(super) fn best_baseline(
             baselines_at(
                 profile,
                 std::slice::from_ref(kind),
-                options.allow_recompute,
+                options.recompute_choice(),
                 cap,
             )
         });
@@ -39,6 +39,7 @@ pub(super) fn best_baseline(
 mod tests {
     use super::*;
     use crate::ilp::Objective;
+    use crate::schedule::RecomputeChoice;
     use std::time::Duration;
 
     /// The smallest peak among every baseline is not ddp's; with the deadline already passed only
@@ -59,7 +60,7 @@ mod tests {
         let every = crate::baselines::best_baseline(
             &profile,
             &BaselineKind::of(&profile),
-            true,
+            RecomputeChoice::Allowed,
             None,
             options.objective.preference(),
         )

@@ -30,12 +30,11 @@ impl Biases {
         mlp: true,
     };
 
-    /// Bias parameters of one block with query width `q`, key/value width `kv`, hidden `h`,
-    /// MLP inner size `ffn` (two up projections when `gated`).
-    pub fn params(self, q: u64, kv: u64, h: u64, ffn: u64, gated: bool) -> u64 {
+    /// Bias parameters of one block with query width `q`, key/value width `kv`, hidden `h`, and
+    /// `up` outputs of the MLP's up projections (`ffn`, or 2·ffn for a gated MLP's two).
+    pub fn params(self, q: u64, kv: u64, h: u64, up: u64) -> u64 {
         let qkv = if self.qkv { q + 2 * kv } else { 0 };
         let output = if self.output { h } else { 0 };
-        let up = if gated { 2 * ffn } else { ffn };
         let mlp = if self.mlp { up + h } else { 0 };
         qkv + output + mlp
     }

@@ -8,7 +8,7 @@
 use crate::cost::{block_bytes, communicator_bytes, saved_bytes, secondary_shard_bytes};
 use crate::offload::{Offload, device_persistent_bytes, gather_shard_bytes, gradient_shard_bytes};
 use crate::profile::Profile;
-use crate::schedule::Schedule;
+use crate::schedule::{Recompute, Schedule};
 use crate::timeline::{Level, Op};
 use serde::Serialize;
 
@@ -67,7 +67,7 @@ pub fn memory_by_slot(profile: &Profile, schedule: &Schedule) -> Vec<MemoryBreak
         for m in memory.iter_mut() {
             m.persistent += persistent;
         }
-        let saved = saved_bytes(profile, unit, u.recompute);
+        let saved = saved_bytes(profile, unit, Recompute::of(u));
         for m in &mut memory[forward..=backward] {
             m.activation += saved;
         }

@@ -11,7 +11,9 @@ use crate::cost::{
     persistent_bytes_over, saved_bytes, secondary_shard_bytes,
 };
 use crate::profile::Profile;
-use crate::schedule::{QueueKey, ReplicaReduce, Schedule, in_canonical_order, queue_key};
+use crate::schedule::{
+    QueueKey, Recompute, ReplicaReduce, Schedule, in_canonical_order, queue_key,
+};
 use crate::timeline::{Level, Op, Slot};
 use crate::unrolled::{Instance, Unrolled, first_gradient_writer};
 
@@ -243,7 +245,7 @@ fn per_unit_memory(
     for m in memory.iter_mut() {
         m.persistent += persistent;
     }
-    let saved = saved_bytes(profile, unit, u.recompute);
+    let saved = saved_bytes(profile, unit, Recompute::of(u));
     for m in 0..k {
         let (f, b) = (step.at(m, forward), step.at(m, backward));
         add(step, memory, f, b, saved, activation);

@@ -284,9 +284,7 @@ pub fn with_topology(rng: &mut Rng, profile: &mut Profile) -> bool {
 /// where its replica AllReduce follows it, and a random `ReplicaReduce` where it reduces every
 /// micro-batch).
 pub fn random_schedule(rng: &mut Rng, profile: &Profile) -> Schedule {
-    use shardplan_scheduler::schedule::{
-        Accumulation, Launch, ReplicaReduce, UnitSchedule, inner_ops,
-    };
+    use shardplan_scheduler::schedule::{Accumulation, Launch, ReplicaReduce, UnitSchedule};
     use shardplan_scheduler::timeline::{Level, Op, Timeline};
     let l = profile.unit_count();
     let timeline = Timeline::new(l);
@@ -344,7 +342,7 @@ pub fn random_schedule(rng: &mut Rng, profile: &Profile) -> Schedule {
                 }
                 let followed =
                     shard_group.is_some() && accumulation.replica_reduce == ReplicaReduce::Every;
-                for op in inner_ops(level, accumulation.accumulate, accumulation.keep) {
+                for op in accumulation.inner_ops(level) {
                     let len = timeline.window(unit, op.window_kind()).len;
                     let last = if op == Op::ReduceScatter && followed {
                         len - 2

@@ -17,7 +17,7 @@ use crate::baselines::ChosenBaseline;
 use crate::classes::simulate_strict;
 use crate::cost::Interference;
 use crate::profile::Profile;
-use crate::schedule::{Accumulation, Launch, Schedule, UnitSchedule, inner_ops};
+use crate::schedule::{Accumulation, Launch, RecomputeChoice, Schedule, UnitSchedule};
 use crate::size::format_bytes;
 use crate::timeline::{Level, Op, Timeline, WindowKind};
 use crate::{Error, Result};
@@ -43,7 +43,7 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
     let built = build(
         profile,
         limits,
-        options.allow_recompute,
+        options.recompute_choice(),
         (options.memory_cap_bytes, peak_scale),
     );
     // T = Σ weight·d_s: the step time.
@@ -226,7 +226,12 @@ fn checked(
 /// the memory of each slot of the first, steady (K ≥ 3) and last micro-batch; None where the
 /// MIP cannot express the schedule.
 pub fn rows_at(profile: &Profile, schedule: &Schedule) -> Option<(f64, Vec<f64>)> {
-    let built = build(profile, WindowLimits::FULL, true, (None, None));
+    let built = build(
+        profile,
+        WindowLimits::FULL,
+        RecomputeChoice::Allowed,
+        (None, None),
+    );
     let parts = Parts {
         units: &built.units,
         terms: &built.terms,
@@ -355,7 +360,13 @@ fn schedule_from(profile: &Profile, units: &[model::UnitCols], values: &[f64]) -
                 .iter()
                 .map(|&op| (op, placed(op, Boundary::Step)))
                 .collect();
-            let inner = inner_ops(config.level, config.accumulate, config.keep)
+            let mut accumulation = Accumulation {
+                accumulate: config.accumulate,
+                keep: config.keep && config.level != Level::None,
+                ..Accumulation::default()
+            };
+            accumulation.inner = accumulation
+                .inner_ops(config.level)
                 .into_iter()
                 .map(|op| (op, placed(op, Boundary::Inner)))
                 .collect();
@@ -363,12 +374,7 @@ fn schedule_from(profile: &Profile, units: &[model::UnitCols], values: &[f64]) -
                 level: config.level,
                 recompute: u.recompute.is_some_and(on),
                 launches,
-                accumulation: Accumulation {
-                    accumulate: config.accumulate,
-                    keep: config.keep && config.level != Level::None,
-                    inner,
-                    ..Accumulation::default()
-                },
+                accumulation,
                 shard_group: None,
                 secondary_group: None,
             }

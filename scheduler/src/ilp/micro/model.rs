@@ -7,6 +7,7 @@ use crate::cost::{Among, Interference, block_bytes, block_time, persistent_bytes
 use crate::ilp::WindowLimits;
 use crate::ilp::variables::{Col, Columns};
 use crate::profile::Profile;
+use crate::schedule::RecomputeChoice;
 use crate::timeline::{Level, Op, Timeline, Window, WindowKind};
 use good_lp::{Constraint, Expression, constraint};
 
@@ -19,9 +20,11 @@ pub(super) struct Config {
 }
 
 impl Config {
-    /// Every configuration of a unit; the last unit is never fsdp, and an fsdp unit whose
-    /// parameters another unit reads never keeps them (DESIGN §3.10).
-    fn all(last: bool, lender: bool) -> Vec<Config> {
+    /// Every configuration of `profile`'s unit `unit`; the last unit is never fsdp, and an fsdp
+    /// unit whose parameters another unit reads never keeps them (DESIGN §3.10).
+    fn all(profile: &Profile, unit: usize) -> Vec<Config> {
+        let last = unit + 1 == profile.unit_count();
+        let lender = profile.borrower(unit).is_some();
         let mut all = Vec::new();
         for level in Level::ALL {
             if last && level == Level::Fsdp {
@@ -213,7 +216,7 @@ pub(super) struct Built {
 pub(super) fn build(
     profile: &Profile,
     limits: WindowLimits,
-    allow_recompute: bool,
+    allow_recompute: RecomputeChoice,
     (cap, peak_scale): (Option<u64>, Option<f64>),
 ) -> Built {
     let timeline = Timeline::new(profile.unit_count());
@@ -293,15 +296,13 @@ fn declare(
     profile: &Profile,
     (timeline, limits): (Timeline, WindowLimits),
     i: usize,
-    allow_recompute: bool,
+    allow_recompute: RecomputeChoice,
 ) -> UnitCols {
-    let last = i + 1 == profile.unit_count();
-    let lender = profile.borrower(i).is_some();
-    let configs = Config::all(last, lender)
+    let configs = Config::all(profile, i)
         .into_iter()
         .map(|c| (c, columns.binary()))
         .collect();
-    let recompute = allow_recompute.then(|| columns.binary());
+    let recompute = allow_recompute.is_allowed().then(|| columns.binary());
     let nb = profile.blocks(i);
     let mut launches = Vec::new();
     for op in OPS {
