@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use shardplan_runtime::cuda::{CudaOptions, ProductMath};
 use shardplan_runtime::dispatch::BackendKind;
 use shardplan_scheduler::baselines::BaselineKind;
-use std::num::NonZeroUsize;
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::path::PathBuf;
 use values::{
     caps_arg, comm_slowdown_arg, gap_arg, memory_cap_arg, methods_arg, mfu_arg, node_size_arg,
@@ -214,8 +214,13 @@ pub struct DemoArgs {
     /// before the topology (DESIGN §3.11).
     #[arg(long)]
     pub flat: bool,
-    /// Seconds the ILP may spend (all phases together), or `unlimited`.
-    #[arg(long, default_value_t = 20.0, value_parser = time_limit_arg)]
+    /// The ILP's work, in thousands of LP iterations per search (default 100): the same
+    /// effort gives the same plan on any machine and under any load (DESIGN §4.6).
+    #[arg(long)]
+    pub effort: Option<NonZeroU64>,
+    /// The outer guard: seconds after which the ILP stops wherever it is (its status then says
+    /// `time_limit`, and the plan may differ from run to run), or `unlimited`.
+    #[arg(long, default_value_t = 120.0, value_parser = time_limit_arg)]
     pub time_limit: f64,
     #[arg(long)]
     pub json: bool,
@@ -237,7 +242,14 @@ pub struct SolveArgs {
     pub memory_cap: Option<MemoryCap>,
     #[arg(long)]
     pub out: PathBuf,
-    /// Seconds HiGHS may spend (all phases together), or `unlimited`.
+    /// The solver's work, in thousands of LP iterations per search (default 100): the same
+    /// profile, cap and options (--threads included) give the same plan on any machine and under
+    /// any load (DESIGN §4.6).
+    #[arg(long)]
+    pub effort: Option<NonZeroU64>,
+    /// The outer guard: seconds after which the solve stops wherever it is, baselines and warm
+    /// starts included (its status then says `time_limit`, and the plan may differ from run to
+    /// run), or `unlimited`.
     #[arg(long, default_value_t = 60.0, value_parser = time_limit_arg)]
     pub time_limit: f64,
     /// Relative MIP gap at which to stop.
@@ -298,7 +310,12 @@ pub struct SweepArgs {
     /// of them).
     #[arg(long, value_parser = methods_arg)]
     pub methods: Option<MethodsArg>,
-    /// Seconds per ILP solve, or `unlimited` (default 5; with the ilp method).
+    /// Each ILP solve's work, in thousands of LP iterations per search (default 100; with the
+    /// ilp method): the same effort gives the same sweep on any machine (DESIGN §4.6).
+    #[arg(long)]
+    pub effort: Option<NonZeroU64>,
+    /// The outer guard of each ILP solve: seconds, or `unlimited` (default 60; with the ilp
+    /// method). A solve it stops reports `time_limit`.
     #[arg(long, value_parser = time_limit_arg)]
     pub time_limit: Option<f64>,
     /// Relative MIP gap at which each solve stops (default 1e-3; with the ilp method).

@@ -25,7 +25,12 @@ impl SolveReport {
     pub fn claim_for(&self, schedule: &Schedule, value: f64, target: f64) -> SolveReport {
         let claim = claim(&self.phases, schedule, value, target);
         SolveReport {
-            status: claim.status,
+            // The clock that stopped this solve stopped it for any plan.
+            status: if self.status == SolveStatus::TimeLimit {
+                SolveStatus::TimeLimit
+            } else {
+                claim.status
+            },
             objective: value,
             best_bound: claim.best_bound,
             gap: claim.gap,
@@ -39,7 +44,8 @@ impl SolveReport {
 /// limit contains the plan proves that no plan within that limit beats `value` by more than
 /// (value − bound)/value. The widest window whose gap meets `target` wins ("within 0.1% of every
 /// plan" says more than "optimal among depth-1 plans"); when none meets it, the smallest gap. The
-/// status is optimal when the gap is ≤ 1e-9.
+/// status is optimal when the gap meets `target` (or is ≤ 1e-9), else the effort ended the search
+/// short of it (`gap_limit`); whether the clock stopped the solve is the solve's to say.
 pub(super) fn claim(
     phases: &[PhaseReport],
     schedule: &Schedule,
@@ -68,10 +74,8 @@ pub(super) fn claim(
         .copied()
         .unwrap_or_else(|| phases.last().expect("at least one phase ran"));
     let gap = gap_of(best);
-    let status = if gap <= 1e-9 {
+    let status = if gap <= target.max(1e-9) {
         SolveStatus::Optimal
-    } else if best.status == SolveStatus::TimeLimit {
-        SolveStatus::TimeLimit
     } else {
         SolveStatus::GapLimit
     };
