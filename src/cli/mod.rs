@@ -214,7 +214,7 @@ pub struct DemoArgs {
     /// before the topology (DESIGN §3.11).
     #[arg(long)]
     pub flat: bool,
-    /// The ILP's work, in thousands of LP iterations per search (default 100): the same
+    /// The ILP's work, in thousands of LP iterations per search (default 60): the same
     /// effort gives the same plan on any machine and under any load (DESIGN §4.6).
     #[arg(long)]
     pub effort: Option<NonZeroU64>,
@@ -242,7 +242,7 @@ pub struct SolveArgs {
     pub memory_cap: Option<MemoryCap>,
     #[arg(long)]
     pub out: PathBuf,
-    /// The solver's work, in thousands of LP iterations per search (default 100): the same
+    /// The solver's work, in thousands of LP iterations per search (default 60): the same
     /// profile, cap and options (--threads included) give the same plan on any machine and under
     /// any load (DESIGN §4.6).
     #[arg(long)]
@@ -310,7 +310,7 @@ pub struct SweepArgs {
     /// of them).
     #[arg(long, value_parser = methods_arg)]
     pub methods: Option<MethodsArg>,
-    /// Each ILP solve's work, in thousands of LP iterations per search (default 100; with the
+    /// Each ILP solve's work, in thousands of LP iterations per search (default 60; with the
     /// ilp method): the same effort gives the same sweep on any machine (DESIGN §4.6).
     #[arg(long)]
     pub effort: Option<NonZeroU64>,
