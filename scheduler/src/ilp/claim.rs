@@ -86,3 +86,66 @@ pub(super) fn claim(
         ..best.clone()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analytic::zoo_profile;
+    use crate::baselines::{BaselineKind, baseline};
+    use crate::ilp::WindowLimits;
+
+    /// A phase over every plan with `bound`, ended with `status`.
+    fn over_every_plan(bound: f64, status: SolveStatus) -> PhaseReport {
+        PhaseReport {
+            window_depth: WindowLimits::FULL,
+            relaxation: None,
+            status,
+            objective: f64::NAN,
+            best_bound: bound,
+            gap: f64::NAN,
+            seconds: 0.0,
+            lp_iterations: 0,
+            variables: 0,
+            integer_variables: 0,
+            constraints: 0,
+        }
+    }
+
+    /// Optimal when the gap meets the target, whatever the phase's own status; gap_limit above
+    /// it (the effort ran out), even where the phase that proves the most was stopped by the
+    /// clock: that is the solve's to say.
+    #[test]
+    fn the_status_is_whether_the_gap_meets_the_target() {
+        let plan = baseline(
+            &zoo_profile("gpt2-small", 8),
+            BaselineKind::Ddp,
+            false,
+            None,
+        )
+        .unwrap()
+        .schedule;
+        let target = 1e-3;
+        let met = claim(
+            &[over_every_plan(999.5, SolveStatus::GapLimit)],
+            &plan,
+            1000.0,
+            target,
+        );
+        assert_eq!((met.status, met.gap), (SolveStatus::Optimal, 5e-4));
+        let short = claim(
+            &[over_every_plan(990.0, SolveStatus::TimeLimit)],
+            &plan,
+            1000.0,
+            target,
+        );
+        assert_eq!(short.status, SolveStatus::GapLimit);
+        assert!((short.gap - 0.01).abs() < 1e-12);
+        let exact = claim(
+            &[over_every_plan(1000.0, SolveStatus::GapLimit)],
+            &plan,
+            1000.0,
+            0.0,
+        );
+        assert_eq!((exact.status, exact.gap), (SolveStatus::Optimal, 0.0));
+    }
+}
