@@ -160,3 +160,26 @@ fn an_optimum_says_optimal_and_lies_in_the_plan_space() {
     assert!(stdout.contains(": optimal — "), "{stdout}");
     assert!(!stdout.contains("outside the ILP's plan space"), "{stdout}");
 }
+
+#[test]
+fn an_effort_that_is_not_a_positive_whole_number_is_refused() {
+    for bad in ["0", "-3", "2.5", "lots"] {
+        let effort = format!("--effort={bad}");
+        let out = shardplan(&[
+            "solve",
+            "--profile",
+            "profiles/llama2-7b-h100-n64.toml",
+            "--memory-cap",
+            "20GiB",
+            &effort,
+            "--out",
+            "/tmp/never.plan.toml",
+            "--json",
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let error: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(error["field"], "--effort", "{bad}: {error}");
+        let message = error["error"].as_str().unwrap();
+        assert!(message.contains("positive whole number"), "{message}");
+    }
+}

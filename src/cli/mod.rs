@@ -11,8 +11,8 @@ use shardplan_scheduler::baselines::BaselineKind;
 use std::num::{NonZeroU64, NonZeroUsize};
 use std::path::PathBuf;
 use values::{
-    caps_arg, comm_slowdown_arg, gap_arg, memory_cap_arg, methods_arg, mfu_arg, node_size_arg,
-    seconds_arg, slowdown_arg, time_limit_arg,
+    caps_arg, comm_slowdown_arg, effort_arg, gap_arg, memory_cap_arg, methods_arg, mfu_arg,
+    node_size_arg, seconds_arg, slowdown_arg, time_limit_arg,
 };
 
 #[derive(Parser, Debug)]
@@ -216,7 +216,7 @@ pub struct DemoArgs {
     pub flat: bool,
     /// The ILP's work, in thousands of LP iterations per search (default 60): the same
     /// effort gives the same plan on any machine and under any load (DESIGN §4.6).
-    #[arg(long)]
+    #[arg(long, value_parser = effort_arg)]
     pub effort: Option<NonZeroU64>,
     /// The outer guard: seconds after which the ILP stops wherever it is (its status then says
     /// `time_limit`, and the plan may differ from run to run), or `unlimited`.
@@ -245,7 +245,7 @@ pub struct SolveArgs {
     /// The solver's work, in thousands of LP iterations per search (default 60): the same
     /// profile, cap and options (--threads included) give the same plan on any machine and under
     /// any load (DESIGN §4.6).
-    #[arg(long)]
+    #[arg(long, value_parser = effort_arg)]
     pub effort: Option<NonZeroU64>,
     /// The outer guard: seconds after which the solve stops wherever it is, baselines and warm
     /// starts included (its status then says `time_limit`, and the plan may differ from run to
@@ -312,7 +312,7 @@ pub struct SweepArgs {
     pub methods: Option<MethodsArg>,
     /// Each ILP solve's work, in thousands of LP iterations per search (default 60; with the
     /// ilp method): the same effort gives the same sweep on any machine (DESIGN §4.6).
-    #[arg(long)]
+    #[arg(long, value_parser = effort_arg)]
     pub effort: Option<NonZeroU64>,
     /// The outer guard of each ILP solve: seconds, or `unlimited` (default 60; with the ilp
     /// method). A solve it stops reports `time_limit`.
