@@ -160,10 +160,9 @@ fn the_far_band_search_proves_a_large_models_plan_over_every_plan() {
 /// "two searches"). On Llama-2 13B at 49.34 GiB the best plan launches gathers far outside depth 4
 /// (the best within depth 4 is 1.8% slower), which the far-band search finds over the positions
 /// column generation names and the full-window LP's optimum proves: the solve ends proven over
-/// every plan, long before its time limit, and each search stops once the pair's plan and bound
-/// meet the target.
+/// every plan within its effort, the two searches meeting only when both are done.
 #[test]
-fn two_searches_share_their_plan_and_bound() {
+fn two_searches_prove_a_plan_far_outside_depth_4() {
     let profile = common::zoo_profile("llama2-13b");
     let options = SolveOptions {
         memory_cap_bytes: Some((49.34 * (1u64 << 30) as f64) as u64),
@@ -197,12 +196,9 @@ fn two_searches_share_their_plan_and_bound() {
                 && p.best_bound >= report.objective * (1.0 - options.relative_gap)),
         "{report:?}"
     );
-    // Both stopped on the target, not the clock.
+    // Both stopped on their effort or target, not the clock.
     assert!(full_mip.status != SolveStatus::TimeLimit, "{report:?}");
-    assert!(
-        report.solve_seconds < options.time_limit_s / 2.0,
-        "{report:?}"
-    );
+    assert_eq!(report.status, SolveStatus::Optimal, "{report:?}");
     // No bound of either search is above the plan returned.
     for phase in report.phases.iter().filter(|p| p.window_depth.is_full()) {
         assert!(phase.best_bound <= report.objective, "{phase:?}");

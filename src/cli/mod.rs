@@ -10,11 +10,11 @@ use shardplan_runtime::cuda::{CudaOptions, ProductMath};
 use shardplan_runtime::dispatch::BackendKind;
 use shardplan_scheduler::analytic::NodeLayout;
 use shardplan_scheduler::baselines::BaselineKind;
-use std::num::NonZeroUsize;
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::path::PathBuf;
 use values::{
-    caps_arg, comm_slowdown_arg, gap_arg, memory_cap_arg, methods_arg, mfu_arg, node_size_arg,
-    seconds_arg, slowdown_arg, time_limit_arg,
+    caps_arg, comm_slowdown_arg, effort_arg, gap_arg, memory_cap_arg, methods_arg, mfu_arg,
+    node_size_arg, seconds_arg, slowdown_arg, time_limit_arg,
 };
 
 #[derive(Parser, Debug)]
@@ -235,8 +235,13 @@ pub struct DemoArgs {
     /// before the topology (DESIGN §3.11).
     #[arg(long)]
     pub flat: bool,
-    /// Seconds the ILP may spend (all phases together), or `unlimited`.
-    #[arg(long, default_value_t = 20.0, value_parser = time_limit_arg)]
+    /// The ILP's work, in thousands of LP iterations per search (default 60): the same
+    /// effort gives the same plan on any machine and under any load (DESIGN §4.6).
+    #[arg(long, value_parser = effort_arg)]
+    pub effort: Option<NonZeroU64>,
+    /// The outer guard: seconds after which the ILP stops wherever it is (its status then says
+    /// `time_limit`, and the plan may differ from run to run), or `unlimited`.
+    #[arg(long, default_value_t = 120.0, value_parser = time_limit_arg)]
     pub time_limit: f64,
     #[arg(long)]
     pub json: bool,
@@ -258,7 +263,14 @@ pub struct SolveArgs {
     pub memory_cap: Option<MemoryCap>,
     #[arg(long)]
     pub out: PathBuf,
-    /// Seconds HiGHS may spend (all phases together), or `unlimited`.
+    /// The solver's work, in thousands of LP iterations per search (default 60): the same
+    /// profile, cap and options (--threads included) give the same plan on any machine and under
+    /// any load (DESIGN §4.6).
+    #[arg(long, value_parser = effort_arg)]
+    pub effort: Option<NonZeroU64>,
+    /// The outer guard: seconds after which the solve stops wherever it is, baselines and warm
+    /// starts included (its status then says `time_limit`, and the plan may differ from run to
+    /// run), or `unlimited`.
     #[arg(long, default_value_t = 60.0, value_parser = time_limit_arg)]
     pub time_limit: f64,
     /// Relative MIP gap at which to stop.
@@ -319,7 +331,12 @@ pub struct SweepArgs {
     /// micro-batches hsdp-nosync, hsdp-ra-once, hpz-nosync (default: all of them).
     #[arg(long, value_parser = methods_arg)]
     pub methods: Option<MethodsArg>,
-    /// Seconds per ILP solve, or `unlimited` (default 5; with the ilp method).
+    /// Each ILP solve's work, in thousands of LP iterations per search (default 60; with the
+    /// ilp method): the same effort gives the same sweep on any machine (DESIGN §4.6).
+    #[arg(long, value_parser = effort_arg)]
+    pub effort: Option<NonZeroU64>,
+    /// The outer guard of each ILP solve: seconds, or `unlimited` (default 60; with the ilp
+    /// method). A solve it stops reports `time_limit`.
     #[arg(long, value_parser = time_limit_arg)]
     pub time_limit: Option<f64>,
     /// Relative MIP gap at which each solve stops (default 1e-3; with the ilp method).

@@ -68,6 +68,13 @@ pub(super) fn time_limit_arg(text: &str) -> Result<f64, String> {
     )
 }
 
+/// A solver's effort: a positive whole number (thousands of LP iterations per search).
+pub(super) fn effort_arg(text: &str) -> Result<std::num::NonZeroU64, String> {
+    text.trim().parse().map_err(|_| {
+        format!("expected a positive whole number (thousands of LP iterations), got `{text}`")
+    })
+}
+
 /// A relative MIP gap in [0, 1).
 pub(super) fn gap_arg(text: &str) -> Result<f64, String> {
     number_in(text, 0.0..1.0, "a relative gap in [0, 1)")

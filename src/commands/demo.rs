@@ -5,7 +5,7 @@
 use crate::cli::DemoArgs;
 use crate::output::{Table, ms, outln, print_json};
 use serde_json::json;
-use shardplan_scheduler::ilp::{SolveOptions, solve};
+use shardplan_scheduler::ilp::{Effort, SolveOptions, solve};
 use shardplan_scheduler::io::write_atomic;
 use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::Profile;
@@ -65,6 +65,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let options = SolveOptions {
         memory_cap_bytes: Some(cap),
         time_limit_s: args.time_limit,
+        effort: args.effort.map_or(Effort::DEFAULT, Effort::new),
         relative_gap: 1e-3,
         ..SolveOptions::default()
     };

@@ -8,7 +8,7 @@ use shardplan_runtime::dispatch::{Data, Model};
 use shardplan_runtime::fit::{Packing, solve_to_fit};
 use shardplan_runtime::model_file::ModelFile;
 use shardplan_scheduler::baselines::{BaselineKind, Preference, best_baseline};
-use shardplan_scheduler::ilp::{Objective, SolveOptions, Solved, WindowLimits, solve};
+use shardplan_scheduler::ilp::{Effort, Objective, SolveOptions, Solved, WindowLimits, solve};
 use shardplan_scheduler::io::check_outputs_distinct;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::RecomputeChoice;
@@ -41,6 +41,7 @@ pub fn run(args: SolveArgs) -> anyhow::Result<()> {
         },
         memory_cap_bytes: args.memory_cap.and_then(MemoryCap::bytes),
         time_limit_s: args.time_limit,
+        effort: args.effort.map_or(Effort::DEFAULT, Effort::new),
         relative_gap: args.gap,
         threads: args.threads,
         limits: WindowLimits {
@@ -135,7 +136,8 @@ fn report(args: &SolveArgs, solved: &Solved, packing: Option<&Packing>) {
     let hierarchical_at_micro_batches =
         solved.schedule.micro_batches() >= 2 && over_shard_groups + hpz > 0;
     let outside_the_space = hierarchical_at_micro_batches
-        || (args.objective == ObjectiveArg::Time && r.best_bound > sim.iteration_time_us);
+        || (args.objective == ObjectiveArg::Time
+            && lies_outside(r.best_bound, sim.iteration_time_us));
     let bound_key = match args.objective {
         ObjectiveArg::Time => "best_bound_us",
         ObjectiveArg::Memory => "best_bound_bytes",
@@ -235,5 +237,28 @@ fn report(args: &SolveArgs, solved: &Solved, packing: Option<&Packing>) {
                 );
             }
         }
+    }
+}
+
+/// Bound over objective, relative, beyond which the plan cannot lie in the space the bound holds
+/// over: HiGHS' dual bound meets an optimum up to its tolerances (1e-9 µs apart on an optimum).
+const OUTSIDE_TOLERANCE: f64 = 1e-9;
+
+/// Whether a bound of `bound` over the ILP's plan space excludes a plan of `time`: then the plan
+/// is a warm start outside that space.
+fn lies_outside(bound: f64, time: f64) -> bool {
+    bound - time > OUTSIDE_TOLERANCE * time.abs()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_optimum_at_its_bound_lies_inside() {
+        assert!(!lies_outside(1000.0, 1000.0));
+        assert!(!lies_outside(1000.0 + 1e-9, 1000.0));
+        assert!(!lies_outside(999.0, 1000.0));
+        assert!(lies_outside(1000.01, 1000.0));
     }
 }

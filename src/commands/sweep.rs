@@ -8,7 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use shardplan_scheduler::Error;
 use shardplan_scheduler::baselines::Preference;
-use shardplan_scheduler::ilp::{SolveOptions, WindowLimits};
+use shardplan_scheduler::ilp::{Effort, SolveOptions, WindowLimits};
 use shardplan_scheduler::io::{check_outputs_distinct, write_atomic};
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::size::format_bytes;
@@ -141,6 +141,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
     if !methods.contains(&Method::Ilp) {
         let solver_flag = [
             ("--time-limit", args.time_limit.is_some()),
+            ("--effort", args.effort.is_some()),
             ("--gap", args.gap.is_some()),
         ];
         if let Some((flag, _)) = solver_flag.into_iter().find(|(_, given)| *given) {
@@ -152,7 +153,8 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
     }
     let started = Instant::now();
     let template = SolveOptions {
-        time_limit_s: args.time_limit.unwrap_or(5.0),
+        time_limit_s: args.time_limit.unwrap_or(60.0),
+        effort: args.effort.map_or(Effort::DEFAULT, Effort::new),
         relative_gap: args.gap.unwrap_or(1e-3),
         ..SolveOptions::default()
     };

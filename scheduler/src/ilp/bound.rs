@@ -3,9 +3,11 @@
 //! every launch position the small window leaves out (`super::pricing`), raised by deeper windows
 //! and column generation.
 
+use super::effort::{Budget, Clock};
 use super::limits::PLACEMENT_DEPTH;
 use super::model::{Form, build, highs_model};
 use super::pricing::{FullColumns, priced_bound};
+use super::run::spent;
 use super::variables::ExtraPositions;
 use super::{Objective, PhaseReport, Relaxation, SolveOptions, SolveStatus, WindowLimits};
 use crate::profile::Profile;
@@ -18,11 +20,13 @@ use std::time::Instant;
 
 /// The LP relaxation of the model under `options`, solved by interior point from no start: its
 /// optimum bounds every plan within the windows from below. None when HiGHS does not reach that
-/// optimum within `time_limit` (or finds the relaxation infeasible).
+/// optimum before the clock runs out (or finds the relaxation infeasible). Interior point ends in
+/// a few hundred iterations whatever the model; its iterations and crossover's are spent from
+/// `budget`.
 pub(super) fn lp_bound(
     profile: &Profile,
     options: &SolveOptions,
-    time_limit: f64,
+    budget: &mut Budget,
 ) -> Result<Option<PhaseReport>> {
     let started = Instant::now();
     let built = build(profile, options, (Form::Lp, &ExtraPositions::new()));
@@ -33,7 +37,7 @@ pub(super) fn lp_bound(
         built.objective,
         built.constraints,
         options,
-        time_limit,
+        budget.clock().seconds_left(),
     )?;
     model
         .try_set_option("solver", "ipm")
@@ -41,6 +45,11 @@ pub(super) fn lp_bound(
     let solved = model
         .try_solve()
         .map_err(|e| Error::Solver(format!("HiGHS failed: {e:?}")))?;
+    let work = spent(&solved) + solved.crossover_iteration_count().max(0) as u64;
+    budget.spend(work);
+    if solved.status() == HighsModelStatus::ReachedTimeLimit {
+        budget.clock().record_stop();
+    }
     if solved.status() != HighsModelStatus::Optimal {
         return Ok(None);
     }
@@ -56,21 +65,33 @@ pub(super) fn lp_bound(
         best_bound,
         gap: f64::NAN,
         seconds: started.elapsed().as_secs_f64(),
+        lp_iterations: work,
         variables,
         integer_variables,
         constraints,
     }))
 }
 
+/// A budget of `options.effort` under a clock of `options.time_limit_s` from now, for a bound
+/// computed on its own.
+fn budget_of(options: &SolveOptions) -> (Clock, crate::ilp::Effort) {
+    (
+        Clock::new(Instant::now(), options.time_limit_s),
+        options.effort,
+    )
+}
+
 /// The optimum of the LP relaxation under `options` (within `options.time_limit_s`): no plan
 /// within the windows has a smaller objective. None when HiGHS does not reach it in the time.
 pub fn lp_relaxation_bound(profile: &Profile, options: &SolveOptions) -> Result<Option<f64>> {
-    Ok(lp_bound(profile, options, options.time_limit_s)?.map(|phase| phase.best_bound))
+    let (clock, effort) = budget_of(options);
+    let mut budget = Budget::new(effort, &clock);
+    Ok(lp_bound(profile, options, &mut budget)?.map(|phase| phase.best_bound))
 }
 
 /// A bound over every plan from the LP relaxation of the windows `restricted` (time objective
 /// only): None for the memory objective, or when that LP does not solve to optimality within
-/// `time_limit`, or when its duals fail the check below.
+/// `options.effort` and `options.time_limit_s`, or when its duals fail the check below.
 pub fn priced_lp_bound(
     profile: &Profile,
     options: &SolveOptions,
@@ -78,29 +99,31 @@ pub fn priced_lp_bound(
 ) -> Result<Option<f64>> {
     let full = FullColumns::new(profile, options);
     let no_extra = ExtraPositions::new();
+    let (clock, effort) = budget_of(options);
+    let mut budget = Budget::new(effort, &clock);
     let priced = priced_bound(
         profile,
         options,
         &full,
         (restricted, &no_extra),
-        options.time_limit_s,
+        &mut budget,
     )?;
     Ok(priced.map(|p| p.bound.best_bound))
 }
 
 /// Column generation from the LP of windows of depth `depth` (DESIGN §4.5, time objective only):
-/// the best bound over every plan its rounds priced within `options.time_limit_s`, and whether it
-/// ended at the full-window LP relaxation's optimum (no left-out position priced negative). None
-/// where the first pricing gives no bound.
+/// the best bound over every plan its rounds priced within `options.effort` and
+/// `options.time_limit_s`, and whether it ended at the full-window LP relaxation's optimum (no
+/// left-out position priced negative). None where the first pricing gives no bound.
 pub fn generated_lp_bound(
     profile: &Profile,
     options: &SolveOptions,
     depth: NonZeroUsize,
 ) -> Result<Option<(f64, bool)>> {
-    let started = Instant::now();
-    let mut bound = FullWindowBound::at_depth(profile, options, depth, options.time_limit_s)?;
-    let left = options.time_limit_s - started.elapsed().as_secs_f64();
-    bound.generate(profile, options, f64::INFINITY, left)?;
+    let (clock, effort) = budget_of(options);
+    let mut budget = Budget::new(effort, &clock);
+    let mut bound = FullWindowBound::at_depth(profile, options, depth, &mut budget)?;
+    bound.generate(profile, options, f64::INFINITY, &mut budget)?;
     let full_lp = bound.is_full_lp();
     Ok(bound.best.map(|b| (b.best_bound, full_lp)))
 }
@@ -127,8 +150,8 @@ pub(super) struct FullWindowBound {
 
 impl FullWindowBound {
     /// Prices the windows of depth 4 (time objective); nothing yet for the memory objective.
-    pub fn start(profile: &Profile, options: &SolveOptions, time_limit: f64) -> Result<Self> {
-        Self::at_depth(profile, options, PLACEMENT_DEPTH, time_limit)
+    pub fn start(profile: &Profile, options: &SolveOptions, budget: &mut Budget) -> Result<Self> {
+        Self::at_depth(profile, options, PLACEMENT_DEPTH, budget)
     }
 
     /// Prices the windows of depth `depth` (time objective); nothing for the memory objective.
@@ -136,7 +159,7 @@ impl FullWindowBound {
         profile: &Profile,
         options: &SolveOptions,
         depth: NonZeroUsize,
-        time_limit: f64,
+        budget: &mut Budget,
     ) -> Result<Self> {
         let started = Instant::now();
         let time = options.objective == Objective::Time;
@@ -150,11 +173,7 @@ impl FullWindowBound {
             seconds: 0.0,
         };
         if time {
-            bound.price(
-                profile,
-                options,
-                time_limit - started.elapsed().as_secs_f64(),
-            )?;
+            bound.price(profile, options, budget)?;
             bound.seconds = started.elapsed().as_secs_f64();
         }
         Ok(bound)
@@ -190,18 +209,17 @@ impl FullWindowBound {
     }
 
     /// Raises the bound toward one that proves `incumbent` within `options.relative_gap`, within
-    /// `time_limit`: deeper windows while that is still possible, then column generation (time
+    /// `budget`: deeper windows while that is still possible, then column generation (time
     /// objective); the full LP relaxation (memory objective).
     pub fn widen(
         &mut self,
         profile: &Profile,
         options: &SolveOptions,
         incumbent: f64,
-        time_limit: f64,
+        budget: &mut Budget,
     ) -> Result<()> {
-        let started = Instant::now();
         if options.objective != Objective::Time {
-            if let Some(lp) = lp_bound(profile, options, time_limit)? {
+            if let Some(lp) = lp_bound(profile, options, budget)? {
                 self.seconds += lp.seconds;
                 self.best = Some(lp);
             }
@@ -214,39 +232,31 @@ impl FullWindowBound {
             && self.depth.get() < longest
         {
             self.depth = self.depth.saturating_mul(TWO);
-            let left = time_limit - started.elapsed().as_secs_f64();
-            if !self.price(profile, options, left)? {
+            if !self.price(profile, options, budget)? {
                 break;
             }
         }
-        self.generate(
-            profile,
-            options,
-            needed,
-            time_limit - started.elapsed().as_secs_f64(),
-        )
+        self.generate(profile, options, needed, budget)
     }
 
     /// Column generation (DESIGN §4.5, "column generation"): while the bound is short of `needed`
     /// and some left-out position prices negative, the positions of most negative reduced cost
     /// (`ENTERING_PER_OP` per op) join the restricted LP and it is priced again, within
-    /// `time_limit`. Every round's bound holds over every plan; once no position prices
-    /// negative, the bound is the full-window LP's optimum.
+    /// `budget`. Every round's bound holds over every plan; once no position prices negative, the
+    /// bound is the full-window LP's optimum.
     fn generate(
         &mut self,
         profile: &Profile,
         options: &SolveOptions,
         needed: f64,
-        time_limit: f64,
+        budget: &mut Budget,
     ) -> Result<()> {
-        let started = Instant::now();
         while self.best.as_ref().is_none_or(|b| b.best_bound < needed) && !self.entering.is_empty()
         {
             for (key, positions) in &self.entering {
                 self.extra.entry(*key).or_default().extend(positions);
             }
-            let left = time_limit - started.elapsed().as_secs_f64();
-            if !self.price(profile, options, left)? {
+            if !self.price(profile, options, budget)? {
                 break;
             }
             tracing::debug!(
@@ -271,19 +281,20 @@ impl FullWindowBound {
         &self.extra
     }
 
-    /// Prices the windows of the current depth; false when their LP did not solve in time.
+    /// Prices the windows of the current depth; false when their LP did not solve within
+    /// `budget`.
     fn price(
         &mut self,
         profile: &Profile,
         options: &SolveOptions,
-        time_limit: f64,
+        budget: &mut Budget,
     ) -> Result<bool> {
         let Some(full) = &self.full else {
             return Ok(false);
         };
         let limits = WindowLimits::depth(self.depth);
         let restricted = (limits, &self.extra);
-        let Some(priced) = priced_bound(profile, options, full, restricted, time_limit)? else {
+        let Some(priced) = priced_bound(profile, options, full, restricted, budget)? else {
             return Ok(false);
         };
         self.entering = priced.entering;

@@ -7,16 +7,18 @@
 //! far-band relaxation, a MIP whose bound holds over every plan, and `refine` the far-band search
 //! of large models; `placement` places a plan's levels anew (profiles with nodes); `mapping`
 //! moves between schedules and column values; `pool` keeps the plans met; `staged` runs the
-//! staged phases of large models, on two threads as two searches that share their plan and bound
-//! (`race`) through HiGHS' callbacks (`callback`); `solve` drives HiGHS, warm-starts from the best
-//! feasible baseline built in time (`warm`) and checks every answer against the strict
-//! simulator. A profile of K ≥ 2 micro-batches is solved by `micro`'s MIP instead.
+//! staged phases of large models, on two threads as two searches that meet only when both are
+//! done; `effort` holds the work budget each phase spends a share of and the outer clock, and
+//! `callback` meters a MIP's work through HiGHS' interrupt callback; `solve` drives HiGHS,
+//! warm-starts from the best feasible baseline built in time (`warm`) and checks every answer
+//! against the strict simulator. A profile of K ≥ 2 micro-batches is solved by `micro`'s MIP instead.
 
 mod bands;
 mod bound;
 mod callback;
 mod claim;
 mod constraints;
+mod effort;
 mod far;
 mod limits;
 mod mapping;
@@ -25,7 +27,6 @@ mod model;
 mod placement;
 mod pool;
 mod pricing;
-mod race;
 mod refine;
 mod run;
 mod solve;
@@ -34,6 +35,7 @@ mod variables;
 mod warm;
 
 pub use bound::{generated_lp_bound, lp_relaxation_bound, priced_lp_bound};
+pub use effort::Effort;
 pub use limits::WindowLimits;
 pub use micro::rows_at as micro_rows_at;
 pub use refine::far_band_bound;
@@ -85,8 +87,12 @@ pub struct SolveOptions {
     pub objective: Objective,
     /// The per-rank cap (peak ≤ cap); None: no cap (the fastest plan, memory unbounded).
     pub memory_cap_bytes: Option<u64>,
-    /// Seconds for the whole solve; `f64::INFINITY` (or any limit past a century): none.
+    /// The outer guard, seconds for the whole solve; `f64::INFINITY` (or any limit past a
+    /// century): none. When it stops a run the solve's status is `time_limit`.
     pub time_limit_s: f64,
+    /// The solver work each search may spend (DESIGN §4.6): the budget, where the time limit is
+    /// only the guard.
+    pub effort: Effort,
     pub relative_gap: f64,
     pub threads: u32,
     /// The plans searched: gathers only in the last D slots of their window, reductions only in
@@ -107,6 +113,7 @@ impl Default for SolveOptions {
             objective: Objective::Time,
             memory_cap_bytes: None,
             time_limit_s: 60.0,
+            effort: Effort::DEFAULT,
             relative_gap: 1e-4,
             threads: 2,
             limits: WindowLimits::FULL,
@@ -132,11 +139,12 @@ impl SolveOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SolveStatus {
-    /// Proven optimal (gap ≤ 1e-9).
+    /// Proven within the requested relative gap (exactly optimal where the gap is ≤ 1e-9).
     Optimal,
-    /// Stopped at the requested relative gap.
+    /// The effort was spent with the gap above the requested one.
     GapLimit,
-    /// Stopped by the time limit with a feasible plan.
+    /// The outer time limit stopped a run or kept a phase from starting: the plan may differ from
+    /// run to run.
     TimeLimit,
 }
 
@@ -175,6 +183,8 @@ pub struct PhaseReport {
     pub best_bound: f64,
     pub gap: f64,
     pub seconds: f64,
+    /// The LP iterations it spent (the effort's unit).
+    pub lp_iterations: u64,
     pub variables: usize,
     pub integer_variables: usize,
     pub constraints: usize,
@@ -209,7 +219,8 @@ pub struct Solved {
 
 impl Solved {
     /// The plan file of this solve: the solver's figures go into the producer's details, the
-    /// strict simulation into the prediction.
+    /// strict simulation into the prediction. No wall-clock time: a solve the clock did not stop
+    /// writes the same file on any machine (DESIGN §4.6).
     pub fn plan(&self, profile: &Profile, memory_cap_bytes: Option<u64>) -> Plan {
         let r = &self.report;
         let mut details = BTreeMap::from([
@@ -220,10 +231,6 @@ impl Solved {
             ("objective".to_string(), toml::Value::Float(r.objective)),
             ("best_bound".to_string(), toml::Value::Float(r.best_bound)),
             ("gap".to_string(), toml::Value::Float(r.gap)),
-            (
-                "solve_seconds".to_string(),
-                toml::Value::Float(r.solve_seconds),
-            ),
             (
                 "window_depth".to_string(),
                 toml::Value::String(r.window_depth.to_string()),

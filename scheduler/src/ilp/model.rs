@@ -215,9 +215,13 @@ fn memory_magnitude(profile: &Profile) -> f64 {
     (sharded + activation).max(1.0)
 }
 
+/// HiGHS' random seed, fixed (its default, written out so that no change of default moves plans).
+const RANDOM_SEED: i32 = 0;
+
 /// A HiGHS model of the problem with this crate's settings: quiet (HiGHS' log under
-/// `SHARDPLAN_HIGHS_LOG`), the time limit, the gap target, the heuristics' effort, the
-/// feasibility tolerances and the threads.
+/// `SHARDPLAN_HIGHS_LOG`), the time limit (the outer clock's), the gap target, the heuristics'
+/// effort, the feasibility tolerances, a fixed random seed and one thread (DESIGN §4.6: HiGHS'
+/// MIP search runs on one thread whatever its option; fixed, a run does the same work anywhere).
 pub(super) fn highs_model(
     problem: ProblemVariables,
     objective: Expression,
@@ -255,8 +259,10 @@ pub(super) fn highs_model(
         "mip_feasibility_tolerance",
         FEASIBILITY_TOLERANCE,
     )?;
-    model
-        .try_set_option("threads", options.threads.max(1) as i32)
-        .map_err(|e| Error::Solver(format!("HiGHS option threads: {e:?}")))?;
+    for (name, value) in [("threads", 1), ("random_seed", RANDOM_SEED)] {
+        model
+            .try_set_option(name, value)
+            .map_err(|e| Error::Solver(format!("HiGHS option {name}: {e:?}")))?;
+    }
     Ok(model)
 }

@@ -6,26 +6,22 @@
 //! consumer) placed at depth 4 give a plan its own search does not reach. Its answers are plans;
 //! its bound holds only over plans of those levels, so its phase claims none.
 
+use super::effort::Budget;
 use super::model::Form;
 use super::pool::Pool;
-use super::run::{Stop, run_highs, seconds_until};
+use super::run::{Stop, run_highs};
 use super::variables::{ExtraPositions, UnitLevel};
 use super::{PhaseReport, SolveOptions};
 use crate::Result;
 use crate::profile::Profile;
-use std::time::Instant;
-
-/// Time below which no placement starts (s).
-const LEAST_PLACEMENT_S: f64 = 0.05;
 
 /// The placement of each distinct levels of `candidates` (in order, those present), each in an
-/// equal share of the time left until `deadline`.
+/// equal share of the `work` (LP iterations) left.
 pub(super) fn place_each<const N: usize>(
     profile: &Profile,
     options: &SolveOptions,
-    pool: &mut Pool,
-    phases: &mut Vec<PhaseReport>,
-    (candidates, deadline, extra): ([Option<Vec<UnitLevel>>; N], Instant, &ExtraPositions),
+    (pool, phases, budget): (&mut Pool, &mut Vec<PhaseReport>, &mut Budget),
+    (candidates, work, extra): ([Option<Vec<UnitLevel>>; N], u64, &ExtraPositions),
 ) -> Result<()> {
     let mut distinct: Vec<Vec<UnitLevel>> = Vec::new();
     for levels in candidates.into_iter().flatten() {
@@ -33,33 +29,37 @@ pub(super) fn place_each<const N: usize>(
             distinct.push(levels);
         }
     }
-    let count = distinct.len();
-    for (k, levels) in distinct.iter().enumerate() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.as_secs_f64() < LEAST_PLACEMENT_S {
+    let count = distinct.len() as u64;
+    let mut left = work;
+    for (k, levels) in (0..).zip(&distinct) {
+        if !budget.can_start() {
             break;
         }
-        let share = u32::try_from(count - k).unwrap_or(u32::MAX);
-        let until = Instant::now() + left / share;
-        place_levels(profile, options, pool, phases, (levels, until, extra))?;
+        let share = (left / (count - k)).min(budget.left());
+        let before = budget.left();
+        place_levels(
+            profile,
+            options,
+            (pool, phases, budget),
+            (levels, share, extra),
+        )?;
+        left = left.saturating_sub(before - budget.left());
     }
     Ok(())
 }
 
-/// The placement MIP of `levels` until `deadline`, warm-started from the best plan of those levels
-/// in `pool`: its plan joins `pool`, its run `phases`.
+/// The placement MIP of `levels` for `work` LP iterations, warm-started from the best plan of
+/// those levels in `pool`: its plan joins `pool`, its run `phases`.
 fn place_levels(
     profile: &Profile,
     options: &SolveOptions,
-    pool: &mut Pool,
-    phases: &mut Vec<PhaseReport>,
-    (levels, deadline, extra): (&[UnitLevel], Instant, &ExtraPositions),
+    (pool, phases, budget): (&mut Pool, &mut Vec<PhaseReport>, &mut Budget),
+    (levels, work, extra): (&[UnitLevel], u64, &ExtraPositions),
 ) -> Result<()> {
-    let shared = pool.shared();
     let stop = Stop {
-        time_limit: seconds_until(deadline),
+        work,
         objective_target: None,
-        shared: shared.as_deref(),
+        clock: budget.clock(),
     };
     let warm = pool.within(options.limits, extra);
     let placement = run_highs(
@@ -68,6 +68,7 @@ fn place_levels(
         &warm,
         stop,
     )?;
+    budget.spend(placement.work);
     phases.push(placement.phase);
     if let Some(schedule) = placement.schedule {
         pool.offer(schedule);
@@ -110,10 +111,11 @@ mod tests {
             ..SolveOptions::default()
         };
         let none = ExtraPositions::new();
+        let clock = crate::ilp::effort::Clock::new(std::time::Instant::now(), 60.0);
         let stop = || Stop {
-            time_limit: 60.0,
+            work: u64::MAX,
             objective_target: None,
-            shared: None,
+            clock: &clock,
         };
         let run = |form| run_highs(&profile, (&options, form, &none), &[], stop()).unwrap();
         let optimum = run(Form::Mip);

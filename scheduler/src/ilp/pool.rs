@@ -4,23 +4,19 @@
 //! feasibility tolerance is never taken (DESIGN §4.4).
 
 use super::claim::{claim, objective_of};
-use super::race::Shared;
 use super::variables::ExtraPositions;
 use super::{PhaseReport, SolveOptions, WindowLimits};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
 use crate::sim::{Semantics, simulate};
 use crate::timeline::Op;
-use std::sync::Arc;
 
 #[derive(Clone)]
 pub(super) struct Pool<'a> {
     profile: &'a Profile,
     options: &'a SolveOptions,
-    /// (plan, objective), best first.
+    /// (plan, objective), best first; plans of equal objective in the order met.
     plans: Vec<(Schedule, f64)>,
-    /// What the plans and bounds are shared with, when a search runs on another thread.
-    shared: Option<Arc<Shared>>,
 }
 
 impl<'a> Pool<'a> {
@@ -29,29 +25,6 @@ impl<'a> Pool<'a> {
             profile,
             options,
             plans: Vec::new(),
-            shared: None,
-        }
-    }
-
-    /// Shares every plan met, now and from now on, and every bound offered, with `shared`.
-    pub fn share(&mut self, shared: Arc<Shared>) {
-        for (schedule, value) in &self.plans {
-            shared.offer_plan(schedule, *value);
-        }
-        self.shared = Some(shared);
-    }
-
-    /// What this pool shares with a search on another thread.
-    pub fn shared(&self) -> Option<Arc<Shared>> {
-        self.shared.clone()
-    }
-
-    /// Shares the bound of `phase` when it holds over every plan.
-    pub fn offer_bound(&self, phase: &PhaseReport) {
-        if let Some(shared) = &self.shared
-            && phase.window_depth.is_full()
-        {
-            shared.offer_bound(phase.best_bound);
         }
     }
 
@@ -79,9 +52,6 @@ impl<'a> Pool<'a> {
         });
         if fits {
             let value = objective_of(self.profile, self.options.objective, &schedule);
-            if let Some(shared) = &self.shared {
-                shared.offer_plan(&schedule, value);
-            }
             self.insert(schedule, value);
         }
     }
@@ -132,18 +102,12 @@ impl<'a> Pool<'a> {
         self.plans.retain(|(schedule, _)| limits.admit(schedule));
     }
 
-    /// Whether `phases` prove the best plan within the solve's gap over every plan, or the
-    /// searches sharing this pool's plans have proven theirs.
+    /// Whether `phases` prove the best plan within the solve's gap over every plan.
     pub fn proven(&self, phases: &[PhaseReport]) -> bool {
-        let shared = self
-            .shared
-            .as_ref()
-            .is_some_and(|s| s.proves(f64::INFINITY, f64::NEG_INFINITY));
-        shared
-            || self.plans.first().is_some_and(|(schedule, value)| {
-                let c = claim(phases, schedule, *value, self.options.relative_gap);
-                c.window_depth.is_full() && c.gap <= self.options.relative_gap
-            })
+        self.plans.first().is_some_and(|(schedule, value)| {
+            let c = claim(phases, schedule, *value, self.options.relative_gap);
+            c.window_depth.is_full() && c.gap <= self.options.relative_gap
+        })
     }
 
     /// The best plan and its objective.

@@ -3,7 +3,9 @@
 //! windows, and the left-out positions of most negative reduced cost, which column generation adds
 //! next.
 
+use super::effort::Budget;
 use super::model::{Built, Form, build, highs_model, memory_scale};
+use super::run::{spent, work_option};
 use super::variables::{Columns, ExtraPositions, OpVars, Shape, covers, declare_units};
 use super::{Objective, PhaseReport, Relaxation, SolveOptions, SolveStatus, WindowLimits};
 use crate::profile::{Link, Profile};
@@ -52,9 +54,9 @@ pub(super) fn priced_bound(
     options: &SolveOptions,
     full: &FullColumns,
     (restricted, extra): (WindowLimits, &ExtraPositions),
-    time_limit: f64,
+    budget: &mut Budget,
 ) -> Result<Option<Priced>> {
-    if options.objective != Objective::Time || time_limit <= 0.0 {
+    if options.objective != Objective::Time || !budget.can_start() {
         return Ok(None);
     }
     let started = Instant::now();
@@ -74,10 +76,25 @@ pub(super) fn priced_bound(
         ..
     } = build(profile, &limited, (Form::Lp, extra));
     let constraint_count = constraints.len();
-    let model = highs_model(problem, objective, constraints, options, time_limit)?;
+    let clock = budget.clock();
+    let mut model = highs_model(
+        problem,
+        objective,
+        constraints,
+        options,
+        clock.seconds_left(),
+    )?;
+    model
+        .try_set_option("simplex_iteration_limit", work_option(budget.left()))
+        .map_err(|e| Error::Solver(format!("HiGHS option simplex_iteration_limit: {e:?}")))?;
     let solved = model
         .try_solve()
         .map_err(|e| Error::Solver(format!("HiGHS failed: {e:?}")))?;
+    let work = spent(&solved);
+    budget.spend(work);
+    if solved.status() == HighsModelStatus::ReachedTimeLimit {
+        clock.record_stop();
+    }
     if solved.status() != HighsModelStatus::Optimal {
         return Ok(None);
     }
@@ -204,6 +221,7 @@ pub(super) fn priced_bound(
             best_bound: lagrangian,
             gap: f64::NAN,
             seconds: started.elapsed().as_secs_f64(),
+            lp_iterations: work,
             variables: columns,
             integer_variables: integers,
             constraints: constraint_count,

@@ -14,10 +14,11 @@
 //!    bands' own positions, is a plan too; the bands it launches in join the positions, and 2 runs
 //!    again.
 
+use super::effort::{Budget, Clock};
 use super::limits::PLACEMENT_DEPTH;
 use super::model::Form;
 use super::pool::Pool;
-use super::run::{Stop, run_highs, seconds_until};
+use super::run::{Stop, run_highs};
 use super::variables::ExtraPositions;
 use super::{PhaseReport, SolveOptions, WindowLimits};
 use crate::Result;
@@ -27,21 +28,18 @@ use std::time::Instant;
 /// The restricted MIP's own gap target, relative to the solve's: it searches on toward a plan the
 /// bound over every plan proves, and stops at the first.
 const RESTRICTED_GAP_FACTOR: f64 = 0.25;
-/// Time below which no phase starts (s).
-pub(super) const LEAST_PHASE: f64 = 0.05;
 
-/// Runs the search until `deadline`, the best plan proven within the solve's gap over every plan,
-/// or the relaxation's answer launching in no band (it is then a plan of the positions searched).
+/// Runs the search until `budget` is spent, the best plan proven within the solve's gap over every
+/// plan, or the relaxation's answer launching in no band beyond the positions searched (its answer
+/// is then a plan of them).
 /// The positions where launches pay in the full-window LP (`paying`, from column generation) join
 /// the bands of step 1, which runs only where `bands_lp`.
 pub(super) fn far_band_search(
     profile: &Profile,
     options: &SolveOptions,
-    pool: &mut Pool,
-    phases: &mut Vec<PhaseReport>,
-    (deadline, paying, bands_lp): (Instant, &ExtraPositions, bool),
+    (pool, phases, budget): (&mut Pool, &mut Vec<PhaseReport>, &mut Budget),
+    (paying, bands_lp): (&ExtraPositions, bool),
 ) -> Result<()> {
-    let left = || seconds_until(deadline);
     let limits = WindowLimits::depth(PLACEMENT_DEPTH);
     let depth_options = SolveOptions {
         limits,
@@ -51,24 +49,25 @@ pub(super) fn far_band_search(
         relative_gap: options.relative_gap * RESTRICTED_GAP_FACTOR,
         ..depth_options.clone()
     };
-    let shared = pool.shared();
-    let stop = |objective_target| Stop {
-        time_limit: left(),
+    let clock = budget.clock();
+    let stop = |work, objective_target| Stop {
+        work,
         objective_target,
-        shared: shared.as_deref(),
+        clock,
     };
     let mut extra = paying.clone();
-    if bands_lp && left() > LEAST_PHASE {
+    if bands_lp && budget.can_start() {
         let lp = run_highs(
             profile,
             (&depth_options, Form::FarBandsLp, &ExtraPositions::new()),
             &[],
-            stop(None),
+            stop(budget.left(), None),
         )?;
+        budget.spend(lp.work);
         phases.push(lp.phase);
         add(&mut extra, lp.bands_used);
     }
-    while !pool.proven(phases) && left() > LEAST_PHASE {
+    while !pool.proven(phases) && budget.can_start() {
         let bound = phases
             .iter()
             .filter(|p| p.window_depth.is_full())
@@ -82,13 +81,14 @@ pub(super) fn far_band_search(
             profile,
             (&restricted_options, Form::Mip, &extra),
             &warm,
-            stop(target),
+            stop(budget.left(), target),
         )?;
+        budget.spend(restricted.work);
         phases.push(restricted.phase);
         if let Some(schedule) = restricted.schedule {
             pool.offer(schedule);
         }
-        if pool.proven(phases) || left() <= LEAST_PHASE {
+        if pool.proven(phases) || !budget.can_start() {
             break;
         }
         let warm = pool.within(limits, &extra);
@@ -96,28 +96,34 @@ pub(super) fn far_band_search(
             profile,
             (&depth_options, Form::FarBands, &extra),
             &warm,
-            stop(None),
+            stop(budget.left(), None),
         )?;
+        budget.spend(relaxed.work);
         phases.push(relaxed.phase);
         if let Some(schedule) = relaxed.schedule {
             pool.offer(schedule);
         }
-        if relaxed.bands_used.is_empty() {
+        if !add(&mut extra, relaxed.bands_used) {
             break;
         }
-        add(&mut extra, relaxed.bands_used);
     }
     Ok(())
 }
 
-fn add(extra: &mut ExtraPositions, more: ExtraPositions) {
+/// Adds `more` to `extra`; whether any position was new.
+fn add(extra: &mut ExtraPositions, more: ExtraPositions) -> bool {
+    let mut grew = false;
     for (key, positions) in more {
-        extra.entry(key).or_default().extend(positions);
+        let known = extra.entry(key).or_default();
+        for position in positions {
+            grew |= known.insert(position);
+        }
     }
+    grew
 }
 
-/// The far-band relaxation of the windows `restricted`, solved as a MIP within
-/// `options.time_limit_s`: HiGHS' dual bound on it, which no plan is below (time objective).
+/// The far-band relaxation of the windows `restricted`, solved as a MIP within `options.effort`
+/// and `options.time_limit_s`: HiGHS' dual bound on it, which no plan is below (time objective).
 /// None when HiGHS proves no bound (the relaxation infeasible: then no plan fits).
 pub fn far_band_bound(
     profile: &Profile,
@@ -128,10 +134,11 @@ pub fn far_band_bound(
         limits: restricted,
         ..options.clone()
     };
+    let clock = Clock::new(Instant::now(), options.time_limit_s);
     let stop = Stop {
-        time_limit: options.time_limit_s,
+        work: options.effort.iterations(),
         objective_target: None,
-        shared: None,
+        clock: &clock,
     };
     let run = run_highs(
         profile,

@@ -1,13 +1,13 @@
-//! One HiGHS run: the model of one phase built, warm-started, watched for the progress shared with
-//! a search on another thread, its status, bound and gap read back, and its plan checked against
+//! One HiGHS run: the model of one phase built, warm-started, limited to its share of the effort
+//! and the outer clock, its status, bound, gap and work read back, and its plan checked against
 //! the strict simulator.
 
-use super::callback::{PlanValues, Watch, solve_watched};
+use super::callback::solve_metered;
+use super::effort::Clock;
 use super::mapping::{
     levels_from_values, schedule_from_values, schedule_values, slot_terms, tight_time,
 };
 use super::model::{Form, build, highs_model};
-use super::race::Shared;
 use super::variables::{ExtraPositions, UnitLevel, UnitVars};
 use super::{Objective, PhaseReport, Relaxation, SolveOptions, SolveStatus, WindowLimits};
 use crate::cost::Interference;
@@ -16,7 +16,7 @@ use crate::schedule::Schedule;
 use crate::sim::{Semantics, memory_by_slot, simulate};
 use crate::{Error, Result};
 use highs::HighsModelStatus;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Relative agreement required between the ILP's objective and the strict simulation.
 const CONSISTENCY: f64 = 1e-6;
@@ -30,16 +30,18 @@ pub(super) struct Run {
     pub bands_used: ExtraPositions,
     pub phase: PhaseReport,
     pub infeasible: bool,
+    /// The LP iterations it spent.
+    pub work: u64,
 }
 
-/// When HiGHS stops: its time limit, optionally an objective target (HiGHS'
-/// `objective_target`: it stops at the first plan below it, e.g. one that a bound already proves),
-/// and the progress it shares with a search on another thread (it stops once the pair proves the
-/// target, and a MIP of plans takes the other's better plans).
+/// When HiGHS stops: at its share of the effort (`work`, LP iterations: deterministic),
+/// optionally at an objective target (HiGHS' `objective_target`: it stops at the first plan below
+/// it, e.g. one that a bound already proves), or when the outer clock runs out (then the clock
+/// records it).
 pub(super) struct Stop<'a> {
-    pub time_limit: f64,
+    pub work: u64,
     pub objective_target: Option<f64>,
-    pub shared: Option<&'a Shared>,
+    pub clock: &'a Clock,
 }
 
 /// Runs HiGHS on the MIP of `options` with launch columns also at `extra` (`Form::Mip`: its
@@ -61,8 +63,13 @@ pub(super) fn run_highs(
         built.objective,
         built.constraints,
         options,
-        stop.time_limit,
+        stop.clock.seconds_left(),
     )?;
+    if form == Form::FarBandsLp {
+        model
+            .try_set_option("simplex_iteration_limit", work_option(stop.work))
+            .map_err(|e| Error::Solver(format!("HiGHS option simplex_iteration_limit: {e:?}")))?;
+    }
     if let Some(target) = stop.objective_target {
         model
             .try_set_option("objective_target", target)
@@ -97,20 +104,16 @@ pub(super) fn run_highs(
             .try_set_solution(Some(&values), None, None, None)
             .map_err(|e| Error::Solver(format!("HiGHS warm start: {e:?}")))?;
     }
-    let bounds_every_plan = match form {
-        Form::Mip => options.limits.is_full() && extra.is_empty(),
-        Form::Placement(_) => false,
-        Form::Lp | Form::FarBands | Form::FarBandsLp => true,
-    };
-    // A placement takes no other plan: the shared one has other levels.
-    let watch = stop.shared.map(|shared| Watch {
-        shared,
-        bounds_every_plan,
-        values_of: (form == Form::Mip).then_some(&values_of as &PlanValues),
-    });
-    let solved = solve_watched(model, watch.as_ref())
-        .map_err(|e| Error::Solver(format!("HiGHS failed: {e:?}")))?;
+    let solved = match form {
+        Form::FarBandsLp | Form::Lp => model.try_solve(),
+        _ => solve_metered(model, stop.work),
+    }
+    .map_err(|e| Error::Solver(format!("HiGHS failed: {e:?}")))?;
     let status = solved.status();
+    if status == HighsModelStatus::ReachedTimeLimit {
+        stop.clock.record_stop();
+    }
+    let work = spent(&solved);
     let has_solution = solved.primal_solution_status() == highs::HighsSolutionStatus::Feasible;
     let infeasible = matches!(
         status,
@@ -159,13 +162,11 @@ pub(super) fn run_highs(
         Objective::Memory { .. } => bound * built.memory_scale,
     };
     let status = match status {
-        HighsModelStatus::Optimal if gap <= 1e-9 || !gap.is_finite() => SolveStatus::Optimal,
-        // Stopped at the first plan the bound over every plan proves within the target, or
-        // because the search beside it proved the target (§4.5, "two searches").
-        HighsModelStatus::Optimal
-        | HighsModelStatus::ObjectiveTarget
-        | HighsModelStatus::ReachedInterrupt => SolveStatus::GapLimit,
-        _ => SolveStatus::TimeLimit,
+        // Proven within its gap, or stopped at the first plan the bound over every plan proves.
+        HighsModelStatus::Optimal | HighsModelStatus::ObjectiveTarget => SolveStatus::Optimal,
+        HighsModelStatus::ReachedTimeLimit => SolveStatus::TimeLimit,
+        // Its share of the effort spent.
+        _ => SolveStatus::GapLimit,
     };
     let gap = if objective.is_finite() && bound.is_finite() {
         ((objective - bound) / objective.abs().max(1e-12)).max(0.0)
@@ -186,16 +187,11 @@ pub(super) fn run_highs(
         best_bound: bound,
         gap,
         seconds: started.elapsed().as_secs_f64(),
+        lp_iterations: work,
         variables: built.columns,
         integer_variables: built.integers,
         constraints: rows,
     };
-    if let Some(shared) = stop.shared
-        && bounds_every_plan
-        && options.objective == Objective::Time
-    {
-        shared.offer_bound(phase.best_bound);
-    }
     tracing::debug!(?phase, "HiGHS phase done");
     Ok(Run {
         schedule,
@@ -208,7 +204,19 @@ pub(super) fn run_highs(
         ),
         phase,
         infeasible,
+        work,
     })
+}
+
+/// The LP iterations a solved run spent (a MIP's: every LP of its search, HiGHS' total).
+pub(super) fn spent(solved: &highs::SolvedModel) -> u64 {
+    let iterations = solved.simplex_iteration_count() + solved.ipm_iteration_count();
+    u64::try_from(iterations).unwrap_or(0)
+}
+
+/// An iteration limit as HiGHS' integer option.
+pub(super) fn work_option(iterations: u64) -> i32 {
+    i32::try_from(iterations).unwrap_or(i32::MAX)
 }
 
 /// Per (unit, op), the positions of the band columns in which `values` launches more than
@@ -257,38 +265,4 @@ fn check_consistency(
         )));
     }
     Ok(())
-}
-
-/// `seconds` after `start`; a limit past what a clock can hold (`unlimited`, 1e12 s) is a century.
-pub(super) fn deadline_after(start: Instant, seconds: f64) -> Instant {
-    const CENTURY: Duration = Duration::from_secs(100 * 365 * 86_400);
-    let limit = Duration::try_from_secs_f64(seconds).map_or(CENTURY, |d| d.min(CENTURY));
-    start + limit
-}
-
-/// Seconds left until `deadline` (0 once it has passed).
-pub(super) fn seconds_until(deadline: Instant) -> f64 {
-    deadline
-        .saturating_duration_since(Instant::now())
-        .as_secs_f64()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A limit past what the clock holds is a century from now, never a panic; one within it
-    /// is itself.
-    #[test]
-    fn deadlines_of_huge_limits_are_a_century() {
-        let start = Instant::now();
-        let century = Duration::from_secs(100 * 365 * 86_400);
-        for seconds in [1e12, f64::INFINITY, f64::MAX] {
-            assert_eq!(deadline_after(start, seconds) - start, century, "{seconds}");
-        }
-        assert_eq!(
-            deadline_after(start, 2.5) - start,
-            Duration::from_millis(2500)
-        );
-    }
 }

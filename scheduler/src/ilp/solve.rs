@@ -2,28 +2,32 @@
 //! full-window MIP, the plan with the claim its phases prove, and infeasible caps explained.
 
 use super::claim::{claim, objective_of};
+use super::effort::{Budget, Clock};
 use super::model::{Form, build};
 use super::pool::Pool;
-use super::run::{Stop, deadline_after, run_highs, seconds_until};
+use super::run::{Stop, run_highs};
 use super::staged::{FullWindow, full_window_mip, is_staged, staged_phases};
 use super::variables::ExtraPositions;
 use super::warm::best_baseline;
-use super::{Objective, PhaseReport, SolveOptions, SolveReport, Solved};
+use super::{Objective, PhaseReport, SolveOptions, SolveReport, SolveStatus, Solved};
 use crate::profile::Profile;
 use crate::sim::{Semantics, simulate};
 use crate::size::{format_bytes, whole_bytes};
 use crate::{Error, Result};
 use std::time::Instant;
 
-/// Solves for the plan that minimises the chosen objective. Errors with [`Error::Infeasible`]
-/// (naming the smallest feasible cap and what dominates it) when nothing fits the cap.
+/// Solves for the plan that minimises the chosen objective within `options.effort`: the same plan
+/// and claim on any machine for the same options, unless the outer clock (`time_limit_s`) stopped
+/// the solve, which its status then says (DESIGN §4.6). Errors with [`Error::Infeasible`] (naming
+/// the smallest feasible cap and what dominates it) when nothing fits the cap.
 pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     if profile.micro_batches >= 2 {
         return super::micro::solve(profile, options);
     }
     let started = Instant::now();
-    let deadline = deadline_after(started, options.time_limit_s);
-    let warm = best_baseline(profile, options, deadline).map(|chosen| {
+    let clock = Clock::new(started, options.time_limit_s);
+    let mut budget = Budget::new(options.effort, &clock);
+    let warm = best_baseline(profile, options, &clock).map(|chosen| {
         let time = chosen.plan.simulation.iteration_time_us;
         (chosen.label(), chosen.plan.schedule, time)
     });
@@ -48,7 +52,7 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     let mut phases = Vec::new();
     let user_limited = !options.limits.is_full();
     let full_window = if is_staged(profile, options) {
-        staged_phases(profile, options, &mut pool, &mut phases, deadline)?
+        staged_phases(profile, options, &mut pool, &mut phases, &mut budget)?
     } else {
         FullWindow::Run
     };
@@ -59,7 +63,7 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
         FullWindow::Ran { infeasible } => infeasible,
         FullWindow::Skip => false,
         FullWindow::Run => {
-            let run = full_window_mip(profile, options, &pool, deadline)?;
+            let run = full_window_mip(profile, options, &pool, &mut budget)?;
             phases.push(run.phase);
             if let Some(schedule) = run.schedule {
                 pool.offer(schedule);
@@ -85,7 +89,7 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
                 ))
             )));
         }
-        return Err(explain_infeasible(profile, options, deadline));
+        return Err(explain_infeasible(profile, options, &clock));
     }
     let Some((schedule, objective)) = pool.into_best() else {
         return Err(Error::Infeasible(
@@ -96,7 +100,11 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     let simulation = simulate(profile, &schedule, Semantics::Strict);
     let size = model_size(profile, options, &phases);
     let report = SolveReport {
-        status: claim.status,
+        status: if clock.fired() {
+            SolveStatus::TimeLimit
+        } else {
+            claim.status
+        },
         objective,
         best_bound: claim.best_bound,
         gap: claim.gap,
@@ -135,7 +143,7 @@ fn model_size(profile: &Profile, options: &SolveOptions, phases: &[PhaseReport])
 }
 
 /// The smallest feasible cap (memory objective, no cap) and what dominates its peak slot.
-fn explain_infeasible(profile: &Profile, options: &SolveOptions, deadline: Instant) -> Error {
+fn explain_infeasible(profile: &Profile, options: &SolveOptions, clock: &Clock) -> Error {
     let cap = options
         .memory_cap_bytes
         .map_or("the memory cap".to_string(), |c| {
@@ -155,9 +163,9 @@ fn explain_infeasible(profile: &Profile, options: &SolveOptions, deadline: Insta
         ..options.clone()
     };
     let stop = Stop {
-        time_limit: seconds_until(deadline),
+        work: options.effort.iterations(),
         objective_target: None,
-        shared: None,
+        clock,
     };
     match run_highs(
         profile,

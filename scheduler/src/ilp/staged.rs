@@ -1,25 +1,23 @@
 //! The staged solve of models above 3000 full-window integer columns (DESIGN §4.5): depth 1, the
 //! priced bound, depth 4, deeper pricing, then the full-window MIP or (above 20,000 columns) the
-//! far-band search — and, given two threads, the full-window MIP on one while depth 4 and the
-//! far-band search run on the other, sharing their best plan and bound ([`Shared`]).
+//! far-band search — and, given two threads, the full-window MIP or depth 4 on one while the
+//! far-band search runs on the other, each with its own budget of work, meeting when both are done.
 
 use super::bound::FullWindowBound;
+use super::effort::Budget;
 use super::limits::PLACEMENT_DEPTH;
 use super::model::Form;
 use super::placement::place_each;
 use super::pool::Pool;
-use super::race::Shared;
-use super::refine::{LEAST_PHASE, far_band_search};
-use super::run::{Run, Stop, run_highs, seconds_until};
+use super::refine::far_band_search;
+use super::run::{Run, Stop, run_highs};
 use super::variables::{ExtraPositions, UnitLevel};
 use super::{Objective, PhaseReport, SolveOptions, WindowLimits};
 use crate::profile::Profile;
 use crate::{Error, Result};
 use std::num::NonZeroUsize;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-/// The staged solve's phases before the full windows, with their share of the time limit: D = 1
+/// The staged solve's phases before the full windows, with their share of the effort: D = 1
 /// fixes every launch next to its consumer (only levels and recompute are chosen); D = 4 places
 /// them. Each phase's plan is feasible for the next (the windows nest) and warm-starts it.
 const LEVELS_SHARE: f64 = 0.1;
@@ -28,12 +26,12 @@ const PLACEMENT_SHARE: f64 = 0.6;
 /// depth 4 too, and the full-window MIP needs the time (Llama 3 8B at 59.82 GiB: depth 4 spent
 /// its 6 s of 10 on a plan 1.9% slower than the pair's).
 const TWO_SEARCHES_PLACEMENT_SHARE: f64 = 0.25;
-/// On a profile with nodes, the share of depth 4's time its own MIP takes; the placements of
+/// On a profile with nodes, the share of depth 4's work its own MIP takes; the placements of
 /// fixed levels (`super::placement`) take the rest.
 const OWN_SEARCH_SHARE: f64 = 0.9;
 /// Depth 4's gap target, relative to the solve's, when the bound over every plan is tight.
 const TIGHT_BOUND_GAP_FACTOR: f64 = 0.25;
-/// On a profile with nodes, the most of the time limit that placing the depth-1 plan's levels over
+/// On a profile with nodes, the most of the effort that placing the depth-1 plan's levels over
 /// depth 4 and the positions where launches pay may take (the demo: 5,546 ms in 3 s, which the
 /// far-band search's restricted MIP then improves to 5,505 ms).
 const FAR_PLACEMENT_SHARE: f64 = 0.15;
@@ -68,19 +66,19 @@ pub(super) enum FullWindow {
     Ran { infeasible: bool },
 }
 
-/// Runs the staged phases until `deadline`, adding their plans to `pool` and their reports to
+/// Runs the staged phases within `budget`, adding their plans to `pool` and their reports to
 /// `phases`.
 pub(super) fn staged_phases(
     profile: &Profile,
     options: &SolveOptions,
     pool: &mut Pool,
     phases: &mut Vec<PhaseReport>,
-    deadline: Instant,
+    budget: &mut Budget,
 ) -> Result<FullWindow> {
     let stop = Stop {
-        time_limit: seconds_until(deadline).min(options.time_limit_s * LEVELS_SHARE),
+        work: budget.share(LEVELS_SHARE),
         objective_target: None,
-        shared: None,
+        clock: budget.clock(),
     };
     let levels = limited(options, NonZeroUsize::MIN);
     let run = run_highs(
@@ -89,6 +87,7 @@ pub(super) fn staged_phases(
         pool.plans(),
         stop,
     )?;
+    budget.spend(run.work);
     if let Some(schedule) = run.schedule {
         pool.offer(schedule);
     }
@@ -96,39 +95,34 @@ pub(super) fn staged_phases(
     let first_levels = run.levels;
     // A bound over every plan before placing launches, so that depth 4 stops at the first plan it
     // proves within the target.
-    let bound = FullWindowBound::start(profile, options, seconds_until(deadline))?;
+    let bound = FullWindowBound::start(profile, options, budget)?;
     let too_large = full_window_integers(profile) > FULL_WINDOW_MIP_MAX_INTEGERS;
     let time_objective = options.objective == Objective::Time;
     if options.threads >= 2 && time_objective && too_large {
         return far_launches_beside(
             profile,
             options,
-            pool,
-            phases,
+            (pool, phases, budget),
             (bound, first_levels),
-            deadline,
         );
     }
     if options.threads >= 2 && time_objective && !too_large {
         return two_searches(
             profile,
             options,
-            pool,
-            phases,
+            (pool, phases, budget),
             (bound, first_levels),
-            deadline,
         );
     }
     place(
         profile,
         options,
-        pool,
-        phases,
+        (pool, phases, budget),
         (&bound, PLACEMENT_SHARE),
-        (first_levels.clone(), deadline),
+        first_levels.clone(),
     )?;
     let far = too_large.then_some(first_levels);
-    widen_and_search(profile, options, pool, phases, (bound, deadline), far)?;
+    widen_and_search(profile, options, (pool, phases, budget), bound, far)?;
     Ok(if !pool.is_empty() && (too_large || pool.proven(phases)) {
         FullWindow::Skip
     } else {
@@ -136,18 +130,24 @@ pub(super) fn staged_phases(
     })
 }
 
-/// Depth 4 for at most `share` of the time limit, unless the bound proves the best plan already.
+/// One search's state: the plans it met, its phases and what it may still spend.
+type Search<'p, 'a, 'c> = (
+    &'p mut Pool<'a>,
+    &'p mut Vec<PhaseReport>,
+    &'p mut Budget<'c>,
+);
+
+/// Depth 4 for at most `share` of the effort, unless the bound proves the best plan already.
 /// On a profile with nodes its own MIP takes 90% of that, and the placements at fixed levels of
 /// the depth-1 plan and of its own answer the rest.
 fn place(
     profile: &Profile,
     options: &SolveOptions,
-    pool: &mut Pool,
-    phases: &mut Vec<PhaseReport>,
+    (pool, phases, budget): Search,
     (bound, share): (&FullWindowBound, f64),
-    (first_levels, deadline): (Option<Vec<UnitLevel>>, Instant),
+    first_levels: Option<Vec<UnitLevel>>,
 ) -> Result<()> {
-    if proven_with(pool, phases, bound) || seconds_until(deadline) <= LEAST_PHASE {
+    if proven_with(pool, phases, bound) || !budget.can_start() {
         return Ok(());
     }
     // Where the bound is tight, depth 4 searches past its own target toward a plan the bound
@@ -160,27 +160,26 @@ fn place(
         },
         ..limited(options, PLACEMENT_DEPTH)
     };
-    let budget = seconds_until(deadline).min(options.time_limit_s * share);
-    let started = Instant::now();
-    let at = |fraction: f64| started + Duration::from_secs_f64(budget * fraction);
+    let work = budget.share(share);
     let nodes = profile.topology.is_some();
     let own = if nodes { OWN_SEARCH_SHARE } else { 1.0 };
+    let before = budget.left();
+    let own_work = (work as f64 * own) as u64;
     let own_levels = own_mip(
         profile,
         (options, &placement),
-        pool,
-        phases,
-        (bound, at(own)),
+        (pool, phases, budget),
+        (bound, own_work),
     )?;
     if !nodes || proven_with(pool, phases, bound) {
         return Ok(());
     }
+    let rest = work.saturating_sub(before - budget.left());
     place_each(
         profile,
         &placement,
-        pool,
-        phases,
-        ([first_levels, own_levels], at(1.0), &ExtraPositions::new()),
+        (pool, phases, budget),
+        ([first_levels, own_levels], rest, &ExtraPositions::new()),
     )
 }
 
@@ -190,27 +189,26 @@ fn proven_with(pool: &Pool, phases: &[PhaseReport], bound: &FullWindowBound) -> 
     pool.proven(&with_bound)
 }
 
-/// Depth 4's own MIP from the best plan until `deadline`, stopping at the first plan `bound`
-/// proves; the levels of its answer.
+/// Depth 4's own MIP from the best plan for `work` LP iterations, stopping at the first plan
+/// `bound` proves; the levels of its answer.
 fn own_mip(
     profile: &Profile,
     (options, placement): (&SolveOptions, &SolveOptions),
-    pool: &mut Pool,
-    phases: &mut Vec<PhaseReport>,
-    (bound, deadline): (&FullWindowBound, Instant),
+    (pool, phases, budget): Search,
+    (bound, work): (&FullWindowBound, u64),
 ) -> Result<Option<Vec<UnitLevel>>> {
-    let shared = pool.shared();
     let stop = Stop {
-        time_limit: seconds_until(deadline),
+        work,
         objective_target: bound
             .phase()
             .map(|b| b.best_bound / (1.0 - options.relative_gap)),
-        shared: shared.as_deref(),
+        clock: budget.clock(),
     };
     // The best plan's launches outside depth 4 join its windows, so that it starts the search.
     let extra = pool.best_outside(placement.limits);
     let warm = pool.within(placement.limits, &extra);
     let run = run_highs(profile, (placement, Form::Mip, &extra), &warm, stop)?;
+    budget.spend(run.work);
     if let Some(schedule) = run.schedule {
         pool.offer(schedule);
     }
@@ -219,23 +217,21 @@ fn own_mip(
 }
 
 /// The bound priced from deeper windows and by column generation, and, given `far` (time
-/// objective), the search of launches outside depth 4 for the time left: on a profile with nodes
+/// objective), the search of launches outside depth 4 with the work left: on a profile with nodes
 /// the placement of `far`'s levels (the depth-1 plan's) over depth 4 and the positions where
-/// launches pay in the full-window LP (for `FAR_PLACEMENT_SHARE` of the time limit at most), then
-/// the far-band search.
+/// launches pay in the full-window LP (for `FAR_PLACEMENT_SHARE` of the effort at most), then the
+/// far-band search.
 fn widen_and_search(
     profile: &Profile,
     options: &SolveOptions,
-    pool: &mut Pool,
-    phases: &mut Vec<PhaseReport>,
-    (mut bound, deadline): (FullWindowBound, Instant),
+    (pool, phases, budget): Search,
+    mut bound: FullWindowBound,
     far: Option<Option<Vec<UnitLevel>>>,
 ) -> Result<()> {
     if let Some(incumbent) = pool.best_value() {
-        bound.widen(profile, options, incumbent, seconds_until(deadline))?;
+        bound.widen(profile, options, incumbent, budget)?;
     }
     if let Some(phase) = bound.phase() {
-        pool.offer_bound(&phase);
         phases.push(phase);
     }
     // The memory objective keeps the full-window LP bound.
@@ -251,46 +247,46 @@ fn widen_and_search(
     };
     let nodes = profile.topology.is_some();
     if nodes && !paying.is_empty() && !pool.proven(phases) {
-        let share = Duration::from_secs_f64(options.time_limit_s * FAR_PLACEMENT_SHARE);
-        let until = deadline.min(Instant::now() + share);
+        let work = budget.share(FAR_PLACEMENT_SHARE);
         let placement = limited(options, PLACEMENT_DEPTH);
-        place_each(profile, &placement, pool, phases, ([levels], until, paying))?;
+        place_each(
+            profile,
+            &placement,
+            (pool, phases, budget),
+            ([levels], work, paying),
+        )?;
     }
     // On a profile with nodes the far-band relaxation's LP is too large for the time (the demo's:
     // 30,893 columns, unsolved after 6 s); the positions where launches pay stand for its bands.
     let bands_lp = !nodes || paying.is_empty();
     if !pool.proven(phases) {
-        far_band_search(profile, options, pool, phases, (deadline, paying, bands_lp))?;
+        far_band_search(profile, options, (pool, phases, budget), (paying, bands_lp))?;
     }
     Ok(())
 }
 
-/// Depth 4 (a quarter of the time at most), then the full-window MIP on this thread beside the
-/// deeper pricing and the far-band search on another, each HiGHS run on one thread, until the
-/// pair proves the best plan or `deadline`. The far-band search finds plans that launch far
-/// ahead, which the full MIP's heuristics miss in the time, and hands them to it; the full MIP
-/// proves the bound.
+/// Depth 4 (a quarter of the effort at most), then the full-window MIP on this thread beside the
+/// deeper pricing and the far-band search on another, each HiGHS run on one thread and each search
+/// with the work left to it, meeting when both are done. The far-band search finds plans that
+/// launch far ahead, which the full MIP's heuristics miss; the full MIP proves the bound.
 fn two_searches(
     profile: &Profile,
     options: &SolveOptions,
-    pool: &mut Pool,
-    phases: &mut Vec<PhaseReport>,
+    (pool, phases, budget): Search,
     (bound, first_levels): (FullWindowBound, Option<Vec<UnitLevel>>),
-    deadline: Instant,
 ) -> Result<FullWindow> {
-    let single = one_thread_shared(options, pool);
+    let single = one_thread(options);
     place(
         profile,
         &single,
-        pool,
-        phases,
+        (pool, phases, budget),
         (&bound, TWO_SEARCHES_PLACEMENT_SHARE),
-        (first_levels.clone(), deadline),
+        first_levels.clone(),
     )?;
-    let far = (bound, first_levels, deadline);
-    let full = beside_far_search(profile, &single, (pool, phases), far, |pool, _| {
-        // Its plan, shared at once, tells the other search whether it can stop.
-        full_window_mip(profile, &single, pool, deadline).map(|mut run| {
+    let far = (bound, first_levels);
+    let full = beside_far_search(profile, &single, (pool, phases, budget), far, |search| {
+        let (pool, _, budget) = search;
+        full_window_mip(profile, &single, pool, budget).map(|mut run| {
             if let Some(schedule) = run.schedule.take() {
                 pool.offer(schedule);
             }
@@ -304,33 +300,28 @@ fn two_searches(
 }
 
 /// Above 20,000 full-window columns, given two threads (time objective): depth 4 (its own MIP and,
-/// on a profile with nodes, the placements at fixed levels) on this thread until `deadline`,
+/// on a profile with nodes, the placements at fixed levels) on this thread with the work left,
 /// beside deeper pricing, column generation and the far-band search over the positions where
-/// launches pay on another, each HiGHS run on one thread, sharing their best plan and bound. On
-/// the demo column generation reaches the full-window LP's optimum in about 2.5 s, 5% under depth
-/// 4's, and the restricted MIP over depth 4 and its paying positions finds plans depth 4 cannot.
+/// launches pay on another, each HiGHS run on one thread. On the demo column generation reaches
+/// the full-window LP's optimum, 5% under depth 4's, and the restricted MIP over depth 4 and its
+/// paying positions finds plans depth 4 cannot.
 fn far_launches_beside(
     profile: &Profile,
     options: &SolveOptions,
-    pool: &mut Pool,
-    phases: &mut Vec<PhaseReport>,
+    (pool, phases, budget): Search,
     (bound, first_levels): (FullWindowBound, Option<Vec<UnitLevel>>),
-    deadline: Instant,
 ) -> Result<FullWindow> {
-    let single = one_thread_shared(options, pool);
+    let single = one_thread(options);
     let start = bound.without_pricing();
     let levels = first_levels.clone();
-    let far = (bound, first_levels, deadline);
-    beside_far_search(profile, &single, (pool, phases), far, |pool, phases| {
-        place(
-            profile,
-            &single,
-            pool,
-            phases,
-            (&start, 1.0),
-            (levels, deadline),
-        )
-    })??;
+    let far = (bound, first_levels);
+    beside_far_search(
+        profile,
+        &single,
+        (&mut *pool, phases, budget),
+        far,
+        |search| place(profile, &single, search, (&start, 1.0), levels),
+    )??;
     // As alone: without a plan, the full-window MIP still runs to tell an infeasible cap.
     Ok(if pool.is_empty() {
         FullWindow::Run
@@ -339,10 +330,8 @@ fn far_launches_beside(
     })
 }
 
-/// The options of a search on one thread of two, `pool` sharing its plans and bounds with the
-/// other from now on.
-fn one_thread_shared(options: &SolveOptions, pool: &mut Pool) -> SolveOptions {
-    pool.share(Arc::new(Shared::new(options.relative_gap)));
+/// The options of a search on one thread of two.
+fn one_thread(options: &SolveOptions) -> SolveOptions {
     SolveOptions {
         threads: 1,
         ..options.clone()
@@ -350,30 +339,31 @@ fn one_thread_shared(options: &SolveOptions, pool: &mut Pool) -> SolveOptions {
 }
 
 /// `here` on this thread beside [`widen_and_search`] on another (the bound widened, then the
-/// search of launches outside depth 4 until the deadline), each on its own copy of the pool and
-/// phases, sharing their best plan and bound; the other's plans and phases then join these.
-fn beside_far_search<'a, T>(
+/// search of launches outside depth 4), each on its own copy of the pool, phases and budget, so
+/// that neither's timing changes the other's answer; when both are done the other's plans and
+/// phases join these (after them: a fixed order).
+fn beside_far_search<'a, 'c, T>(
     profile: &Profile,
     single: &SolveOptions,
-    (pool, phases): (&mut Pool<'a>, &mut Vec<PhaseReport>),
-    (bound, first_levels, deadline): (FullWindowBound, Option<Vec<UnitLevel>>, Instant),
-    here: impl FnOnce(&mut Pool<'a>, &mut Vec<PhaseReport>) -> T,
+    (pool, phases, budget): (&mut Pool<'a>, &mut Vec<PhaseReport>, &mut Budget<'c>),
+    (bound, first_levels): (FullWindowBound, Option<Vec<UnitLevel>>),
+    here: impl FnOnce(Search<'_, 'a, 'c>) -> T,
 ) -> Result<T> {
     let mut other_pool = pool.clone();
     let mut other_phases = phases.clone();
+    let mut other_budget = budget.clone();
     let before = phases.len();
     let (here, other) = std::thread::scope(|scope| {
         let other = scope.spawn(|| {
             widen_and_search(
                 profile,
                 single,
-                &mut other_pool,
-                &mut other_phases,
-                (bound, deadline),
+                (&mut other_pool, &mut other_phases, &mut other_budget),
+                bound,
                 Some(first_levels),
             )
         });
-        let here = here(pool, phases);
+        let here = here((&mut *pool, &mut *phases, &mut *budget));
         (here, other.join())
     });
     other.map_err(|_| Error::Solver("the far-band search's thread panicked".into()))??;
@@ -382,25 +372,27 @@ fn beside_far_search<'a, T>(
     Ok(here)
 }
 
-/// The full-window MIP for the time left, warm-started from the best plan it can represent.
+/// The full-window MIP with the work left (at least enough for its root), warm-started from the
+/// best plan it can represent.
 pub(super) fn full_window_mip(
     profile: &Profile,
     options: &SolveOptions,
     pool: &Pool,
-    deadline: Instant,
+    budget: &mut Budget,
 ) -> Result<Run> {
-    let shared = pool.shared();
     let stop = Stop {
-        time_limit: seconds_until(deadline),
+        work: budget.rest(),
         objective_target: None,
-        shared: shared.as_deref(),
+        clock: budget.clock(),
     };
-    run_highs(
+    let run = run_highs(
         profile,
         (options, Form::Mip, &ExtraPositions::new()),
         pool.plans(),
         stop,
-    )
+    )?;
+    budget.spend(run.work);
+    Ok(run)
 }
 
 fn limited(options: &SolveOptions, depth: NonZeroUsize) -> SolveOptions {

@@ -4,21 +4,23 @@
 //! for them too (the baselines of the first kind are always built).
 
 use super::SolveOptions;
+use super::effort::Clock;
 use crate::baselines::{BaselineKind, ChosenBaseline, baselines_at};
 use crate::profile::Profile;
-use std::time::Instant;
 
+/// The best baseline built before `clock` runs out (which then records that it stopped the
+/// solve's search: the warm start depends on the time).
 pub(super) fn best_baseline(
     profile: &Profile,
     options: &SolveOptions,
-    deadline: Instant,
+    clock: &Clock,
 ) -> Option<ChosenBaseline> {
     let kinds = BaselineKind::of(profile);
     let cap = options.memory_cap_bytes;
     let candidates = kinds
         .iter()
         .enumerate()
-        .take_while(|&(k, _)| k == 0 || Instant::now() < deadline)
+        .take_while(|&(k, _)| k == 0 || !clock.expired())
         .flat_map(|(_, kind)| {
             baselines_at(
                 profile,
@@ -40,7 +42,7 @@ mod tests {
     use super::*;
     use crate::ilp::Objective;
     use crate::schedule::RecomputeChoice;
-    use std::time::Duration;
+    use std::time::Instant;
 
     /// The smallest peak among every baseline is not ddp's; with the deadline already passed only
     /// the first kind, ddp, is built; with time left, the answer is the one over every baseline.
@@ -54,9 +56,11 @@ mod tests {
             },
             ..SolveOptions::default()
         };
-        let passed = best_baseline(&profile, &options, Instant::now()).unwrap();
+        let passed_clock = Clock::new(Instant::now(), 0.0);
+        let passed = best_baseline(&profile, &options, &passed_clock).unwrap();
         assert_eq!(passed.kind, BaselineKind::Ddp);
-        let later = Instant::now() + Duration::from_secs(3600);
+        assert!(passed_clock.fired());
+        let later = Clock::new(Instant::now(), 3600.0);
         let every = crate::baselines::best_baseline(
             &profile,
             &BaselineKind::of(&profile),
@@ -66,7 +70,8 @@ mod tests {
         )
         .unwrap();
         assert_ne!(every.kind, BaselineKind::Ddp);
-        let in_time = best_baseline(&profile, &options, later).unwrap();
+        let in_time = best_baseline(&profile, &options, &later).unwrap();
         assert_eq!(in_time.label(), every.label());
+        assert!(!later.fired());
     }
 }

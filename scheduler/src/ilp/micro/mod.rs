@@ -7,10 +7,12 @@
 mod linear;
 mod model;
 
+use super::callback::solve_metered;
+use super::effort::Clock;
 use super::limits::PLACEMENT_DEPTH;
 use super::mapping::launches_of;
 use super::model::{highs_model, memory_scale};
-use super::run::{deadline_after, seconds_until};
+use super::run::spent;
 use super::warm::best_baseline;
 use super::{Objective, PhaseReport, SolveOptions, SolveReport, SolveStatus, Solved, WindowLimits};
 use crate::baselines::ChosenBaseline;
@@ -34,7 +36,7 @@ const CONSISTENCY: f64 = 1e-6;
 /// smallest peak under a time ceiling), with HiGHS' proven gap.
 pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     let started = Instant::now();
-    let deadline = deadline_after(started, options.time_limit_s);
+    let clock = Clock::new(started, options.time_limit_s);
     let limits = limits_for(profile, options);
     let peak_scale = match options.objective {
         Objective::Time => None,
@@ -88,7 +90,7 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
         count: variables,
     };
     // Warm start: the best baseline that fits (the answer is never worse than it).
-    let warm = best_baseline(profile, options, deadline);
+    let warm = best_baseline(profile, options, &clock);
     // The time limit holds for the whole solve: HiGHS gets what the model and the baselines
     // left of it.
     let mut model = highs_model(
@@ -96,7 +98,7 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
         objective,
         rows,
         options,
-        seconds_until(deadline),
+        clock.seconds_left(),
     )?;
     if let Some(values) = warm
         .as_ref()
@@ -106,15 +108,17 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
             .try_set_solution(Some(&values), None, None, None)
             .map_err(|e| Error::Solver(format!("HiGHS warm start: {e:?}")))?;
     }
-    let solved = model
-        .try_solve()
+    let solved = solve_metered(model, options.effort.iterations())
         .map_err(|e| Error::Solver(format!("HiGHS failed: {e:?}")))?;
     let status = solved.status();
+    if status == HighsModelStatus::ReachedTimeLimit {
+        clock.record_stop();
+    }
     if matches!(
         status,
         HighsModelStatus::Infeasible | HighsModelStatus::UnboundedOrInfeasible
     ) {
-        return Err(infeasible(profile, options, deadline));
+        return Err(infeasible(profile, options, &clock));
     }
     let found = if solved.primal_solution_status() == highs::HighsSolutionStatus::Feasible {
         let values = solved.get_solution().columns().to_vec();
@@ -151,15 +155,19 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
     } else {
         dual_bound.min(time)
     };
-    let status = match status {
-        HighsModelStatus::Optimal if solved.mip_gap() <= 1e-9 => SolveStatus::Optimal,
-        HighsModelStatus::Optimal => SolveStatus::GapLimit,
-        _ => SolveStatus::TimeLimit,
-    };
     let gap = if bound > 0.0 {
         ((time - bound) / time).max(0.0)
     } else {
         f64::INFINITY
+    };
+    // The clock, else whether the gap met the target (a baseline answer may have a larger gap
+    // than HiGHS' incumbent).
+    let status = if clock.fired() {
+        SolveStatus::TimeLimit
+    } else if gap <= options.relative_gap.max(1e-9) {
+        SolveStatus::Optimal
+    } else {
+        SolveStatus::GapLimit
     };
     let seconds = started.elapsed().as_secs_f64();
     let phase = PhaseReport {
@@ -170,6 +178,7 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
         best_bound: bound,
         gap,
         seconds,
+        lp_iterations: spent(&solved),
         variables,
         integer_variables,
         constraints,
@@ -418,14 +427,14 @@ fn model_op(op: Op) -> Op {
 
 /// Why nothing fits: the smallest feasible cap (the memory objective's optimum), its peak slot
 /// and what dominates there.
-fn infeasible(profile: &Profile, options: &SolveOptions, deadline: Instant) -> Error {
+fn infeasible(profile: &Profile, options: &SolveOptions, clock: &Clock) -> Error {
     let cap = options.memory_cap_bytes.unwrap_or(u64::MAX);
     let smallest = SolveOptions {
         objective: Objective::Memory {
             max_iteration_time_us: None,
         },
         memory_cap_bytes: None,
-        time_limit_s: seconds_until(deadline),
+        time_limit_s: clock.seconds_left(),
         ..options.clone()
     };
     let why = match solve(profile, &smallest) {
