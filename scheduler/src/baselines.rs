@@ -362,6 +362,24 @@ enum KeptSdp {
     FirstAndLast,
 }
 
+/// fsdp2's plan over `groups`: every unit fsdp but the first and the last (sdp, not resharded
+/// after forward), each gather at depth 1 (DESIGN §5).
+fn fsdp2_over(
+    profile: &Profile,
+    groups: Groups,
+    checkpoint: Recompute,
+    accumulation: &Accumulation,
+) -> Result<Schedule> {
+    let l = profile.unit_count();
+    depth_schedule(
+        profile,
+        (&levels(l, Level::Fsdp, KeptSdp::FirstAndLast), groups),
+        &vec![(1, 1); l],
+        checkpoint,
+        accumulation,
+    )
+}
+
 /// Every unit at `level`, except that the last unit cannot be fsdp and is kept sdp, with the
 /// first too where `kept` says so.
 fn levels(units: usize, level: Level, kept: KeptSdp) -> Vec<Level> {
@@ -459,16 +477,9 @@ pub fn baseline(
         }
         BaselineKind::Zero2 => grid_point(profile, Level::Sdp, 1, checkpoint, &accumulation)?,
         BaselineKind::Fsdp1 => grid_point(profile, Level::Fsdp, 1, checkpoint, &accumulation)?,
-        BaselineKind::Fsdp2 | BaselineKind::Fsdp2NoSync => depth_schedule(
-            profile,
-            (
-                &levels(l, Level::Fsdp, KeptSdp::FirstAndLast),
-                Groups::default(),
-            ),
-            &vec![(1, 1); l],
-            checkpoint,
-            &accumulation,
-        )?,
+        BaselineKind::Fsdp2 | BaselineKind::Fsdp2NoSync => {
+            fsdp2_over(profile, Groups::default(), checkpoint, &accumulation)?
+        }
         BaselineKind::Hpz | BaselineKind::HpzNoSync => {
             let (h, schedule) = hierarchical::hpz(profile, kind, checkpoint)?;
             details.insert("secondary_group".into(), toml::Value::Integer(h.into()));
@@ -487,16 +498,7 @@ pub fn baseline(
             &accumulation,
         )?,
         BaselineKind::Fsdp2Offload => {
-            let schedule = depth_schedule(
-                profile,
-                (
-                    &levels(l, Level::Fsdp, KeptSdp::FirstAndLast),
-                    Groups::default(),
-                ),
-                &vec![(1, 1); l],
-                checkpoint,
-                &accumulation,
-            )?;
+            let schedule = fsdp2_over(profile, Groups::default(), checkpoint, &accumulation)?;
             offload::every_unit(profile, schedule, Offload::Full, kind.name())?
         }
         BaselineKind::Zero3Offload => {

@@ -336,7 +336,7 @@ fn a_host_is_checked_field_by_field() {
     assert!(e.contains("host.host_to_device.points"), "{e}");
     let e = error(&|h| h.optimizer_us_per_param = 0.0);
     assert!(e.contains("host.optimizer_us_per_param"), "{e}");
-    let path = common::repo_root().join("profiles/llama2-70b-h100-n64.toml");
+    let path = common::repo_root().join("profiles/llama2-7b-h100-n64.toml");
     let old = Profile::load(&path).unwrap();
     assert!(old.host.is_none());
     assert!(!old.to_toml().contains("[host]"));

@@ -2,12 +2,11 @@
 //! nodes and hpZ's node-local secondary shard, each at any number of micro-batches with the
 //! gradient-sync and all-reduce switches its kind sets.
 
-use super::{BaselineKind, Groups, KeptSdp, depth_schedule, levels};
+use super::{BaselineKind, Groups, fsdp2_over};
 use crate::groups::{secondary_group, whole_node_groups};
 use crate::profile::Profile;
 use crate::schedule::{Recompute, Schedule};
 use crate::size::format_bytes;
-use crate::timeline::Level;
 use crate::{Error, Result};
 
 /// hpz (or hpz-nosync, `kind`): fsdp2's plan with every fsdp unit keeping a secondary shard of
@@ -27,15 +26,10 @@ pub(super) fn hpz(
         secondary: Some(h),
         ..Groups::default()
     };
-    let l = profile.unit_count();
-    let schedule = depth_schedule(
-        profile,
-        (&levels(l, Level::Fsdp, KeptSdp::FirstAndLast), groups),
-        &vec![(1, 1); l],
-        checkpoint,
-        &kind.accumulation(),
-    )?;
-    Ok((h, schedule))
+    Ok((
+        h,
+        fsdp2_over(profile, groups, checkpoint, &kind.accumulation())?,
+    ))
 }
 
 /// FSDP2's HSDP (hsdp, or its micro-batch forms, `kind`): fsdp2's plan with every sharded unit
@@ -49,7 +43,6 @@ pub(super) fn hsdp(
     cap: Option<u64>,
 ) -> Result<(u32, Schedule)> {
     let candidates = whole_node_groups(profile);
-    let l = profile.unit_count();
     let mut smallest_peak = f64::INFINITY;
     for &s in &candidates {
         let groups = Groups {
@@ -57,13 +50,7 @@ pub(super) fn hsdp(
             secondary: None,
             replica_reduce: kind.replica_reduce(),
         };
-        let schedule = depth_schedule(
-            profile,
-            (&levels(l, Level::Fsdp, KeptSdp::FirstAndLast), groups),
-            &vec![(1, 1); l],
-            checkpoint,
-            &kind.accumulation(),
-        )?;
+        let schedule = fsdp2_over(profile, groups, checkpoint, &kind.accumulation())?;
         let sim = crate::classes::simulate_strict(profile, &schedule);
         if cap.is_none_or(|c| sim.peak_memory_bytes <= c as f64) {
             return Ok((s, schedule));
