@@ -2,13 +2,15 @@
 //! launched at each slot index. A `Schedule` exists only valid: its constructor enforces every
 //! rule of DESIGN §3.2 against the profile, and its launches carry their window positions.
 
-use crate::offload::{HostStep, Offload};
 use crate::profile::Profile;
 use crate::timeline::{Level, Op, Timeline, Window};
 use crate::{Error, Result};
 use std::collections::BTreeMap;
 
+pub mod offload;
 mod unit;
+
+pub use offload::{HostStep, Offload};
 
 pub use unit::{Accumulation, Launch, Recompute, RecomputeChoice, ReplicaReduce, UnitSchedule};
 
@@ -99,7 +101,7 @@ impl Schedule {
         host_step: HostStep,
         origin: &str,
     ) -> Result<Self> {
-        crate::offload::check(profile, &self.units, &offload, host_step)
+        offload::check(profile, &self.units, &offload, host_step)
             .map_err(|(field, expected)| Error::invalid(origin, field, expected))?;
         Ok(Schedule {
             offload,
