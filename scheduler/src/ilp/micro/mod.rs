@@ -1,10 +1,13 @@
-//! The ILP of K ≥ 2 micro-batches per step (DESIGN §4.8): `model` declares the configuration
-//! indicators, the launch columns of both boundary kinds and the rows of the step unrolled to
-//! first, steady and last micro-batch; `linear` reads its forms back at a solution. This module
+//! The ILP of K ≥ 2 micro-batches per step (DESIGN §4.8): `columns` declares the configuration
+//! indicators (over every group of ranks the space offers) and the launch columns of both
+//! boundary kinds, `model` the rows of the step unrolled to first, steady and last micro-batch,
+//! `memory` its memory rows; `linear` reads its forms back at a solution. This module
 //! runs HiGHS, turns the solution into a schedule, checks the MIP's time against the simulator
 //! (at K' = 3 and 4, extended to K: `classes`) and reports the claim.
 
+mod columns;
 mod linear;
+mod memory;
 mod model;
 
 use super::callback::solve_metered;
@@ -23,9 +26,10 @@ use crate::schedule::{Accumulation, Launch, RecomputeChoice, Schedule, UnitSched
 use crate::size::format_bytes;
 use crate::timeline::{Level, Op, Timeline, WindowKind};
 use crate::{Error, Result};
+use columns::{Boundary, Config, SetKey, UnitCols};
 use good_lp::constraint;
 use highs::HighsModelStatus;
-use model::{Boundary, Built, Config, build};
+use model::{Built, Communicator, SlotTerms, build};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -63,6 +67,7 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
         durations,
         weights,
         memory: _,
+        communicators,
         peak,
         constraints: mut rows,
     } = built;
@@ -86,6 +91,7 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
         units: &units,
         terms: &terms,
         durations: &durations,
+        communicators: &communicators,
         peak,
         count: variables,
     };
@@ -148,9 +154,9 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
         .double_info_value(c"mip_dual_bound")
         .unwrap_or(f64::NEG_INFINITY)
         * scale;
-    // A hierarchical baseline (DESIGN §3.11.1) lies outside the MIP's space, which knows no
-    // groups: the bound is over that space, not over the plan, and may lie above it.
-    let bound = if outside_the_space(&schedule) {
+    // A baseline over a group the MIP does not offer (hsdp over more than a node) lies outside
+    // its space: the bound is over that space, not over the plan, and may lie above it.
+    let bound = if outside_the_space(profile, &schedule) {
         dual_bound
     } else {
         dual_bound.min(time)
@@ -206,8 +212,8 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
 /// solution (Σ weight·max(c + L, Q + κ_q·c) over its slots) agrees with the simulator's.
 fn checked(
     profile: &Profile,
-    units: &[model::UnitCols],
-    (terms, weights): (&[(linear::Linear, linear::Linear, linear::Linear)], &[f64]),
+    units: &[UnitCols],
+    (terms, weights): (&[SlotTerms], &[f64]),
     values: &[f64],
 ) -> Result<(Schedule, crate::sim::Simulation)> {
     let schedule = schedule_from(profile, units, values)?;
@@ -216,10 +222,7 @@ fn checked(
     let mip_time: f64 = terms
         .iter()
         .zip(weights)
-        .map(|((c, q, l), w)| {
-            let (c, q, l) = (c.eval(values), q.eval(values), l.eval(values));
-            w * interference.slot_duration(c, q, l)
-        })
+        .map(|(t, w)| w * t.duration(interference, values))
         .sum();
     let time = simulation.iteration_time_us;
     if (mip_time - time).abs() > CONSISTENCY * time.max(1.0) {
@@ -245,6 +248,7 @@ pub fn rows_at(profile: &Profile, schedule: &Schedule) -> Option<(f64, Vec<f64>)
         units: &built.units,
         terms: &built.terms,
         durations: &built.durations,
+        communicators: &built.communicators,
         peak: None,
         count: built.columns.count,
     };
@@ -261,39 +265,51 @@ pub fn rows_at(profile: &Profile, schedule: &Schedule) -> Option<(f64, Vec<f64>)
 
 /// What a warm start's values are made of.
 struct Parts<'a> {
-    units: &'a [model::UnitCols],
-    terms: &'a [(linear::Linear, linear::Linear, linear::Linear)],
+    units: &'a [UnitCols],
+    terms: &'a [SlotTerms],
     durations: &'a [crate::ilp::variables::Col],
+    communicators: &'a [Communicator],
     /// The memory objective's peak column and its scale.
     peak: Option<(crate::ilp::variables::Col, f64)>,
     count: usize,
 }
 
-/// Whether a unit of `schedule` is over a shard or secondary group, which the MIP does not
-/// offer (its levels are over the world).
-fn outside_the_space(schedule: &Schedule) -> bool {
+/// The configuration a unit of a schedule takes.
+fn config_of(unit: &UnitSchedule) -> Config {
+    let a = &unit.accumulation;
+    Config {
+        level: unit.level,
+        group: unit.shard_group,
+        secondary: unit.secondary_group,
+        accumulate: a.accumulate,
+        keep: a.keep,
+        replica_reduce: a.replica_reduce,
+    }
+}
+
+/// Whether a unit of `schedule` takes a configuration the MIP does not offer it (a shard group
+/// other than the node's, DESIGN §3.11).
+fn outside_the_space(profile: &Profile, schedule: &Schedule) -> bool {
     schedule
         .units()
         .iter()
-        .any(|u| u.shard_group.is_some() || u.secondary_group.is_some())
+        .enumerate()
+        .any(|(i, u)| !Config::all(profile, i).contains(&config_of(u)))
 }
 
 /// The column values of `schedule`: its configurations, recompute flags, launches and their
-/// running sums, the step's RS→FG boundary after its last reduction block, and each slot's
-/// duration at its terms; None for a schedule the MIP cannot express (one over a group of ranks
-/// other than the world among them).
+/// running sums, each group's step RS→FG boundary after its last reduction block, the
+/// communicators in use and each slot's duration at its terms; None for a schedule the MIP
+/// cannot express (over a group of ranks it does not offer, or launching outside its limits).
 fn values_of(profile: &Profile, parts: &Parts, schedule: &Schedule) -> Option<Vec<f64>> {
-    if outside_the_space(schedule) {
-        return None;
-    }
     let mut values = vec![0.0; parts.count];
+    for c in parts.communicators {
+        let used = schedule.units().iter().any(|u| c.used_by(config_of(u)));
+        values[c.column.index] = f64::from(u8::from(used));
+    }
     for (u, unit) in parts.units.iter().zip(schedule.units()) {
         let a = &unit.accumulation;
-        let config = Config {
-            level: unit.level,
-            accumulate: a.accumulate,
-            keep: a.keep,
-        };
+        let config = config_of(unit);
         let (_, y) = u.configs.iter().find(|(c, _)| *c == config)?;
         values[y.index] = 1.0;
         match u.recompute {
@@ -303,7 +319,9 @@ fn values_of(profile: &Profile, parts: &Parts, schedule: &Schedule) -> Option<Ve
         }
         // Puts an op's launches on its columns; false where one lies outside the limits.
         let mut put = |op: Op, boundary: Boundary, launches: &[Launch]| {
-            let l = u.launches(model_op(op), boundary);
+            let Some(l) = u.set_of(config, model_op(op), boundary) else {
+                return false;
+            };
             let (mut running, mut placed) = (0.0, 0);
             for ((&pos, x), c) in l.positions.iter().zip(&l.x).zip(&l.running) {
                 let slot = l.window.slot_at(pos);
@@ -325,19 +343,28 @@ fn values_of(profile: &Profile, parts: &Parts, schedule: &Schedule) -> Option<Ve
                 return None;
             }
         }
-        let rs = u.launches(Op::ReduceScatter, Boundary::Step);
-        let last_rs = (0..rs.x.len())
-            .rev()
-            .find(|&k| values[rs.x[k].index] > 0.0)
-            .map(|k| rs.positions[k]);
-        for (p, z) in u.order.iter().enumerate() {
-            values[z.index] = f64::from(u8::from(last_rs.is_none_or(|b| p >= b)));
+        // Z_p = [p ≥ the last RS block + γ] in the unit's group, 1 in every other.
+        for order in &u.orders {
+            let rs = u.set(SetKey {
+                op: Op::ReduceScatter,
+                boundary: Boundary::Step,
+                group: order.group,
+                secondary: None,
+                replica_reduce: None,
+            })?;
+            let last_rs = (0..rs.x.len())
+                .rev()
+                .find(|&k| values[rs.x[k].index] > 0.0)
+                .map(|k| rs.positions[k]);
+            for (p, z) in order.z.iter().enumerate() {
+                let on = last_rs.is_none_or(|b| p >= b + order.gap);
+                values[z.index] = f64::from(u8::from(on));
+            }
         }
     }
     let interference = Interference::of(profile);
-    for ((c, q, l), d) in parts.terms.iter().zip(parts.durations) {
-        let (c, q, l) = (c.eval(&values), q.eval(&values), l.eval(&values));
-        values[d.index] = interference.slot_duration(c, q, l);
+    for (t, d) in parts.terms.iter().zip(parts.durations) {
+        values[d.index] = t.duration(interference, &values);
     }
     if let Some((peak, scale)) = parts.peak {
         // A hair above the schedule's peak, so that rounding does not cut the start off.
@@ -348,7 +375,7 @@ fn values_of(profile: &Profile, parts: &Parts, schedule: &Schedule) -> Option<Ve
 }
 
 /// The schedule a solution describes: each unit's configuration, recompute flag and launches.
-fn schedule_from(profile: &Profile, units: &[model::UnitCols], values: &[f64]) -> Result<Schedule> {
+fn schedule_from(profile: &Profile, units: &[UnitCols], values: &[f64]) -> Result<Schedule> {
     let on = |col: crate::ilp::variables::Col| values[col.index] > 0.5;
     let units = units
         .iter()
@@ -360,8 +387,9 @@ fn schedule_from(profile: &Profile, units: &[model::UnitCols], values: &[f64]) -
                 .map(|&(c, _)| c)
                 .expect("one configuration per unit");
             let placed = |op: Op, boundary: Boundary| {
-                let l = u.launches(model_op(op), boundary);
-                launches_of(l.window, &l.positions, &l.x, values)
+                u.set_of(config, model_op(op), boundary)
+                    .map(|l| launches_of(l.window, &l.positions, &l.x, values))
+                    .unwrap_or_default()
             };
             let launches: BTreeMap<Op, Vec<Launch>> = config
                 .level
@@ -372,6 +400,7 @@ fn schedule_from(profile: &Profile, units: &[model::UnitCols], values: &[f64]) -
             let mut accumulation = Accumulation {
                 accumulate: config.accumulate,
                 keep: config.keep && config.level != Level::None,
+                replica_reduce: config.replica_reduce,
                 ..Accumulation::default()
             };
             accumulation.inner = accumulation
@@ -384,8 +413,8 @@ fn schedule_from(profile: &Profile, units: &[model::UnitCols], values: &[f64]) -
                 recompute: u.recompute.is_some_and(on),
                 launches,
                 accumulation,
-                shard_group: None,
-                secondary_group: None,
+                shard_group: config.group,
+                secondary_group: config.secondary,
             }
         })
         .collect();

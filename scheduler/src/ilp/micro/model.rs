@@ -1,154 +1,19 @@
-//! The columns and rows of the micro-batch MIP (DESIGN §4.8): configuration indicators, launch
-//! columns per op and boundary kind with running sums, the step's RS→FG order, each unrolled
-//! slot's compute, communication, load, duration and memory.
+//! The rows of the micro-batch MIP (DESIGN §4.8): the columns `super::columns` declares, one
+//! configuration per unit, running sums, coverage, the step's RS→FG order per group, the
+//! communicators in use, each unrolled slot's compute, communication per link, load and
+//! duration; `super::memory` adds the memory rows.
 
+use super::columns::{Boundary, Config, Launches, OPS, Order, SetKey, UnitCols};
 use super::linear::Linear;
-use crate::cost::{Among, Interference, block_bytes, block_time, persistent_bytes};
+use super::memory::memory_rows;
+use crate::cost::{Among, Interference, block_time};
+use crate::groups::{secondary_group, shard_groups};
 use crate::ilp::WindowLimits;
 use crate::ilp::variables::{Col, Columns};
-use crate::profile::Profile;
-use crate::schedule::RecomputeChoice;
-use crate::timeline::{Level, Op, Timeline, Window, WindowKind};
+use crate::profile::{Link, Profile};
+use crate::schedule::{RecomputeChoice, ReplicaReduce};
+use crate::timeline::{Op, Timeline, Window, WindowKind};
 use good_lp::{Constraint, Expression, constraint};
-
-/// A unit's level with its choices across micro-batches (DESIGN §3.10).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Config {
-    pub level: Level,
-    pub accumulate: bool,
-    pub keep: bool,
-}
-
-impl Config {
-    /// Every configuration of `profile`'s unit `unit`; the last unit is never fsdp, and an fsdp
-    /// unit whose parameters another unit reads never keeps them (DESIGN §3.10).
-    fn all(profile: &Profile, unit: usize) -> Vec<Config> {
-        let last = unit + 1 == profile.unit_count();
-        let lender = profile.borrower(unit).is_some();
-        let mut all = Vec::new();
-        for level in Level::ALL {
-            if last && level == Level::Fsdp {
-                continue;
-            }
-            for accumulate in [false, true] {
-                for keep in [false, true] {
-                    // keep needs a sharded level, and an fsdp lender never keeps.
-                    let kept_unsharded = level == Level::None;
-                    let kept_fsdp_lender = lender && level == Level::Fsdp;
-                    if !(keep && (kept_unsharded || kept_fsdp_lender)) {
-                        all.push(Config {
-                            level,
-                            accumulate,
-                            keep,
-                        });
-                    }
-                }
-            }
-        }
-        all
-    }
-
-    fn sharded(self) -> bool {
-        self.level != Level::None
-    }
-}
-
-/// Where an op's blocks go: the step boundary (BG: every micro-batch), or the inner one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Boundary {
-    Step,
-    Inner,
-}
-
-/// The ops of the MIP: AR, RS, FG (the forward gather, AG or AGF by level) and BG (AGB).
-pub(super) const OPS: [Op; 4] = [
-    Op::AllReduce,
-    Op::ReduceScatter,
-    Op::Gather,
-    Op::GatherBackward,
-];
-
-/// One op's launch columns at one boundary kind over the positions of its window the limits
-/// allow.
-pub(super) struct Launches {
-    pub op: Op,
-    pub boundary: Boundary,
-    pub window: Window,
-    /// The allowed window positions, increasing.
-    pub positions: Vec<usize>,
-    /// x_p: blocks launched at each allowed position.
-    pub x: Vec<Col>,
-    /// C_p = Σ_{p' ≤ p} x_p' at each allowed position.
-    pub running: Vec<Col>,
-}
-
-impl Launches {
-    /// C at window position `pos`: the running sum at the last allowed position ≤ pos.
-    pub fn running_at(&self, pos: usize) -> Option<Col> {
-        let k = self.positions.partition_point(|&p| p <= pos);
-        (k > 0).then(|| self.running[k - 1])
-    }
-
-    /// The column launching at window position `pos`, if it is allowed.
-    pub fn x_at(&self, pos: usize) -> Option<Col> {
-        self.positions.binary_search(&pos).ok().map(|k| self.x[k])
-    }
-}
-
-/// One unit's columns.
-pub(super) struct UnitCols {
-    pub configs: Vec<(Config, Col)>,
-    /// r_i, absent where recomputation is not allowed.
-    pub recompute: Option<Col>,
-    pub launches: Vec<Launches>,
-    /// Z_p = [the step's RS→FG boundary ≤ p].
-    pub order: Vec<Col>,
-}
-
-impl UnitCols {
-    /// Σ y_c over the configurations `which` admits.
-    pub fn y(&self, which: impl Fn(Config) -> bool) -> Linear {
-        let mut sum = Linear::default();
-        for &(c, col) in &self.configs {
-            if which(c) {
-                sum.add(col, 1.0);
-            }
-        }
-        sum
-    }
-
-    pub fn launches(&self, op: Op, boundary: Boundary) -> &Launches {
-        self.launches
-            .iter()
-            .find(|l| l.op == op && l.boundary == boundary)
-            .expect("every op has columns at its boundaries")
-    }
-
-    fn recompute(&self) -> Linear {
-        let mut r = Linear::default();
-        if let Some(col) = self.recompute {
-            r.add(col, 1.0);
-        }
-        r
-    }
-}
-
-/// Whether configuration `c` runs `op` at `boundary`.
-fn runs(c: Config, op: Op, boundary: Boundary) -> bool {
-    let step = match op {
-        Op::AllReduce => c.level == Level::None,
-        Op::ReduceScatter | Op::Gather => c.sharded(),
-        _ => c.level == Level::Fsdp,
-    };
-    match boundary {
-        Boundary::Step => step,
-        Boundary::Inner => match op {
-            Op::AllReduce | Op::ReduceScatter => step && !c.accumulate,
-            Op::Gather => step && !c.keep,
-            _ => false,
-        },
-    }
-}
 
 /// The step unrolled to K' = min(K, 3) micro-batches of 2L + 1 slots.
 #[derive(Clone, Copy)]
@@ -195,17 +60,53 @@ impl Unrolled {
     }
 }
 
+/// A slot's terms: c_s, Q^ℓ_s per link in use (`Built::links`' order) and L_s.
+#[derive(Debug, Clone, Default)]
+pub(super) struct SlotTerms {
+    pub compute: Linear,
+    pub comm: Vec<Linear>,
+    pub load: Linear,
+}
+
+impl SlotTerms {
+    /// d_s at `values`: max(c + L, max_ℓ Q^ℓ + κ_q·c).
+    pub fn duration(&self, interference: Interference, values: &[f64]) -> f64 {
+        let (c, l) = (self.compute.eval(values), self.load.eval(values));
+        self.comm
+            .iter()
+            .map(|q| interference.slot_duration(c, q.eval(values), l))
+            .fold(c + l, f64::max)
+    }
+}
+
+/// A communicator column u ≥ y of every configuration that uses it (DESIGN §3.11): a shard
+/// group's (its shard and replica groups: 2 communicators) or the secondary group's (1).
+pub(super) struct Communicator {
+    pub column: Col,
+    pub shard: Option<u32>,
+    pub secondary: Option<u32>,
+    pub count: f64,
+}
+
+impl Communicator {
+    /// Whether configuration `c` uses it.
+    pub fn used_by(&self, c: Config) -> bool {
+        (self.shard.is_some() && c.group == self.shard)
+            || (self.secondary.is_some() && c.secondary == self.secondary)
+    }
+}
+
 /// Everything a solve reads back: the units' columns and each slot's terms.
 pub(super) struct Built {
     pub columns: Columns,
     pub units: Vec<UnitCols>,
-    /// Per slot: (c_s, Q_s, L_s).
-    pub terms: Vec<(Linear, Linear, Linear)>,
+    pub terms: Vec<SlotTerms>,
     pub durations: Vec<Col>,
     /// Per slot: its weight in the objective (1, or K − 2 for the steady micro-batch).
     pub weights: Vec<f64>,
     /// Per slot: M_s.
     pub memory: Vec<Linear>,
+    pub communicators: Vec<Communicator>,
     /// The peak column of the memory objective (M_s / scale ≤ peak), and its scale.
     pub peak: Option<(Col, f64)>,
     pub constraints: Vec<Constraint>,
@@ -243,21 +144,30 @@ pub(super) fn build(
             )
         })
         .collect();
+    let communicators = declare_communicators(&mut columns, profile, &units);
     let mut constraints = Vec::new();
     for (i, u) in units.iter().enumerate() {
         constraints.extend(unit_rows(profile, i, u));
+        for c in &communicators {
+            // u ≥ Σ y_c over the unit's configurations that use the communicator.
+            let users = u.y(|config| c.used_by(config)).expression();
+            constraints.push(constraint!(c.column.var >= users));
+        }
     }
-    let terms = slot_terms(profile, step, &units);
+    let links = links_in_use(profile, &units);
+    let terms = slot_terms(profile, step, &units, &links);
     let durations: Vec<Col> = (0..step.slots()).map(|_| columns.continuous()).collect();
     let interference = Interference::of(profile);
-    for ((c, q, load), d) in terms.iter().zip(&durations) {
-        // d_s ≥ c_s + L_s and d_s ≥ Q_s + κ_q·c_s.
-        let compute = c.expression() + load.expression();
+    for (t, d) in terms.iter().zip(&durations) {
+        // d_s ≥ c_s + L_s and d_s ≥ Q^ℓ_s + κ_q·c_s per link.
+        let compute = t.compute.expression() + t.load.expression();
         constraints.push(constraint!(d.var >= compute));
-        let comm = q.expression() + interference.comm * c.expression();
-        constraints.push(constraint!(d.var >= comm));
+        for q in &t.comm {
+            let comm = q.expression() + interference.comm * t.compute.expression();
+            constraints.push(constraint!(d.var >= comm));
+        }
     }
-    let memory = memory_rows(profile, step, &units);
+    let memory = memory_rows(profile, step, &units, &communicators);
     if let Some(cap) = cap {
         for m in &memory {
             // M_s ≤ M, in units of the cap.
@@ -285,9 +195,117 @@ pub(super) fn build(
         durations,
         weights,
         memory,
+        communicators,
         peak,
         constraints,
     }
+}
+
+/// One communicator column per shard group size and per secondary group size some unit's
+/// configurations use.
+fn declare_communicators(
+    columns: &mut Columns,
+    profile: &Profile,
+    units: &[UnitCols],
+) -> Vec<Communicator> {
+    let configs = || units.iter().flat_map(|u| u.configs.iter().map(|&(c, _)| c));
+    let mut communicators = Vec::new();
+    for s in shard_groups(profile) {
+        if configs().any(|c| c.group == Some(s)) {
+            communicators.push(Communicator {
+                column: columns.fraction(),
+                shard: Some(s),
+                secondary: None,
+                count: 2.0,
+            });
+        }
+    }
+    if let Some(h) = secondary_group(profile).filter(|&h| configs().any(|c| c.secondary == Some(h)))
+    {
+        communicators.push(Communicator {
+            column: columns.fraction(),
+            shard: None,
+            secondary: Some(h),
+            count: 1.0,
+        });
+    }
+    communicators
+}
+
+/// The links the column sets' blocks and followers use, in [`Link::ALL`] order.
+fn links_in_use(profile: &Profile, units: &[UnitCols]) -> Vec<Link> {
+    let used: Vec<Link> = units
+        .iter()
+        .flat_map(|u| &u.launches)
+        .flat_map(|l| std::iter::once(l.among).chain(l.follower))
+        .map(|among| among.link(profile))
+        .collect();
+    Link::ALL
+        .into_iter()
+        .filter(|link| used.contains(link))
+        .collect()
+}
+
+/// The column sets of a unit with configurations `configs`: per op, group of ranks and boundary kind whose configurations
+/// the unit has (BG: one set, every micro-batch; an inner RS over a shard group one per replica
+/// AllReduce choice).
+fn set_keys(configs: &[Config]) -> Vec<SetKey> {
+    let mut groups: Vec<(Option<u32>, Option<u32>)> = Vec::new();
+    for c in configs.iter().filter(|c| c.sharded()) {
+        if !groups.contains(&(c.group, None)) {
+            groups.push((c.group, None));
+        }
+    }
+    let mut keys = Vec::new();
+    for op in OPS {
+        let over: Vec<(Option<u32>, Option<u32>)> = match op {
+            Op::AllReduce => vec![(None, None)],
+            Op::GatherBackward => {
+                let mut with_secondary = Vec::new();
+                for &(g, _) in &groups {
+                    with_secondary.push((g, None));
+                    for c in configs
+                        .iter()
+                        .filter(|c| c.group == g && c.secondary.is_some())
+                    {
+                        if !with_secondary.contains(&(g, c.secondary)) {
+                            with_secondary.push((g, c.secondary));
+                        }
+                    }
+                }
+                with_secondary
+            }
+            _ => groups.clone(),
+        };
+        for (group, secondary) in over {
+            let boundaries: &[Boundary] = if op == Op::GatherBackward {
+                &[Boundary::Step]
+            } else {
+                &[Boundary::Step, Boundary::Inner]
+            };
+            for &boundary in boundaries {
+                let choices: &[Option<ReplicaReduce>] =
+                    if op == Op::ReduceScatter && boundary == Boundary::Inner && group.is_some() {
+                        &[Some(ReplicaReduce::Every), Some(ReplicaReduce::Last)]
+                    } else {
+                        &[None]
+                    };
+                for &replica_reduce in choices {
+                    let key = SetKey {
+                        op,
+                        boundary,
+                        group,
+                        secondary,
+                        replica_reduce,
+                    };
+                    if configs.iter().any(|&c| key.runs(c)) {
+                        keys.push(key);
+                    }
+                }
+            }
+        }
+    }
+    keys
 }
 
 /// y, r, x and C, Z of unit `i`.
@@ -298,49 +316,64 @@ fn declare(
     i: usize,
     allow_recompute: RecomputeChoice,
 ) -> UnitCols {
-    let configs = Config::all(profile, i)
-        .into_iter()
-        .map(|c| (c, columns.binary()))
-        .collect();
+    let all = Config::all(profile, i);
+    let configs = all.iter().map(|&c| (c, columns.binary())).collect();
     let recompute = allow_recompute.is_allowed().then(|| columns.binary());
     let nb = profile.blocks(i);
     let mut launches = Vec::new();
-    for op in OPS {
-        let window = timeline.window(i, op.window_kind());
+    for key in set_keys(&all) {
+        let mut window = timeline.window(i, key.op.window_kind());
         if window.len == 0 {
             continue;
         }
-        let boundaries: &[Boundary] = if op == Op::GatherBackward {
-            &[Boundary::Step]
-        } else {
-            &[Boundary::Step, Boundary::Inner]
-        };
-        for &boundary in boundaries {
-            let positions: Vec<usize> = limits.positions(op, window).collect();
-            let x = positions.iter().map(|_| columns.integer(nb)).collect();
-            let running = positions.iter().map(|_| columns.continuous()).collect();
-            launches.push(Launches {
-                op,
-                boundary,
-                window,
-                positions,
-                x,
-                running,
-            });
+        let among = Among::of(key.op, profile.world_size, key.group, key.secondary);
+        // RA follows an RS over a shard group at the step, and at inner boundaries where it
+        // runs every micro-batch.
+        let follower = key
+            .group
+            .filter(|_| key.op == Op::ReduceScatter)
+            .filter(|_| key.replica_reduce != Some(ReplicaReduce::Last))
+            .map(|s| Among::Replica(profile.world_size / s));
+        if follower.is_some() {
+            window.len -= 1;
         }
+        let positions: Vec<usize> = limits.positions(key.op, window).collect();
+        let x = positions.iter().map(|_| columns.integer(nb)).collect();
+        let running = positions.iter().map(|_| columns.continuous()).collect();
+        launches.push(Launches {
+            key,
+            among,
+            follower,
+            window,
+            positions,
+            x,
+            running,
+        });
     }
     let order_len = timeline.window(i, WindowKind::AfterBackward).len;
-    let order = (0..order_len).map(|_| columns.binary()).collect();
+    let mut orders = Vec::new();
+    for l in launches
+        .iter()
+        .filter(|l| l.key.op == Op::ReduceScatter && l.key.boundary == Boundary::Step)
+    {
+        let z = (0..order_len).map(|_| columns.binary()).collect();
+        let gap = if l.key.group.is_some() { 2 } else { 0 };
+        orders.push(Order {
+            group: l.key.group,
+            gap,
+            z,
+        });
+    }
     UnitCols {
         configs,
         recompute,
         launches,
-        order,
+        orders,
     }
 }
 
-/// One configuration per unit; running sums; coverage of every op at every boundary; RS before
-/// FG at the step boundary (DESIGN §4.2's Z rows).
+/// One configuration per unit; running sums; coverage of every column set; RS before FG at the
+/// step boundary per group (DESIGN §4.2's Z rows, with §3.11's gap).
 fn unit_rows(profile: &Profile, i: usize, u: &UnitCols) -> Vec<Constraint> {
     let nb = f64::from(profile.blocks(i));
     let mut rows = vec![constraint!(u.y(|_| true).expression() == 1.0)];
@@ -354,52 +387,68 @@ fn unit_rows(profile: &Profile, i: usize, u: &UnitCols) -> Vec<Constraint> {
             };
             rows.push(constraint!(l.running[p].var == before + l.x[p].var));
         }
-        // Σ_p x_p = nb·Σ y_c over the configurations that run the op there.
-        let covered = u.y(|c| runs(c, l.op, l.boundary)).expression() * nb;
+        // Σ_p x_p = nb·Σ y_c over the configurations that run the set.
+        let covered = u.y(|c| l.key.runs(c)).expression() * nb;
         let total = l.running[l.running.len() - 1].var;
         rows.push(constraint!(total == covered));
     }
-    let (rs, fg) = (
-        u.launches(Op::ReduceScatter, Boundary::Step),
-        u.launches(Op::Gather, Boundary::Step),
-    );
-    for p in 0..u.order.len() {
-        // Z_p ≥ Z_{p−1}; x_RS,p ≤ nb·(1 − Z_{p−1}); x_FG,p ≤ nb·Z_p.
-        let previous: Expression = if p == 0 {
-            0.into()
-        } else {
-            u.order[p - 1].var.into()
+    for order in &u.orders {
+        let step = |op| SetKey {
+            op,
+            boundary: Boundary::Step,
+            group: order.group,
+            secondary: None,
+            replica_reduce: None,
         };
-        rows.push(constraint!(u.order[p].var >= previous.clone()));
-        if let Some(x) = rs.x_at(p) {
-            rows.push(constraint!(x.var <= nb - nb * previous));
-        }
-        if let Some(x) = fg.x_at(p) {
-            rows.push(constraint!(x.var <= nb * u.order[p].var));
+        let (rs, fg) = (u.set(step(Op::ReduceScatter)), u.set(step(Op::Gather)));
+        let z = |p: usize| -> Expression { order.z.get(p).map_or(0.into(), |c| c.var.into()) };
+        for p in 0..order.z.len() {
+            // Z_p ≥ Z_{p−1}; x_RS,p ≤ nb·(1 − Z_{p+γ−1}); x_FG,p ≤ nb·Z_p.
+            let previous = p.checked_sub(1).map_or(0.into(), z);
+            rows.push(constraint!(order.z[p].var >= previous));
+            if let Some(x) = rs.and_then(|rs| rs.x_at(p)) {
+                let bound = (p + order.gap).checked_sub(1).map_or(0.into(), z);
+                rows.push(constraint!(x.var <= nb - nb * bound));
+            }
+            if let Some(x) = fg.and_then(|fg| fg.x_at(p)) {
+                rows.push(constraint!(x.var <= nb * order.z[p].var));
+            }
         }
     }
     rows
 }
 
-/// Per unrolled slot (c_s, Q_s, L_s): the unit's compute (none at I, the extra time at E), and
-/// the time and compute load of the blocks launched there (an inner reduction carries no
-/// optimizer step).
+/// Per unrolled slot its terms: the unit's compute (none at I, the extra time at E), and the
+/// time per link and compute load of the blocks launched there and of their followers (an inner
+/// reduction and its replica AllReduce carry no optimizer step).
 fn slot_terms(
     profile: &Profile,
     step: Unrolled,
     units: &[UnitCols],
-) -> Vec<(Linear, Linear, Linear)> {
+    links: &[Link],
+) -> Vec<SlotTerms> {
     let timeline = step.timeline;
     let interference = Interference::of(profile);
-    let mut terms: Vec<(Linear, Linear, Linear)> =
-        (0..step.slots()).map(|_| Default::default()).collect();
+    let mut terms: Vec<SlotTerms> = (0..step.slots())
+        .map(|_| SlotTerms {
+            comm: vec![Linear::default(); links.len()],
+            ..SlotTerms::default()
+        })
+        .collect();
     for m in 0..step.micro_batches {
-        terms[step.at(m, timeline.end())].0.constant = if m + 1 == step.micro_batches {
+        terms[step.at(m, timeline.end())].compute.constant = if m + 1 == step.micro_batches {
             profile.iteration_extra_us
         } else {
             0.0
         };
     }
+    let link_index = |among: Among| {
+        let link = among.link(profile);
+        links
+            .iter()
+            .position(|&l| l == link)
+            .expect("every set's link is in use")
+    };
     for (i, u) in units.iter().enumerate() {
         let p = &profile.units[i];
         for m in 0..step.micro_batches {
@@ -407,154 +456,41 @@ fn slot_terms(
                 step.at(m, timeline.forward(i)),
                 step.at(m, timeline.backward(i)),
             );
-            terms[f].0.constant += p.forward_us;
-            terms[b].0.constant += p.backward_us;
+            terms[f].compute.constant += p.forward_us;
+            terms[b].compute.constant += p.backward_us;
             if let Some(r) = u.recompute {
                 terms[f]
-                    .0
+                    .compute
                     .add(r, p.checkpointed_forward_time_us() - p.forward_us);
-                terms[b].0.add(r, p.recompute_time_us());
+                terms[b].compute.add(r, p.recompute_time_us());
             }
         }
         for l in &u.launches {
-            let mut block = block_time(profile, i, l.op, Among::World);
-            if l.boundary == Boundary::Inner {
-                block.update_us = 0.0;
-            }
-            let load = interference.load_us(l.op, block);
-            for instance in step.instances(l.op, l.boundary) {
-                for (&pos, x) in l.positions.iter().zip(&l.x) {
-                    let s = step.position(l.window, l.op.window_kind(), instance, pos);
-                    terms[s].1.add(*x, block.total_us());
-                    terms[s].2.add(*x, load);
+            let op = l.key.op;
+            let inner = l.key.boundary == Boundary::Inner;
+            let parts = std::iter::once((0, op, l.among))
+                .chain(l.follower.map(|f| (1, Op::ReplicaAllReduce, f)));
+            for (offset, part_op, among) in parts {
+                let mut block = block_time(profile, i, part_op, among);
+                if inner {
+                    block.update_us = 0.0;
+                }
+                let load = interference.load_us(part_op, block);
+                let link = link_index(among);
+                // The follower's position may be the op's window's last, one past the set's.
+                let window = Window {
+                    len: l.window.len + offset,
+                    ..l.window
+                };
+                for instance in step.instances(op, l.key.boundary) {
+                    for (&pos, x) in l.positions.iter().zip(&l.x) {
+                        let s = step.position(window, op.window_kind(), instance, pos + offset);
+                        terms[s].comm[link].add(*x, block.total_us());
+                        terms[s].load.add(*x, load);
+                    }
                 }
             }
         }
     }
     terms
-}
-
-/// M_s of every unrolled slot (DESIGN §3.5, §3.9, §3.10), linear in y, r and C.
-fn memory_rows(profile: &Profile, step: Unrolled, units: &[UnitCols]) -> Vec<Linear> {
-    let timeline = step.timeline;
-    let last = step.micro_batches - 1;
-    // The world's communicator (DESIGN §3.11); no other group is offered at K ≥ 2.
-    let communicator = profile
-        .topology
-        .as_ref()
-        .map_or(0.0, |t| t.communicator_bytes as f64);
-    let mut memory: Vec<Linear> = (0..step.slots())
-        .map(|_| {
-            let mut m = Linear::default();
-            m.constant += communicator;
-            m
-        })
-        .collect();
-    let bytes = profile.bytes_per_param;
-    for (i, u) in units.iter().enumerate() {
-        let p = &profile.units[i];
-        let laid_out = profile.laid_out_params(i) as f64;
-        let (param, grad) = (laid_out * bytes.param as f64, laid_out * bytes.grad as f64);
-        let (forward, backward) = (timeline.forward(i), timeline.backward(i));
-        for level in Level::ALL {
-            let y = u.y(|c| c.level == level);
-            let persistent = persistent_bytes(profile, i, level);
-            for m in memory.iter_mut() {
-                m.add_scaled(&y, persistent);
-            }
-        }
-        let r = u.recompute();
-        let (act, ckpt) = (
-            p.activation_bytes as f64,
-            p.checkpoint_activation_bytes as f64,
-        );
-        let sdp = |keep: bool| u.y(move |c| c.level == Level::Sdp && c.keep == keep);
-        let fsdp = u.y(|c| c.level == Level::Fsdp);
-        let sharded = u.y(Config::sharded);
-        let accumulated = u.y(|c| c.sharded() && c.accumulate);
-        let unreduced = u.y(|c| c.sharded() && !c.accumulate);
-        let kept = u.y(|c| c.level == Level::Fsdp && c.keep);
-        let saved = Linear {
-            terms: r
-                .terms
-                .iter()
-                .map(|&(col, c)| (col, c * (ckpt - act)))
-                .collect(),
-            constant: act,
-        };
-        for m in 0..step.micro_batches {
-            let (f, b) = (step.at(m, forward), step.at(m, backward));
-            // act − (act − ckpt)·r from F_i to before B_i.
-            over(&mut memory[f..b], &saved, 1.0);
-            memory[b].constant += act;
-            memory[b].add_scaled(&r, ckpt);
-            memory[f].constant += p.forward_workspace_bytes as f64;
-            memory[b].constant += p.backward_workspace_bytes as f64;
-            // sdp re-gathering: Ψp over F^m..B^m; fsdp: Ψp at F^m and B^m.
-            over(&mut memory[f..=b], &sdp(false), param);
-            memory[f].add_scaled(&fsdp, param);
-            memory[b].add_scaled(&fsdp, param);
-            // Every B^m: the full gradient of a sharded unit reducing every micro-batch.
-            memory[b].add_scaled(&unreduced, grad);
-            if m < last {
-                // fsdp keeping: Ψp from after B^m to F^{m+1}, which counts it already.
-                over(&mut memory[b + 1..step.at(m + 1, forward)], &kept, param);
-            }
-        }
-        // sdp keeping: Ψp from F^1 to B^K; accumulating: Ψg from B^1 to B^K.
-        let whole = step.at(0, forward)..=step.at(last, backward);
-        over(&mut memory[whole], &sdp(true), param);
-        let accumulating = step.at(0, backward)..=step.at(last, backward);
-        over(&mut memory[accumulating], &accumulated, grad);
-        for l in &u.launches {
-            let block = block_bytes(profile, i, l.op);
-            let kind = l.op.window_kind();
-            for instance in step.instances(l.op, l.boundary) {
-                for pos in 0..l.window.len {
-                    let s = step.position(l.window, kind, instance, pos);
-                    match l.op {
-                        Op::AllReduce => {}
-                        Op::ReduceScatter => {
-                            // Ψg·y − blk_g·C_{q−1}: what is not yet launched by position q.
-                            let owed = match l.boundary {
-                                Boundary::Step => &sharded,
-                                Boundary::Inner => &unreduced,
-                            };
-                            memory[s].add_scaled(owed, grad);
-                            if let Some(c) = pos.checked_sub(1).and_then(|q| l.running_at(q)) {
-                                memory[s].add(c, -block);
-                            }
-                        }
-                        _ => {
-                            if let Some(c) = l.running_at(pos) {
-                                memory[s].add(c, block);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        if let Some(j) = profile.borrower(i) {
-            let borrower_backward = timeline.backward(j);
-            for m in 0..step.micro_batches {
-                let (lent, written) = (
-                    step.at(m, forward) + 1..=step.at(m, borrower_backward),
-                    step.at(m, borrower_backward)..step.at(m, backward),
-                );
-                over(&mut memory[lent], &fsdp, param);
-                over(&mut memory[written.clone()], &unreduced, grad);
-                if m == 0 {
-                    over(&mut memory[written], &accumulated, grad);
-                }
-            }
-        }
-    }
-    memory
-}
-
-/// Adds `factor` times `term` to every slot of `slots`.
-fn over(slots: &mut [Linear], term: &Linear, factor: f64) {
-    for m in slots {
-        m.add_scaled(term, factor);
-    }
 }
