@@ -10,7 +10,7 @@ use common::{Rng, every_schedule, launches, placements, random_profile, reported
 use shardplan_scheduler::Error;
 use shardplan_scheduler::ilp::{Objective, SolveOptions, solve};
 use shardplan_scheduler::profile::Profile;
-use shardplan_scheduler::schedule::{Accumulation, Launch, UnitSchedule};
+use shardplan_scheduler::schedule::{Accumulation, Launch, Schedule, UnitSchedule};
 use shardplan_scheduler::sim::{Semantics, simulate};
 use shardplan_scheduler::size::whole_bytes;
 use shardplan_scheduler::timeline::{Level, Op, Timeline};
@@ -224,6 +224,34 @@ fn micro_batch_optimum_equals_exhaustive_search() {
     assert!(infeasible >= 18 && solves > 100);
 }
 
+/// Checks the MIP's rows read at `schedule` against the simulator: the step time, and slot by
+/// slot the memory of the first, steady and last micro-batch; false where the MIP cannot express
+/// the schedule (a group of ranks it does not offer).
+fn rows_equal_the_simulator(profile: &Profile, schedule: &Schedule, what: &str) -> bool {
+    let Some((time, memory)) = shardplan_scheduler::ilp::micro_rows_at(profile, schedule) else {
+        return false;
+    };
+    let sim = simulate(profile, schedule, Semantics::Strict);
+    common::close(time, sim.iteration_time_us, &format!("{what}: step time"));
+    let width = 2 * profile.unit_count() + 1;
+    let k = profile.micro_batches as usize;
+    let simulated = [0, 1, k - 1];
+    for (s, m) in memory.iter().enumerate() {
+        let mb = if memory.len() == 2 * width {
+            [0, k - 1][s / width]
+        } else {
+            simulated[s / width]
+        };
+        let slot = &sim.slots[mb * width + s % width];
+        common::close(
+            *m,
+            slot.memory_bytes,
+            &format!("{what}: memory of {}", slot.label()),
+        );
+    }
+    true
+}
+
 /// The MIP's rows read at any schedule give the simulator's step time and, slot by slot, its
 /// memory (the first, steady and last micro-batch of the simulator's K), on random profiles and
 /// plans with random accumulate and keep.
@@ -238,25 +266,45 @@ fn micro_batch_rows_equal_the_simulator() {
             profile.units[last].reads_params_of = Some(first);
         }
         let schedule = common::random_schedule(&mut rng, &profile);
-        let sim = simulate(&profile, &schedule, Semantics::Strict);
-        let (time, memory) = shardplan_scheduler::ilp::micro_rows_at(&profile, &schedule).unwrap();
         let what = format!("case {case}, K = {}", profile.micro_batches);
-        common::close(time, sim.iteration_time_us, &format!("{what}: step time"));
-        let width = 2 * profile.unit_count() + 1;
-        let k = profile.micro_batches as usize;
-        let simulated = [0, 1, k - 1];
-        for (s, m) in memory.iter().enumerate() {
-            let mb = if memory.len() == 2 * width {
-                [0, k - 1][s / width]
-            } else {
-                simulated[s / width]
-            };
-            let slot = &sim.slots[mb * width + s % width];
-            common::close(
-                *m,
-                slot.memory_bytes,
-                &format!("{what}: memory of {}", slot.label()),
-            );
+        assert!(
+            rows_equal_the_simulator(&profile, &schedule, &what),
+            "{what}"
+        );
+    }
+}
+
+/// The same on nodes (DESIGN §3.11.1, §4.8): random hierarchical plans — shard groups with the
+/// replica AllReduce every micro-batch or once, hpz, accumulate and keep — on random profiles
+/// with a topology, tied embeddings on a quarter, the MIP's rows equal to the simulator's step
+/// and every class slot's memory wherever it offers the plan's groups.
+#[test]
+fn micro_batch_rows_equal_the_simulator_on_nodes() {
+    let mut rng = Rng(6301);
+    let (mut checked, mut over_shard_groups, mut hpz) = (0, 0, 0);
+    for case in 0..400 {
+        let mut profile = random_profile(&mut rng, 2 + case % 3, 0.2, 5000);
+        profile.comm_slowdown = [0.0, 0.3][case % 2];
+        if !common::with_topology(&mut rng, &mut profile) {
+            continue;
+        }
+        profile.micro_batches = [2, 3, 5][case % 3];
+        if case % 4 == 1 {
+            let (first, last) = (profile.units[0].name.clone(), profile.unit_count() - 1);
+            profile.units[last].reads_params_of = Some(first);
+        }
+        let schedule = common::random_schedule(&mut rng, &profile);
+        let what = format!("case {case}, K = {}", profile.micro_batches);
+        if rows_equal_the_simulator(&profile, &schedule, &what) {
+            checked += 1;
+            let units = schedule.units();
+            over_shard_groups += usize::from(units.iter().any(|u| u.shard_group.is_some()));
+            hpz += usize::from(units.iter().any(|u| u.secondary_group.is_some()));
         }
     }
+    eprintln!("{checked} plans checked, {over_shard_groups} over a shard group, {hpz} with hpz");
+    assert!(
+        checked >= 100 && over_shard_groups >= 30 && hpz >= 30,
+        "{checked} plans checked, {over_shard_groups} over a shard group, {hpz} with hpz"
+    );
 }

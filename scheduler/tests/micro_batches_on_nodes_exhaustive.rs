@@ -18,15 +18,18 @@ use shardplan_scheduler::sim::{Semantics, simulate};
 use shardplan_scheduler::timeline::{Level, Op, Timeline};
 use std::collections::BTreeMap;
 
-/// The first two units of `common::three_units_on_two_nodes` (N = 4 on nodes of 2) at K = 2:
-/// u1 may be fsdp and keep a secondary shard of H = 2 (its window after B1 is one slot, too short
-/// for a shard group); u2, the last unit, may shard over the node's group of S = 2 (its window
-/// holds RS, RA and a gather) but not be fsdp. The third unit would multiply the space by about
-/// 1,900 placements.
-fn two_units_on_two_nodes() -> Profile {
+/// The first two units of `common::three_units_on_two_nodes` (N = 4 on nodes of 2) at K
+/// micro-batches, u2 reading u1's parameters where `tied`: u1 may be fsdp and keep a secondary
+/// shard of H = 2 (its window after B1 is one slot, too short for a shard group); u2, the last
+/// unit, may shard over the node's group of S = 2 (its window holds RS, RA and a gather) but not
+/// be fsdp. The third unit would multiply the space by about 1,900 placements.
+fn two_units_on_two_nodes(micro_batches: u32, tied: bool) -> Profile {
     let mut p = common::three_units_on_two_nodes();
     p.units.truncate(2);
-    p.micro_batches = 2;
+    p.micro_batches = micro_batches;
+    if tied {
+        p.units[1].reads_params_of = Some(p.units[0].name.clone());
+    }
     p.validate("two units on two nodes").unwrap();
     p
 }
@@ -41,15 +44,13 @@ struct MicroChoice {
 }
 
 /// Every (accumulate, keep, replica_reduce) a unit at `level` over a shard group (`over_shard`)
-/// or the world may take: keep only where sharded, `last` only over a shard group without
-/// accumulating.
-fn micro_choices(level: Level, over_shard: bool) -> Vec<MicroChoice> {
+/// or the world may take: keep only where sharded and not at fsdp for a `lender` of its
+/// parameters, `last` only over a shard group without accumulating.
+fn micro_choices(level: Level, over_shard: bool, lender: bool) -> Vec<MicroChoice> {
+    let can_keep = level == Level::Sdp || (level == Level::Fsdp && !lender);
     let mut all = Vec::new();
     for accumulate in [false, true] {
-        for keep in [false, true]
-            .into_iter()
-            .filter(|&k| !k || level != Level::None)
-        {
+        for keep in [false, true].into_iter().filter(|&k| !k || can_keep) {
             let reduces_every_micro_batch = over_shard && !accumulate;
             for replica_reduce in [ReplicaReduce::Every, ReplicaReduce::Last]
                 .into_iter()
@@ -137,7 +138,8 @@ fn unit_options(profile: &Profile, unit: usize) -> Vec<UnitSchedule> {
             level.ops(),
             (over_shard, Some(step_gap)),
         );
-        for choice in micro_choices(level, over_shard) {
+        let lender = profile.borrower(unit).is_some();
+        for choice in micro_choices(level, over_shard, lender) {
             let accumulation = Accumulation {
                 accumulate: choice.accumulate,
                 keep: choice.keep,
@@ -205,10 +207,11 @@ fn fastest_within(results: &[(f64, f64, bool)], cap: f64) -> (f64, bool) {
     (best, fastest(false) > best * (1.0 + 1e-9))
 }
 
-#[test]
-fn micro_batch_optimum_on_nodes_equals_exhaustive_search() {
-    let profile = two_units_on_two_nodes();
-    let results = enumerate(&profile);
+/// The MIP's optimum against the enumeration at caps from infeasible through every eighth of
+/// the peaks to the largest, and its smallest peak; returns (caps solved, caps whose optimum
+/// needs a group, infeasible caps, schedules).
+fn check_against_exhaustive_search(profile: &Profile) -> (usize, usize, usize, usize) {
+    let results = enumerate(profile);
     let mut peaks: Vec<f64> = results.iter().map(|r| r.1).collect();
     peaks.sort_by(f64::total_cmp);
     peaks.dedup();
@@ -226,7 +229,7 @@ fn micro_batch_optimum_on_nodes_equals_exhaustive_search() {
             relative_gap: 0.0,
             ..SolveOptions::default()
         };
-        match solve(&profile, &options) {
+        match solve(profile, &options) {
             Ok(solved) => {
                 solved_caps += 1;
                 let t = solved.simulation.iteration_time_us;
@@ -260,19 +263,29 @@ fn micro_batch_optimum_on_nodes_equals_exhaustive_search() {
         relative_gap: 0.0,
         ..SolveOptions::default()
     };
-    let peak = solve(&profile, &options).unwrap().report.objective;
+    let peak = solve(profile, &options).unwrap().report.objective;
     assert!(
         (peak - smallest).abs() <= 1e-6 * smallest,
         "the MIP's smallest peak {peak}, the search's {smallest}"
     );
-    eprintln!(
-        "{} schedules; {solved_caps} caps solved ({hierarchical_optima} with a hierarchical \
-         optimum only), {infeasible} infeasible",
-        results.len()
-    );
-    assert!(infeasible >= 1 && solved_caps >= 8);
-    assert!(
-        hierarchical_optima >= 1,
-        "the instance exercises the hierarchical levels"
-    );
+    (solved_caps, hierarchical_optima, infeasible, results.len())
+}
+
+#[test]
+fn micro_batch_optimum_on_nodes_equals_exhaustive_search() {
+    // K = 2; K = 4, one steady micro-batch standing for two; K = 3 with u2 tied to u1.
+    for (k, tied) in [(2, false), (4, false), (3, true)] {
+        let profile = two_units_on_two_nodes(k, tied);
+        let (solved, hierarchical, infeasible, schedules) =
+            check_against_exhaustive_search(&profile);
+        eprintln!(
+            "K = {k}, tied {tied}: {schedules} schedules; {solved} caps solved ({hierarchical} \
+             with a hierarchical optimum only), {infeasible} infeasible"
+        );
+        assert!(infeasible >= 1 && solved >= 8, "K = {k}");
+        assert!(
+            hierarchical >= 1,
+            "K = {k}: the instance exercises the groups"
+        );
+    }
 }
