@@ -15,6 +15,7 @@ use common::{
 use shardplan_runtime::layout::{Placement, place};
 use shardplan_runtime::workload::Workload;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
+use shardplan_scheduler::ilp::{SolveOptions, solve};
 use shardplan_scheduler::plan::{Producer, plan_with_prediction};
 use shardplan_scheduler::precision::FloatFormat;
 use shardplan_scheduler::profile::Profile;
@@ -280,26 +281,42 @@ fn accumulating_random_plans_train_like_ddp_on_one() {
     eprintln!("K = 4: worst relative update difference from DDP at N = 1: {worst:.2e}");
 }
 
-/// K = 4 on 4 ranks as 2 nodes of 2 (DESIGN §3.11.1): every hierarchical baseline, ±ckpt,
-/// strict and relaxed, trains like DDP at N = 1, K = 4; each layout's live peak is the simulator's.
+/// K = 4 on 4 ranks as 2 nodes of 2 (DESIGN §3.11.1): every hierarchical baseline, ±ckpt, and
+/// the ILP's plans (DESIGN §4.8: levels over groups, accumulate, keep, the replica AllReduce) at
+/// the smallest and largest of their peaks, strict and relaxed, train like DDP at N = 1, K = 4;
+/// each layout's live peak is the simulator's.
 #[test]
 fn hierarchical_accumulating_baselines_train_like_ddp_on_one() {
     let s = setup_accumulating(4);
     let reference = s.reference();
     let nodes = common::two_nodes_of_two(gpt2_tiny_accumulating_profile(4, 4));
     let g = gpt2_tiny_accumulating(4, 4);
+    let mut plans: Vec<(String, Schedule, f64)> = Vec::new();
     for kind in BaselineKind::HIERARCHICAL {
         for checkpoint in [Recompute::Off, Recompute::On] {
             let b = baseline(&nodes, kind, checkpoint, None).unwrap();
-            let live = place(&g, &nodes, &b.schedule)
-                .unwrap()
-                .arena
-                .live_peak_bytes;
             let label = kind.label(checkpoint);
-            assert_eq!(live as f64, b.simulation.peak_memory_bytes, "{label}");
-            let name = format!("{label}-k4-2x2");
-            s.train_like(&reference, (4, &name), &nodes, &b.schedule);
+            plans.push((label, b.schedule, b.simulation.peak_memory_bytes));
         }
+    }
+    let peaks = plans.iter().map(|p| p.2 as u64);
+    let (low, high) = (peaks.clone().min().unwrap(), peaks.max().unwrap());
+    for cap in [low, high] {
+        let options = SolveOptions {
+            memory_cap_bytes: Some(cap),
+            time_limit_s: 10.0,
+            threads: 1,
+            ..Default::default()
+        };
+        let solved = solve(&nodes, &options).unwrap();
+        let peak = solved.simulation.peak_memory_bytes;
+        plans.push((format!("ilp@{cap}"), solved.schedule, peak));
+    }
+    for (label, schedule, peak) in &plans {
+        let live = place(&g, &nodes, schedule).unwrap().arena.live_peak_bytes;
+        assert_eq!(live as f64, *peak, "{label}");
+        let name = format!("{label}-k4-2x2");
+        s.train_like(&reference, (4, &name), &nodes, schedule);
     }
 }
 
