@@ -12,39 +12,34 @@ fn hierarchical(profile: &Profile) -> Option<&Topology> {
     profile.topology.as_ref()
 }
 
-/// Whether the profile has the curves of a shard group of `s` ranks and of its replica group.
+/// Whether the profile has the curves of a shard group of `s` ranks and of its replica group,
+/// and the group is a part of a node or whole nodes (`s` divides G or G divides `s`: one that
+/// splits a node across others has no link of its own, [`Link::of_group`]).
 fn has_shard_group(topology: &Topology, world: u32, s: u32) -> bool {
+    let node = topology.gpus_per_node;
     world.is_multiple_of(s)
+        && (node.is_multiple_of(s) || s.is_multiple_of(node))
         && topology
             .curves(s, Link::of_group(s, topology.gpus_per_node))
             .is_some()
         && topology.curves(world / s, Link::Inter).is_some()
 }
 
-/// The shard groups smaller than the world the ILP offers `profile` (DESIGN §3.11): the node,
-/// S = G < N, whose collectives stay on the intra link, where its shard and replica groups have
-/// curves in the profile's topology; none without a topology. Larger groups
-/// of whole nodes are valid in plans and are the `hsdp` baseline's (and so the ILP's warm
-/// starts), but each would add a full set of launch columns per unit.
+/// The shard groups smaller than the world the ILP offers `profile` (DESIGN §3.11): every group
+/// of whole nodes, S = m·G < N with m dividing the node count N/G (the node itself, whose
+/// collectives stay on the intra link, and MiCS' groups of several nodes across the inter link),
+/// where its shard and replica groups have curves in the profile's topology, ascending; none
+/// without a topology. A profile written before these groups had curves offers the ones it has.
+/// They are the `hsdp` baseline's candidates too, so its plans lie in the ILP's space.
 pub fn shard_groups(profile: &Profile) -> Vec<u32> {
     let Some(topology) = hierarchical(profile) else {
         return Vec::new();
     };
     let (world, node) = (profile.world_size, topology.gpus_per_node);
-    let offered = node < world && has_shard_group(topology, world, node);
-    offered.then_some(node).into_iter().collect()
-}
-
-/// Every shard group of whole nodes smaller than the world with curves in the profile, ascending:
-/// S = G·2^j < N dividing N (as HSDP meshes are built; the `hsdp` baseline's candidates). Empty
-/// without a topology.
-pub fn whole_node_groups(profile: &Profile) -> Vec<u32> {
-    let Some(topology) = hierarchical(profile) else {
-        return Vec::new();
-    };
-    let world = profile.world_size;
-    std::iter::successors(Some(topology.gpus_per_node), |s| s.checked_mul(2))
-        .take_while(|&s| s < world)
+    let nodes = world.checked_div(node).unwrap_or(0);
+    (1..nodes)
+        .filter(|&m| nodes.is_multiple_of(m))
+        .map(|m| m * node)
         .filter(|&s| has_shard_group(topology, world, s))
         .collect()
 }
@@ -88,8 +83,9 @@ pub fn check(profile: &Profile, u: UnitGroups) -> Result<(), (&'static str, Stri
             return Err((
                 "shard_group",
                 format!(
-                    "a divisor of world_size {world} below it whose shard and replica groups \
-                     have curves in the profile's [topology] (offered: {}), got {s}",
+                    "a divisor of world_size {world} below it, inside a node or whole nodes, \
+                     whose shard and replica groups have curves in the profile's [topology] \
+                     (offered: {}), got {s}",
                     listed(&shard_groups(profile))
                 ),
             ));

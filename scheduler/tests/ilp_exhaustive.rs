@@ -8,11 +8,12 @@
 mod common;
 
 use common::{
-    Rng, every_schedule, launches, placements, random_profile, reported_minimum, with_topology,
+    Rng, every_schedule, launches, placements, random_profile, reported_minimum,
+    valid_shard_groups, with_topology,
 };
 use shardplan_scheduler::Error;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
-use shardplan_scheduler::groups::{secondary_group, shard_groups};
+use shardplan_scheduler::groups::secondary_group;
 use shardplan_scheduler::ilp::{
     Objective, SolveOptions, WindowLimits, far_band_bound, generated_lp_bound, lp_relaxation_bound,
     priced_lp_bound, solve,
@@ -49,9 +50,10 @@ fn unit_options(profile: &Profile, unit: usize, recompute: bool) -> Vec<UnitSche
                 accumulation: Default::default(),
             });
         }
-        // Sharded over the world, and over every shard group on offer (DESIGN §3.11): RA a
-        // slot after each RS block, the gathers a slot after the last RA.
-        let shards = std::iter::once(None).chain(shard_groups(profile).into_iter().map(Some));
+        // Sharded over the world, and over every shard group a plan may name (DESIGN §3.11),
+        // whatever the ILP offers: RA a slot after each RS block, the gathers a slot after the
+        // last RA.
+        let shards = std::iter::once(None).chain(valid_shard_groups(profile).into_iter().map(Some));
         for shard in shards.filter(|s| s.is_none() || after >= 3) {
             let gap = if shard.is_some() { 2 } else { 0 };
             let ranks = shard.unwrap_or(profile.world_size);
@@ -612,4 +614,94 @@ fn separately_limited_solves_equal_exhaustive_search_of_the_limited_space() {
         }
     }
     assert!(solves >= 80, "{solves} solves");
+}
+
+/// Shard groups of several nodes (MiCS, DESIGN §3.11): on tiny worlds of 4 nodes of 2 ranks
+/// (S ∈ {2, 4}) and 6 nodes of 2 (S ∈ {2, 4, 6}: a group of 3 nodes) the ILP offers every group of
+/// whole nodes a plan may name, and its optimum equals the exhaustive search over every valid
+/// plan at every cap — among them caps where only a group of several nodes gives the optimum
+/// (no plan over the node, the world or none is as fast), and the peak of the fastest such plan.
+#[test]
+fn groups_of_several_nodes_are_in_the_ilps_space() {
+    let (mut solves, mut needed, mut chosen) = (0, 0, 0);
+    for seed in 0..12u64 {
+        let mut rng = Rng(seed * 6271 + 5);
+        let units = 2 + (seed % 2) as usize;
+        let mut profile = random_profile(&mut rng, units, 0.1 * (seed % 2) as f64, 1000);
+        profile.world_size = if seed % 3 == 2 { 12 } else { 8 };
+        profile.comm_slowdown = if seed % 4 == 3 { 0.3 } else { 0.0 };
+        common::with_nodes(&mut rng, &mut profile, 2);
+        let groups = valid_shard_groups(&profile);
+        let expected: &[u32] = if profile.world_size == 12 {
+            &[2, 4, 6]
+        } else {
+            &[2, 4]
+        };
+        assert_eq!(groups, expected, "seed {seed}: the valid shard groups");
+        assert_eq!(shardplan_scheduler::groups::shard_groups(&profile), groups);
+        let recompute = seed % 2 == 0;
+        let per_unit: Vec<Vec<UnitSchedule>> = (0..units)
+            .map(|u| unit_options(&profile, u, recompute))
+            .collect();
+        // (time, peak, over a group of several nodes) of every valid plan.
+        let mut plans = Vec::new();
+        every_schedule(&profile, &per_unit, |schedule| {
+            let several = schedule.units().iter().any(|u| u.shard_group > Some(2));
+            let sim = simulate(&profile, &schedule, Semantics::Strict);
+            plans.push((sim.iteration_time_us, sim.peak_memory_bytes, several));
+        });
+        let every: Vec<(f64, f64)> = plans.iter().map(|p| (p.0, p.1)).collect();
+        let within_a_node: Vec<(f64, f64)> =
+            plans.iter().filter(|p| !p.2).map(|p| (p.0, p.1)).collect();
+        let fastest_several = plans
+            .iter()
+            .filter(|p| p.2)
+            .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+        let mut caps = caps(&every);
+        caps.extend(fastest_several.map(|p| p.1.ceil()));
+        for cap in caps {
+            let best = fastest_within(&every, cap);
+            needed += usize::from(best < fastest_within(&within_a_node, cap) * (1.0 - 1e-9));
+            let options = SolveOptions {
+                memory_cap_bytes: Some(cap as u64),
+                relative_gap: 0.0,
+                allow_recompute: recompute,
+                two_phase: false,
+                ..SolveOptions::default()
+            };
+            solves += 1;
+            match solve(&profile, &options) {
+                Ok(solved) => {
+                    let t = solved.report.objective;
+                    let sim = &solved.simulation;
+                    assert!(
+                        (t - sim.iteration_time_us).abs() <= 1e-6 * t,
+                        "seed {seed} cap {cap}: objective {t}, simulation {}",
+                        sim.iteration_time_us
+                    );
+                    assert!(
+                        (t - best).abs() <= 1e-6 * best,
+                        "seed {seed} cap {cap}: ILP {t}, exhaustive {best} ({} plans)",
+                        plans.len()
+                    );
+                    assert!(sim.peak_memory_bytes <= cap, "seed {seed}: peak over cap");
+                    let units = solved.schedule.units();
+                    chosen += usize::from(units.iter().any(|u| u.shard_group > Some(2)));
+                }
+                Err(Error::Infeasible(msg)) => assert!(
+                    best.is_infinite(),
+                    "seed {seed} cap {cap}: ILP infeasible ({msg}), exhaustive {best}"
+                ),
+                Err(e) => panic!("seed {seed} cap {cap}: {e}"),
+            }
+        }
+    }
+    eprintln!(
+        "{solves} solves, {needed} caps whose optimum needs a group of several nodes, {chosen} \
+         ILP optima over one"
+    );
+    assert!(
+        solves >= 60 && needed >= 3 && chosen >= needed,
+        "{solves} solves, {needed} caps needing a group of several nodes, {chosen} chosen"
+    );
 }

@@ -208,7 +208,8 @@ fn bad_shard_groups_are_refused_naming_the_field() {
     };
     refused(
         &HSDP_PLAN.replace("shard_group = 2", "shard_group = 3"),
-        "shard_group: a divisor of world_size 4 below it whose shard and replica groups have curves",
+        "shard_group: a divisor of world_size 4 below it, inside a node or whole nodes, whose shard \
+         and replica groups have curves",
     );
     refused(
         &HSDP_PLAN.replace(r#"ag = [["F1", 1]]"#, r#"ag = [["E", 1]]"#),

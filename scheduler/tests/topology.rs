@@ -79,6 +79,55 @@ fn an_analytic_topology_adds_the_groups_and_changes_no_prediction() {
     assert_eq!(again.digest(), nodes.digest());
 }
 
+/// 48 H100s as 6 nodes of 8: analytic writes the shard groups of 1, 2 and 3 nodes (8, 16, 24;
+/// 3 is no power of two) with their replica groups (6, 3, 2), a group of several nodes timed as
+/// NCCL's ring over its S ranks bound by the NIC (the catalog's formula, computed here by hand:
+/// base + (S − 1)·step + (S − 1)/S·bytes/busbw), and the ILP offers all three; a profile written
+/// before, without the curves of 24 ranks and of its replica group, loads and offers 8 and 16.
+#[test]
+fn analytic_writes_every_group_of_whole_nodes_and_old_profiles_offer_fewer() {
+    use shardplan_scheduler::groups::shard_groups;
+    let profile = llama70b(48, Some(None)).unwrap();
+    let topology = profile.topology.as_ref().unwrap();
+    let groups: Vec<_> = topology.groups.iter().map(|g| (g.ranks, g.link)).collect();
+    use Link::{Inter, Intra};
+    assert_eq!(
+        groups,
+        [
+            (2, Inter),
+            (3, Inter),
+            (6, Inter),
+            (8, Intra),
+            (16, Inter),
+            (24, Inter)
+        ]
+    );
+    let gib = (1u64 << 30) as f64;
+    // ib-ndr400: 46 GB/s bus bandwidth, 15 µs base, 6 µs a step.
+    let ring = |steps: f64, factor: f64| 15.0 + steps * 6.0 + factor * gib / 46e3;
+    let s24 = topology.curves(24, Inter).unwrap();
+    let expected = ring(23.0, 23.0 / 24.0);
+    for (op, curve) in [("AG", &s24.all_gather), ("RS", &s24.reduce_scatter)] {
+        let t = curve.time_us(gib);
+        assert!(
+            (t / expected - 1.0).abs() < 1e-9,
+            "{op} over 24: {t}, by hand {expected}"
+        );
+    }
+    let replica = topology.curves(2, Inter).unwrap().all_reduce.time_us(gib);
+    let by_hand = ring(2.0, 1.0);
+    assert!(
+        (replica / by_hand - 1.0).abs() < 1e-9,
+        "RA over 2: {replica}, {by_hand}"
+    );
+    assert_eq!(shard_groups(&profile), [8, 16, 24]);
+    let mut old = profile.clone();
+    let topology = old.topology.as_mut().unwrap();
+    topology.groups.retain(|g| ![24, 2].contains(&g.ranks));
+    let old = Profile::from_toml(&old.to_toml(), "old.toml").unwrap();
+    assert_eq!(shard_groups(&old), [8, 16]);
+}
+
 /// One node (N ≤ G) offers no groups; a world smaller than the catalog's node fills part of one;
 /// an explicit node size must divide the world.
 #[test]

@@ -3,7 +3,7 @@
 //! gradient-sync and all-reduce switches its kind sets.
 
 use super::{BaselineKind, Groups, fsdp2_over};
-use crate::groups::{secondary_group, whole_node_groups};
+use crate::groups::{secondary_group, shard_groups};
 use crate::profile::Profile;
 use crate::schedule::{Recompute, Schedule};
 use crate::size::format_bytes;
@@ -33,16 +33,17 @@ pub(super) fn hpz(
 }
 
 /// FSDP2's HSDP (hsdp, or its micro-batch forms, `kind`): fsdp2's plan with every sharded unit
-/// over the smallest shard group of whole nodes (S = G·2^j < N, with curves in the profile)
-/// whose plan fits `cap` (without a cap, the node), accumulating and all-reducing across
-/// replicas as `kind` does with micro-batches; the shard group and the schedule.
+/// over the smallest shard group of whole nodes (S = m·G < N, m dividing the node count, with
+/// curves in the profile) whose plan fits `cap` (without a cap, the node), accumulating and
+/// all-reducing across replicas as `kind` does with micro-batches; the shard group and the
+/// schedule.
 pub(super) fn hsdp(
     profile: &Profile,
     kind: BaselineKind,
     checkpoint: Recompute,
     cap: Option<u64>,
 ) -> Result<(u32, Schedule)> {
-    let candidates = whole_node_groups(profile);
+    let candidates = shard_groups(profile);
     let mut smallest_peak = f64::INFINITY;
     for &s in &candidates {
         let groups = Groups {

@@ -2,7 +2,7 @@
 //! accumulates with micro-batches (DESIGN §5, §3.11.1, §3.13).
 
 use super::offload;
-use crate::groups::{secondary_group, whole_node_groups};
+use crate::groups::{secondary_group, shard_groups};
 use crate::profile::Profile;
 use crate::schedule::{Accumulation, Recompute, ReplicaReduce};
 
@@ -133,7 +133,7 @@ impl BaselineKind {
             return offload::unavailable_on(name, profile);
         }
         let offered = match self.at_one_micro_batch().unwrap_or(self) {
-            BaselineKind::Hsdp => !whole_node_groups(profile).is_empty(),
+            BaselineKind::Hsdp => !shard_groups(profile).is_empty(),
             BaselineKind::Hpz => secondary_group(profile).is_some(),
             _ => return None,
         };

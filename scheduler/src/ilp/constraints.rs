@@ -284,6 +284,12 @@ pub(super) fn memory_per_slot(
             for g in &u.groups {
                 group_memory(m, g, (s, forward, backward), (params_p, params_g), scale);
             }
+            // hpz's gathered blocks between F_i and B_i, whichever group (BGH is shared).
+            if let Some(bgh) = &u.bgh
+                && let Some(k) = bgh.window.position(s)
+            {
+                add_launched_up_to(m, bgh, k, 1.0 / scale);
+            }
             if (forward..=backward).contains(&s) {
                 let (act, ckpt) = (
                     p.activation_bytes as f64 / scale,
@@ -331,9 +337,6 @@ fn group_memory(
             .expect("(F_i, B_i) covers the slots between them");
         m.add_mul(params_p, sdp);
         add_launched_up_to(m, bg, k, 1.0 / scale);
-        if let Some(bgh) = &g.bgh {
-            add_launched_up_to(m, bgh, k, 1.0 / scale);
-        }
     } else {
         m.add_mul(params_p, sdp);
     }

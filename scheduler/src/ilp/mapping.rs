@@ -38,7 +38,7 @@ fn op_vars(u: &UnitVars, op: Op, choice: Choice) -> Option<&OpVars> {
         (Op::AllReduce, _) => u.ar.as_ref(),
         (Op::ReduceScatter, _) => Some(&group?.rs),
         (Op::Gather | Op::GatherForward, _) => Some(&group?.fg),
-        (Op::GatherBackward, Choice::Hpz(_)) => group?.bgh.as_ref(),
+        (Op::GatherBackward, Choice::Hpz(_)) => u.bgh.as_ref(),
         (Op::GatherBackward, _) => group?.bg.as_ref(),
         (Op::ReplicaAllReduce, _) => None,
     }

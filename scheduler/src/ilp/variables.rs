@@ -8,7 +8,8 @@
 //!
 //! Ops in the ILP: AR (none), RS (sdp and fsdp share it: same window, same cost and lifetime),
 //! FG (the forward gather: AG_i of sdp or AGF_i of fsdp; same window and cost, the level decides
-//! how long its buffer lives), BG (AGB_i of fsdp), BGH (AGB_i of hpz, inside H on the intra link).
+//! how long its buffer lives), BG (AGB_i of fsdp), BGH (AGB_i of hpz, inside H on the intra link:
+//! one set per unit, shared by every group's hpz, whose time, load and bytes it does not change).
 //! One column u_H ≥ y_{i,hpz} counts the secondary group's communicator in memory.
 
 use super::SolveOptions;
@@ -237,8 +238,6 @@ pub(super) struct GroupVars {
     pub rs: OpVars,
     pub fg: OpVars,
     pub bg: Option<OpVars>,
-    /// AGB_i of hpz: inside the secondary group.
-    pub bgh: Option<OpVars>,
     /// Positions from the last RS block to the first forward gather: 0 over the world (same
     /// slot, RS first), 2 over a shard group (RA in between, a slot apart).
     pub gap: usize,
@@ -263,10 +262,7 @@ impl GroupVars {
 
     /// The launch variables of the group's ops.
     pub fn ops(&self) -> impl Iterator<Item = &OpVars> {
-        [&self.rs, &self.fg]
-            .into_iter()
-            .chain(self.bg.iter())
-            .chain(self.bgh.iter())
+        [&self.rs, &self.fg].into_iter().chain(self.bg.iter())
     }
 }
 
@@ -279,6 +275,10 @@ pub(super) struct UnitVars {
     /// The groups of ranks the unit may shard over: the world first, then each offered shard
     /// group.
     pub groups: Vec<GroupVars>,
+    /// BGH, AGB_i of hpz inside the secondary group H, where some group has hpz: its blocks' time,
+    /// load and bytes are the same over whichever group the unit shards, so one set covers
+    /// Σ_g y_{i,hpz,g} (as FG covers sdp and fsdp), not one per group (DESIGN §3.11).
+    pub bgh: Option<OpVars>,
     /// u_H, the secondary group's communicator (one column shared by every unit that has hpz).
     pub secondary_communicator: Option<Col>,
     /// Persistent bytes when replicated.
@@ -340,32 +340,31 @@ impl UnitVars {
             .sum()
     }
 
-    /// All launch variables of the unit's ops: AR, then each group's.
+    /// All launch variables of the unit's ops: AR, then each group's, then BGH.
     pub fn ops(&self) -> impl Iterator<Item = &OpVars> {
         self.ar
             .iter()
             .chain(self.groups.iter().flat_map(GroupVars::ops))
+            .chain(self.bgh.iter())
     }
 }
 
-/// Whether `op`'s blocks run at `choice`: AR at none; a group's RS and FG (AG or AGF) at each of
-/// that group's sharded choices, its BG (AGB among the group) at fsdp, its BGH (AGB inside H) at
-/// hpz.
+/// Whether `op`'s blocks run at `choice`: AR at none; BGH (AGB inside H) at hpz over any group; a
+/// group's RS and FG (AG or AGF) at each of that group's sharded choices, its BG (AGB among the
+/// group) at fsdp.
 pub(super) fn covers(op: &OpVars, choice: Choice) -> bool {
-    if op.op == Op::AllReduce {
-        return choice == Choice::None;
+    match (op.op, op.among) {
+        (Op::AllReduce, _) => return choice == Choice::None,
+        (Op::GatherBackward, Among::Secondary(_)) => return matches!(choice, Choice::Hpz(_)),
+        _ => {}
     }
     let Some(g) = op.group.filter(|&g| choice.group() == Some(g)) else {
         return false;
     };
-    match (op.op, op.among) {
-        (Op::GatherBackward, Among::Secondary(_)) => choice == Choice::Hpz(g),
-        (Op::GatherBackward, _) => choice == Choice::Fsdp(g),
-        _ => true,
-    }
+    op.op != Op::GatherBackward || choice == Choice::Fsdp(g)
 }
 
-/// The launch variables of `op` of `unit` among `among`, in group `group` (None: AR); a shard
+/// The launch variables of `op` of `unit` among `among`, in group `group` (None: AR and BGH); a shard
 /// group's RS leaves out its window's last position, where its replica AllReduce (the follower)
 /// would fall outside the window.
 fn op_vars(
@@ -500,6 +499,10 @@ pub(super) fn declare_units(
                 let levels = group_levels(columns, key);
                 groups.push(group_vars(columns, profile, context, (key, levels)));
             }
+            let bgh = keys.iter().find_map(|key| key.hpz).map(|h| {
+                let key = (unit, Op::GatherBackward, Among::Secondary(h), None);
+                op_vars(columns, profile, timeline, key, shape)
+            });
             let has_hpz = groups.iter().any(|g| g.hpz.is_some());
             UnitVars {
                 blocks: profile.blocks(unit),
@@ -507,6 +510,7 @@ pub(super) fn declare_units(
                 recompute,
                 ar,
                 groups,
+                bgh,
                 secondary_communicator: secondary_communicator.filter(|_| has_hpz),
                 persistent_full: full,
             }
@@ -560,7 +564,6 @@ fn group_vars(
     let rs = declare(Op::ReduceScatter, in_group);
     let fg = declare(Op::GatherForward, in_group);
     let bg = key.can_fsdp.then(|| declare(Op::GatherBackward, in_group));
-    let bgh = hpz_group.map(|h| declare(Op::GatherBackward, Among::Secondary(h)));
     let gap = if shard.is_some() { 2 } else { 0 };
     let first_gather = fg.positions[0];
     let last_reduction = *rs.positions.last().expect("RS has a position");
@@ -577,7 +580,6 @@ fn group_vars(
         rs,
         fg,
         bg,
-        bgh,
         gap,
         boundary,
         persistent: persistent_bytes_over(profile, unit, Level::Sdp, Some(key.ranks)),

@@ -72,32 +72,32 @@ pub struct Group {
     pub link: Link,
 }
 
-/// The groups the plan space offers besides the world: each shard group of S = G·2^j < N ranks
-/// dividing N (on the intra link when S = G, else across nodes) with its replica group of N/S
-/// ranks (one per node: inter), and the hpZ secondary group of G ranks inside a node; sorted,
-/// without repeats. None on a single node (N ≤ G).
+/// The groups the plan space offers besides the world: each shard group of S = m·G < N ranks,
+/// m a divisor of the node count N/G (MiCS' groups of whole nodes; on the intra link when m = 1,
+/// else across nodes), with its replica group of N/S ranks (one per node: inter), and the hpZ
+/// secondary group of G ranks inside a node; sorted, without repeats. None on a single node
+/// (N ≤ G).
 pub fn offered_groups(world: u32, node: u32) -> Vec<Group> {
     let mut groups = Vec::new();
-    let mut shard = node;
-    while shard < world {
-        if world.is_multiple_of(shard) {
-            groups.push(Group {
-                ranks: shard,
-                link: Link::of_group(shard, node),
-            });
-            groups.push(Group {
-                ranks: world / shard,
-                link: Link::Inter,
-            });
-        }
-        shard *= 2;
+    if world <= node || node == 0 {
+        return groups;
     }
-    if world > node {
+    let nodes = world / node;
+    for m in (1..nodes).filter(|&m| nodes.is_multiple_of(m)) {
+        let shard = m * node;
         groups.push(Group {
-            ranks: node,
-            link: Link::Intra,
+            ranks: shard,
+            link: Link::of_group(shard, node),
+        });
+        groups.push(Group {
+            ranks: world / shard,
+            link: Link::Inter,
         });
     }
+    groups.push(Group {
+        ranks: node,
+        link: Link::Intra,
+    });
     groups.sort();
     groups.dedup();
     groups
@@ -194,18 +194,37 @@ mod tests {
     }
 
     #[test]
-    fn one_node_offers_no_groups_and_a_node_size_that_is_not_a_power_of_two_of_n_fewer() {
+    fn one_node_offers_no_groups_and_every_whole_number_of_nodes_dividing_the_count_is_offered() {
+        use Link::{Inter, Intra};
         assert!(offered_groups(8, 8).is_empty());
         assert!(offered_groups(4, 8).is_empty());
         // 4 ranks as 2 nodes of 2: the shard group of 2 inside a node, replicated twice.
-        assert_eq!(
-            offered_groups(4, 2),
-            [group(2, Link::Intra), group(2, Link::Inter)]
-        );
+        assert_eq!(offered_groups(4, 2), [group(2, Intra), group(2, Inter)]);
         // 24 = 3 nodes of 8: shard groups of 8 (×3); 16 does not divide 24.
+        assert_eq!(offered_groups(24, 8), [group(3, Inter), group(8, Intra)]);
+        // 48 = 6 nodes of 8: shard groups of 1, 2 and 3 nodes (8, 16, 24), replicated 6, 3 and 2
+        // times; 4 and 5 nodes do not divide 6.
         assert_eq!(
-            offered_groups(24, 8),
-            [group(3, Link::Inter), group(8, Link::Intra)]
+            offered_groups(48, 8),
+            [
+                group(2, Inter),
+                group(3, Inter),
+                group(6, Inter),
+                group(8, Intra),
+                group(16, Inter),
+                group(24, Inter),
+            ]
+        );
+        // 12 = 6 nodes of 2: S ∈ {2, 4, 6}, replicas {6, 3, 2}.
+        assert_eq!(
+            offered_groups(12, 2),
+            [
+                group(2, Intra),
+                group(2, Inter),
+                group(3, Inter),
+                group(4, Inter),
+                group(6, Inter),
+            ]
         );
     }
 }

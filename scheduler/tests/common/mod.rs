@@ -244,12 +244,20 @@ pub fn random_profile(rng: &mut Rng, units: usize, kappa: f64, max_params: u64) 
 /// world's, as NVLink is than a NIC; across nodes around the world's — and a random communicator
 /// size. False, leaving the profile as it is, for N < 4 (a node of one rank has no group).
 pub fn with_topology(rng: &mut Rng, profile: &mut Profile) -> bool {
-    use shardplan_scheduler::profile::{GroupCurves, Link, Topology, offered_groups};
     let n = profile.world_size;
     if n < 4 {
         return false;
     }
     let g = if rng.coin() { 2 } else { n / 2 };
+    with_nodes(rng, profile, g);
+    true
+}
+
+/// Puts the profile's world on nodes of `g` ranks (`g` divides N): every group the plan space
+/// offers (`offered_groups`), with [`with_topology`]'s random curves and communicator size.
+pub fn with_nodes(rng: &mut Rng, profile: &mut Profile, g: u32) {
+    use shardplan_scheduler::profile::offered_groups;
+    let n = profile.world_size;
     let groups = offered_groups(n, g)
         .into_iter()
         .map(|group| {
@@ -274,7 +282,23 @@ pub fn with_topology(rng: &mut Rng, profile: &mut Profile) -> bool {
         groups,
         communicator_bytes: rng.range(0, 100),
     });
-    true
+}
+
+/// Every shard group S < N a plan may name for a sharded unit of `profile`: each S that
+/// `groups::check` (the plan's validation) accepts, whatever the ILP offers.
+pub fn valid_shard_groups(profile: &Profile) -> Vec<u32> {
+    use shardplan_scheduler::groups::{UnitGroups, check};
+    use shardplan_scheduler::timeline::Level;
+    (2..profile.world_size)
+        .filter(|&s| {
+            let groups = UnitGroups {
+                level: Level::Sdp,
+                shard_group: Some(s),
+                secondary_group: None,
+            };
+            check(profile, groups).is_ok()
+        })
+        .collect()
 }
 
 /// A random valid schedule: random levels (the last unit never fsdp), recompute flags, and
