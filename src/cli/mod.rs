@@ -253,6 +253,25 @@ pub enum ObjectiveArg {
     Memory,
 }
 
+/// Whose execution a plan is made for (DESIGN §4.9).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Default)]
+pub enum TargetArg {
+    /// The project's runtime: blocks launched anywhere in their windows.
+    #[default]
+    Runtime,
+    /// PyTorch FSDP2: exactly the settings `fully_shard` executes (`export fsdp2` is exact).
+    Fsdp2,
+}
+
+impl From<TargetArg> for shardplan_scheduler::target::Target {
+    fn from(arg: TargetArg) -> Self {
+        match arg {
+            TargetArg::Runtime => Self::Runtime,
+            TargetArg::Fsdp2 => Self::Fsdp2,
+        }
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct SolveArgs {
     #[arg(long)]
@@ -294,6 +313,9 @@ pub struct SolveArgs {
     pub single_phase: bool,
     #[arg(long, value_enum, default_value_t = ObjectiveArg::Time)]
     pub objective: ObjectiveArg,
+    /// The plans searched: the runtime's, or exactly what FSDP2 executes (its export is exact).
+    #[arg(long, value_enum, default_value_t = TargetArg::Runtime)]
+    pub target: TargetArg,
     /// With --objective memory: the iteration-time ceiling (8.5s, 900ms, 1200us).
     #[arg(long, value_parser = shardplan_scheduler::size::parse_duration_us)]
     pub max_iteration_time: Option<f64>,

@@ -51,6 +51,7 @@ pub fn run(args: SolveArgs) -> anyhow::Result<()> {
         allow_recompute: !args.no_recompute,
         two_phase: !args.single_phase,
         hint: None,
+        target: args.target.into(),
     };
     let (solved, packing) = match &args.model {
         None => (
