@@ -243,6 +243,9 @@ pub struct DemoArgs {
     /// `time_limit`, and the plan may differ from run to run), or `unlimited`.
     #[arg(long, default_value_t = 120.0, value_parser = time_limit_arg)]
     pub time_limit: f64,
+    /// Solve only for this target (DESIGN §4.9); default: both the runtime's ILP and FSDP2's.
+    #[arg(long, value_enum)]
+    pub target: Option<TargetArg>,
     #[arg(long)]
     pub json: bool,
 }
