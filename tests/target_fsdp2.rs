@@ -1,8 +1,8 @@
 //! `solve --target fsdp2` from the command line (DESIGN §4.9): the plan records its target and
 //! exports to FSDP2 with zero approximations, FSDP2's time equal to the plan's and its peak within
 //! the cap (GPT-2 small, its embedding tied to the head); an unknown target, a plan file whose
-//! target is unknown, a plan marked fsdp2 that FSDP2 cannot run as written, and micro-batches
-//! each get a one-line error naming the field.
+//! target is unknown, a plan or a baseline marked fsdp2 that FSDP2 cannot run as written, and
+//! micro-batches each get a one-line error naming the field.
 
 use serde_json::Value;
 use std::process::{Command, Output};
@@ -70,6 +70,26 @@ fn an_fsdp2_target_plan_exports_exactly_at_its_own_time() {
     assert!(e["fsdp2_peak_memory_bytes"].as_u64().unwrap() <= cap);
 }
 
+/// A baseline FSDP2 runs as built, recorded as made for it, exports exactly.
+#[test]
+fn a_baseline_for_the_fsdp2_target_records_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = |name: &str| dir.path().join(name).display().to_string();
+    let profile = analytic(dir.path(), 1);
+    let plan = at("fsdp2.toml");
+    let made = shardplan(&format!(
+        "baseline --profile {profile} --kind fsdp2 --target fsdp2 --out {plan}"
+    ));
+    assert!(made.status.success(), "{made:?}");
+    let text = std::fs::read_to_string(&plan).unwrap();
+    assert!(text.lines().any(|l| l == "target = \"fsdp2\""), "{text}");
+    let exported = shardplan(&format!(
+        "export fsdp2 --profile {profile} --plan {plan} --out {} --json",
+        at("o.json")
+    ));
+    assert_eq!(json(&exported)["exact"], true);
+}
+
 #[test]
 fn targets_fsdp2_cannot_take_are_refused_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
@@ -106,6 +126,11 @@ fn targets_fsdp2_cannot_take_are_refused_naming_the_field() {
         ));
         one_line(&refused, field);
     }
+    let refused = shardplan(&format!(
+        "baseline --profile {profile} --kind fsdp1 --target fsdp2 --out {}",
+        at("b.toml")
+    ));
+    one_line(&refused, "--target");
     let micro = analytic(dir.path(), 2);
     let refused = shardplan(&format!(
         "solve --profile {micro} --memory-cap 3GiB --target fsdp2 --out {}",

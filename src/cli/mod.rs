@@ -186,6 +186,10 @@ pub struct BaselineArgs {
     /// Memory cap recorded in the plan (bytes or `unlimited`); best-grid chooses within it.
     #[arg(long, value_parser = memory_cap_arg)]
     pub memory_cap: Option<MemoryCap>,
+    /// Record the plan as made for this target (DESIGN §4.9): with fsdp2, a baseline FSDP2
+    /// cannot run as built (a tied fsdp lender) is refused.
+    #[arg(long, value_enum, default_value_t = TargetArg::Runtime)]
+    pub target: TargetArg,
     #[arg(long)]
     pub out: PathBuf,
     #[arg(long)]
@@ -367,6 +371,9 @@ pub struct SweepArgs {
     /// Relative MIP gap at which each solve stops (default 1e-3; with the ilp method).
     #[arg(long, value_parser = gap_arg)]
     pub gap: Option<f64>,
+    /// The ILP's target (DESIGN §4.9): its rows are the plans FSDP2 runs exactly with fsdp2.
+    #[arg(long, value_enum, default_value_t = TargetArg::Runtime)]
+    pub target: TargetArg,
     #[arg(long)]
     pub json: bool,
 }
