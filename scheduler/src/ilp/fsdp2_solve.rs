@@ -140,22 +140,20 @@ pub(super) fn fsdp2_time(profile: &Profile, schedule: &Schedule, cap: Option<u64
 
 /// What this round's FSDP2 target does not solve, each a one-line error naming `--target`.
 fn refuse_unsupported(profile: &Profile, options: &SolveOptions) -> Result<()> {
-    let why = if profile.micro_batches >= 2 {
-        Some(format!(
-            "runtime with {} micro-batches per step: the FSDP2 target solves K = 1 only",
+    let expected = if profile.micro_batches >= 2 {
+        format!(
+            "`runtime` for a profile of {} micro-batches per step (the FSDP2 target solves K = 1 \
+             only)",
             profile.micro_batches
-        ))
+        )
     } else if options.objective != Objective::Time {
-        Some("runtime with --objective memory: the FSDP2 target minimises time".into())
+        "`runtime` with --objective memory (the FSDP2 target minimises time)".into()
     } else {
-        None
+        return Ok(());
     };
-    match why {
-        Some(expected) => Err(Error::invalid(
-            "solve",
-            "--target",
-            format!("{expected} ({} given)", Target::Fsdp2.name()),
-        )),
-        None => Ok(()),
-    }
+    Err(Error::invalid(
+        "solve",
+        "--target",
+        format!("{expected}, got `{}`", Target::Fsdp2.name()),
+    ))
 }
