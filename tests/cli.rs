@@ -120,7 +120,8 @@ fn profile_baseline_simulate_inspect_pipeline() {
 }
 
 /// The demo's ILP row fits the cap and is at least as fast as the fastest baseline that fits
-/// (its warm start), and every row's `fits_cap` agrees with its peak and the cap.
+/// (its warm start), and every row's `fits_cap` agrees with its peak and the cap; the fsdp2
+/// target's row (DESIGN §4.9) exports exactly, FSDP2's time its own, FSDP2's peak within the cap.
 #[test]
 fn demo_runs_on_the_bundled_profile() {
     let json = ok_json(&["demo", "--json", "--time-limit", "4"]);
@@ -131,8 +132,17 @@ fn demo_runs_on_the_bundled_profile() {
         assert_eq!(row["fits_cap"].as_bool(), Some(fits), "{row}");
     }
     let time = |row: &Value| row["iteration_time_us"].as_f64().unwrap();
-    let (ilp, baselines): (Vec<&Value>, Vec<&Value>) =
-        rows.iter().partition(|row| row["method"] == "ilp");
+    let (ilps, baselines): (Vec<&Value>, Vec<&Value>) = rows
+        .iter()
+        .partition(|row| row["method"].as_str().unwrap().starts_with("ilp"));
+    let fsdp2 = ilps
+        .iter()
+        .find(|row| row["method"] == "ilp --target fsdp2")
+        .expect("the fsdp2 target's row");
+    assert_eq!(fsdp2["fsdp2_approximations"], 0, "{fsdp2}");
+    assert_eq!(fsdp2["fsdp2_iteration_time_us"], fsdp2["iteration_time_us"]);
+    assert!(fsdp2["fsdp2_peak_memory_bytes"].as_u64().unwrap() <= cap);
+    let ilp: Vec<&&Value> = ilps.iter().filter(|row| row["method"] == "ilp").collect();
     let fastest = baselines
         .iter()
         .filter(|row| row["fits_cap"] == true)

@@ -28,6 +28,7 @@ pub mod sim;
 pub mod size;
 #[cfg(feature = "solver")]
 pub mod sweep;
+pub mod target;
 pub mod timeline;
 pub mod unrolled;
 

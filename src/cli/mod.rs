@@ -186,6 +186,10 @@ pub struct BaselineArgs {
     /// Memory cap recorded in the plan (bytes or `unlimited`); best-grid chooses within it.
     #[arg(long, value_parser = memory_cap_arg)]
     pub memory_cap: Option<MemoryCap>,
+    /// Record the plan as made for this target (DESIGN §4.9): with fsdp2, a baseline FSDP2
+    /// cannot run as built (a tied fsdp lender) is refused.
+    #[arg(long, value_enum, default_value_t = TargetArg::Runtime)]
+    pub target: TargetArg,
     #[arg(long)]
     pub out: PathBuf,
     #[arg(long)]
@@ -243,6 +247,9 @@ pub struct DemoArgs {
     /// `time_limit`, and the plan may differ from run to run), or `unlimited`.
     #[arg(long, default_value_t = 120.0, value_parser = time_limit_arg)]
     pub time_limit: f64,
+    /// Solve only for this target (DESIGN §4.9); default: both the runtime's ILP and FSDP2's.
+    #[arg(long, value_enum)]
+    pub target: Option<TargetArg>,
     #[arg(long)]
     pub json: bool,
 }
@@ -251,6 +258,25 @@ pub struct DemoArgs {
 pub enum ObjectiveArg {
     Time,
     Memory,
+}
+
+/// Whose execution a plan is made for (DESIGN §4.9).
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Default)]
+pub enum TargetArg {
+    /// The project's runtime: blocks launched anywhere in their windows.
+    #[default]
+    Runtime,
+    /// PyTorch FSDP2: exactly the settings `fully_shard` executes (`export fsdp2` is exact).
+    Fsdp2,
+}
+
+impl From<TargetArg> for shardplan_scheduler::target::Target {
+    fn from(arg: TargetArg) -> Self {
+        match arg {
+            TargetArg::Runtime => Self::Runtime,
+            TargetArg::Fsdp2 => Self::Fsdp2,
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -294,6 +320,9 @@ pub struct SolveArgs {
     pub single_phase: bool,
     #[arg(long, value_enum, default_value_t = ObjectiveArg::Time)]
     pub objective: ObjectiveArg,
+    /// The plans searched: the runtime's, or exactly what FSDP2 executes (its export is exact).
+    #[arg(long, value_enum, default_value_t = TargetArg::Runtime)]
+    pub target: TargetArg,
     /// With --objective memory: the iteration-time ceiling (8.5s, 900ms, 1200us).
     #[arg(long, value_parser = shardplan_scheduler::size::parse_duration_us)]
     pub max_iteration_time: Option<f64>,
@@ -342,6 +371,9 @@ pub struct SweepArgs {
     /// Relative MIP gap at which each solve stops (default 1e-3; with the ilp method).
     #[arg(long, value_parser = gap_arg)]
     pub gap: Option<f64>,
+    /// The ILP's target (DESIGN §4.9): its rows are the plans FSDP2 runs exactly with fsdp2.
+    #[arg(long, value_enum, default_value_t = TargetArg::Runtime)]
+    pub target: TargetArg,
     #[arg(long)]
     pub json: bool,
 }

@@ -9,6 +9,7 @@ use shardplan_scheduler::io::check_outputs_distinct;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::Recompute;
 use shardplan_scheduler::size::{format_bytes, whole_bytes};
+use shardplan_scheduler::target::Target;
 
 pub fn run(args: BaselineArgs) -> anyhow::Result<()> {
     let kind = args.kind;
@@ -29,7 +30,18 @@ pub fn run(args: BaselineArgs) -> anyhow::Result<()> {
     } else {
         Recompute::Off
     };
-    let result = baseline(&profile, kind, checkpoint, cap)?;
+    let mut result = baseline(&profile, kind, checkpoint, cap)?;
+    let target = Target::from(args.target);
+    if target == Target::Fsdp2 {
+        let exported = shardplan_scheduler::export::fsdp2(&profile, &result.schedule)?;
+        if let Some(first) = exported.approximations.first() {
+            return Err(flag_error(
+                "--target",
+                format!("runtime for this baseline: FSDP2 cannot run it as built ({first})"),
+            ));
+        }
+        result.plan.target = Some(target);
+    }
     result.plan.save(&args.out)?;
     let sim = &result.simulation;
     let fits = cap.map(|cap| sim.peak_memory_bytes <= cap as f64);

@@ -6,6 +6,7 @@ use shardplan_scheduler::export::fsdp2 as export;
 use shardplan_scheduler::io::{check_outputs_distinct, write_atomic};
 use shardplan_scheduler::sim::{Semantics, simulate};
 use shardplan_scheduler::size::format_bytes;
+use shardplan_scheduler::target::Target;
 
 pub fn fsdp2(args: ExportFsdp2Args) -> anyhow::Result<()> {
     check_outputs_distinct(
@@ -32,6 +33,21 @@ pub fn fsdp2(args: ExportFsdp2Args) -> anyhow::Result<()> {
         }
     }
     let exported = export(&profile, &schedule)?;
+    if plan.target == Some(Target::Fsdp2) && !exported.exact {
+        // Made for FSDP2 (DESIGN §4.9), it must export as planned: an edited plan that does not
+        // is refused rather than rounded.
+        return Err(shardplan_scheduler::Error::invalid(
+            args.plan.display().to_string(),
+            "target",
+            format!(
+                "\"runtime\" (or no target) for a plan FSDP2 cannot run as written: {} \
+                 approximations, the first: {}",
+                exported.approximations.len(),
+                exported.approximations[0]
+            ),
+        )
+        .into());
+    }
     if let Some(cap) = plan.memory_cap_bytes {
         let peak = exported.fsdp2_peak_memory_bytes;
         if peak > cap && !args.force {

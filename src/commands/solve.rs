@@ -1,6 +1,6 @@
 //! `shardplan solve`.
 
-use crate::cli::{MemoryCap, ObjectiveArg, SolveArgs};
+use crate::cli::{MemoryCap, ObjectiveArg, SolveArgs, TargetArg};
 use crate::failure::flag_error;
 use crate::output::{ms, outln, print_json};
 use serde_json::json;
@@ -8,7 +8,10 @@ use shardplan_runtime::dispatch::{Data, Model};
 use shardplan_runtime::fit::{Packing, solve_to_fit};
 use shardplan_runtime::model_file::ModelFile;
 use shardplan_scheduler::baselines::{BaselineKind, Preference, best_baseline};
-use shardplan_scheduler::ilp::{Effort, Objective, SolveOptions, Solved, WindowLimits, solve};
+use shardplan_scheduler::export::Fsdp2Plan;
+use shardplan_scheduler::ilp::{
+    Effort, Objective, SolveOptions, Solved, Target, WindowLimits, solve,
+};
 use shardplan_scheduler::io::check_outputs_distinct;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::RecomputeChoice;
@@ -51,7 +54,14 @@ pub fn run(args: SolveArgs) -> anyhow::Result<()> {
         allow_recompute: !args.no_recompute,
         two_phase: !args.single_phase,
         hint: None,
+        target: args.target.into(),
     };
+    if args.target == TargetArg::Fsdp2 && args.model.is_some() {
+        return Err(flag_error(
+            "--target",
+            "runtime with --model (the packed arena is the runtime's, not FSDP2's)",
+        ));
+    }
     let (solved, packing) = match &args.model {
         None => (
             solve(&profile, &options).map_err(|e| with_offload_note(e, &profile, &options))?,
@@ -66,9 +76,11 @@ pub fn run(args: SolveArgs) -> anyhow::Result<()> {
             (fitted.solved, Some(fitted.packing))
         }
     };
-    let plan = solved.plan(&profile, options.memory_cap_bytes);
+    let mut plan = solved.plan(&profile, options.memory_cap_bytes);
+    plan.target = (options.target != Target::Runtime).then_some(options.target);
     plan.save(&args.out)?;
-    report(&args, &solved, packing.as_ref());
+    let fsdp2 = fsdp2_export(&profile, &solved, options.target)?;
+    report(&args, &solved, packing.as_ref(), fsdp2.as_ref());
     Ok(())
 }
 
@@ -115,7 +127,22 @@ fn with_offload_note(
     shardplan_scheduler::Error::Infeasible(format!("{why}{note}"))
 }
 
-fn report(args: &SolveArgs, solved: &Solved, packing: Option<&Packing>) {
+/// The FSDP2 target's plan as FSDP2 runs it (exact: its time is the plan's, DESIGN §4.9).
+fn fsdp2_export(
+    profile: &Profile,
+    solved: &Solved,
+    target: Target,
+) -> anyhow::Result<Option<Fsdp2Plan>> {
+    Ok(match target {
+        Target::Runtime => None,
+        Target::Fsdp2 => Some(shardplan_scheduler::export::fsdp2(
+            profile,
+            &solved.schedule,
+        )?),
+    })
+}
+
+fn report(args: &SolveArgs, solved: &Solved, packing: Option<&Packing>, fsdp2: Option<&Fsdp2Plan>) {
     let r = &solved.report;
     let sim = &solved.simulation;
     let count = |level: Level| {
@@ -164,6 +191,11 @@ fn report(args: &SolveArgs, solved: &Solved, packing: Option<&Packing>) {
             "live_peak_bytes": packing.map(|p| p.live_peak_bytes),
             "solved_again": packing.map(|p| p.refused.iter().map(|(cap, arena)| json!({"memory_cap_bytes": cap, "arena_bytes": arena})).collect::<Vec<_>>()),
             "baseline": packing.and_then(|p| p.baseline.as_ref()),
+            "target": Target::from(args.target).name(),
+            "fsdp2_exact": fsdp2.map(|e| e.exact),
+            "fsdp2_iteration_time_us": fsdp2.map(|e| e.fsdp2_iteration_time_us),
+            "fsdp2_peak_memory_bytes": fsdp2.map(|e| e.fsdp2_peak_memory_bytes),
+            "fsdp2_peak_slot": fsdp2.map(|e| e.fsdp2_peak_slot.clone()),
         }));
     } else {
         outln!(
@@ -186,6 +218,20 @@ fn report(args: &SolveArgs, solved: &Solved, packing: Option<&Packing>) {
             },
             r.solve_seconds
         );
+        if let Some(e) = fsdp2 {
+            outln!(
+                "  target fsdp2: FSDP2 runs it as planned ({}), {}, peak {} at {} with FSDP2's \
+                 buffers (DESIGN §3.12)",
+                if e.exact {
+                    "exact export"
+                } else {
+                    "export NOT exact"
+                },
+                ms(e.fsdp2_iteration_time_us),
+                format_bytes(e.fsdp2_peak_memory_bytes as f64),
+                e.fsdp2_peak_slot
+            );
+        }
         if outside_the_space {
             outln!(
                 "  the plan is a warm start outside the ILP's plan space (a shard group it does \

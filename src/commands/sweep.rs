@@ -156,6 +156,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
         time_limit_s: args.time_limit.unwrap_or(60.0),
         effort: args.effort.map_or(Effort::DEFAULT, Effort::new),
         relative_gap: args.gap.unwrap_or(1e-3),
+        target: args.target.into(),
         ..SolveOptions::default()
     };
     let points = args.points.unwrap_or(20) as usize;

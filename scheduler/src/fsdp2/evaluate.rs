@@ -6,8 +6,8 @@
 //! unsharded gradient (a replicated unit's gradient copies too, its reduce-scatter input held
 //! into the next slot).
 
-use super::Settings;
-use super::hooks::{Boundary, Pass};
+use super::hooks::{Boundary, Pass, Walk};
+use super::{Settings, UnitSettings};
 use crate::profile::Profile;
 use crate::sim::{Semantics, Simulation, simulate};
 use crate::size::whole_bytes;
@@ -65,46 +65,8 @@ pub fn evaluate(profile: &Profile, settings: &Settings) -> Evaluation {
     let strict = simulate(profile, schedule, Semantics::Strict);
     let relaxed = simulate(profile, schedule, Semantics::Relaxed);
     let mut memory_bytes: Vec<f64> = strict.slots.iter().map(|s| s.memory_bytes).collect();
-    let timeline = Timeline::new(profile.unit_count());
-    let width = timeline.slot_count();
-    let bytes = profile.bytes_per_param;
-    let is_replicated = |u: usize| settings.units()[u].sharding == super::Sharding::Replicated;
-    // A replicated unit's unsharded copy, beside its parameters, in every slot whose compute
-    // finds it unsharded: its own F and B, a tied lender's from its forward to its post-backward.
-    let mut copies = std::collections::BTreeSet::new();
-    for b in &settings.walk().boundaries {
-        let replicated = is_replicated(b.unit);
-        let slot = |unit: usize| {
-            b.micro_batch * width
-                + match b.pass {
-                    Pass::Forward => timeline.forward(unit),
-                    Pass::Backward => timeline.backward(unit),
-                }
-        };
-        let full = profile.laid_out_params(b.unit) as f64;
-        if b.copied_out && !replicated {
-            // In the slot of the compute the pre-hook precedes.
-            memory_bytes[slot(b.computes)] += full * bytes.param as f64;
-        }
-        let copied = b.unsharded.iter().filter(|&&u| is_replicated(u));
-        copies.extend(copied.map(|&u| (slot(b.computes), u)));
-        if b.unit != b.computes && replicated {
-            // A tied lender's pre-backward: its copy stays past its own backward (no boundary of
-            // its own), to its post-backward.
-            copies.extend((slot(b.computes)..=slot(b.unit)).map(|s| (s, b.unit)));
-        }
-        // The reduction follows the unit's own backward.
-        let slot = slot(b.unit);
-        if b.reduces {
-            let grad = full * bytes.grad as f64;
-            memory_bytes[slot] += if replicated { 2.0 * grad } else { grad };
-            if replicated {
-                memory_bytes[slot + 1] += grad;
-            }
-        }
-    }
-    for (slot, u) in copies {
-        memory_bytes[slot] += (profile.laid_out_params(u) * bytes.param) as f64;
+    for copy in copies(profile, settings.units(), settings.walk()) {
+        memory_bytes[copy.slot] += copy.bytes;
     }
     let peak = (0..memory_bytes.len()).fold(0, |best, s| {
         if memory_bytes[s] > memory_bytes[best] {
@@ -119,6 +81,7 @@ pub fn evaluate(profile: &Profile, settings: &Settings) -> Evaluation {
             .map(|&u| profile.units[u].name.clone())
             .collect()
     };
+    let bytes = profile.bytes_per_param;
     let several = profile.micro_batches >= 2;
     let entry = |b: &Boundary| TimelineEntry {
         at: format!(
@@ -148,4 +111,78 @@ pub fn evaluate(profile: &Profile, settings: &Settings) -> Evaluation {
         memory_bytes,
         strict,
     }
+}
+
+/// One of FSDP2's copies beside the model's buffers: `bytes` of unit `unit`'s in (unrolled) slot
+/// `slot`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ExtraCopy {
+    pub slot: usize,
+    pub unit: usize,
+    pub bytes: f64,
+}
+
+/// The copies FSDP2 makes beside the model's buffers for `units` whose hooks ran as `walk`, in
+/// the order [`evaluate`] adds them: per boundary a gathered unit's all-gather output at its
+/// copy-out and a reduction's reduce-scatter input, then each replicated unit's unsharded copy
+/// per slot it is unsharded. Each unit's copies depend on its own settings only, which the ILP's
+/// FSDP2 target reads unit by unit (`ilp::target`).
+pub fn copies(profile: &Profile, units: &[UnitSettings], walk: &Walk) -> Vec<ExtraCopy> {
+    let timeline = Timeline::new(profile.unit_count());
+    let width = timeline.slot_count();
+    let bytes = profile.bytes_per_param;
+    let is_replicated = |u: usize| units[u].sharding == super::Sharding::Replicated;
+    let mut list = Vec::new();
+    // A replicated unit's unsharded copy, beside its parameters, in every slot whose compute
+    // finds it unsharded: its own F and B, a tied lender's from its forward to its post-backward.
+    let mut replicated_copies = std::collections::BTreeSet::new();
+    for b in &walk.boundaries {
+        let replicated = is_replicated(b.unit);
+        let slot = |unit: usize| {
+            b.micro_batch * width
+                + match b.pass {
+                    Pass::Forward => timeline.forward(unit),
+                    Pass::Backward => timeline.backward(unit),
+                }
+        };
+        let full = profile.laid_out_params(b.unit) as f64;
+        if b.copied_out && !replicated {
+            // In the slot of the compute the pre-hook precedes.
+            list.push(ExtraCopy {
+                slot: slot(b.computes),
+                unit: b.unit,
+                bytes: full * bytes.param as f64,
+            });
+        }
+        let copied = b.unsharded.iter().filter(|&&u| is_replicated(u));
+        replicated_copies.extend(copied.map(|&u| (slot(b.computes), u)));
+        if b.unit != b.computes && replicated {
+            // A tied lender's pre-backward: its copy stays past its own backward (no boundary of
+            // its own), to its post-backward.
+            replicated_copies.extend((slot(b.computes)..=slot(b.unit)).map(|s| (s, b.unit)));
+        }
+        // The reduction follows the unit's own backward.
+        let slot = slot(b.unit);
+        if b.reduces {
+            let grad = full * bytes.grad as f64;
+            list.push(ExtraCopy {
+                slot,
+                unit: b.unit,
+                bytes: if replicated { 2.0 * grad } else { grad },
+            });
+            if replicated {
+                list.push(ExtraCopy {
+                    slot: slot + 1,
+                    unit: b.unit,
+                    bytes: grad,
+                });
+            }
+        }
+    }
+    list.extend(replicated_copies.into_iter().map(|(slot, unit)| ExtraCopy {
+        slot,
+        unit,
+        bytes: (profile.laid_out_params(unit) * bytes.param) as f64,
+    }));
+    list
 }

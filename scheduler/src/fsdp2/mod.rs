@@ -7,7 +7,7 @@ pub mod evaluate;
 pub mod hooks;
 pub mod translate;
 
-pub use evaluate::{Evaluation, evaluate};
+pub use evaluate::{Evaluation, ExtraCopy, copies, evaluate};
 pub use hooks::{Boundary, Pass};
 
 use crate::profile::Profile;

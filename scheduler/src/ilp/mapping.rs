@@ -84,7 +84,10 @@ pub(super) fn schedule_values(
             let vars = op_vars(u, op, choice)?;
             for l in launches {
                 let k = vars.positions.iter().position(|&p| p == l.position)?;
-                values[vars.launches[k].index] += f64::from(l.blocks);
+                if l.blocks % vars.blocks_per_launch != 0 {
+                    return None;
+                }
+                values[vars.launches[k].index] += f64::from(l.blocks / vars.blocks_per_launch);
             }
             let mut running = 0.0;
             for (x, c) in vars.launches.iter().zip(&vars.cumulative) {
@@ -128,10 +131,12 @@ pub(super) fn schedule_from_values(
                 .iter()
                 .map(|&op| {
                     let vars = op_vars(u, op, choice).expect("the level's ops have variables");
-                    (
-                        op,
-                        launches_of(vars.window, &vars.positions, &vars.launches, values),
-                    )
+                    let mut launches =
+                        launches_of(vars.window, &vars.positions, &vars.launches, values);
+                    for l in &mut launches {
+                        l.blocks *= vars.blocks_per_launch;
+                    }
+                    (op, launches)
                 })
                 .collect::<BTreeMap<_, _>>();
             UnitSchedule {

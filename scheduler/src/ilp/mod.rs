@@ -20,6 +20,7 @@ mod claim;
 mod constraints;
 mod effort;
 mod far;
+mod fsdp2_solve;
 mod limits;
 mod mapping;
 mod micro;
@@ -30,10 +31,12 @@ mod pricing;
 mod refine;
 mod run;
 mod solve;
+mod space;
 mod staged;
 mod variables;
 mod warm;
 
+pub use crate::target::Target;
 pub use bound::{generated_lp_bound, lp_relaxation_bound, priced_lp_bound};
 pub use effort::Effort;
 pub use limits::WindowLimits;
@@ -105,6 +108,8 @@ pub struct SolveOptions {
     /// A plan to start from when it fits and beats the best baseline (e.g. the plan of a
     /// neighbouring cap in a sweep): the answer is never worse than it.
     pub hint: Option<Schedule>,
+    /// The plans searched: the runtime's, or exactly what FSDP2 executes (DESIGN §4.9).
+    pub target: Target,
 }
 
 impl Default for SolveOptions {
@@ -120,6 +125,7 @@ impl Default for SolveOptions {
             allow_recompute: true,
             two_phase: true,
             hint: None,
+            target: Target::Runtime,
         }
     }
 }

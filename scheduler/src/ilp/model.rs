@@ -8,10 +8,12 @@ use super::constraints::{
     one_level_per_unit, reductions_before_gathers, slot_durations, time_ceiling, whole_blocks,
 };
 use super::far::{Slack, pooled_bands, slack_running_sums};
+use super::space::{add_copies, tied_lenders_kept};
 use super::variables::{Col, Columns, ExtraPositions, Shape, UnitLevel, UnitVars, declare_units};
 use super::{Objective, SolveOptions};
 use crate::cost::Interference;
 use crate::profile::{Link, Profile};
+use crate::target::Target;
 use crate::timeline::Timeline;
 use crate::{Error, Result};
 use good_lp::{Constraint, Expression, ProblemVariables, SolverModel};
@@ -136,6 +138,9 @@ pub(super) fn build(
         (&comm, &load),
         Interference::of(profile),
     ));
+    if options.target == Target::Fsdp2 {
+        constraints.extend(tied_lenders_kept(profile, &units));
+    }
     if let Form::Placement(levels) = form {
         constraints.extend(fixed_levels(&units, levels));
     }
@@ -149,7 +154,10 @@ pub(super) fn build(
         constraints.extend(pooled_bands(&units, slack, (timeline.slot_count(), &links)));
     }
     let iteration_time: Expression = durations.iter().map(|d| d.var).sum();
-    let memory = memory_per_slot(profile, &units, timeline, memory_scale);
+    let mut memory = memory_per_slot(profile, &units, timeline, memory_scale);
+    if options.target == Target::Fsdp2 {
+        add_copies(&mut memory, profile, &units, memory_scale);
+    }
     let mut memory_cap_start = None;
     let (objective, peak) = match options.objective {
         Objective::Time => {

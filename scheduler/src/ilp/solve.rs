@@ -21,6 +21,9 @@ use std::time::Instant;
 /// the solve, which its status then says (DESIGN §4.6). Errors with [`Error::Infeasible`] (naming
 /// the smallest feasible cap and what dominates it) when nothing fits the cap.
 pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
+    if options.target == super::Target::Fsdp2 {
+        return super::fsdp2_solve::solve(profile, options);
+    }
     if profile.micro_batches >= 2 {
         return super::micro::solve(profile, options);
     }

@@ -112,6 +112,9 @@ pub(super) struct OpVars {
     pub block_load_us: f64,
     /// Bytes of one block (Ψ'·p/nb or Ψ'·g/nb, Ψ' the laid-out parameters).
     pub block_bytes: f64,
+    /// The unit's blocks one launch column counts (`super::target`): 1, or nb_i where the target
+    /// launches a unit whole; the times and bytes above are of one launch.
+    pub blocks_per_launch: u32,
     /// The index of the unit's group of ranks the op belongs to (`UnitVars::groups`); None for
     /// AR.
     pub group: Option<usize>,
@@ -390,8 +393,12 @@ fn op_vars(
     };
     let limited = shape.options.limits.positions(op, window);
     let extra = shape.extra.get(&(unit, op));
+    let target = shape.options.target;
     let exact: Vec<bool> = (0..window.len)
-        .map(|k| limited.contains(&k) || extra.is_some_and(|e| e.contains(&k)))
+        .map(|k| {
+            (limited.contains(&k) || extra.is_some_and(|e| e.contains(&k)))
+                && target.allows(timeline, (unit, op), window, k)
+        })
         .collect();
     let mut at: Vec<(usize, Option<Range<usize>>)> = (0..window.len)
         .filter(|&k| exact[k])
@@ -403,7 +410,9 @@ fn op_vars(
         at.sort_by_key(|(k, _)| *k);
     }
     let (positions, bands): (Vec<usize>, Vec<_>) = at.into_iter().unzip();
-    let nb = profile.blocks(unit);
+    let per_launch = target.blocks_per_launch(profile, unit);
+    let launch = f64::from(per_launch);
+    let nb = profile.blocks(unit) / per_launch;
     let time = block_time(profile, unit, op, among);
     let launches = positions.iter().map(|_| columns.integer(nb)).collect();
     let cumulative = positions.iter().map(|_| columns.continuous()).collect();
@@ -416,11 +425,16 @@ fn op_vars(
         bands,
         launches,
         cumulative,
-        block_time_us: time.total_us(),
-        block_load_us: Interference::of(profile).load_us(op, time),
-        block_bytes: block_bytes(profile, unit, op),
+        block_time_us: time.total_us() * launch,
+        block_load_us: Interference::of(profile).load_us(op, time) * launch,
+        block_bytes: block_bytes(profile, unit, op) * launch,
+        blocks_per_launch: per_launch,
         group,
-        follower,
+        follower: follower.map(|f| Follower {
+            block_time_us: f.block_time_us * launch,
+            block_load_us: f.block_load_us * launch,
+            ..f
+        }),
     }
 }
 
@@ -505,7 +519,7 @@ pub(super) fn declare_units(
             });
             let has_hpz = groups.iter().any(|g| g.hpz.is_some());
             UnitVars {
-                blocks: profile.blocks(unit),
+                blocks: profile.blocks(unit) / options.target.blocks_per_launch(profile, unit),
                 none,
                 recompute,
                 ar,

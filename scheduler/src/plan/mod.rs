@@ -231,6 +231,9 @@ pub struct Plan {
     pub host_step: HostStep,
     #[serde(default)]
     pub producer: Producer,
+    /// Whose execution the plan was made for (DESIGN §4.9); the runtime's when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<crate::target::Target>,
     /// The strict simulation when the plan was written (a record; never read back as truth).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub predicted: Option<Predicted>,
@@ -430,6 +433,7 @@ impl Plan {
             memory_cap_bytes,
             host_step: schedule.host_step(),
             producer,
+            target: None,
             predicted: Some(predicted),
             units,
         }

@@ -1,0 +1,221 @@
+//! `solve --target fsdp2` (DESIGN §4.9) against an independent truth: on tiny instances (≤ 3
+//! units, N ∈ {2, 4, 8}, nodes and hpz on some, a tied head on some, recompute on and off) its
+//! optimum equals the fastest of every FSDP2 setting enumerated unit by unit — sharding
+//! (replicated, kept, freed, freed to a secondary group H, over the world or a shard group),
+//! recompute, which earlier unit's forward list and which later unit's backward list names it —
+//! and judged by `fsdp2::evaluate` alone, at caps from infeasible through every setting's peak to
+//! none. Every plan it returns exports exactly, with FSDP2's time equal to the plan's and FSDP2's
+//! peak within the cap.
+
+mod common;
+
+use common::{Rng, random_profile, with_topology};
+use shardplan_scheduler::Error;
+use shardplan_scheduler::export::fsdp2 as export;
+use shardplan_scheduler::fsdp2::{Reshard, Settings, Sharding, UnitSettings, evaluate};
+use shardplan_scheduler::groups::{secondary_group, shard_groups};
+use shardplan_scheduler::ilp::{SolveOptions, Target, solve};
+use shardplan_scheduler::profile::Profile;
+use shardplan_scheduler::timeline::{Op, Timeline};
+
+/// One unit's settings without its place in other units' lists: its sharding, recompute, and
+/// the unit whose forward (backward) list names it (None: no gather to issue, or unit 1's own at
+/// E).
+#[derive(Clone, Copy)]
+struct Choice {
+    sharding: Sharding,
+    recompute: bool,
+    forward_issuer: Option<usize>,
+    backward_issuer: Option<usize>,
+}
+
+/// Every choice of unit `i` FSDP2 can execute in the slot model.
+fn unit_choices(profile: &Profile, i: usize, recompute: bool) -> Vec<Choice> {
+    let l = profile.unit_count();
+    let timeline = Timeline::new(l);
+    let after = timeline.window(i, Op::ReduceScatter.window_kind()).len;
+    let mut shardings = vec![Sharding::Replicated];
+    let shards = std::iter::once(None).chain(shard_groups(profile).into_iter().map(Some));
+    for shard_group in shards.filter(|s| s.is_none() || after >= 3) {
+        let ranks = shard_group.unwrap_or(profile.world_size);
+        let mut kinds = vec![Reshard::Keep];
+        // A tied lender is never freed after its forward (DESIGN §3.12); the last unit has no
+        // backward gather to issue.
+        if i + 1 < l && profile.borrower(i).is_none() {
+            kinds.push(Reshard::Free);
+            if let Some(h) = secondary_group(profile).filter(|&h| h < ranks) {
+                kinds.push(Reshard::ToSecondary(h));
+            }
+        }
+        shardings.extend(
+            kinds
+                .into_iter()
+                .map(|reshard_after_forward| Sharding::Sharded {
+                    shard_group,
+                    reshard_after_forward,
+                }),
+        );
+    }
+    let mut choices = Vec::new();
+    for sharding in shardings {
+        let gathered = sharding != Sharding::Replicated;
+        let freed = matches!(
+            sharding,
+            Sharding::Sharded {
+                reshard_after_forward: Reshard::Free | Reshard::ToSecondary(_),
+                ..
+            }
+        );
+        let forward: Vec<Option<usize>> = if gathered && i > 0 {
+            (0..i).map(Some).collect()
+        } else {
+            vec![None]
+        };
+        let backward: Vec<Option<usize>> = if freed {
+            (i + 1..l).map(Some).collect()
+        } else {
+            vec![None]
+        };
+        for &recompute in if recompute {
+            &[false, true][..]
+        } else {
+            &[false][..]
+        } {
+            for &forward_issuer in &forward {
+                for &backward_issuer in &backward {
+                    choices.push(Choice {
+                        sharding,
+                        recompute,
+                        forward_issuer,
+                        backward_issuer,
+                    });
+                }
+            }
+        }
+    }
+    choices
+}
+
+/// (time, FSDP2 peak) of every valid setting of the profile.
+fn enumerate(profile: &Profile, recompute: bool) -> Vec<(f64, u64)> {
+    let per_unit: Vec<Vec<Choice>> = (0..profile.unit_count())
+        .map(|i| unit_choices(profile, i, recompute))
+        .collect();
+    let mut results = Vec::new();
+    let mut pick = vec![0usize; per_unit.len()];
+    loop {
+        let chosen: Vec<Choice> = pick.iter().zip(&per_unit).map(|(&k, c)| c[k]).collect();
+        let mut units: Vec<UnitSettings> = chosen
+            .iter()
+            .map(|c| UnitSettings {
+                recompute: c.recompute,
+                ..UnitSettings::new(c.sharding)
+            })
+            .collect();
+        for (i, c) in chosen.iter().enumerate() {
+            if let Some(j) = c.forward_issuer {
+                units[j].forward_prefetch.push(i);
+            }
+            if let Some(j) = c.backward_issuer {
+                units[j].backward_prefetch.push(i);
+            }
+        }
+        for u in &mut units {
+            u.forward_prefetch.sort_unstable();
+            u.backward_prefetch.sort_unstable_by(|a, b| b.cmp(a));
+        }
+        if let Ok(settings) = Settings::new(profile, units) {
+            let eval = evaluate(profile, &settings);
+            results.push((eval.iteration_time_us(), eval.peak_memory_bytes));
+        }
+        // The next combination, odometer-wise.
+        let mut u = 0;
+        loop {
+            if u == pick.len() {
+                return results;
+            }
+            pick[u] += 1;
+            if pick[u] < per_unit[u].len() {
+                break;
+            }
+            pick[u] = 0;
+            u += 1;
+        }
+    }
+}
+
+fn fastest_within(results: &[(f64, u64)], cap: Option<u64>) -> Option<f64> {
+    results
+        .iter()
+        .filter(|(_, peak)| cap.is_none_or(|c| *peak <= c))
+        .map(|(t, _)| *t)
+        .min_by(f64::total_cmp)
+}
+
+#[test]
+fn fsdp2_target_optimum_equals_exhaustive_enumeration_of_fsdp2_settings() {
+    let (mut instances, mut solves, mut infeasible, mut tied, mut hierarchical) = (0, 0, 0, 0, 0);
+    for seed in 0..18u64 {
+        let mut rng = Rng(seed * 104729 + 3);
+        let units = 1 + (seed % 3) as usize;
+        let kappa = if seed % 2 == 0 { 0.0 } else { 0.1 };
+        let recompute = seed % 4 < 2;
+        // Up to 2000 parameters: up to 4 blocks per unit, gathered whole.
+        let mut profile = random_profile(&mut rng, units, kappa, 2000);
+        profile.comm_slowdown = if seed % 3 == 2 { 0.3 } else { 0.0 };
+        if units > 1 && seed % 3 == 1 {
+            profile.units[units - 1].reads_params_of = Some(profile.units[0].name.clone());
+            tied += 1;
+        }
+        if (seed / 2) % 3 != 2 && with_topology(&mut rng, &mut profile) {
+            hierarchical += 1;
+        }
+        let results = enumerate(&profile, recompute);
+        assert!(!results.is_empty(), "seed {seed}: no FSDP2 setting");
+        instances += 1;
+        let mut peaks: Vec<u64> = results.iter().map(|r| r.1).collect();
+        peaks.sort_unstable();
+        peaks.dedup();
+        let mut caps: Vec<Option<u64>> = vec![None, Some(peaks[0] - 1)];
+        let step = (peaks.len() / 4).max(1);
+        caps.extend(peaks.iter().step_by(step).map(|&p| Some(p)));
+        for cap in caps {
+            let options = SolveOptions {
+                memory_cap_bytes: cap,
+                relative_gap: 0.0,
+                allow_recompute: recompute,
+                target: Target::Fsdp2,
+                ..SolveOptions::default()
+            };
+            let best = fastest_within(&results, cap);
+            match (solve(&profile, &options), best) {
+                (Ok(solved), Some(best)) => {
+                    let t = solved.report.objective;
+                    assert!(
+                        (t - best).abs() <= 1e-6 * best,
+                        "seed {seed} cap {cap:?}: ILP {t}, exhaustive {best}"
+                    );
+                    let exported = export(&profile, &solved.schedule).unwrap();
+                    assert!(exported.exact, "seed {seed}: {:?}", exported.approximations);
+                    let plan_time = solved.simulation.iteration_time_us;
+                    assert_eq!(exported.fsdp2_iteration_time_us, plan_time);
+                    assert!((plan_time - t).abs() <= 1e-9 * t);
+                    assert!(cap.is_none_or(|c| exported.fsdp2_peak_memory_bytes <= c));
+                    solves += 1;
+                }
+                (Err(Error::Infeasible(_)), None) => infeasible += 1,
+                (answer, best) => panic!(
+                    "seed {seed} cap {cap:?}: ILP {:?}, exhaustive {best:?}",
+                    answer.map(|s| s.report.objective)
+                ),
+            }
+        }
+    }
+    assert_eq!(instances, 18);
+    assert!(solves >= 80, "{solves} solves");
+    assert!(infeasible >= 18, "{infeasible} infeasible caps");
+    assert!(
+        tied >= 4 && hierarchical >= 4,
+        "{tied} tied, {hierarchical} with nodes"
+    );
+}
