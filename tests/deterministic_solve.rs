@@ -2,7 +2,7 @@
 //! and options give the same plan file, byte for byte, and the same gap, whatever else loads the
 //! machine; a different effort gives another plan file (so the comparison can fail); a solve the
 //! outer `--time-limit` stops says `time_limit`; an optimum carries no "outside the ILP's plan
-//! space" line.
+//! space" line, a hierarchical plan at two micro-batches does.
 
 mod common;
 
@@ -159,6 +159,21 @@ fn an_optimum_says_optimal_and_lies_in_the_plan_space() {
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(stdout.contains(": optimal — "), "{stdout}");
     assert!(!stdout.contains("outside the ILP's plan space"), "{stdout}");
+    let json = shardplan(&[
+        "solve",
+        "--profile",
+        &profile,
+        "--memory-cap",
+        "2GiB",
+        "--gap",
+        "0",
+        "--out",
+        &plan,
+        "--json",
+    ]);
+    assert_success(&json);
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(report["outside_ilp_space"], false, "{report}");
 }
 
 #[test]
@@ -182,4 +197,57 @@ fn an_effort_that_is_not_a_positive_whole_number_is_refused() {
         let message = error["error"].as_str().unwrap();
         assert!(message.contains("positive whole number"), "{message}");
     }
+}
+
+/// With two micro-batches the ILP knows no shard groups, and at 2 GiB the hsdp-nosync warm start
+/// beats its plans (GPT-2 small on 2 nodes of 8): both outputs say the plan lies outside the ILP's
+/// plan space, the text naming why.
+#[test]
+fn a_hierarchical_plan_at_micro_batches_says_it_lies_outside_the_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("gpt2-k2.toml").display().to_string();
+    let out = shardplan(&[
+        "profile",
+        "analytic",
+        "--model",
+        "models/gpt2-small.toml",
+        "--device",
+        "h100-sxm",
+        "--world-size",
+        "16",
+        "--gpus-per-node",
+        "8",
+        "--micro-batches",
+        "2",
+        "--out",
+        &profile,
+    ]);
+    assert_success(&out);
+    let plan = dir.path().join("gpt2-k2.plan.toml").display().to_string();
+    let args = [
+        "solve",
+        "--profile",
+        &profile,
+        "--memory-cap",
+        "2GiB",
+        "--effort",
+        "5",
+        "--out",
+        &plan,
+    ];
+    let text = shardplan(&args);
+    assert_success(&text);
+    let stdout = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        stdout.contains(
+            "the plan is a hierarchical baseline outside the micro-batch ILP's plan space"
+        ),
+        "{stdout}"
+    );
+    assert!(stdout.contains("warm start hsdp-nosync"), "{stdout}");
+    let json = shardplan(&[&args[..], &["--json"]].concat());
+    assert_success(&json);
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(report["outside_ilp_space"], true, "{report}");
+    assert_eq!(report["warm_start"]["name"], "hsdp-nosync", "{report}");
 }

@@ -39,7 +39,7 @@ pub use effort::Effort;
 pub use limits::WindowLimits;
 pub use micro::rows_at as micro_rows_at;
 pub use refine::far_band_bound;
-pub use solve::solve;
+pub use solve::{solve, solve_naming_offload};
 
 use crate::baselines::Preference;
 use crate::plan::{Plan, Predicted, Producer};
@@ -207,6 +207,53 @@ pub struct SolveReport {
     /// The window limit under which the optimality claim holds.
     pub window_depth: WindowLimits,
     pub phases: Vec<PhaseReport>,
+    /// Where the returned plan lies outside the plan space the bound holds over, and why: the
+    /// bound and gap are then over that space, not over this plan. None: the plan lies inside.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outside_the_space: Option<OutsideTheSpace>,
+}
+
+/// Why a solve's plan lies outside the ILP's plan space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutsideTheSpace {
+    /// A hierarchical baseline (over a shard or secondary group) that beat the plans of the
+    /// micro-batch ILP, which knows no groups (DESIGN §3.11.1).
+    GroupsAtMicroBatches,
+    /// A warm start faster than the bound beyond its tolerance: over a shard group the ILP does
+    /// not offer (DESIGN §3.11).
+    BeyondTheBound,
+}
+
+/// Bound over objective, relative, beyond which the plan cannot lie in the space the bound holds
+/// over: HiGHS' dual bound meets an optimum up to its tolerances (1e-9 µs apart on an optimum).
+const OUTSIDE_TOLERANCE: f64 = 1e-9;
+
+impl OutsideTheSpace {
+    /// Whether and why `schedule`, of objective `value`, lies outside the space over which
+    /// `bound` was proven (the bound of the time objective excludes a plan faster than it).
+    pub fn of(
+        schedule: &Schedule,
+        objective: Objective,
+        value: f64,
+        bound: f64,
+    ) -> Option<OutsideTheSpace> {
+        let over_a_group = || {
+            schedule
+                .units()
+                .iter()
+                .any(|u| u.shard_group.is_some() || u.secondary_group.is_some())
+        };
+        if schedule.micro_batches() >= 2 && over_a_group() {
+            Some(OutsideTheSpace::GroupsAtMicroBatches)
+        } else if matches!(objective, Objective::Time)
+            && bound - value > OUTSIDE_TOLERANCE * value.abs()
+        {
+            Some(OutsideTheSpace::BeyondTheBound)
+        } else {
+            None
+        }
+    }
 }
 
 /// A solved plan: the schedule, its strict simulation and the report.
