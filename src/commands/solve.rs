@@ -14,8 +14,11 @@ use shardplan_scheduler::io::check_outputs_distinct;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::size::{format_bytes, whole_bytes};
 use shardplan_scheduler::timeline::Level;
+use std::time::Instant;
 
 pub fn run(args: SolveArgs) -> anyhow::Result<()> {
+    // `--time-limit` bounds the whole command: reading the profile counts against it.
+    let started = Instant::now();
     if args.objective == ObjectiveArg::Time && args.memory_cap.is_none() {
         return Err(flag_error(
             "--memory-cap",
@@ -40,7 +43,7 @@ pub fn run(args: SolveArgs) -> anyhow::Result<()> {
             },
         },
         memory_cap_bytes: args.memory_cap.and_then(MemoryCap::bytes),
-        time_limit_s: args.time_limit,
+        time_limit_s: (args.time_limit - started.elapsed().as_secs_f64()).max(0.0),
         effort: args.effort.map_or(Effort::DEFAULT, Effort::new),
         relative_gap: args.gap,
         threads: args.threads,

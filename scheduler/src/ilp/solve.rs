@@ -74,6 +74,9 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     let infeasible = match full_window {
         FullWindow::Ran { infeasible } => infeasible,
         FullWindow::Skip => false,
+        // Past the deadline HiGHS would stop it at once, after its model was built: with a plan
+        // in hand the clock keeps it from starting (which `expired` records).
+        FullWindow::Run if !pool.is_empty() && clock.expired() => false,
         FullWindow::Run => {
             let run = full_window_mip(profile, options, &pool, &mut budget)?;
             phases.push(run.phase);
