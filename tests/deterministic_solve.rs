@@ -99,6 +99,29 @@ fn the_same_solve_beside_a_busy_cpu_writes_the_same_plan() {
         "a third of the effort wrote the same plan file"
     );
     assert_ne!(iterations(&less_report), iterations(&alone_report));
+    for report in [&alone_report, &busy_report, &less_report] {
+        assert_status_and_space_follow_the_gap(report, 1e-4);
+    }
+}
+
+/// Where the clock did not fire, the status says whether the gap meets the target (`optimal`) or
+/// the effort ran out above it (`gap_limit`), and the plan lies outside the ILP's plan space only
+/// where it beats the bound by more than the tolerance (1e-9 relative; K = 1, so no other reason).
+fn assert_status_and_space_follow_the_gap(report: &serde_json::Value, target: f64) {
+    let gap = report["gap"].as_f64().unwrap();
+    let expected = if gap <= target {
+        "optimal"
+    } else {
+        "gap_limit"
+    };
+    assert_eq!(report["status"], expected, "{report}");
+    let time = report["iteration_time_us"].as_f64().unwrap();
+    let bound = report["best_bound_us"].as_f64().unwrap();
+    assert_eq!(
+        report["outside_ilp_space"],
+        bound - time > 1e-9 * time,
+        "{report}"
+    );
 }
 
 #[test]
