@@ -75,8 +75,9 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
         FullWindow::Ran { infeasible } => infeasible,
         FullWindow::Skip => false,
         // Past the deadline HiGHS would stop it at once, after its model was built: with a plan
-        // in hand the clock keeps it from starting (which `expired` records).
-        FullWindow::Run if !pool.is_empty() && clock.expired() => false,
+        // in hand and a phase to claim from, the clock keeps it from starting (which `expired`
+        // records).
+        FullWindow::Run if !pool.is_empty() && !phases.is_empty() && clock.expired() => false,
         FullWindow::Run => {
             let run = full_window_mip(profile, options, &pool, &mut budget)?;
             phases.push(run.phase);
