@@ -2,7 +2,7 @@
 //! and options give the same plan file, byte for byte, and the same gap, whatever else loads the
 //! machine; a different effort gives another plan file (so the comparison can fail); a solve the
 //! outer `--time-limit` stops says `time_limit`; an optimum carries no "outside the ILP's plan
-//! space" line.
+//! space" line, a hierarchical plan at two micro-batches does.
 
 mod common;
 
@@ -99,6 +99,29 @@ fn the_same_solve_beside_a_busy_cpu_writes_the_same_plan() {
         "a third of the effort wrote the same plan file"
     );
     assert_ne!(iterations(&less_report), iterations(&alone_report));
+    for report in [&alone_report, &busy_report, &less_report] {
+        assert_status_and_space_follow_the_gap(report, 1e-4);
+    }
+}
+
+/// Where the clock did not fire, the status says whether the gap meets the target (`optimal`) or
+/// the effort ran out above it (`gap_limit`), and the plan lies outside the ILP's plan space only
+/// where it beats the bound by more than the tolerance (1e-9 relative; K = 1, so no other reason).
+fn assert_status_and_space_follow_the_gap(report: &serde_json::Value, target: f64) {
+    let gap = report["gap"].as_f64().unwrap();
+    let expected = if gap <= target {
+        "optimal"
+    } else {
+        "gap_limit"
+    };
+    assert_eq!(report["status"], expected, "{report}");
+    let time = report["iteration_time_us"].as_f64().unwrap();
+    let bound = report["best_bound_us"].as_f64().unwrap();
+    assert_eq!(
+        report["outside_ilp_space"],
+        bound - time > 1e-9 * time,
+        "{report}"
+    );
 }
 
 #[test]
@@ -159,6 +182,21 @@ fn an_optimum_says_optimal_and_lies_in_the_plan_space() {
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(stdout.contains(": optimal — "), "{stdout}");
     assert!(!stdout.contains("outside the ILP's plan space"), "{stdout}");
+    let json = shardplan(&[
+        "solve",
+        "--profile",
+        &profile,
+        "--memory-cap",
+        "2GiB",
+        "--gap",
+        "0",
+        "--out",
+        &plan,
+        "--json",
+    ]);
+    assert_success(&json);
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(report["outside_ilp_space"], false, "{report}");
 }
 
 #[test]
@@ -182,4 +220,55 @@ fn an_effort_that_is_not_a_positive_whole_number_is_refused() {
         let message = error["error"].as_str().unwrap();
         assert!(message.contains("positive whole number"), "{message}");
     }
+}
+
+/// With two micro-batches the ILP offers the shard groups too (DESIGN §4.8), so at 2 GiB, where
+/// only plans over groups of ranks beat the world's (GPT-2 small on 2 nodes of 8), its plan lies
+/// inside its space: neither output says otherwise, and the plan shards over a group.
+#[test]
+fn a_hierarchical_plan_at_micro_batches_lies_inside_the_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("gpt2-k2.toml").display().to_string();
+    let out = shardplan(&[
+        "profile",
+        "analytic",
+        "--model",
+        "models/gpt2-small.toml",
+        "--device",
+        "h100-sxm",
+        "--world-size",
+        "16",
+        "--gpus-per-node",
+        "8",
+        "--micro-batches",
+        "2",
+        "--out",
+        &profile,
+    ]);
+    assert_success(&out);
+    let plan = dir.path().join("gpt2-k2.plan.toml").display().to_string();
+    let args = [
+        "solve",
+        "--profile",
+        &profile,
+        "--memory-cap",
+        "2GiB",
+        "--effort",
+        "5",
+        "--out",
+        &plan,
+    ];
+    let text = shardplan(&args);
+    assert_success(&text);
+    let stdout = String::from_utf8(text.stdout).unwrap();
+    assert!(!stdout.contains("outside the ILP's plan space"), "{stdout}");
+    let json = shardplan(&[&args[..], &["--json"]].concat());
+    assert_success(&json);
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(report["outside_ilp_space"], false, "{report}");
+    let plan_text = std::fs::read_to_string(&plan).unwrap();
+    assert!(
+        plan_text.contains("shard_group") || plan_text.contains("secondary_group"),
+        "{plan_text}"
+    );
 }

@@ -130,7 +130,10 @@ pub fn solve_to_fit(
         warm_start: answer.warm_start,
         ..first.report.claim_for(
             &answer.schedule,
-            options.objective.value_of(&answer.simulation),
+            (
+                options.objective,
+                options.objective.value_of(&answer.simulation),
+            ),
             options.relative_gap,
         )
     };

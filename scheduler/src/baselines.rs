@@ -13,6 +13,7 @@ mod kind;
 mod offload;
 
 pub use kind::BaselineKind;
+pub use offload::OffloadFallback;
 
 use crate::offload::Offload;
 use crate::plan::{Plan, Producer, plan_with_prediction};

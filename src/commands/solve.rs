@@ -7,18 +7,20 @@ use serde_json::json;
 use shardplan_runtime::dispatch::{Data, Model};
 use shardplan_runtime::fit::{Packing, solve_to_fit};
 use shardplan_runtime::model_file::ModelFile;
-use shardplan_scheduler::baselines::{BaselineKind, Preference, best_baseline};
 use shardplan_scheduler::export::Fsdp2Plan;
 use shardplan_scheduler::ilp::{
-    Effort, Objective, SolveOptions, Solved, Target, WindowLimits, solve,
+    Effort, Objective, OutsideTheSpace, SolveOptions, Solved, Target, WindowLimits,
+    solve_naming_offload,
 };
 use shardplan_scheduler::io::check_outputs_distinct;
 use shardplan_scheduler::profile::Profile;
-use shardplan_scheduler::schedule::RecomputeChoice;
 use shardplan_scheduler::size::{format_bytes, whole_bytes};
 use shardplan_scheduler::timeline::Level;
+use std::time::Instant;
 
 pub fn run(args: SolveArgs) -> anyhow::Result<()> {
+    // `--time-limit` bounds the whole command: reading the profile counts against it.
+    let started = Instant::now();
     if args.objective == ObjectiveArg::Time && args.memory_cap.is_none() {
         return Err(flag_error(
             "--memory-cap",
@@ -43,7 +45,7 @@ pub fn run(args: SolveArgs) -> anyhow::Result<()> {
             },
         },
         memory_cap_bytes: args.memory_cap.and_then(MemoryCap::bytes),
-        time_limit_s: args.time_limit,
+        time_limit_s: (args.time_limit - started.elapsed().as_secs_f64()).max(0.0),
         effort: args.effort.map_or(Effort::DEFAULT, Effort::new),
         relative_gap: args.gap,
         threads: args.threads,
@@ -63,10 +65,7 @@ pub fn run(args: SolveArgs) -> anyhow::Result<()> {
         ));
     }
     let (solved, packing) = match &args.model {
-        None => (
-            solve(&profile, &options).map_err(|e| with_offload_note(e, &profile, &options))?,
-            None,
-        ),
+        None => (solve_naming_offload(&profile, &options)?, None),
         Some(path) => {
             let origin = path.display().to_string();
             let file = ModelFile::load(path)?;
@@ -82,49 +81,6 @@ pub fn run(args: SolveArgs) -> anyhow::Result<()> {
     let fsdp2 = fsdp2_export(&profile, &solved, options.target)?;
     report(&args, &solved, packing.as_ref(), fsdp2.as_ref());
     Ok(())
-}
-
-/// Where nothing fits on the device alone, the fastest offload baseline that fits the cap
-/// (DESIGN §3.13) named after the ILP's infeasibility: the ILP does not model offload yet.
-fn with_offload_note(
-    error: shardplan_scheduler::Error,
-    profile: &Profile,
-    options: &SolveOptions,
-) -> shardplan_scheduler::Error {
-    let shardplan_scheduler::Error::Infeasible(why) = error else {
-        return error;
-    };
-    let offload = BaselineKind::offload_of(profile);
-    let cap = options.memory_cap_bytes;
-    let note = match best_baseline(
-        profile,
-        &offload,
-        RecomputeChoice::Allowed,
-        cap,
-        Preference::Fastest,
-    ) {
-        Some(best) => {
-            let sim = &best.plan.simulation;
-            format!(
-                "; the ILP does not model offload yet, and the fastest offload baseline that fits \
-                 is {}: iteration {}, device peak {}, host {} per node (`shardplan baseline \
-                 --kind {}{}`)",
-                best.label(),
-                ms(sim.iteration_time_us),
-                format_bytes(sim.peak_memory_bytes),
-                format_bytes(sim.host.as_ref().map_or(0.0, |h| h.memory_bytes)),
-                best.kind.name(),
-                if best.checkpoint.is_on() {
-                    " --checkpoint"
-                } else {
-                    ""
-                }
-            )
-        }
-        None if offload.is_empty() => String::new(),
-        None => "; no offload baseline fits either".into(),
-    };
-    shardplan_scheduler::Error::Infeasible(format!("{why}{note}"))
 }
 
 /// The FSDP2 target's plan as FSDP2 runs it (exact: its time is the plan's, DESIGN §4.9).
@@ -157,10 +113,6 @@ fn report(args: &SolveArgs, solved: &Solved, packing: Option<&Packing>, fsdp2: O
     let recomputed = units.iter().filter(|u| u.recompute).count();
     let over_shard_groups = units.iter().filter(|u| u.shard_group.is_some()).count();
     let hpz = units.iter().filter(|u| u.secondary_group.is_some()).count();
-    // A plan above the bound is a warm start over a group the ILP does not offer (DESIGN §3.11,
-    // at any K: §4.8).
-    let outside_the_space =
-        args.objective == ObjectiveArg::Time && lies_outside(r.best_bound, sim.iteration_time_us);
     let bound_key = match args.objective {
         ObjectiveArg::Time => "best_bound_us",
         ObjectiveArg::Memory => "best_bound_bytes",
@@ -183,7 +135,7 @@ fn report(args: &SolveArgs, solved: &Solved, packing: Option<&Packing>, fsdp2: O
             "recomputed_units": recomputed,
             "units_over_shard_groups": over_shard_groups,
             "units_hpz": hpz,
-            "outside_ilp_space": outside_the_space,
+            "outside_ilp_space": r.outside_the_space.is_some(),
             "warm_start": r.warm_start.as_ref().map(|(name, time)| json!({"name": name, "iteration_time_us": time})),
             "window_depth": r.window_depth,
             "phases": r.phases,
@@ -232,11 +184,12 @@ fn report(args: &SolveArgs, solved: &Solved, packing: Option<&Packing>, fsdp2: O
                 e.fsdp2_peak_slot
             );
         }
-        if outside_the_space {
-            outln!(
-                "  the plan is a warm start outside the ILP's plan space (a shard group it does \
-                 not offer, DESIGN §3.11): the bound is over that space, not over this plan"
-            );
+        match r.outside_the_space {
+            Some(OutsideTheSpace::BeyondTheBound) => outln!(
+                "  the plan is a warm start outside the ILP's plan space (launches outside its \
+                 windows, DESIGN §4.5): the bound is over that space, not over this plan"
+            ),
+            None => {}
         }
         let hierarchical = if over_shard_groups + hpz > 0 {
             format!(" ({over_shard_groups} over a shard group, {hpz} hpz)")
@@ -273,28 +226,5 @@ fn report(args: &SolveArgs, solved: &Solved, packing: Option<&Packing>, fsdp2: O
                 );
             }
         }
-    }
-}
-
-/// Bound over objective, relative, beyond which the plan cannot lie in the space the bound holds
-/// over: HiGHS' dual bound meets an optimum up to its tolerances (1e-9 µs apart on an optimum).
-const OUTSIDE_TOLERANCE: f64 = 1e-9;
-
-/// Whether a bound of `bound` over the ILP's plan space excludes a plan of `time`: then the plan
-/// is a warm start outside that space.
-fn lies_outside(bound: f64, time: f64) -> bool {
-    bound - time > OUTSIDE_TOLERANCE * time.abs()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_optimum_at_its_bound_lies_inside() {
-        assert!(!lies_outside(1000.0, 1000.0));
-        assert!(!lies_outside(1000.0 + 1e-9, 1000.0));
-        assert!(!lies_outside(999.0, 1000.0));
-        assert!(lies_outside(1000.01, 1000.0));
     }
 }

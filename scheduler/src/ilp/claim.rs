@@ -1,7 +1,7 @@
 //! What a plan's value is, and what the phases of a solve prove about it: the objective of a
 //! schedule and the claim (status, bound, gap, window) the returned plan carries.
 
-use super::{Objective, PhaseReport, SolveReport, SolveStatus};
+use super::{Objective, OutsideTheSpace, PhaseReport, SolveReport, SolveStatus};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
 use crate::sim::{Semantics, memory_by_slot, simulate};
@@ -22,7 +22,12 @@ impl SolveReport {
     /// the same cap: `solve --model` returns a plan that packs within the cap, solved under a
     /// lower one or a baseline (DESIGN §6.5), and its gap is against the bounds proven under the
     /// cap the user asked for, not under the lower one.
-    pub fn claim_for(&self, schedule: &Schedule, value: f64, target: f64) -> SolveReport {
+    pub fn claim_for(
+        &self,
+        schedule: &Schedule,
+        (objective, value): (Objective, f64),
+        target: f64,
+    ) -> SolveReport {
         let claim = claim(&self.phases, schedule, value, target);
         SolveReport {
             // The clock that stopped this solve stopped it for any plan.
@@ -35,6 +40,7 @@ impl SolveReport {
             best_bound: claim.best_bound,
             gap: claim.gap,
             window_depth: claim.window_depth,
+            outside_the_space: OutsideTheSpace::of(objective, value, claim.best_bound),
             ..self.clone()
         }
     }
@@ -92,7 +98,7 @@ mod tests {
     use super::*;
     use crate::analytic::zoo_profile;
     use crate::baselines::{BaselineKind, baseline};
-    use crate::ilp::WindowLimits;
+    use crate::ilp::{OutsideTheSpace, WindowLimits};
     use crate::schedule::Recompute;
 
     /// A phase over every plan with `bound`, ended with `status`.
@@ -148,5 +154,24 @@ mod tests {
             0.0,
         );
         assert_eq!((exact.status, exact.gap), (SolveStatus::Optimal, 0.0));
+    }
+
+    /// A plan faster than the bound of the time objective beyond its tolerance (1e-9 relative)
+    /// lies outside the space; at the bound, within the tolerance or above it, inside; the memory
+    /// objective's bound excludes nothing here.
+    #[test]
+    fn a_plan_beyond_the_bound_lies_outside_the_space() {
+        let of = |objective, bound| OutsideTheSpace::of(objective, 1000.0, bound);
+        assert_eq!(of(Objective::Time, 1000.0), None);
+        assert_eq!(of(Objective::Time, 1000.0 + 1e-7), None);
+        assert_eq!(of(Objective::Time, 999.0), None);
+        assert_eq!(
+            of(Objective::Time, 1000.01),
+            Some(OutsideTheSpace::BeyondTheBound)
+        );
+        let memory = Objective::Memory {
+            max_iteration_time_us: None,
+        };
+        assert_eq!(of(memory, 1000.01), None);
     }
 }

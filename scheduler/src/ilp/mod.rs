@@ -42,7 +42,7 @@ pub use effort::Effort;
 pub use limits::WindowLimits;
 pub use micro::rows_at as micro_rows_at;
 pub use refine::far_band_bound;
-pub use solve::solve;
+pub use solve::{solve, solve_naming_offload};
 
 use crate::baselines::Preference;
 use crate::plan::{Plan, Predicted, Producer};
@@ -213,6 +213,33 @@ pub struct SolveReport {
     /// The window limit under which the optimality claim holds.
     pub window_depth: WindowLimits,
     pub phases: Vec<PhaseReport>,
+    /// Where the returned plan lies outside the plan space the bound holds over, and why: the
+    /// bound and gap are then over that space, not over this plan. None: the plan lies inside.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outside_the_space: Option<OutsideTheSpace>,
+}
+
+/// Why a solve's plan lies outside the ILP's plan space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutsideTheSpace {
+    /// A warm start or hint faster than the bound beyond its tolerance: a plan the ILP's columns
+    /// cannot express (launches outside its windows, DESIGN §4.5).
+    BeyondTheBound,
+}
+
+/// Bound over objective, relative, beyond which the plan cannot lie in the space the bound holds
+/// over: HiGHS' dual bound meets an optimum up to its tolerances (1e-9 µs apart on an optimum).
+const OUTSIDE_TOLERANCE: f64 = 1e-9;
+
+impl OutsideTheSpace {
+    /// Whether and why a plan of objective `value` lies outside the space over which `bound` was
+    /// proven (the bound of the time objective excludes a plan faster than it; every plan over
+    /// groups of ranks, at any K, is in the space since the ILPs offer every group, DESIGN §3.11).
+    pub fn of(objective: Objective, value: f64, bound: f64) -> Option<OutsideTheSpace> {
+        (matches!(objective, Objective::Time) && bound - value > OUTSIDE_TOLERANCE * value.abs())
+            .then_some(OutsideTheSpace::BeyondTheBound)
+    }
 }
 
 /// A solved plan: the schedule, its strict simulation and the report.

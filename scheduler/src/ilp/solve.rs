@@ -9,7 +9,10 @@ use super::run::{Stop, run_highs};
 use super::staged::{FullWindow, full_window_mip, is_staged, staged_phases};
 use super::variables::ExtraPositions;
 use super::warm::best_baseline;
-use super::{Objective, PhaseReport, SolveOptions, SolveReport, SolveStatus, Solved};
+use super::{
+    Objective, OutsideTheSpace, PhaseReport, SolveOptions, SolveReport, SolveStatus, Solved,
+};
+use crate::baselines::OffloadFallback;
 use crate::profile::Profile;
 use crate::sim::{Semantics, simulate};
 use crate::size::{format_bytes, whole_bytes};
@@ -25,7 +28,15 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
         return super::fsdp2_solve::solve(profile, options);
     }
     if profile.micro_batches >= 2 {
-        return super::micro::solve(profile, options);
+        return super::micro::solve(profile, options).map(|mut solved| {
+            let r = &solved.report;
+            solved.report.outside_the_space = OutsideTheSpace::of(
+                options.objective,
+                r.objective,
+                r.best_bound,
+            );
+            solved
+        });
     }
     let started = Instant::now();
     let clock = Clock::new(started, options.time_limit_s);
@@ -65,6 +76,10 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     let infeasible = match full_window {
         FullWindow::Ran { infeasible } => infeasible,
         FullWindow::Skip => false,
+        // Past the deadline HiGHS would stop it at once, after its model was built: with a plan
+        // in hand and a phase to claim from, the clock keeps it from starting (which `expired`
+        // records).
+        FullWindow::Run if !pool.is_empty() && !phases.is_empty() && clock.expired() => false,
         FullWindow::Run => {
             let run = full_window_mip(profile, options, &pool, &mut budget)?;
             phases.push(run.phase);
@@ -118,11 +133,29 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
         warm_start: warm.map(|(name, _, time)| (name, time)),
         window_depth: claim.window_depth,
         phases,
+        outside_the_space: OutsideTheSpace::of(
+            options.objective,
+            objective,
+            claim.best_bound,
+        ),
     };
     Ok(Solved {
         schedule,
         simulation,
         report,
+    })
+}
+
+/// [`solve`] for the one cap a user asked for: where no plan fits it, the error names the fastest
+/// offload baseline that does (DESIGN §3.13), which the ILP does not model yet. Searches over
+/// many caps (sweeps, `solve --model`'s lower caps) take [`solve`]'s error as it is.
+pub fn solve_naming_offload(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
+    solve(profile, options).map_err(|error| match error {
+        Error::Infeasible(why) => Error::Infeasible(format!(
+            "{why}{}",
+            OffloadFallback::at(profile, options.memory_cap_bytes)
+        )),
+        error => error,
     })
 }
 

@@ -204,6 +204,7 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
             warm_start: warm.map(|c| (c.label(), c.plan.simulation.iteration_time_us)),
             window_depth: limits,
             phases: vec![phase],
+            outside_the_space: None,
         },
     })
 }
