@@ -322,3 +322,64 @@ fn offload_without_a_host_link_is_refused() {
         "{error}"
     );
 }
+
+/// `profile measure --host-link` on the CPU backend at N = 1 and 2 (MPI): a `[host]` with both
+/// copy curves (their sizes from 4 KiB to --max-message), the host's step per parameter the
+/// measured optimizer steps' (Σ o_i / Σ Ψ_i) and the system's memory; the fsdp2-offload
+/// baseline of that profile trains on it.
+#[test]
+fn profile_measure_measures_the_host_link() {
+    let setup = Setup::new(false);
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let total: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    for world in [1, 2] {
+        let out = setup.dir.path().join(format!("measured{world}.toml"));
+        let args = [
+            "profile",
+            "measure",
+            "--backend",
+            "cpu",
+            "--model",
+            setup.model.to_str().unwrap(),
+            "--world-size",
+            &world.to_string(),
+            "--host-link",
+            "--max-message",
+            "1MiB",
+            "--repeats",
+            "2",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        let measured = common::run(world, &args);
+        assert!(
+            measured.status.success(),
+            "N={world}: {}",
+            String::from_utf8_lossy(&measured.stderr)
+        );
+        let profile = Profile::load(&out).unwrap();
+        let host = profile.host.clone().expect("a measured [host]");
+        assert_eq!(host.ranks_per_node, world as u32);
+        assert_eq!(host.memory_bytes, total * 1024);
+        for curve in [&host.host_to_device, &host.device_to_host] {
+            let sizes: Vec<u64> = curve.points.iter().map(|p| p.0).collect();
+            assert_eq!(sizes, (12..=20).map(|e| 1u64 << e).collect::<Vec<_>>());
+        }
+        let (steps, params) = (profile.units.iter()).fold((0.0, 0.0), |(t, n), u| {
+            (t + u.optimizer_us, n + u.params as f64)
+        });
+        let per_param = steps / params;
+        assert!((host.optimizer_us_per_param - per_param).abs() <= 1e-9 * per_param);
+        let schedule = baseline(&profile, BaselineKind::Fsdp2Offload, Recompute::Off, None)
+            .unwrap()
+            .schedule;
+        let (report, _) = setup.train((world, "measured"), &profile, &schedule, "strict");
+        assert!(report["host_arena_bytes"].as_u64().unwrap() > 0);
+    }
+}
