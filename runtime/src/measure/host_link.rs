@@ -25,8 +25,8 @@ impl CopyRoom {
     }
 }
 
-/// `[host]` for `profile`'s ranks (one node: the backend's ranks share this host): the copy
-/// curves timed in `room`, `repeats` samples each after two warm-ups; the step per parameter the
+/// `[host]` for `profile`'s ranks (one node: they share this host; the curves' `ranks_per_link`
+/// is this job's ranks, which copied at once): the copy curves timed in `room`, `repeats` samples each after two warm-ups; the step per parameter the
 /// measured optimizer steps take (the host's Adam is the same kernel on the same memory where the
 /// backend's device is the host); the node's memory from `/proc/meminfo`.
 pub fn measure_host<B: Backend>(
@@ -68,10 +68,11 @@ pub fn measure_host<B: Backend>(
     let (step_us, params) = (profile.units.iter()).fold((0.0, 0.0), |(t, n), u| {
         (t + u.optimizer_us, n + u.params as f64)
     });
-    let world = backend.world_size() as u32;
+    // The profile's ranks all run on this host, as the CPU backend runs them; the curves were
+    // timed with this job's ranks copying at once.
     Ok(Host {
-        ranks_per_node: world,
-        ranks_per_link: world,
+        ranks_per_node: profile.world_size,
+        ranks_per_link: backend.world_size() as u32,
         memory_bytes: memory_total_bytes().ok_or_else(|| {
             Error::Backend("the host's memory: /proc/meminfo has no MemTotal".into())
         })?,
