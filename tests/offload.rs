@@ -8,8 +8,9 @@
 mod common;
 
 use common::{
-    Rng, affine, gpt2_tiny as gpt2, gpt2_tiny_bf16_path, gpt2_tiny_bf16_profile,
-    gpt2_tiny_path as model_path, gpt2_tiny_profile, random_schedule, run_plan,
+    Rng, affine, assert_relaxed_is_strict_with_slow_communication, gpt2_tiny as gpt2,
+    gpt2_tiny_bf16_path, gpt2_tiny_bf16_profile, gpt2_tiny_path as model_path, gpt2_tiny_profile,
+    random_schedule, run_plan,
 };
 use shardplan_runtime::layout::place;
 use shardplan_runtime::workload::Workload;
@@ -444,4 +445,40 @@ fn a_resumed_offloading_run_trains_like_an_uninterrupted_one() {
         resumed_weights == whole_weights,
         "the trained weights differ"
     );
+}
+
+/// Random offloading plans (alternating `optimizer` and `full`, overlapped steps) at N = 2 on
+/// ranks whose collectives take a millisecond each: relaxed runs, whose compute runs ahead of
+/// communication, agree exactly with strict ones and no operation touches memory a copy or a
+/// collective in flight still uses (the CPU arenas refuse such a borrow); a plan whose offloaded
+/// unit would gather its parameters before the reduction its host step needs is refused, naming
+/// the unit's `offload`.
+#[test]
+fn random_offloading_plans_with_slow_communication_never_reuse_memory_in_flight() {
+    let world = 2;
+    let profile = with_host(gpt2_tiny_profile(world), world);
+    let mut rng = Rng(97);
+    let (mut ran, mut refused) = (0, 0);
+    for k in 0..24 {
+        let alternate = |u: usize| [Offload::Optimizer, Offload::Full][(u + k) % 2];
+        let random = random_schedule(&mut rng, &profile);
+        let schedule = offloaded(&profile, random, &alternate, HostStep::Overlapped);
+        let name = format!("slow-random{k}");
+        let run = std::panic::catch_unwind(|| {
+            assert_relaxed_is_strict_with_slow_communication(world, &name, &profile, &schedule)
+        });
+        match run {
+            Ok(()) => ran += 1,
+            Err(panic) => {
+                let message = (panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+                if !message.contains("before its reduction of the step before") {
+                    std::panic::resume_unwind(panic);
+                }
+                assert!(message.contains(".offload is `"), "{message}");
+                refused += 1;
+            }
+        }
+    }
+    eprintln!("{ran} ran, {refused} refused");
+    assert!(ran >= 12, "{ran} ran, {refused} refused");
 }

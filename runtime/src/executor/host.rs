@@ -6,6 +6,8 @@
 //! after the step. Every copy and step is counted on an event per unit, which the streams wait
 //! on where the plan's order needs it.
 
+use super::kind::Kind;
+use super::program::Program;
 use super::{Streamed, Walk};
 use crate::backend::{Backend, Region, Stream};
 use crate::event::Event;
@@ -15,6 +17,7 @@ use crate::train::{Train, optimize_unit};
 use crate::{Error, Result};
 use shardplan_scheduler::offload::{HostStep, Offload};
 use shardplan_scheduler::schedule::Schedule;
+use shardplan_scheduler::timeline::Timeline;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -176,6 +179,55 @@ impl<M: Clone> HostSide<M> {
         }
         self.arrived.close();
         self.copies.close();
+    }
+
+    /// Refuses a plan in which an offloaded unit gathers its parameters for a data step before
+    /// its last reduction block of the step before has run: the gather waits for the host's step
+    /// of that reduction's gradient, so the walk would wait until its timeout (DESIGN §6.12).
+    /// Blocks run in the order (iteration, slot, place in the slot's queue), and a block of data
+    /// step d with offset o runs in iteration d − o.
+    pub(super) fn check_order(&self, program: &Program, schedule: &Schedule) -> Result<()> {
+        let timeline = Timeline::new(schedule.units().len());
+        for &unit in &self.offloaded {
+            let blocks = (program.queues.iter().enumerate()).flat_map(|(s, queue)| {
+                (queue.iter().enumerate())
+                    .filter(move |(_, b)| b.unit == unit)
+                    .map(move |(k, b)| (b, (s, k)))
+            });
+            // The latest reduction block of a step, as (iteration − step, slot, place).
+            let reduced = (blocks.clone())
+                .filter(|(b, _)| b.step_reduction)
+                .map(|(b, at)| (-b.offset, at))
+                .max();
+            let Some((after, at)) = reduced else {
+                continue;
+            };
+            let gathers = blocks
+                .filter(|(b, _)| matches!(b.kind, Kind::ForwardGather | Kind::BackwardGather));
+            for (gather, place) in gathers {
+                // The gather of step d runs in iteration d − o_g; step d − 1's reduction in
+                // iteration d − 1 + after.
+                if (after - 1 + gather.offset, at) < (0, place) {
+                    continue;
+                }
+                return Err(Error::Mismatch(format!(
+                    "units[{unit}].offload is `{}`, and the unit gathers its parameters for a \
+                     step ({} at {}) before its reduction of the step before has run (at {}{}): \
+                     the gather waits for the host's step of that reduction's gradient (DESIGN \
+                     §6.12); plan the gather after the reduction, or without offload",
+                    self.modes[unit].name(),
+                    gather.kind.name(),
+                    timeline.slot(place.0),
+                    timeline.slot(at.0),
+                    if after > 0 {
+                        " of the next iteration"
+                    } else {
+                        ""
+                    }
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// No more copies will be issued (the streams and the host thread are done).

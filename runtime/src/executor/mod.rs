@@ -198,6 +198,9 @@ pub fn run<B: Backend, W: Train<B>>(
     options: &RunOptions,
 ) -> Result<RunReport> {
     let walk = Walk::new(backend, workload, profile, schedule, placement, options);
+    if let Some(host) = &walk.host {
+        host.check_order(&walk.program, schedule)?;
+    }
     backend.synchronize()?;
     let origin = backend.mark(Stream::Compute)?;
     let finished = AtomicBool::new(false);
