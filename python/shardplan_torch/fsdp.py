@@ -18,6 +18,11 @@ A plan made for a bf16 profile (2 bytes per gathered parameter, DESIGN §6.9) ca
 `mixed_precision`: every `fully_shard` gets FSDP2's `MixedPrecisionPolicy(param_dtype,
 reduce_dtype)` from it (the sharded parameters, the optimizer's, stay float32).
 
+A unit the plan offloads (DESIGN §3.13) carries `offload_policy`: its `fully_shard` gets FSDP2's
+`CPUOffloadPolicy(pin_memory=...)`, its sharded parameters, gradients and optimizer state on the
+host and `optimizer.step()` there after the backward (pinned memory needs a GPU, so under gloo
+the policy is not pinned).
+
 With several micro-batches per step (`micro_batches` in the export), call `start_micro_batch`
 before each: a unit that accumulates skips gradient sync, and a unit that keeps its parameters
 skips resharding after backward, on every micro-batch but the last.
@@ -29,7 +34,7 @@ import torch.distributed as dist
 from torch.distributed._composable import checkpoint
 from torch.distributed.device_mesh import init_device_mesh
 import torch
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from .units import check
 
@@ -80,7 +85,8 @@ def apply_plan(model, units, plan):
         if u["sharded"]:
             reshard = u.get("secondary_group") or u["reshard_after_forward"]
             mesh = shard_mesh if s is None else hsdp_meshes[s]
-            fully_shard(group, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+            fully_shard(group, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy,
+                        offload_policy=_offload_policy(u.get("offload_policy"), device))
         else:
             fully_shard(group, mesh=replicate_mesh, mp_policy=policy)
     fully_shard(model, mesh=shard_mesh, mp_policy=policy)
@@ -92,6 +98,14 @@ def apply_plan(model, units, plan):
         if u["backward_prefetch"]:
             module.set_modules_to_backward_prefetch([fsdp_module[n] for n in u["backward_prefetch"]])
     return model
+
+
+def _offload_policy(exported, device):
+    """FSDP2's offload policy of a unit's exported `offload_policy` (None: none); pinned only
+    where there is a GPU to pin for."""
+    if exported is None:
+        return OffloadPolicy()
+    return CPUOffloadPolicy(pin_memory=exported["pin_memory"] and device == "cuda")
 
 
 def _no_cache_in_training(model):

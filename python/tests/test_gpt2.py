@@ -62,17 +62,18 @@ class Gpt2AgainstTransformers(unittest.TestCase):
         cls.hf_losses = train(model, cls.spec, text(), STEPS)
         cls.hf = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
-    def check(self, world, kind, checkpoint=False, semantics="strict", node=None):
+    def check(self, world, kind, checkpoint=False, semantics="strict", node=None, host=False):
         """Trains `kind`'s plan (a baseline, or "ilp": a hierarchical plan of the solver) at `world` ranks,
-        on nodes of `node` where given, and checks it against transformers."""
+        on nodes of `node` where given (on a profile with a measured host link where `host`), and
+        checks it against transformers."""
         d = pathlib.Path(self.dir.name)
-        nodes = "" if node is None else f"g{node}"
+        nodes = ("" if node is None else f"g{node}") + ("h" if host else "")
         tag = f"{kind}{'-ckpt' if checkpoint else ''}-{semantics}-n{world}{nodes}"
         profile, plan, out = d / f"p{world}{nodes}.toml", d / f"{tag}.plan.toml", d / f"{tag}.safetensors"
         if not profile.exists() and node is None:
             shardplan(1, "profile", "measure", "--backend", "cpu", "--model", str(self.model),
                       "--world-size", str(world), "--device", "h100-sxm", "--repeats", "1",
-                      "--out", str(profile))
+                      *(["--host-link", "--max-message", "1MiB"] if host else []), "--out", str(profile))
         elif not profile.exists():
             # Measured among the ranks: on the catalog's GPU curves this CPU's compute hides every
             # collective, and the ILP has no reason to choose a group.
@@ -111,6 +112,19 @@ class Gpt2AgainstTransformers(unittest.TestCase):
 
     def test_four_ranks_relaxed(self):
         self.check(4, "fsdp1", True, "relaxed")
+
+    def test_offload_at_one_and_two_ranks(self):
+        """The offload baselines (DESIGN §6.12: `full` and `optimizer` offload, the host arena, the
+        copy and host threads) on a profile with a measured host link; the arenas are the
+        predicted device peak and host bytes."""
+        if self.MICRO_BATCHES > 1:
+            self.skipTest("offload is modelled at one micro-batch per step (DESIGN §3.13)")
+        for world, kind, semantics in [(1, "fsdp2-offload", "strict"), (1, "zero3-offload", "relaxed"),
+                                       (2, "fsdp2-offload", "relaxed"), (2, "zero3-offload", "strict")]:
+            with self.subTest(world=world, kind=kind):
+                report = self.check(world, kind, semantics=semantics, host=True)
+                self.assertEqual(report["arena_live_peak_bytes"], report["predicted_peak_memory_bytes"])
+                self.assertEqual(report["host_arena_bytes"] * world, report["predicted_host_node_bytes"])
 
     def solve_hierarchical(self, profile, plan):
         """The ILP's plan under the first of a ladder of caps, from fsdp1+ckpt's peak to hsdp's,

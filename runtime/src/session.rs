@@ -68,11 +68,16 @@ impl<B: Backend> Prepared<B> {
         steps: usize,
     ) -> Result<Self> {
         let schedule = plan.schedule(profile, origin)?;
-        if let Some(unit) = (0..schedule.units().len()).find(|&u| !schedule.offload(u).is_none()) {
+        if !backend.offloads()
+            && let Some(unit) =
+                (0..schedule.units().len()).find(|&u| !schedule.offload(u).is_none())
+        {
             return Err(Error::Mismatch(format!(
-                "{origin}: units[{unit}].offload is `{}`, and the runtime does not run offload yet \
-                 (DESIGN §3.13: simulate it, or plan without offload)",
-                schedule.offload(unit).name()
+                "{origin}: units[{unit}].offload is `{}`, and the {} backend does not run offload \
+                 yet (DESIGN §6.12: run it with --backend cpu, simulate it, or plan without \
+                 offload)",
+                schedule.offload(unit).name(),
+                backend.name()
             )));
         }
         let world = backend.world_size();
@@ -92,6 +97,7 @@ impl<B: Backend> Prepared<B> {
         workload.load_kernels(&backend)?;
         backend.allocate(Allocation {
             arena_elements: (placement.arena.size_bytes / 4) as usize,
+            host_arena_elements: (placement.host_arena_bytes / 4) as usize,
             largest_block: placement.for_step(0).largest_block,
             loss_slots: steps * workload.micro_batches(),
         })?;

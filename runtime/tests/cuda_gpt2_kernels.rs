@@ -69,6 +69,7 @@ impl Pair {
         let mut cpu = CpuBackend::new(Loopback);
         cpu.allocate(Allocation {
             arena_elements: words,
+            host_arena_elements: 0,
             largest_block: 0,
             loss_slots: 2,
         })

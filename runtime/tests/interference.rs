@@ -195,6 +195,7 @@ fn fitted(backend: KnownInterference) -> (f64, f64) {
         block_size: Some(256 << 10),
         gpus_per_node: None,
         launch_times: false,
+        host_link: false,
     };
     let measured = measure_workload(backend, &Mlp::new(spec, 0, 1), &options).unwrap();
     let p = measured.profile;

@@ -29,9 +29,18 @@
 //!   FSDP2 prefetches alike in every micro-batch, so an inner boundary launching elsewhere than
 //!   the step's is rounded to the step's.
 //!
+//! - offload (DESIGN §3.13, [`offload`]): an offloaded unit gets FSDP2's `CPUOffloadPolicy`, which
+//!   offloads parameters, gradients and optimizer state together (an `optimizer` unit is
+//!   exported as `full`) and steps after the backward (an overlapped `host_step` is exported as
+//!   `after-backward`); the FSDP2 time and peak are then the settings' schedule with that offload;
+//!
 //! - precision: the profile's bytes per gathered parameter and per reduced gradient become
 //!   FSDP2's `MixedPrecisionPolicy(param_dtype, reduce_dtype)` (2 bytes: bfloat16, 4: float32;
 //!   any other width is exported in float32, noted).
+
+mod offload;
+
+pub use offload::OffloadPolicy;
 
 use crate::Result;
 use crate::fsdp2::evaluate::TimelineEntry;
@@ -73,6 +82,9 @@ pub struct Fsdp2Unit {
     /// Whether an HSDP unit all-reduces its reduced shard across replicas after every
     /// micro-batch (false: only after the last, FSDP2's `set_requires_all_reduce`).
     pub requires_all_reduce: bool,
+    /// FSDP2's `offload_policy` where the plan offloads the unit (DESIGN §3.13).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offload_policy: Option<OffloadPolicy>,
 }
 
 /// FSDP2's `MixedPrecisionPolicy` for the profile's bytes per parameter (DESIGN §6.9): gathered
@@ -131,6 +143,9 @@ pub struct Fsdp2Plan {
     pub fsdp2_relaxed_iteration_time_us: f64,
     pub fsdp2_peak_memory_bytes: u64,
     pub fsdp2_peak_slot: String,
+    /// Where the plan offloads: one node's host memory under FSDP2's `CPUOffloadPolicy`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fsdp2_host_memory_bytes: Option<u64>,
     /// Every module boundary in execution order, with the units unsharded when its compute
     /// starts and the all-gathers its pre-hook issues.
     pub fsdp2_timeline: Vec<TimelineEntry>,
@@ -140,16 +155,11 @@ pub struct Fsdp2Plan {
 /// FSDP2's semantics, and every rounding and change; an error where those settings cannot be
 /// evaluated.
 pub fn fsdp2(profile: &Profile, schedule: &Schedule) -> Result<Fsdp2Plan> {
-    if let Some(unit) = (0..schedule.units().len()).find(|&u| !schedule.offload(u).is_none()) {
-        return Err(crate::Error::Mismatch(format!(
-            "export fsdp2: units[{unit}].offload is `{}`, and offload is not exported yet \
-             (DESIGN §3.13)",
-            schedule.offload(unit).name()
-        )));
-    }
     let (units, mut notes, changes) = settings_of(profile, schedule);
     let settings = Settings::new(profile, units)?;
     let eval = evaluate(profile, &settings);
+    let offloaded = offload::evaluate(profile, schedule, &settings, &eval)?;
+    notes.extend(offload::notes(profile, schedule));
     let plan = simulate(profile, schedule, Semantics::Strict);
     let name = |i: usize| profile.units[i].name.clone();
     let names = |list: &[usize]| list.iter().map(|&t| name(t)).collect::<Vec<_>>();
@@ -182,6 +192,7 @@ pub fn fsdp2(profile: &Profile, schedule: &Schedule) -> Result<Fsdp2Plan> {
                 requires_gradient_sync: u.requires_gradient_sync,
                 reshard_after_backward: u.reshard_after_backward,
                 requires_all_reduce: u.requires_all_reduce,
+                offload_policy: offload::policy(schedule.offload(i)),
             }
         })
         .collect();
@@ -202,10 +213,17 @@ pub fn fsdp2(profile: &Profile, schedule: &Schedule) -> Result<Fsdp2Plan> {
         changes,
         plan_iteration_time_us: plan.iteration_time_us,
         plan_peak_memory_bytes: whole_bytes(plan.peak_memory_bytes),
-        fsdp2_iteration_time_us: eval.iteration_time_us(),
-        fsdp2_relaxed_iteration_time_us: eval.relaxed_iteration_time_us,
-        fsdp2_peak_memory_bytes: eval.peak_memory_bytes,
-        fsdp2_peak_slot: eval.peak_slot.clone(),
+        fsdp2_iteration_time_us: (offloaded.as_ref())
+            .map_or(eval.iteration_time_us(), |o| o.iteration_time_us),
+        fsdp2_relaxed_iteration_time_us: (offloaded.as_ref())
+            .map_or(eval.relaxed_iteration_time_us, |o| {
+                o.relaxed_iteration_time_us
+            }),
+        fsdp2_peak_memory_bytes: (offloaded.as_ref())
+            .map_or(eval.peak_memory_bytes, |o| o.peak_memory_bytes),
+        fsdp2_peak_slot: (offloaded.as_ref())
+            .map_or(eval.peak_slot.clone(), |o| o.peak_slot.clone()),
+        fsdp2_host_memory_bytes: offloaded.as_ref().map(|o| o.host_memory_bytes),
         fsdp2_timeline: eval.timeline,
     })
 }

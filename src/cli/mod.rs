@@ -471,6 +471,11 @@ pub struct MeasureArgs {
     /// step's time goes, per unit kind, pass and launch (the JSON's `details.launches`).
     #[arg(long)]
     pub launch_times: bool,
+    /// Also measure the host link (`[host]`, DESIGN §3.13): copies between the device arena
+    /// and the host arena for the H2D and D2H curves, the host's optimizer step per parameter
+    /// (CPU backend).
+    #[arg(long)]
+    pub host_link: bool,
     #[arg(long)]
     pub out: PathBuf,
     #[arg(long)]

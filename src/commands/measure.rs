@@ -27,6 +27,7 @@ pub fn measure(args: MeasureArgs) -> anyhow::Result<()> {
         block_size: args.block_size,
         gpus_per_node: args.gpus_per_node,
         launch_times: args.launch_times,
+        host_link: args.host_link,
     };
     let (universe, backend) = start(args.backend.kind()?)?;
     let result = measure_model(backend, model, &origin, &options);

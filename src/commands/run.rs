@@ -210,6 +210,8 @@ fn report(args: &RunArgs, plan: &Plan, done: &PlanRun, reference: Option<&Refere
             "arena_bytes": report.arena_bytes,
             "arena_live_peak_bytes": report.live_peak_bytes,
             "arena_layouts": report.arena_layouts,
+            "host_arena_bytes": report.host_arena_bytes,
+            "predicted_host_node_bytes": predicted.host.map(|h| whole_bytes(h.memory_bytes)),
             "peak_resident_bytes": done.peak_resident_bytes,
             "oversubscribed": done.oversubscribed.map(|o| json!({"ranks": o.ranks, "cores": o.cores})),
             "predicted_peak_memory_bytes": whole_bytes(predicted.peak_memory_bytes),
@@ -267,6 +269,13 @@ fn report(args: &RunArgs, plan: &Plan, done: &PlanRun, reference: Option<&Refere
         },
         format_bytes(predicted.peak_memory_bytes)
     );
+    if let Some(host) = predicted.host {
+        outln!(
+            "  host        arena {} (offloaded state), predicted {} per node",
+            format_bytes(report.host_arena_bytes as f64),
+            format_bytes(host.memory_bytes)
+        );
+    }
     if let Some(rss) = done.peak_resident_bytes {
         outln!(
             "  process     rank {}'s peak resident memory {} (arena, program and libraries)",

@@ -167,13 +167,6 @@ pub fn cases(inputs: &Inputs) -> Vec<Case> {
             None,
         ),
         case(
-            "an export of an offloading plan",
-            format!("export fsdp2 --profile {profile} --plan {offloading} --out {out}"),
-            2,
-            "units[0].offload is `full`, and offload is not exported yet",
-            None,
-        ),
-        case(
             "an offload baseline on a profile without a host",
             offload_baseline(&no_host),
             2,

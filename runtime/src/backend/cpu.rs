@@ -3,7 +3,8 @@
 //! loopback. Every operation completes before it returns, so a stream's mark is the instant it was
 //! taken and waiting on one is a no-op.
 
-use super::host_arena::{HostArena, Read, Write};
+use super::arenas::Arenas;
+use super::host_arena::{Read, Write};
 use super::{Allocation, Backend, DeviceMemory, FloatFormat, Group, Region, Stream};
 use crate::lock::recover;
 use crate::process::{check_host_memory, keep_freed_memory};
@@ -264,7 +265,8 @@ pub struct CpuBackend<C: Collectives> {
     collectives: C,
     /// The communicators of the groups besides the world ([`Backend::open_groups`]).
     groups: Vec<(Group, C)>,
-    arena: HostArena,
+    /// The device arena and, after its words, the host arena (DESIGN §6.12).
+    arena: Arenas,
     losses: Mutex<Vec<f32>>,
     /// A block-sized buffer for AllReduce (MPI has no in-place form here).
     scratch: Mutex<Vec<f32>>,
@@ -276,7 +278,7 @@ impl<C: Collectives> CpuBackend<C> {
         CpuBackend {
             collectives,
             groups: Vec::new(),
-            arena: HostArena::default(),
+            arena: Arenas::default(),
             losses: Mutex::new(Vec::new()),
             scratch: Mutex::new(Vec::new()),
         }
@@ -331,18 +333,24 @@ impl<C: Collectives> Backend for CpuBackend<C> {
         self.collectives.size()
     }
     fn allocate(&mut self, sizes: Allocation) -> Result<()> {
-        let elements = sizes.arena_elements + sizes.largest_block + sizes.loss_slots;
+        let elements = sizes.arena_elements
+            + sizes.host_arena_elements
+            + sizes.largest_block
+            + sizes.loss_slots;
         check_host_memory(
             4 * elements as u64,
-            "the buffers it allocates (arena, block buffer, loss slots)",
+            "the buffers it allocates (arenas, block buffer, loss slots)",
         )?;
         *recover(self.losses.get_mut()) = vec![0.0; sizes.loss_slots];
         *recover(self.scratch.get_mut()) = vec![0.0; sizes.largest_block];
-        self.arena = HostArena::zeroed(sizes.arena_elements)?;
+        self.arena = Arenas::zeroed(sizes.arena_elements, sizes.host_arena_elements)?;
         Ok(())
     }
     fn device_memory(&self) -> Result<Option<DeviceMemory>> {
         Ok(None)
+    }
+    fn offloads(&self) -> bool {
+        true
     }
     fn upload(&self, region: Region, data: &[f32]) -> Result<()> {
         self.arena.store(region, data)

@@ -8,6 +8,7 @@
 //! [`Backend::mark`] taken on one stream, a [`Backend::wait_mark`] on the other. Marks also time
 //! the run ([`Backend::elapsed_us`]), so GPU timings are device times, not host times.
 
+mod arenas;
 mod cpu;
 mod group;
 mod host_arena;
@@ -132,6 +133,9 @@ impl Stream {
 pub struct Allocation {
     /// f32 elements of the arena.
     pub arena_elements: usize,
+    /// f32 elements of the host arena, addressed after the arena's (DESIGN §6.12); 0 without
+    /// offload.
+    pub host_arena_elements: usize,
     /// The largest block (a backend without in-place AllReduce keeps a buffer of it).
     pub largest_block: usize,
     /// Per-step loss slots.
@@ -283,6 +287,11 @@ pub trait Backend: Sync {
     /// both streams have completed; stops the clock.
     fn launch_times(&self) -> Result<Vec<LaunchTime>> {
         Ok(Vec::new())
+    }
+    /// Whether the backend runs an offloading plan (DESIGN §6.12): a host arena beside the
+    /// arena, copies between them on a copy thread, the host's optimizer step on a host thread.
+    fn offloads(&self) -> bool {
+        false
     }
     /// Called first on the host thread that drives `stream`, before its first operation. The CPU
     /// backend lowers its compute threads' priority there (DESIGN §6.1); a backend whose threads

@@ -13,6 +13,7 @@ use super::{PendingSpan, Walk};
 use crate::backend::{Backend, COMMUNICATION_THREAD, Region, Stream};
 use crate::train::{Train, optimize_unit};
 use crate::{Error, Result};
+use shardplan_scheduler::offload::Offload;
 use shardplan_scheduler::profile::Link;
 
 impl<B: Backend, W: Train<B>> Walk<'_, B, W> {
@@ -123,8 +124,39 @@ impl<B: Backend, W: Train<B>> Walk<'_, B, W> {
         Ok(spans)
     }
 
+    /// Before a gather block of an offloaded unit for data step `step` (DESIGN §6.12): the
+    /// host's steps of the steps before, and with `full` the block's shard copied into its
+    /// staging buffer.
+    fn before_offloaded_gather(&self, b: &Block, step: u32, backward: bool) -> Result<()> {
+        let Some(host) = &self.host else {
+            return Ok(());
+        };
+        let name = || self.workload.unit_name(b.unit);
+        match host.mode(b.unit) {
+            Offload::None => return Ok(()),
+            Offload::Optimizer | Offload::Full => {
+                self.wait(
+                    Stream::Communication,
+                    host.stepped(b.unit),
+                    step.into(),
+                    &|| format!("the host's step {} of {}", step.saturating_sub(1), name()),
+                )?;
+            }
+        }
+        if host.mode(b.unit) != Offload::Full {
+            return Ok(());
+        }
+        let u = &self.layout(step as usize).units[b.unit];
+        let from = u.params.part(b.index, u.blocks);
+        let count = host.issue_staging(b.unit, from, u.gather_source(b.index, backward));
+        self.wait(Stream::Communication, host.staged(b.unit), count, &|| {
+            format!("the copy of {}'s block {} to the device", name(), b.index)
+        })
+    }
+
     /// One block of data step `step` among its group; after a unit's last reduction block, its
-    /// optimizer step.
+    /// optimizer step, or an offloaded unit's gradient copy to the host, waited for before the
+    /// block counts as done (so the reduced shard is free when its fences and its slot end).
     fn communicate_block(&self, b: &Block, step: u32) -> Result<()> {
         let (backend, layout) = (self.backend, self.layout(step as usize));
         let u = &layout.units[b.unit];
@@ -145,19 +177,37 @@ impl<B: Backend, W: Train<B>> Walk<'_, B, W> {
                 backend.reduce_scatter(group, sharded(u.full_grad)?, part(u.grads))?
             }
             Kind::ForwardGather => {
-                backend.all_gather(group, part(u.params), sharded(u.gathered_forward)?)?
+                self.before_offloaded_gather(b, step, false)?;
+                let from = u.gather_source(b.index, false);
+                backend.all_gather(group, from, sharded(u.gathered_forward)?)?
             }
             Kind::BackwardGather => {
+                self.before_offloaded_gather(b, step, true)?;
                 // An hpZ unit gathers from its secondary shard, inside its node.
-                let from = part(u.secondary.map_or(u.params, |(_, shard)| shard));
+                let from = match u.secondary {
+                    Some((_, shard)) => part(shard),
+                    None => u.gather_source(b.index, true),
+                };
                 backend.all_gather(group, from, sharded(u.gathered_backward)?)?
             }
         }
-        if b.step_reduction && b.index + 1 == u.blocks {
-            let trained = self.options.first_step as u32 + step + 1;
-            optimize_unit(self.workload, backend, layout, b.unit, trained)?;
+        if !(b.step_reduction && b.index + 1 == u.blocks) {
+            return Ok(());
         }
-        Ok(())
+        if let (Some(host), Some(offloaded)) = (&self.host, u.offload) {
+            let count = host.issue_gradient(b.unit, step as usize, u.grads, offloaded.host_grads);
+            return self.wait(
+                Stream::Communication,
+                host.gradients(b.unit),
+                count,
+                &|| {
+                    let name = self.workload.unit_name(b.unit);
+                    format!("the gradient copy of {name} to the host")
+                },
+            );
+        }
+        let trained = self.options.first_step as u32 + step + 1;
+        optimize_unit(self.workload, backend, layout, b.unit, trained)
     }
 }
 

@@ -20,12 +20,17 @@
 //! gradient buffer the arena reuses for a buffer alive now. Then signal the slot and compute (a
 //! backward after preparing the gradients it writes first, `gradients`).
 //!
+//! An offloading plan (DESIGN §6.12) adds two host threads: the copy thread, running the copies
+//! between the device and the host arena in issue order, and the host thread, running the
+//! offloaded units' optimizer steps ([`host`]).
+//!
 //! Every signal carries the backend's mark of the signalling stream, and every wait ends with the
 //! waiting stream waiting on that mark: on the CPU (synchronous operations) the host wait is the
 //! whole wait; on a GPU the host threads only enqueue, and the device stream waits on a CUDA
 //! event. Step times and trace spans are measured between marks.
 
 mod communicate;
+mod host;
 mod kind;
 mod program;
 mod state;
@@ -41,6 +46,7 @@ use crate::layout::{Layout, Placement};
 use crate::train::Train;
 use crate::workload::Pass;
 use crate::{Error, Result};
+use host::HostSide;
 use kind::{Kind, PerUnitKind};
 use program::{LinkChannels, Program, program};
 use shardplan_scheduler::profile::Profile;
@@ -117,6 +123,8 @@ pub struct RunReport {
     pub live_peak_bytes: u64,
     /// 1, or 2 where even and odd steps alternate layouts of the arena (DESIGN §6.5).
     pub arena_layouts: usize,
+    /// The host arena: an offloading plan's host state (DESIGN §6.12); 0 without offload.
+    pub host_arena_bytes: u64,
     pub spans: Vec<Span>,
     /// Mean time per global slot the compute stream spent outside kernels and waits; measured
     /// only where the run is traced (its spans time the kernels), none otherwise.
@@ -132,6 +140,7 @@ impl RunReport {
             arena_bytes: placement.arena.size_bytes,
             live_peak_bytes: placement.arena.live_peak_bytes,
             arena_layouts: placement.parities(),
+            host_arena_bytes: placement.host_arena_bytes,
             spans: Vec::new(),
             executor_overhead_us_per_slot: None,
         }
@@ -189,6 +198,9 @@ pub fn run<B: Backend, W: Train<B>>(
     options: &RunOptions,
 ) -> Result<RunReport> {
     let walk = Walk::new(backend, workload, profile, schedule, placement, options);
+    if let Some(host) = &walk.host {
+        host.check_order(&walk.program, schedule)?;
+    }
     backend.synchronize()?;
     let origin = backend.mark(Stream::Compute)?;
     let finished = AtomicBool::new(false);
@@ -203,28 +215,50 @@ pub fn run<B: Backend, W: Train<B>>(
 }
 
 impl<B: Backend, W: Train<B>> Walk<'_, B, W> {
-    /// Both streams on a thread each, then the report (its wait for the device included, which
-    /// the watchdog still watches).
+    /// Both streams on a thread each (and an offloading plan's copy and host threads), then the
+    /// report (its wait for the device included, which the watchdog still watches).
     fn both_streams(&self, origin: &B::Mark) -> Result<RunReport> {
+        let (computed, comm_spans) = match &self.host {
+            None => self.streams()?,
+            Some(host) => self.with_host(host)?,
+        };
+        self.report(origin, computed, comm_spans)
+    }
+
+    /// The two streams' threads; the first failure.
+    fn streams(&self) -> Result<Streamed<B::Mark>> {
+        let abandon_host = || {
+            if let Some(host) = &self.host {
+                host.abandon();
+            }
+        };
         let (computed, communicated) = on_both_streams(
             self.backend,
             StreamWork {
                 work: || self.compute(),
-                on_failure: || self.slot_started.abandon(),
+                on_failure: || {
+                    self.slot_started.abandon();
+                    abandon_host();
+                },
             },
             StreamWork {
                 work: || self.communicate(),
-                on_failure: || self.abandon_compute_waits(),
+                on_failure: || {
+                    self.abandon_compute_waits();
+                    abandon_host();
+                },
             },
         );
-        let (computed, comm_spans) = match (computed, communicated) {
-            (Ok(c), Ok(spans)) => (c, spans),
-            (Err(e), Ok(_)) | (Ok(_), Err(e)) => return Err(e),
-            (Err(Error::Abandoned(_)), Err(e)) | (Err(e), Err(_)) => return Err(e),
-        };
-        self.report(origin, computed, comm_spans)
+        match (computed, communicated) {
+            (Ok(c), Ok(spans)) => Ok((c, spans)),
+            (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
+            (Err(Error::Abandoned(_)), Err(e)) | (Err(e), Err(_)) => Err(e),
+        }
     }
 }
+
+/// What the two streams recorded: the compute stream's, the communication stream's spans.
+type Streamed<M> = (Computed<M>, Vec<PendingSpan<M>>);
 
 /// What the compute stream recorded.
 struct Computed<M> {
@@ -251,6 +285,8 @@ struct Walk<'a, B: Backend, W> {
     comm_done: Vec<Event<B::Mark>>,
     /// The collectives the communication stream launched, for the watchdog.
     watch: Watch<B::Mark>,
+    /// An offloading plan's copies and host steps (DESIGN §6.12).
+    host: Option<HostSide<B::Mark>>,
 }
 
 impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
@@ -277,6 +313,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
             slot_started: event(),
             comm_done: program.channels.iter().map(|_| event()).collect(),
             watch: Watch::new(program.channels.len()),
+            host: HostSide::of(schedule),
             program,
             backend,
             workload,
@@ -386,6 +423,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
         for g in 0..self.total {
             self.wait_before_slot(g, &fences.next_slot())?;
             let (iter, s) = self.program.split(g);
+            self.wait_for_host_steps(iter.below(steps), s)?;
             let started = backend.mark(stream)?;
             // Iterations 0 … steps begin at the step marks; each after the first ends a step.
             if let (0, Some(begun)) = (s, iter.below(steps + 1)) {
@@ -498,6 +536,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
             arena_bytes: self.placement.arena.size_bytes,
             live_peak_bytes: self.placement.arena.live_peak_bytes,
             arena_layouts: self.placement.parities(),
+            host_arena_bytes: self.placement.host_arena_bytes,
             executor_overhead_us_per_slot: self
                 .options
                 .trace

@@ -296,11 +296,18 @@ fn needs(
 }
 
 /// Per slot of an even iteration, then (where the arena alternates layouts) of an odd one, the
-/// units whose full gradient (one region, or one per parity of the step it holds) is lent then.
+/// units whose full gradient (one region, or one per parity of the step it holds) is lent then,
+/// or an offloaded unit's reduced gradient shard (DESIGN §6.12: its last RS block counts once
+/// the shard's copy to the host is done).
 fn fences(placement: &Placement, units: usize, slots: usize) -> Vec<Vec<usize>> {
     let parities = placement.parities();
-    let full_grads =
-        |u: usize| (0..parities).filter_map(move |p| placement.for_step(p).requests[u].full_grad);
+    let full_grads = |u: usize| {
+        (0..parities).flat_map(move |p| {
+            let requests = &placement.for_step(p).requests[u];
+            let reduced_shard = requests.offload.map(|_| requests.grads);
+            requests.full_grad.into_iter().chain(reduced_shard)
+        })
+    };
     (0..parities * slots)
         .map(|s| {
             (0..units)

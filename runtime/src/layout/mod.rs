@@ -19,6 +19,11 @@
 //! lifetimes: the lender's full gradient is alive from the borrower's backward (which writes it
 //! first), and an `fsdp` lender's forward gather stays until the borrower's backward.
 //!
+//! An offloaded unit (DESIGN §6.12) keeps its master, gradient shard and Adam moments (and with
+//! `full` its parameter shard) in the host arena, after the device arena; on the device its
+//! reduced gradient shard lives from B_i to its last RS launch slot, and `full` stages each
+//! gather block's shard beside the gathered block.
+//!
 //! With K micro-batches per step the lifetimes are over the step unrolled to K·(2L + 1) slots
 //! (DESIGN §6.10): a buffer of one micro-batch's contents is alive in every micro-batch's span
 //! and sits at one offset (`place`).
@@ -31,6 +36,7 @@ use crate::arena::{Arena, Request};
 use crate::backend::Region;
 use crate::workload::{Pass, Workload};
 use crate::{Error, Result};
+use shardplan_scheduler::offload::Offload;
 use shardplan_scheduler::precision::Precision;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::timeline::Level;
@@ -79,6 +85,34 @@ pub struct UnitLayout<R = Region> {
     pub forward_workspace: R,
     pub backward_workspace: R,
     pub input_gradient: Option<R>,
+    /// Where the unit offloads (DESIGN §6.12): `params` (with `full`), `master`, `adam_m` and
+    /// `adam_v` are then host regions, and `grads` the device's reduced gradient shard, alive
+    /// only until its copy to the host.
+    pub offload: Option<Offloaded<R>>,
+}
+
+/// An offloaded unit's buffers besides the fields [`UnitLayout`] shares with every unit.
+#[derive(Debug, Clone, Copy)]
+pub struct Offloaded<R = Region> {
+    /// `Optimizer` or `Full`.
+    pub mode: Offload,
+    /// The host's gradient shard: the D2H copy's target, the host step's gradient.
+    pub host_grads: R,
+    /// `full`: per gather op, the device shard of each gathered block, copied from the host's
+    /// parameter shard before the block's gather (its source).
+    pub staging_forward: Option<R>,
+    pub staging_backward: Option<R>,
+}
+
+impl<R: Copy> Offloaded<R> {
+    fn map<S>(self, f: impl Fn(R) -> S) -> Offloaded<S> {
+        Offloaded {
+            mode: self.mode,
+            host_grads: f(self.host_grads),
+            staging_forward: self.staging_forward.map(&f),
+            staging_backward: self.staging_backward.map(&f),
+        }
+    }
 }
 
 impl<R: Copy> UnitLayout<R> {
@@ -106,6 +140,7 @@ impl<R: Copy> UnitLayout<R> {
             forward_workspace: f(self.forward_workspace),
             backward_workspace: f(self.backward_workspace),
             input_gradient: self.input_gradient.map(&f),
+            offload: self.offload.map(|o| o.map(&f)),
         }
     }
 }
@@ -136,6 +171,24 @@ impl UnitLayout {
     /// The persistent parameters the optimizer updates: the fp32 master where there is one.
     pub fn trained(&self) -> Region {
         self.master.unwrap_or(self.params)
+    }
+
+    /// The host step's view of an offloaded unit: its gradient the host's shard.
+    pub fn on_host(&self) -> Option<UnitLayout> {
+        self.offload.map(|o| UnitLayout {
+            grads: o.host_grads,
+            ..self.clone()
+        })
+    }
+
+    /// The source of block `block`'s gather (`backward`: of the backward gather): the rank's
+    /// part of the parameter shard, or a `full` unit's staging shard of the block.
+    pub fn gather_source(&self, block: usize, backward: bool) -> Region {
+        let staging = self.offload.and_then(|o| match backward {
+            false => o.staging_forward,
+            true => o.staging_backward.or(o.staging_forward),
+        });
+        staging.unwrap_or(self.params).part(block, self.blocks)
     }
 
     /// The full parameters compute reads in the forward (gathered or replicated).
@@ -221,6 +274,9 @@ impl Layout {
 #[derive(Debug, Clone)]
 pub struct Placement {
     pub arena: Arena,
+    /// The host arena's bytes (DESIGN §6.12): the offloaded state, after the device arena's
+    /// words; 0 without offload.
+    pub host_arena_bytes: u64,
     /// Every region with its parts' lifetimes (what the arena packed), in request order: over one
     /// iteration's slots, or with two layouts over two iterations' (slot p·S + s is slot s of an
     /// iteration of parity p), each per-step buffer twice.

@@ -1,11 +1,15 @@
 //! The layout's construction: every buffer's request with its alive slots over the unrolled
 //! step, packed into the arena ([`place`]).
 
-use super::{Activations, Layout, Placement, UnitLayout, check_profile};
-use crate::arena::{Part, Request, Tenure, pack_by_parity};
+mod offload;
+
+use super::{Activations, Layout, Offloaded, Placement, UnitLayout, check_profile};
+use crate::arena::{ALIGN, Part, Request, Tenure, pack_by_parity};
 use crate::backend::{FloatFormat, Region};
 use crate::workload::Workload;
 use crate::{Error, Result};
+use offload::HOST_INDEX;
+use shardplan_scheduler::offload::Offload;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::{Placed, Schedule, UnitSchedule};
 use shardplan_scheduler::timeline::{Level, Op};
@@ -21,6 +25,8 @@ struct Birth {
 
 /// Builds regions, lifetimes and tenures while walking the units.
 struct Builder {
+    /// The host arena's buffers, in order: elements and format.
+    host: Vec<(usize, FloatFormat)>,
     slots: usize,
     requests: Vec<Request>,
     /// Per request, its elements' format.
@@ -111,6 +117,21 @@ impl Builder {
     fn place(self, pending: &[UnitLayout<usize>], kept_fsdp: &[bool]) -> Placement {
         let packed = pack_by_parity(self.requests, &self.tenures);
         let offsets = &packed.arena.offsets;
+        // The host arena follows the device arena's words, each buffer from an aligned word.
+        let mut host_words = (packed.arena.size_bytes / 4) as usize;
+        let device_words = host_words;
+        let host: Vec<Region> = (self.host.iter())
+            .map(|&(len, format)| {
+                let region = Region {
+                    offset: host_words,
+                    len,
+                    format,
+                };
+                host_words += region.words().div_ceil(ALIGN as usize / 4) * (ALIGN as usize / 4);
+                region
+            })
+            .collect();
+        let host_arena_bytes = 4 * (host_words - device_words) as u64;
         // Each packed request's format: its buffer's (a buffer packed twice has two requests).
         let mut formats = vec![FloatFormat::Fp32; packed.requests.len()];
         for (copies, &format) in packed.copies.iter().zip(&self.formats) {
@@ -122,12 +143,18 @@ impl Builder {
             len: (request.bytes() / formats[k].bytes()) as usize,
             format: formats[k],
         };
-        let region = |k: usize| region_of(k, &packed.requests[k]);
+        let region = |k: usize| match k.checked_sub(HOST_INDEX) {
+            Some(h) => host[h],
+            None => region_of(k, &packed.requests[k]),
+        };
         let largest_block = pending.iter().map(|u| u.block_elements).max().unwrap_or(0);
         let steps: Vec<Layout> = (0..packed.parities())
             .map(|parity| {
                 // Data step d's contents are born in iteration d or d − 1.
                 let copy = |k: usize| {
+                    if k >= HOST_INDEX {
+                        return k;
+                    }
                     let born = (parity + 2 - usize::from(self.born_before_step[k])) % 2;
                     packed.copies[k][born]
                 };
@@ -157,6 +184,7 @@ impl Builder {
             .collect();
         Placement {
             arena: packed.arena,
+            host_arena_bytes,
             regions,
             steps,
             later_micro_batches,
@@ -186,6 +214,7 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
     check_micro_batches(workload, schedule)?;
     let step = Unrolled::of(schedule);
     let mut b = Builder {
+        host: Vec::new(),
         slots: step.slot_count(),
         requests: Vec::new(),
         formats: Vec::new(),
@@ -202,6 +231,7 @@ pub fn place(workload: &dyn Workload, profile: &Profile, schedule: &Schedule) ->
             instances: &instances,
             unit: i,
             schedule: u,
+            offload: schedule.offload(i),
             name: workload.unit_name(i),
             blocks: profile.blocks(i) as usize,
             forward: timeline.forward(i),
@@ -237,6 +267,7 @@ struct UnitSlots<'a> {
     instances: &'a [(Instance, &'a [Placed])],
     unit: usize,
     schedule: &'a UnitSchedule,
+    offload: Offload,
     name: String,
     /// Its parameters' blocks (the profile's).
     blocks: usize,
@@ -268,16 +299,32 @@ impl UnitSlots<'_> {
         // `check_profile` found the profile's bytes per parameter to be this policy's.
         let precision = workload.precision();
         let (param, grad) = (precision.param(), precision.reduce());
-        let params = b.add_kept(format!("{name} params"), persistent, param);
-        let master = precision
-            .has_master()
-            .then(|| b.add_kept(format!("{name} master"), persistent, FloatFormat::Fp32));
-        let grads = b.add_kept(format!("{name} grads"), persistent, grad);
-        let adam_m = b.add_kept(format!("{name} adam m"), persistent, FloatFormat::Fp32);
-        let adam_v = b.add_kept(format!("{name} adam v"), persistent, FloatFormat::Fp32);
+        // An offloaded unit's kept state is the host's but a device parameter shard with
+        // `optimizer`; its host keeps an fp32 master at either precision (DESIGN §6.12).
+        let offloaded = !self.offload.is_none();
+        let full = self.offload == Offload::Full;
+        let params = b.add_kept_on(full, format!("{name} params"), persistent, param);
+        let fp32 = FloatFormat::Fp32;
+        let master = (precision.has_master() || self.offload == Offload::Optimizer)
+            .then(|| b.add_kept_on(offloaded, format!("{name} master"), persistent, fp32));
+        let grads = match offloaded {
+            true => self.reduced_shard(b, persistent, grad)?,
+            false => b.add_kept(format!("{name} grads"), persistent, grad),
+        };
+        let adam_m = b.add_kept_on(offloaded, format!("{name} adam m"), persistent, fp32);
+        let adam_v = b.add_kept_on(offloaded, format!("{name} adam v"), persistent, fp32);
         let full_grad = self.full_gradient(b, (block_elements, grad))?;
-        let gathered_forward = self.gathered_forward(b, (block_elements, param))?;
-        let gathered_backward = self.gathered_backward(b, (block_elements, param))?;
+        let staged = full.then_some(block_elements / shard_ranks);
+        let (gathered_forward, staging_forward) =
+            self.gathered_forward(b, (block_elements, param), staged)?;
+        let (gathered_backward, staging_backward) =
+            self.gathered_backward(b, (block_elements, param), staged)?;
+        let offload = offloaded.then(|| Offloaded {
+            mode: self.offload,
+            host_grads: b.add_host(persistent, grad),
+            staging_forward,
+            staging_backward,
+        });
         // An hpZ unit's secondary shard, written at F_i, read by its backward gather, in every
         // micro-batch (DESIGN §3.11.1).
         let secondary = u.secondary_group.map(|h| {
@@ -316,6 +363,7 @@ impl UnitSlots<'_> {
             forward_workspace: passes.forward_workspace,
             backward_workspace: passes.backward_workspace,
             input_gradient: passes.input_gradient,
+            offload,
         })
     }
 
@@ -383,26 +431,39 @@ impl UnitSlots<'_> {
         &self,
         b: &mut Builder,
         block: (usize, FloatFormat),
-    ) -> Result<Option<usize>> {
+        staged: Option<usize>,
+    ) -> Result<(Option<usize>, Option<usize>)> {
         let u = self.schedule;
         let gather_op = match u.level {
-            Level::None => return Ok(None),
+            Level::None => return Ok((None, None)),
             Level::Sdp => Op::Gather,
             Level::Fsdp => Op::GatherForward,
         };
         let (step, k) = (self.step, self.step.micro_batches);
         let (f, bw) = (self.forward, self.backward);
-        let (alive, birth) = self.blocks_alive(gather_op, &|instance, launch| {
-            let m = instance.boundary;
-            let until = match u.level {
-                Level::Sdp if u.accumulation.keep => step.at(k - 1, bw),
-                Level::Sdp => step.at(m, bw),
-                _ => step.at(m, self.borrower.unwrap_or(f)),
-            };
-            vec![(launch, until)]
-        })?;
+        // Until `forward` for fsdp: F_i, or the borrower's backward.
+        let alive_until = |forward: usize| {
+            self.blocks_alive(gather_op, &|instance, launch| {
+                let m = instance.boundary;
+                let until = match u.level {
+                    Level::Sdp if u.accumulation.keep => step.at(k - 1, bw),
+                    Level::Sdp => step.at(m, bw),
+                    _ => step.at(m, forward),
+                };
+                vec![(launch, until)]
+            })
+        };
+        let (alive, birth) = alive_until(self.borrower.unwrap_or(f))?;
+        // A staging shard serves the gather, not the borrower (§3.13 counts it to F_i).
+        let staging = match staged {
+            Some(shard) => {
+                let (staged_alive, _) = alive_until(f)?;
+                Some(self.staging(b, (shard, block.1), staged_alive, birth, "the gather"))
+            }
+            None => None,
+        };
         let name = format!("{} gathered", self.name);
-        Ok(Some(b.add_blocks(name, block, alive, birth)))
+        Ok((Some(b.add_blocks(name, block, alive, birth)), staging))
     }
 
     /// An fsdp unit's parameters gathered again for its backward, kept to the next
@@ -411,10 +472,11 @@ impl UnitSlots<'_> {
         &self,
         b: &mut Builder,
         block: (usize, FloatFormat),
-    ) -> Result<Option<usize>> {
+        staged: Option<usize>,
+    ) -> Result<(Option<usize>, Option<usize>)> {
         let u = self.schedule;
         if u.level != Level::Fsdp {
-            return Ok(None);
+            return Ok((None, None));
         }
         let (step, k) = (self.step, self.step.micro_batches);
         let (f, bw) = (self.forward, self.backward);
@@ -427,8 +489,17 @@ impl UnitSlots<'_> {
             }
             spans
         })?;
+        let staging = staged.map(|shard| {
+            self.staging(
+                b,
+                (shard, block.1),
+                alive.clone(),
+                birth,
+                "the backward gather",
+            )
+        });
         let name = format!("{} gathered for backward", self.name);
-        Ok(Some(b.add_blocks(name, block, alive, birth)))
+        Ok((Some(b.add_blocks(name, block, alive, birth)), staging))
     }
 
     /// The buffers of each micro-batch's forward and backward: saved activations, internals or

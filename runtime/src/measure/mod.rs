@@ -9,11 +9,13 @@
 //! checkpointed, for f^c_i), in slot order, each round followed by every unit's optimizer step on
 //! the communication stream, where a run takes it.
 
+mod host_link;
 mod launches;
 mod profile_run;
 mod slots;
 mod timing;
 
+pub use host_link::{CopyRoom, measure_host};
 pub use launches::{LaunchCategory, LaunchRow, by_category, time_launches};
 pub use profile_run::{MeasureOptions, Measured, measure_model, measure_workload};
 pub use timing::{

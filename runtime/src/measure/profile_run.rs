@@ -2,13 +2,14 @@
 //! collectives, κ), or a zoo transformer's units replayed on a GPU. The CLI calls [`measure_model`] and
 //! saves the profile; rank 0 alone saves it.
 
+use super::host_link::{CopyRoom, measure_host};
 use super::slots::{Slots, time_slot_interference};
 use super::{
     DataSteps, LaunchRow, TimedLayouts, block_collectives, compute_placements, compute_slot,
     measurement_allocation, median, time_collectives, time_interference, time_launches, time_units,
     workload_profile,
 };
-use crate::backend::{Backend, Group};
+use crate::backend::{Allocation, Backend, Group};
 use crate::cuda::CudaBackend;
 use crate::cuda::replay::ReplayBuffers;
 use crate::dispatch::{AnyBackend, Data, Job, Model, ReplayJob};
@@ -53,6 +54,9 @@ pub struct MeasureOptions {
     pub gpus_per_node: Option<u32>,
     /// Times every kernel and product of one more step, one by one ([`super::time_launches`]).
     pub launch_times: bool,
+    /// Measures the host link and the host's step (`[host]`, DESIGN §3.13) on a backend that
+    /// offloads ([`super::measure_host`]).
+    pub host_link: bool,
 }
 
 /// A measured profile and what the measurement saw (unit times, κ), for the report.
@@ -266,7 +270,16 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
     let copy = layout.shifted(copy_offset);
     let recomputing = checkpointed.for_step(0).shifted(2 * copy_offset);
     let compute_elements = 2 * copy_offset + elements(&checkpointed);
-    let (allocation, start) = measurement_allocation(compute_elements, world, message_bytes);
+    let (mut allocation, start) = measurement_allocation(compute_elements, world, message_bytes);
+    let host_room = match options.host_link {
+        false => None,
+        true => Some(host_room(
+            &backend,
+            &mut allocation,
+            start,
+            options.max_message,
+        )?),
+    };
     backend.allocate(allocation)?;
     for each in [layout, &copy, &recomputing] {
         initialise(&backend, workload, each)?;
@@ -328,6 +341,9 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
     profile.overlap_slowdown_all_gather = Some(interference.all_gather);
     profile.comm_slowdown = interference.comm;
     profile.update_slowdown = Some(interference.update);
+    if let Some(room) = host_room {
+        profile.host = Some(measure_host(&backend, room, options.repeats, &profile)?);
+    }
     let mut details = json!({
         "unit_times_us": times,
         "interference": interference,
@@ -345,6 +361,31 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
         rank: backend.rank(),
         details,
         launches,
+    })
+}
+
+/// Where `--host-link` copies (DESIGN §6.12): the device arena's message area from `start`, and a
+/// host arena of `max_bytes` added to `allocation`; refused on a backend that does not offload.
+fn host_room<B: Backend>(
+    backend: &B,
+    allocation: &mut Allocation,
+    start: usize,
+    max_bytes: u64,
+) -> Result<CopyRoom> {
+    if !backend.offloads() {
+        return Err(Error::Setting {
+            setting: "--host-link",
+            expected: format!(
+                "a backend that offloads (--backend cpu; the {} backend does not offload yet)",
+                backend.name()
+            ),
+        });
+    }
+    allocation.host_arena_elements = CopyRoom::host_elements(max_bytes);
+    Ok(CopyRoom {
+        device_start: start,
+        host_start: allocation.arena_elements,
+        max_bytes,
     })
 }
 
@@ -380,6 +421,15 @@ fn measure_transformer(
              curves come from the catalog"
         ),
     })?;
+    if options.host_link {
+        return Err(Error::Setting {
+            setting: "--host-link",
+            expected: format!(
+                "a trained model on a backend that offloads (--backend cpu): {origin} is a \
+                 transformer replayed on a GPU"
+            ),
+        });
+    }
     let mut analytic = AnalyticOptions::new(device, options.world_size);
     let micro_batch = options.micro_batch.unwrap_or(1);
     analytic.micro_batch = micro_batch;

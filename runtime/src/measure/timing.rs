@@ -68,6 +68,7 @@ pub fn measurement_allocation(
     let start = compute_elements.div_ceil(16) * 16;
     let allocation = Allocation {
         arena_elements: MessagePairs::new(start, max_bytes, world).end() + 16,
+        host_arena_elements: 0,
         largest_block: message_elements(max_bytes, world),
         loss_slots: DataSteps::COUNT,
     };

@@ -62,13 +62,15 @@ pub(crate) fn shard_bytes(profile: &Profile, unit: usize, bytes: u64) -> f64 {
     (profile.laid_out_params(unit) * bytes) as f64 / f64::from(profile.world_size)
 }
 
-/// A rank's host bytes of unit `unit` under `mode`: Ψ'_i(g + o)/N (`optimizer`),
-/// Ψ'_i(p + g + o)/N (`full`), 0 (`none`).
+/// A rank's host bytes of unit `unit` under `mode`: Ψ'_i(g + o + m)/N (`optimizer`, m the fp32
+/// master o lacks at fp32 parameters: the host's Adam needs the parameters it updates, DESIGN
+/// §6.12), Ψ'_i(p + g + o)/N (`full`), 0 (`none`).
 pub fn host_bytes(profile: &Profile, unit: usize, mode: Offload) -> f64 {
     let b = profile.bytes_per_param;
+    let master_beside_o = if b.param == 4 { 4 } else { 0 };
     match mode {
         Offload::None => 0.0,
-        Offload::Optimizer => shard_bytes(profile, unit, b.grad + b.optimizer),
+        Offload::Optimizer => shard_bytes(profile, unit, b.grad + b.optimizer + master_beside_o),
         Offload::Full => shard_bytes(profile, unit, b.param + b.grad + b.optimizer),
     }
 }
