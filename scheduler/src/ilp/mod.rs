@@ -24,6 +24,8 @@ mod limits;
 mod mapping;
 mod micro;
 mod model;
+mod offload;
+mod offload_solve;
 mod placement;
 mod pool;
 mod pricing;

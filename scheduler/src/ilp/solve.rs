@@ -4,6 +4,7 @@
 use super::claim::{claim, objective_of};
 use super::effort::{Budget, Clock};
 use super::model::{Form, build};
+use super::offload_solve::solve_with_offload;
 use super::pool::Pool;
 use super::run::{Stop, run_highs};
 use super::staged::{FullWindow, full_window_mip, is_staged, staged_phases};
@@ -88,6 +89,10 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
                     format_bytes(c as f64)
                 ))
             )));
+        }
+        // On a profile with a host, offload may still fit (DESIGN §4.9).
+        if let Some(solved) = solve_with_offload(profile, options, &clock, started) {
+            return solved;
         }
         return Err(explain_infeasible(profile, options, &clock));
     }
