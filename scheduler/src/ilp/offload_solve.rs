@@ -16,7 +16,7 @@ use crate::baselines::{BaselineKind, baselines_at};
 use crate::offload::{HostStep, Offload};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
-use crate::sim::{HostTrack, Semantics, simulate};
+use crate::sim::{HostTrack, Semantics, memory_by_slot, simulate};
 use crate::size::{format_bytes, whole_bytes};
 use crate::{Error, Result};
 use good_lp::{Constraint, constraint};
@@ -69,12 +69,20 @@ fn solve_built(
     let mut warm_start = None;
     for chosen in baselines_at(profile, &kinds, options.recompute_choice(), cap) {
         let schedule = chosen.plan.schedule;
-        let overlapped = schedule.clone().offloaded(
-            profile,
-            schedule.offload_modes().to_vec(),
-            HostStep::Overlapped,
-            "warm start",
-        );
+        // The baseline with its steps overlapped and `full` as `optimizer`: the ILP's space.
+        let optimizer = schedule
+            .offload_modes()
+            .iter()
+            .map(|m| if m.is_none() { Offload::None } else { Offload::Optimizer })
+            .collect();
+        let overlapped = [schedule.offload_modes().to_vec(), optimizer]
+            .into_iter()
+            .filter_map(|modes| {
+                let s = schedule.clone();
+                s.offloaded(profile, modes, HostStep::Overlapped, "warm start")
+                    .ok()
+            })
+            .collect::<Vec<_>>();
         if schedule.fits(profile) && chosen.plan.simulation.peak_memory_bytes <= cap_of(options) {
             let time = chosen.plan.simulation.iteration_time_us;
             if warm_start.as_ref().is_none_or(|(_, t)| time < *t) {
@@ -82,7 +90,12 @@ fn solve_built(
             }
         }
         pool.offer(schedule);
-        if let Ok(overlapped) = overlapped {
+        // Also each with its first units back on the device (a baseline's own `full` plans lie
+        // outside the ILP's space, but are plans all the same).
+        for overlapped in overlapped {
+            if let Some(prefix) = device_prefix(profile, &overlapped, cap_of(options)) {
+                pool.offer(prefix);
+            }
             pool.offer(overlapped);
         }
     }
@@ -186,6 +199,37 @@ fn solve_built(
             phases,
         },
     })
+}
+
+/// `schedule` (every unit offloaded, steps overlapped) with its first k units back on the
+/// device, k the most whose peak fits `cap` (the peak grows with k): the host then steps only the
+/// later units, which the backward's rest and the next forward's first units hide.
+fn device_prefix(profile: &Profile, schedule: &Schedule, cap: f64) -> Option<Schedule> {
+    let with_prefix = |k: usize| {
+        let modes: Vec<Offload> = (0..schedule.units().len())
+            .map(|i| if i < k { Offload::None } else { schedule.offload(i) })
+            .collect();
+        let s = schedule
+            .clone()
+            .offloaded(profile, modes, HostStep::Overlapped, "warm start")
+            .ok()?;
+        let peak = memory_by_slot(profile, &s)
+            .iter()
+            .map(|m| m.total())
+            .fold(0.0, f64::max);
+        (peak <= cap).then_some(s)
+    };
+    let (mut fits, mut over) = (0, schedule.units().len() + 1);
+    with_prefix(0)?;
+    while over - fits > 1 {
+        let mid = (fits + over) / 2;
+        if with_prefix(mid).is_some() {
+            fits = mid;
+        } else {
+            over = mid;
+        }
+    }
+    with_prefix(fits)
 }
 
 fn cap_of(options: &SolveOptions) -> f64 {
