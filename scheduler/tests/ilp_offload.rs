@@ -98,7 +98,9 @@ fn enumerate(profile: &Profile, recompute: bool, limits: WindowLimits) -> Vec<Ju
         // Units that may offload: sharded, reducing whole right after B_i.
         let may: Vec<usize> = (0..profile.unit_count())
             .filter(|&u| {
-                let first = timeline.window(u, Op::ReduceScatter.window_kind()).slot_at(0);
+                let first = timeline
+                    .window(u, Op::ReduceScatter.window_kind())
+                    .slot_at(0);
                 schedule.units()[u].level != Level::None
                     && schedule.launches(u, Op::ReduceScatter).len() == 1
                     && schedule.launches(u, Op::ReduceScatter)[0].slot == first
@@ -112,9 +114,10 @@ fn enumerate(profile: &Profile, recompute: bool, limits: WindowLimits) -> Vec<Ju
                 }
             }
             let host = host_node_bytes(profile, &modes);
-            let Ok(s) = schedule
-                .clone()
-                .offloaded(profile, modes, HostStep::Overlapped, "enumerated")
+            let Ok(s) =
+                schedule
+                    .clone()
+                    .offloaded(profile, modes, HostStep::Overlapped, "enumerated")
             else {
                 continue;
             };
@@ -134,7 +137,7 @@ fn enumerate(profile: &Profile, recompute: bool, limits: WindowLimits) -> Vec<Ju
 fn offload_instance(seed: u64) -> (Profile, bool) {
     let mut rng = Rng(seed * 104_729 + 17);
     let units = 1 + (seed % 3) as usize;
-    let kappa = if seed % 2 == 0 { 0.0 } else { 0.1 };
+    let kappa = if seed.is_multiple_of(2) { 0.0 } else { 0.1 };
     let recompute = seed % 4 < 2;
     let mut profile = random_profile(&mut rng, units, kappa, 1000);
     for unit in &mut profile.units {
@@ -198,7 +201,11 @@ fn offload_mip_equals_exhaustive_search() {
             };
             let ample = fastest(f64::INFINITY).expect("a plan of the space fits");
             let host_cap = ample.host;
-            for (host_bytes, expect_same) in [(1u64 << 40, true), (host_cap as u64, true), (host_cap as u64 - 1, false)] {
+            for (host_bytes, expect_same) in [
+                (1u64 << 40, true),
+                (host_cap as u64, true),
+                (host_cap as u64 - 1, false),
+            ] {
                 profile.host.as_mut().unwrap().memory_bytes = host_bytes;
                 let expected = fastest(host_bytes as f64);
                 let result = solve(&profile, &options(cap, recompute));
@@ -240,7 +247,9 @@ fn offload_mip_equals_exhaustive_search() {
                 }
                 let sim = simulate(&profile, &solved.schedule, Semantics::Strict);
                 assert!(sim.peak_memory_bytes <= cap);
-                assert!(host_node_bytes(&profile, solved.schedule.offload_modes()) <= host_bytes as f64);
+                assert!(
+                    host_node_bytes(&profile, solved.schedule.offload_modes()) <= host_bytes as f64
+                );
                 offloaded += usize::from(solved.schedule.offloads());
             }
             profile.host.as_mut().unwrap().memory_bytes = 1 << 40;
@@ -275,5 +284,7 @@ fn an_offloading_answer_round_trips_through_its_plan_file() {
     std::fs::remove_dir_all(&dir).unwrap();
     let schedule: Schedule = plan.schedule(&profile, "plan.toml").unwrap();
     let sim = simulate(&profile, &schedule, Semantics::Strict);
-    assert!((sim.iteration_time_us - solved.report.objective).abs() <= 1e-6 * sim.iteration_time_us);
+    assert!(
+        (sim.iteration_time_us - solved.report.objective).abs() <= 1e-6 * sim.iteration_time_us
+    );
 }

@@ -68,7 +68,11 @@ impl OffloadVars {
                 Some(Candidate {
                     unit,
                     on: columns.binary(),
-                    ends: [columns.continuous(), columns.continuous(), columns.continuous()],
+                    ends: [
+                        columns.continuous(),
+                        columns.continuous(),
+                        columns.continuous(),
+                    ],
                     work: [
                         work.d2h_us,
                         work.step_us,
@@ -183,9 +187,7 @@ impl OffloadVars {
             let reduced = start(slot) + reductions_at(units, slot);
             let [d2h, step, h2d] = c.ends;
             let [t_d, t_s, t_h] = c.work;
-            rows.push(constraint!(
-                d2h.var >= reduced + t_d - m + m * c.on.var
-            ));
+            rows.push(constraint!(d2h.var >= reduced + t_d - m + m * c.on.var));
             rows.push(constraint!(step.var >= d2h.var + t_s * c.on.var));
             rows.push(constraint!(h2d.var >= step.var + t_h * c.on.var));
             // FIFO: the previous unit of the host's order (the next one in forward order; the
@@ -200,7 +202,13 @@ impl OffloadVars {
                 ));
             }
             let timeline = Timeline::new(units.len());
-            for (q, (&pos, x)) in group.fg.positions.iter().zip(&group.fg.launches).enumerate() {
+            for (q, (&pos, x)) in group
+                .fg
+                .positions
+                .iter()
+                .zip(&group.fg.launches)
+                .enumerate()
+            {
                 let w = c.waits[q];
                 rows.push(constraint!(w.var <= c.on.var));
                 rows.push(constraint!(w.var <= x.var));
@@ -218,8 +226,7 @@ impl OffloadVars {
                     Expression::default()
                 };
                 rows.push(constraint!(
-                    durations[s].var + start(s) + next
-                        >= h2d.var + suffix - m + m * w.var
+                    durations[s].var + start(s) + next >= h2d.var + suffix - m + m * w.var
                 ));
             }
         }
@@ -257,7 +264,10 @@ fn reductions_at(units: &[UnitVars], slot: usize) -> Expression {
 }
 
 /// Per slot, its gather columns with their canonical queue key and block time.
-fn gather_entries(units: &[UnitVars], slots: usize) -> Vec<Vec<(crate::schedule::QueueKey, f64, Col)>> {
+fn gather_entries(
+    units: &[UnitVars],
+    slots: usize,
+) -> Vec<Vec<(crate::schedule::QueueKey, f64, Col)>> {
     let mut entries = vec![Vec::new(); slots];
     for (unit, u) in units.iter().enumerate() {
         for op in u.ops().filter(|op| !op.op.is_reduction()) {
@@ -277,7 +287,9 @@ fn serial_us(profile: &Profile, units: &[UnitVars]) -> f64 {
         .units
         .iter()
         .map(|p| {
-            p.forward_us.max(p.checkpointed_forward_time_us()) + p.backward_us + p.recompute_time_us()
+            p.forward_us.max(p.checkpointed_forward_time_us())
+                + p.backward_us
+                + p.recompute_time_us()
         })
         .sum::<f64>()
         + profile.iteration_extra_us;

@@ -18,6 +18,7 @@ use crate::profile::Profile;
 use crate::schedule::Schedule;
 use crate::sim::{HostTrack, Semantics, memory_by_slot, simulate};
 use crate::size::{format_bytes, whole_bytes};
+use crate::timeline::Op;
 use crate::{Error, Result};
 use good_lp::{Constraint, constraint};
 use highs::HighsModelStatus;
@@ -36,6 +37,7 @@ pub(super) fn solve_with_offload(
     options: &SolveOptions,
     clock: &Clock,
     started: Instant,
+    met: &[(Schedule, f64)],
 ) -> Option<Result<Solved>> {
     if profile.host.is_none() || options.objective != Objective::Time {
         return None;
@@ -52,7 +54,7 @@ pub(super) fn solve_with_offload(
     };
     let built = build(profile, &limited, (Form::Offload, &ExtraPositions::new()));
     built.offload.as_ref()?;
-    Some(solve_built(profile, &limited, built, clock, started))
+    Some(solve_built(profile, &limited, built, clock, (started, met)))
 }
 
 fn solve_built(
@@ -60,10 +62,13 @@ fn solve_built(
     options: &SolveOptions,
     built: Built,
     clock: &Clock,
-    started: Instant,
+    (started, met): (Instant, &[(Schedule, f64)]),
 ) -> Result<Solved> {
     let run_started = Instant::now();
     let mut pool = Pool::new(profile, options);
+    for (schedule, _) in met {
+        pool.offer(schedule.clone());
+    }
     let kinds = BaselineKind::offload_of(profile);
     let cap = options.memory_cap_bytes;
     let mut warm_start = None;
@@ -73,7 +78,13 @@ fn solve_built(
         let optimizer = schedule
             .offload_modes()
             .iter()
-            .map(|m| if m.is_none() { Offload::None } else { Offload::Optimizer })
+            .map(|m| {
+                if m.is_none() {
+                    Offload::None
+                } else {
+                    Offload::Optimizer
+                }
+            })
             .collect();
         let overlapped = [schedule.offload_modes().to_vec(), optimizer]
             .into_iter()
@@ -92,7 +103,10 @@ fn solve_built(
         pool.offer(schedule);
         // Also each with its first units back on the device (a baseline's own `full` plans lie
         // outside the ILP's space, but are plans all the same).
-        for overlapped in overlapped {
+        for overlapped in overlapped
+            .into_iter()
+            .filter_map(|s| with_useful_recompute(profile, s))
+        {
             if let Some(prefix) = device_prefix(profile, &overlapped, cap_of(options)) {
                 pool.offer(prefix);
             }
@@ -106,7 +120,9 @@ fn solve_built(
         .filter_map(|(s, _)| start_values(profile, &built, s))
         .collect();
     let units = built.units;
-    let offload = built.offload.expect("the caller checked the offload columns");
+    let offload = built
+        .offload
+        .expect("the caller checked the offload columns");
     let durations = built.durations;
     let mut model = highs_model(
         built.problem,
@@ -176,7 +192,19 @@ fn solve_built(
         return Err(smallest_cap_with_offload(profile, options, clock));
     };
     let phases = vec![phase];
-    let claim = claim(&phases, &schedule, value, options.relative_gap);
+    // The MIP's bound holds over its space only: a warm start outside it (`full`, steps after
+    // the backward, a reduction later than right after B_i) is claimed nothing.
+    let claim = if in_space(profile, &schedule) {
+        claim(&phases, &schedule, value, options.relative_gap)
+    } else {
+        PhaseReport {
+            status: SolveStatus::GapLimit,
+            objective: value,
+            best_bound: f64::NEG_INFINITY,
+            gap: f64::INFINITY,
+            ..phases[0].clone()
+        }
+    };
     let simulation = simulate(profile, &schedule, Semantics::Strict);
     Ok(Solved {
         schedule,
@@ -207,7 +235,13 @@ fn solve_built(
 fn device_prefix(profile: &Profile, schedule: &Schedule, cap: f64) -> Option<Schedule> {
     let with_prefix = |k: usize| {
         let modes: Vec<Offload> = (0..schedule.units().len())
-            .map(|i| if i < k { Offload::None } else { schedule.offload(i) })
+            .map(|i| {
+                if i < k {
+                    Offload::None
+                } else {
+                    schedule.offload(i)
+                }
+            })
             .collect();
         let s = schedule
             .clone()
@@ -230,6 +264,47 @@ fn device_prefix(profile: &Profile, schedule: &Schedule, cap: f64) -> Option<Sch
         }
     }
     with_prefix(fits)
+}
+
+/// `schedule` without recompute where it saves no memory (checkpoint bytes ≥ activation bytes:
+/// the model has no recompute column there, DESIGN §4.3), so that it can start the MIP: as fast
+/// or faster, and no larger.
+fn with_useful_recompute(profile: &Profile, schedule: Schedule) -> Option<Schedule> {
+    let modes = schedule.offload_modes().to_vec();
+    let host_step = schedule.host_step();
+    let units = schedule
+        .into_units()
+        .into_iter()
+        .zip(&profile.units)
+        .map(|(mut u, p)| {
+            u.recompute &= p.checkpoint_activation_bytes < p.activation_bytes;
+            u
+        })
+        .collect();
+    Schedule::new(profile, units)
+        .ok()?
+        .offloaded(profile, modes, host_step, "warm start")
+        .ok()
+}
+
+/// Whether `schedule` lies in the offload MIP's space (DESIGN §4.9): offloaded units as
+/// `optimizer` with their steps overlapped, each reducing whole right after B_i.
+fn in_space(profile: &Profile, schedule: &Schedule) -> bool {
+    let timeline = schedule.timeline();
+    (0..profile.unit_count()).all(|unit| match schedule.offload(unit) {
+        Offload::None => true,
+        Offload::Full => false,
+        Offload::Optimizer => {
+            let first = timeline
+                .window(unit, Op::ReduceScatter.window_kind())
+                .slot_at(0);
+            schedule.host_step() == HostStep::Overlapped
+                && schedule
+                    .launches(unit, Op::ReduceScatter)
+                    .iter()
+                    .all(|l| l.slot == first)
+        }
+    })
 }
 
 fn cap_of(options: &SolveOptions) -> f64 {

@@ -76,6 +76,14 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
         // A warm start outside the windows asked for is not an answer to the limited search.
         pool.retain_within(options.limits);
     }
+    // No plan fits on the device alone (a hint that offloads aside): on a profile with a host,
+    // the offload MIP (DESIGN §4.9), started from the plans met.
+    if infeasible
+        && pool.plans().iter().all(|(s, _)| s.offloads())
+        && let Some(solved) = solve_with_offload(profile, options, &clock, started, pool.plans())
+    {
+        return solved;
+    }
     if infeasible && pool.is_empty() {
         if let Objective::Memory {
             max_iteration_time_us: Some(ceiling),
@@ -89,10 +97,6 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
                     format_bytes(c as f64)
                 ))
             )));
-        }
-        // On a profile with a host, offload may still fit (DESIGN §4.9).
-        if let Some(solved) = solve_with_offload(profile, options, &clock, started) {
-            return solved;
         }
         return Err(explain_infeasible(profile, options, &clock));
     }
