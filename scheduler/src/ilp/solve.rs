@@ -76,9 +76,9 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
         // A warm start outside the windows asked for is not an answer to the limited search.
         pool.retain_within(options.limits);
     }
-    // No plan fits on the device alone (a hint that offloads aside): on a profile with a host,
-    // the offload MIP (DESIGN §4.9), started from the plans met.
-    if infeasible
+    // No plan fits on the device alone (proven, or only a hint that offloads met): on a profile
+    // with a host, the offload MIP (DESIGN §4.9), started from the plans met.
+    if (infeasible || !pool.is_empty())
         && pool.plans().iter().all(|(s, _)| s.offloads())
         && let Some(solved) = solve_with_offload(profile, options, &clock, started, pool.plans())
     {
