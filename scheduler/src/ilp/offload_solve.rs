@@ -457,17 +457,17 @@ fn smallest_cap_with_offload(profile: &Profile, options: &SolveOptions, clock: &
             let sim = simulate(profile, &schedule, Semantics::Strict);
             let (what, bytes) = sim.peak().memory.dominant();
             Error::Infeasible(format!(
-                "no plan within {} fits {cap}, offload to the host included: the smallest feasible cap with offload is {} ({} bytes), peaking at slot {} where the largest part is {}, {}",
-                options.limits,
+                "no plan fits {cap}, offload to the host included: the smallest feasible cap is {} ({} bytes) with offload within {}, peaking at slot {} where the largest part is {}, {}",
                 format_bytes(sim.peak_memory_bytes),
                 whole_bytes(sim.peak_memory_bytes),
+                options.limits,
                 sim.peak_at(),
                 what,
                 format_bytes(bytes)
             ))
         }
         None => Error::Infeasible(format!(
-            "no plan within {} fits {cap}, offload to the host included",
+            "no plan fits {cap}, offload to the host included (within {})",
             options.limits
         )),
     }
