@@ -189,6 +189,11 @@ fn report(args: &SolveArgs, solved: &Solved, packing: Option<&Packing>, fsdp2: O
                 "  the plan is a warm start outside the ILP's plan space (launches outside its \
                  windows, DESIGN §4.5): the bound is over that space, not over this plan"
             ),
+            Some(OutsideTheSpace::OffloadBeyondTheMip) => outln!(
+                "  the plan is an offloading warm start outside the offload ILP's plan space \
+                 (`full` offload or host steps after the backward, DESIGN §4.10): no bound is \
+                 claimed for it"
+            ),
             None => {}
         }
         let hierarchical = if over_shard_groups + hpz > 0 {

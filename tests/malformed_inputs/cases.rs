@@ -157,13 +157,12 @@ pub fn cases(inputs: &Inputs) -> Vec<Case> {
             Some("units[0].offload"),
         ),
         case(
-            "a cap only offload fits",
-            format!("solve --profile {profile} --memory-cap 700MiB --out {out}"),
+            "a cap below what offload fits",
+            format!("solve --profile {profile} --memory-cap 300MiB --out {out}"),
             3,
-            "the smallest feasible cap is 816.25 MiB (855903232 bytes), peaking at slot B14 where \
-             the largest part is persistent state, 237.35 MiB; the ILP does not model offload \
-             yet, and the fastest offload baseline that fits is zero3-offload+ckpt: iteration \
-             35.442 ms",
+            "no plan fits the memory cap of 300.00 MiB, offload to the host included: the \
+             smallest feasible cap is 591.48 MiB (620215168 bytes) with offload (the offload ILP \
+             within window depth 4 and the offload baselines)",
             None,
         ),
         case(

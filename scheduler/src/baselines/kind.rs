@@ -69,7 +69,7 @@ impl BaselineKind {
     pub const OFFLOAD: [BaselineKind; 2] = [BaselineKind::Fsdp2Offload, BaselineKind::Zero3Offload];
 
     /// The offload baselines `profile` offers (a `[host]`, one micro-batch per step). Kept out of
-    /// [`Self::of`], the ILP's warm starts: the ILP does not model offload yet.
+    /// [`Self::of`], the device-only solve's warm starts: they start the offload MIP instead.
     pub fn offload_of(profile: &Profile) -> Vec<BaselineKind> {
         Self::OFFLOAD
             .into_iter()

@@ -63,7 +63,8 @@ pub(super) fn every_unit(
 }
 
 /// The offload baselines' answer where no plan fits the cap on the device alone (DESIGN §3.13),
-/// which a solve's infeasibility names: the ILP does not model offload yet.
+/// which a solve's infeasibility names where the ILP's offload choices do not cover the profile
+/// (DESIGN §4.10: K ≥ 2, groups of ranks, several links).
 #[derive(Debug, Clone)]
 pub enum OffloadFallback {
     /// The profile offers no offload baseline (no host link, or micro-batches).
@@ -104,8 +105,8 @@ impl fmt::Display for OffloadFallback {
                 let sim = &best.plan.simulation;
                 write!(
                     f,
-                    "; the ILP does not model offload yet, and the fastest offload baseline that \
-                     fits is {}: iteration {:.3} ms, device peak {}, host {} per node (`shardplan \
+                    "; the ILP's offload choices do not cover this profile (DESIGN §4.10), and the \
+                     fastest offload baseline that fits is {}: iteration {:.3} ms, device peak {}, host {} per node (`shardplan \
                      baseline --kind {}{}`)",
                     best.label(),
                     sim.iteration_time_us / 1e3,

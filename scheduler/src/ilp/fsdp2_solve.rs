@@ -7,7 +7,9 @@ use super::effort::{Budget, Clock};
 use super::model::Form;
 use super::run::{Stop, run_highs};
 use super::variables::ExtraPositions;
-use super::{Objective, SolveOptions, SolveReport, SolveStatus, Solved, WindowLimits};
+use super::{
+    Objective, OutsideTheSpace, SolveOptions, SolveReport, SolveStatus, Solved, WindowLimits,
+};
 use crate::baselines::{BaselineKind, baselines_at};
 use crate::export::fsdp2 as export;
 use crate::profile::Profile;
@@ -98,7 +100,8 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
     };
     // The last run searched every plan within the options' windows: its bound is the claim's.
     let last = phases.last().expect("a run ran");
-    let best_bound = last.best_bound.min(objective);
+    let last_bound = last.best_bound;
+    let best_bound = last_bound.min(objective);
     let gap = ((objective - best_bound) / objective.abs().max(1e-12)).max(0.0);
     let status = if clock.fired() {
         SolveStatus::TimeLimit
@@ -122,6 +125,7 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
         warm_start: warm.map(|(name, _, time)| (name, time)),
         window_depth: options.limits,
         phases,
+        outside_the_space: OutsideTheSpace::of(options.objective, objective, last_bound),
     };
     Ok(Solved {
         schedule,

@@ -25,6 +25,8 @@ mod limits;
 mod mapping;
 mod micro;
 mod model;
+mod offload;
+mod offload_solve;
 mod placement;
 mod pool;
 mod pricing;
@@ -226,6 +228,10 @@ pub enum OutsideTheSpace {
     /// A warm start or hint faster than the bound beyond its tolerance: a plan the ILP's columns
     /// cannot express (launches outside its windows, DESIGN §4.5).
     BeyondTheBound,
+    /// An offloading warm start the offload MIP does not model (`full` offload, host steps after
+    /// the backward, a reduction later than right after its backward: DESIGN §4.10), which is
+    /// claimed no bound.
+    OffloadBeyondTheMip,
 }
 
 /// Bound over objective, relative, beyond which the plan cannot lie in the space the bound holds

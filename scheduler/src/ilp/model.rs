@@ -8,6 +8,7 @@ use super::constraints::{
     one_level_per_unit, reductions_before_gathers, slot_durations, time_ceiling, whole_blocks,
 };
 use super::far::{Slack, pooled_bands, slack_running_sums};
+use super::offload::OffloadVars;
 use super::space::{add_copies, tied_lenders_kept};
 use super::variables::{Col, Columns, ExtraPositions, Shape, UnitLevel, UnitVars, declare_units};
 use super::{Objective, SolveOptions};
@@ -38,6 +39,8 @@ pub(super) struct Built {
     pub constraints: Vec<Constraint>,
     pub memory_scale: f64,
     pub rows: RowStarts,
+    /// The offload columns (`Form::Offload` on a profile that offers them).
+    pub offload: Option<OffloadVars>,
 }
 
 /// Where the row families that a bound's pricing reads start (`constraints` indices): one
@@ -78,6 +81,8 @@ pub(super) enum Form<'a> {
     /// The LP relaxation of the far-band relaxation: where it launches shows where far launches
     /// may pay.
     FarBandsLp,
+    /// The MIP with each unit's offload to the host a choice too (`super::offload`, DESIGN §4.10).
+    Offload,
 }
 
 /// The model under `options` in the given form, with launch columns also at `extra`.
@@ -100,10 +105,15 @@ pub(super) fn build(
         extra,
         far_bands,
     };
-    let units = declare_units(&mut columns, profile, shape, cap);
+    let offloads = form == Form::Offload;
+    // §4.3's presolve of `none` assumes every other unit's state on the device.
+    let units = declare_units(&mut columns, profile, shape, cap.filter(|_| !offloads));
     let durations: Vec<_> = (0..timeline.slot_count())
         .map(|_| columns.continuous())
         .collect();
+    let offload = offloads
+        .then(|| OffloadVars::declare(&mut columns, profile, &units))
+        .flatten();
     let links = links_in_use(&units);
     let slack = far_bands.then(|| Slack::declare(&mut columns, timeline.slot_count(), links.len()));
     let memory_scale = memory_scale(profile, options);
@@ -158,6 +168,10 @@ pub(super) fn build(
     if options.target == Target::Fsdp2 {
         add_copies(&mut memory, profile, &units, memory_scale);
     }
+    if let Some(offload) = &offload {
+        offload.shift_memory(profile, &units, &mut memory, memory_scale);
+        constraints.extend(offload.rows(profile, &units, &durations));
+    }
     let mut memory_cap_start = None;
     let (objective, peak) = match options.objective {
         Objective::Time => {
@@ -198,6 +212,7 @@ pub(super) fn build(
             memory_cap: memory_cap_start,
             order_rows,
         },
+        offload,
     }
 }
 

@@ -4,6 +4,7 @@
 use super::claim::{claim, objective_of};
 use super::effort::{Budget, Clock};
 use super::model::{Form, build};
+use super::offload_solve::solve_with_offload;
 use super::pool::Pool;
 use super::run::{Stop, run_highs};
 use super::staged::{FullWindow, full_window_mip, is_staged, staged_phases};
@@ -30,11 +31,8 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     if profile.micro_batches >= 2 {
         return super::micro::solve(profile, options).map(|mut solved| {
             let r = &solved.report;
-            solved.report.outside_the_space = OutsideTheSpace::of(
-                options.objective,
-                r.objective,
-                r.best_bound,
-            );
+            solved.report.outside_the_space =
+                OutsideTheSpace::of(options.objective, r.objective, r.best_bound);
             solved
         });
     }
@@ -93,6 +91,14 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
         // A warm start outside the windows asked for is not an answer to the limited search.
         pool.retain_within(options.limits);
     }
+    // No plan fits on the device alone (proven, or only a hint that offloads met): on a profile
+    // with a host, the offload MIP (DESIGN §4.10), started from the plans met.
+    if (infeasible || !pool.is_empty())
+        && pool.plans().iter().all(|(s, _)| s.offloads())
+        && let Some(solved) = solve_with_offload(profile, options, &clock, started, pool.plans())
+    {
+        return solved;
+    }
     if infeasible && pool.is_empty() {
         if let Objective::Memory {
             max_iteration_time_us: Some(ceiling),
@@ -133,11 +139,7 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
         warm_start: warm.map(|(name, _, time)| (name, time)),
         window_depth: claim.window_depth,
         phases,
-        outside_the_space: OutsideTheSpace::of(
-            options.objective,
-            objective,
-            claim.best_bound,
-        ),
+        outside_the_space: OutsideTheSpace::of(options.objective, objective, claim.best_bound),
     };
     Ok(Solved {
         schedule,
@@ -147,7 +149,8 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
 }
 
 /// [`solve`] for the one cap a user asked for: where no plan fits it, the error names the fastest
-/// offload baseline that does (DESIGN §3.13), which the ILP does not model yet. Searches over
+/// offload baseline that does (DESIGN §3.13) where the ILP's offload choices do not cover the
+/// profile (DESIGN §4.10). Searches over
 /// many caps (sweeps, `solve --model`'s lower caps) take [`solve`]'s error as it is.
 pub fn solve_naming_offload(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     solve(profile, options).map_err(|error| match error {
