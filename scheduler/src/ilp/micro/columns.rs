@@ -1,7 +1,8 @@
 //! The columns of the micro-batch MIP (DESIGN §4.8): per unit one indicator per configuration
 //! (level, group of ranks, accumulate, keep, replica AllReduce), its recompute column, its launch
 //! column sets per op, group and boundary kind with their running sums, and per group the step's
-//! RS→FG order indicators.
+//! RS→FG order indicators; the step unrolled to K' micro-batches ([`Unrolled`]) that places
+//! them, and the communicator columns ([`Communicator`]).
 
 use super::linear::Linear;
 use crate::cost::Among;
@@ -223,5 +224,67 @@ impl UnitCols {
             r.add(col, 1.0);
         }
         r
+    }
+}
+
+/// The step unrolled to K' = min(K, 3) micro-batches of 2L + 1 slots.
+#[derive(Clone, Copy)]
+pub(super) struct Unrolled {
+    pub timeline: Timeline,
+    /// K'.
+    pub micro_batches: usize,
+}
+
+impl Unrolled {
+    pub fn slots(self) -> usize {
+        self.micro_batches * self.timeline.slot_count()
+    }
+
+    /// The slot of flat index `flat` in micro-batch `m`.
+    pub fn at(self, m: usize, flat: usize) -> usize {
+        m * self.timeline.slot_count() + flat
+    }
+
+    /// The micro-batches (source, target) each instance of a boundary kind joins: the step's
+    /// last and first, or each consecutive pair; BG's runs inside each micro-batch.
+    pub fn instances(self, op: Op, boundary: Boundary) -> Vec<(usize, usize)> {
+        let k = self.micro_batches;
+        match (op, boundary) {
+            (Op::GatherBackward, _) => (0..k).map(|m| (m, m)).collect(),
+            (_, Boundary::Step) => vec![(k - 1, 0)],
+            (_, Boundary::Inner) => (0..k - 1).map(|m| (m, m + 1)).collect(),
+        }
+    }
+
+    /// The slot of window position `pos` of an instance joining `source` to `target`.
+    pub fn position(
+        self,
+        window: Window,
+        kind: WindowKind,
+        (source, target): (usize, usize),
+        pos: usize,
+    ) -> usize {
+        let flat = window.slot_at(pos);
+        match kind {
+            WindowKind::AfterBackward if flat >= window.first => self.at(source, flat),
+            _ => self.at(target, flat),
+        }
+    }
+}
+
+/// A communicator column u ≥ y of every configuration that uses it (DESIGN §3.11): a shard
+/// group's (its shard and replica groups: 2 communicators) or the secondary group's (1).
+pub(super) struct Communicator {
+    pub column: Col,
+    pub shard: Option<u32>,
+    pub secondary: Option<u32>,
+    pub count: f64,
+}
+
+impl Communicator {
+    /// Whether configuration `c` uses it.
+    pub fn used_by(&self, c: Config) -> bool {
+        (self.shard.is_some() && c.group == self.shard)
+            || (self.secondary.is_some() && c.secondary == self.secondary)
     }
 }

@@ -1,9 +1,8 @@
 //! The memory rows of the micro-batch MIP (DESIGN §3.5, §3.9, §3.10, §3.11.1): M_s of every
 //! unrolled slot, linear in the configuration indicators, r and the running sums C.
 
-use super::columns::{Config, UnitCols};
+use super::columns::{Communicator, Config, UnitCols, Unrolled};
 use super::linear::Linear;
-use super::model::{Communicator, Unrolled};
 use crate::cost::{block_bytes, persistent_bytes_over, secondary_shard_bytes};
 use crate::profile::Profile;
 use crate::timeline::{Level, Op};

@@ -26,10 +26,10 @@ use crate::schedule::{Accumulation, Launch, RecomputeChoice, Schedule, UnitSched
 use crate::size::format_bytes;
 use crate::timeline::{Level, Op, Timeline, WindowKind};
 use crate::{Error, Result};
-use columns::{Boundary, Config, SetKey, UnitCols};
+use columns::{Boundary, Communicator, Config, SetKey, UnitCols};
 use good_lp::constraint;
 use highs::HighsModelStatus;
-use model::{Built, Communicator, SlotTerms, build};
+use model::{Built, SlotTerms, build};
 use std::collections::BTreeMap;
 use std::time::Instant;
 

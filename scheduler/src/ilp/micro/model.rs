@@ -3,7 +3,9 @@
 //! communicators in use, each unrolled slot's compute, communication per link, load and
 //! duration; `super::memory` adds the memory rows.
 
-use super::columns::{Boundary, Config, Launches, OPS, Order, SetKey, UnitCols};
+use super::columns::{
+    Boundary, Communicator, Config, Launches, OPS, Order, SetKey, UnitCols, Unrolled,
+};
 use super::linear::Linear;
 use super::memory::memory_rows;
 use crate::cost::{Among, Interference, block_time};
@@ -14,51 +16,6 @@ use crate::profile::{Link, Profile};
 use crate::schedule::{RecomputeChoice, ReplicaReduce};
 use crate::timeline::{Op, Timeline, Window, WindowKind};
 use good_lp::{Constraint, Expression, constraint};
-
-/// The step unrolled to K' = min(K, 3) micro-batches of 2L + 1 slots.
-#[derive(Clone, Copy)]
-pub(super) struct Unrolled {
-    pub timeline: Timeline,
-    /// K'.
-    pub micro_batches: usize,
-}
-
-impl Unrolled {
-    pub fn slots(self) -> usize {
-        self.micro_batches * self.timeline.slot_count()
-    }
-
-    /// The slot of flat index `flat` in micro-batch `m`.
-    pub fn at(self, m: usize, flat: usize) -> usize {
-        m * self.timeline.slot_count() + flat
-    }
-
-    /// The micro-batches (source, target) each instance of a boundary kind joins: the step's
-    /// last and first, or each consecutive pair; BG's runs inside each micro-batch.
-    pub fn instances(self, op: Op, boundary: Boundary) -> Vec<(usize, usize)> {
-        let k = self.micro_batches;
-        match (op, boundary) {
-            (Op::GatherBackward, _) => (0..k).map(|m| (m, m)).collect(),
-            (_, Boundary::Step) => vec![(k - 1, 0)],
-            (_, Boundary::Inner) => (0..k - 1).map(|m| (m, m + 1)).collect(),
-        }
-    }
-
-    /// The slot of window position `pos` of an instance joining `source` to `target`.
-    pub fn position(
-        self,
-        window: Window,
-        kind: WindowKind,
-        (source, target): (usize, usize),
-        pos: usize,
-    ) -> usize {
-        let flat = window.slot_at(pos);
-        match kind {
-            WindowKind::AfterBackward if flat >= window.first => self.at(source, flat),
-            _ => self.at(target, flat),
-        }
-    }
-}
 
 /// A slot's terms: c_s, Q^ℓ_s per link in use (`Built::links`' order) and L_s.
 #[derive(Debug, Clone, Default)]
@@ -76,23 +33,6 @@ impl SlotTerms {
             .iter()
             .map(|q| interference.slot_duration(c, q.eval(values), l))
             .fold(c + l, f64::max)
-    }
-}
-
-/// A communicator column u ≥ y of every configuration that uses it (DESIGN §3.11): a shard
-/// group's (its shard and replica groups: 2 communicators) or the secondary group's (1).
-pub(super) struct Communicator {
-    pub column: Col,
-    pub shard: Option<u32>,
-    pub secondary: Option<u32>,
-    pub count: f64,
-}
-
-impl Communicator {
-    /// Whether configuration `c` uses it.
-    pub fn used_by(&self, c: Config) -> bool {
-        (self.shard.is_some() && c.group == self.shard)
-            || (self.secondary.is_some() && c.secondary == self.secondary)
     }
 }
 
