@@ -162,7 +162,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     }
     outln!(
         "FSDP2: the settings `export fsdp2` writes, run by FSDP2 (DESIGN §3.12); ~ marks an \
-         export with approximations, - a plan it does not export (offload)"
+         export with approximations, - a plan it refuses to export"
     );
     let fastest = comparison.fastest();
     let fastest_fsdp2 = rows
