@@ -154,7 +154,7 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
         .double_info_value(c"mip_dual_bound")
         .unwrap_or(f64::NEG_INFINITY)
         * scale;
-    // A baseline over a group the MIP does not offer (hsdp over more than a node) lies outside
+    // A baseline in a configuration the MIP does not offer its unit (`Config::all`) lies outside
     // its space: the bound is over that space, not over the plan, and may lie above it.
     let bound = if outside_the_space(profile, &schedule) {
         dual_bound
@@ -288,8 +288,8 @@ fn config_of(unit: &UnitSchedule) -> Config {
     }
 }
 
-/// Whether a unit of `schedule` takes a configuration the MIP does not offer it (a shard group
-/// other than the node's, DESIGN §3.11).
+/// Whether a unit of `schedule` takes a configuration the MIP does not offer it (`Config::all`,
+/// DESIGN §4.8).
 fn outside_the_space(profile: &Profile, schedule: &Schedule) -> bool {
     schedule
         .units()
