@@ -10,7 +10,7 @@ use common::{
     Rng, assert_relaxed_is_strict_with_slow_communication, gpt2_tiny as gpt2,
     gpt2_tiny_accumulating, gpt2_tiny_accumulating_path, gpt2_tiny_accumulating_profile,
     gpt2_tiny_bf16_path, gpt2_tiny_bf16_profile, gpt2_tiny_path as model_path,
-    gpt2_tiny_profile as profile, random_schedule, run_plan,
+    gpt2_tiny_profile as profile, random_schedule, relative_update_error, run_plan,
 };
 use shardplan_runtime::layout::{Placement, place};
 use shardplan_runtime::workload::Workload;
@@ -135,20 +135,6 @@ fn json_error(out: Output) -> serde_json::Value {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}): {out:?}"))
-}
-
-/// ‖a − b‖ / ‖b − w0‖ per unit, the worst.
-fn relative_update_error(a: &[Vec<f32>], b: &[Vec<f32>], w0: &[Vec<f32>]) -> f64 {
-    let norm = |x: &[f32], y: &[f32]| {
-        x.iter()
-            .zip(y)
-            .map(|(p, q)| f64::from(p - q).powi(2))
-            .sum::<f64>()
-            .sqrt()
-    };
-    (0..a.len())
-        .map(|u| norm(&a[u], &b[u]) / norm(&b[u], &w0[u]).max(1e-30))
-        .fold(0.0, f64::max)
 }
 
 /// What the N = 1 DDP run trains to: the losses, the weights, and the initial weights.

@@ -10,7 +10,7 @@ mod common;
 use common::{
     Rng, affine, assert_relaxed_is_strict_with_slow_communication, gpt2_tiny as gpt2,
     gpt2_tiny_bf16_path, gpt2_tiny_bf16_profile, gpt2_tiny_path as model_path, gpt2_tiny_profile,
-    random_schedule, run_plan,
+    random_schedule, relative_update_error, run_plan,
 };
 use shardplan_runtime::layout::place;
 use shardplan_runtime::workload::Workload;
@@ -124,20 +124,6 @@ impl Setup {
         let params = serde_json::from_slice(&std::fs::read(dump).unwrap()).unwrap();
         (report, params)
     }
-}
-
-/// ‖a − b‖ / ‖b − w0‖ per unit, the worst.
-fn relative_update_error(a: &[Vec<f32>], b: &[Vec<f32>], w0: &[Vec<f32>]) -> f64 {
-    let norm = |x: &[f32], y: &[f32]| {
-        x.iter()
-            .zip(y)
-            .map(|(p, q)| f64::from(p - q).powi(2))
-            .sum::<f64>()
-            .sqrt()
-    };
-    (0..a.len())
-        .map(|u| norm(&a[u], &b[u]) / norm(&b[u], &w0[u]).max(1e-30))
-        .fold(0.0, f64::max)
 }
 
 /// `schedule` with `modes(unit)` for every sharded unit and `host_step`.

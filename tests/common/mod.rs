@@ -165,3 +165,17 @@ pub fn two_nodes_of_two(mut profile: Profile) -> Profile {
     });
     profile
 }
+
+/// ‖a − b‖ / ‖b − w0‖ per unit, the worst.
+pub fn relative_update_error(a: &[Vec<f32>], b: &[Vec<f32>], w0: &[Vec<f32>]) -> f64 {
+    let norm = |x: &[f32], y: &[f32]| {
+        x.iter()
+            .zip(y)
+            .map(|(p, q)| f64::from(p - q).powi(2))
+            .sum::<f64>()
+            .sqrt()
+    };
+    (0..a.len())
+        .map(|u| norm(&a[u], &b[u]) / norm(&b[u], &w0[u]).max(1e-30))
+        .fold(0.0, f64::max)
+}
