@@ -462,21 +462,17 @@ fn smallest_cap_with_offload(profile: &Profile, options: &SolveOptions, clock: &
             .offloaded(profile, modes, HostStep::Overlapped, "the ILP's plan")
             .ok()
     });
-    let smallest_baseline = baselines_at(
-        profile,
-        &BaselineKind::offload_of(profile),
-        options.recompute_choice(),
-        None,
-    )
-    .map(|chosen| chosen.plan.schedule)
-    .min_by(|a, b| peak_of(profile, a).total_cmp(&peak_of(profile, b)));
-    let schedule = [schedule, smallest_baseline]
+    // Each candidate simulated once: the MIP's plan here, a baseline by its own construction.
+    let from_mip = schedule.map(|s| simulate(profile, &s, Semantics::Strict));
+    let kinds = BaselineKind::offload_of(profile);
+    let from_baselines = baselines_at(profile, &kinds, options.recompute_choice(), None)
+        .map(|chosen| chosen.plan.simulation);
+    let smallest = from_mip
         .into_iter()
-        .flatten()
-        .min_by(|a, b| peak_of(profile, a).total_cmp(&peak_of(profile, b)));
-    match schedule {
-        Some(schedule) => {
-            let sim = simulate(profile, &schedule, Semantics::Strict);
+        .chain(from_baselines)
+        .min_by(|a, b| a.peak_memory_bytes.total_cmp(&b.peak_memory_bytes));
+    match smallest {
+        Some(sim) => {
             let (what, bytes) = sim.peak().memory.dominant();
             Error::Infeasible(format!(
                 "no plan fits {cap}, offload to the host included: the smallest feasible cap is {} ({} bytes) with offload (the offload ILP within {} and the offload baselines), peaking at slot {} where the largest part is {}, {}",
@@ -493,9 +489,4 @@ fn smallest_cap_with_offload(profile: &Profile, options: &SolveOptions, clock: &
             options.limits
         )),
     }
-}
-
-/// The strict simulation's peak of `schedule` (bytes).
-fn peak_of(profile: &Profile, schedule: &Schedule) -> f64 {
-    simulate(profile, schedule, Semantics::Strict).peak_memory_bytes
 }
