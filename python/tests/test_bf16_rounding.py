@@ -58,8 +58,9 @@ class Bf16Rounding(unittest.TestCase):
             shardplan(1, "baseline", "--profile", str(profile), "--kind", "fsdp2", "--checkpoint", "--out", str(plan))
             report = shardplan(world, "run", "--backend", "cpu", "--profile", str(profile), "--plan", str(plan),
                                "--model", str(cls.model), "--data", str(d / "data.txt"), "--init-weights",
-                               str(cls.init), "--steps", str(STEPS), "--semantics", "relaxed" if world == 2 else "strict",
-                               "--save-weights", str(d / f"n{world}.safetensors"), "--json")
+                               str(cls.init), "--steps", str(STEPS), "--semantics",
+                               "relaxed" if world == 2 else "strict", "--save-weights",
+                               str(d / f"n{world}.safetensors"), "--json")
             (d / f"n{world}.json").write_text(report)
         code, out = compare("--reference-from", d / "n1.json", d / "n1.safetensors", cls.init, d / "n1.reference")
         assert code == 0, out
@@ -76,7 +77,8 @@ class Bf16Rounding(unittest.TestCase):
         ours, theirs = load_file(self.d / "n2.safetensors"), load_file(self.d / "n1.safetensors")
         hidden = self.spec["hidden"]
         for layer in range(self.spec["layers"]):
-            gap = (ours[f"transformer.h.{layer}.attn.c_attn.bias"] - theirs[f"transformer.h.{layer}.attn.c_attn.bias"])
+            name = f"transformer.h.{layer}.attn.c_attn.bias"
+            gap = ours[name] - theirs[name]
             key = gap[hidden:2 * hidden].norm()
             self.assertGreater(key, 10 * gap[:hidden].norm(), f"layer {layer}: the query bias differs as much")
             self.assertGreater(key, 10 * gap[2 * hidden:].norm(), f"layer {layer}: the value bias differs as much")
