@@ -201,7 +201,8 @@ class Gpt2AccumulatingAgainstTransformers(Gpt2AgainstTransformers):
             with self.subTest(kind=kind, checkpoint=checkpoint):
                 self.check(4, kind, checkpoint, "relaxed")
 
-    # The weights file's format does not depend on K; hierarchical levels need K = 1.
+    # The weights file's format does not depend on K; hierarchical levels at K = 2:
+    # test_gpt2_hierarchical_micro_batches.py.
     test_saved_weights_load_in_transformers = None
     test_four_ranks_as_two_nodes = None
 
