@@ -2,8 +2,11 @@
 //! device's memory, side by side: Llama-2 70B on 8 nodes of 8 H100s (NVLink inside a node,
 //! InfiniBand between), or with `--flat` on one link for every collective (DESIGN §3.11).
 
+mod one_node;
+
 use crate::cli::DemoArgs;
 use crate::output::{Table, ms, outln, print_json};
+use one_node::OneNode;
 use serde_json::json;
 use shardplan_scheduler::export::fsdp2 as export_fsdp2;
 use shardplan_scheduler::ilp::{Effort, SolveOptions, solve};
@@ -106,6 +109,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         ));
         rows.push(row);
     }
+    let one_node = OneNode::solve(&args)?;
     if args.json {
         let methods: Vec<_> = rows.iter().map(|row| row.json(cap)).collect();
         let left_out: Vec<_> = (comparison.left_out.iter())
@@ -113,7 +117,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             .collect();
         print_json(
             &json!({"profile": profile.name, "memory_cap_bytes": cap, "methods": methods,
-                           "left_out": left_out}),
+                           "left_out": left_out, "one_node": one_node.json()}),
         );
         return Ok(());
     }
@@ -186,6 +190,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             _ => {}
         }
     }
+    one_node.print();
     Ok(())
 }
 
