@@ -294,6 +294,15 @@ fn node_layout_methods_need_a_node_layout_everywhere() {
         .map(|m| m["method"].as_str().unwrap())
         .collect();
     assert_eq!(left_out, ["hsdp", "hpz"]);
+    // Its one-node part is on one link already, and says so.
+    let not_applied = demo["one_node"]["not_applied"].as_array().unwrap();
+    assert!(
+        not_applied[0]
+            .as_str()
+            .unwrap()
+            .starts_with("--flat does not apply"),
+        "{not_applied:?}"
+    );
 }
 
 #[test]

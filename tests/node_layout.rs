@@ -181,14 +181,16 @@ fn a_world_that_does_not_fill_the_nodes_is_refused_naming_world_size() {
 }
 
 /// The demo's bundled profiles (README's first command) are `profile analytic`'s default and
-/// `--flat` profiles of Llama-2 70B on 64 H100 SXMs.
+/// `--flat` profiles of Llama-2 70B on 64 H100 SXMs, and its default on one node of 8 (the
+/// one-node part).
 #[test]
 fn the_demo_profiles_are_the_default_and_the_flat_profile() {
     let dir = tempfile::tempdir().unwrap();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for (bundled, extra) in [
-        ("profiles/llama2-70b-h100-8x8.toml", &[][..]),
-        ("profiles/llama2-70b-h100-n64.toml", &["--flat"][..]),
+    for (bundled, world, extra) in [
+        ("profiles/llama2-70b-h100-8x8.toml", "64", &[][..]),
+        ("profiles/llama2-70b-h100-n64.toml", "64", &["--flat"][..]),
+        ("profiles/llama2-70b-h100-n8.toml", "8", &[][..]),
     ] {
         let out = dir.path().join("70b.toml").display().to_string();
         let mut args = vec![
@@ -199,7 +201,7 @@ fn the_demo_profiles_are_the_default_and_the_flat_profile() {
             "--device",
             "h100-sxm",
             "--world-size",
-            "64",
+            world,
             "--out",
             &out,
         ];
@@ -207,6 +209,6 @@ fn the_demo_profiles_are_the_default_and_the_flat_profile() {
         assert_success(&shardplan(&args));
         let written = Profile::load(Path::new(&out)).unwrap();
         let bundled = Profile::load(&root.join(bundled)).unwrap();
-        assert_eq!(written.digest(), bundled.digest(), "{extra:?}");
+        assert_eq!(written.digest(), bundled.digest(), "{world} {extra:?}");
     }
 }

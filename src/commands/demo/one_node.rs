@@ -351,3 +351,42 @@ fn save_files(
     )?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(flat: bool, micro_batches: u32, target: Option<TargetArg>) -> DemoArgs {
+        DemoArgs {
+            out_dir: None,
+            micro_batches,
+            flat,
+            effort: None,
+            time_limit: 1.0,
+            target,
+            json: false,
+        }
+    }
+
+    /// Each of `--flat`, `--micro-batches K ≥ 2` and `--target fsdp2` is named with why it does
+    /// not apply, and only when given; the runtime-only ILP is said either way.
+    #[test]
+    fn options_that_do_not_apply_are_named() {
+        let plain = not_applied(&args(false, 1, None));
+        assert_eq!(plain.len(), 1, "{plain:?}");
+        assert!(plain[0].contains("runtime target only"), "{plain:?}");
+        let all = not_applied(&args(true, 4, Some(TargetArg::Fsdp2)));
+        assert_eq!(all.len(), 3, "{all:?}");
+        assert!(all[0].starts_with("--flat does not apply"), "{all:?}");
+        assert!(
+            all[1].starts_with("--micro-batches 4 does not apply"),
+            "{all:?}"
+        );
+        assert!(
+            all[2].starts_with("--target fsdp2 does not apply"),
+            "{all:?}"
+        );
+        let runtime = not_applied(&args(false, 1, Some(TargetArg::Runtime)));
+        assert_eq!(runtime, plain);
+    }
+}
