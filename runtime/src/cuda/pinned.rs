@@ -4,12 +4,15 @@
 //! checks), and the asynchronous copies between it and the device arena.
 
 use super::driver_error;
-use crate::backend::{HostArena, HostMemory, Read, Region, Words, Write, host_part};
+use super::storage::pack_bf16;
+use crate::backend::{FloatFormat, HostArena, HostMemory, Read, Region, Words, Write, host_part};
+use crate::lock::recover;
 use crate::{Error, Result};
 use cudarc::driver::sys::{self, CUdeviceptr};
-use cudarc::driver::{CudaContext, CudaStream, PinnedHostSlice};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, PinnedHostSlice};
 use std::cell::UnsafeCell;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 /// Page-locked words, zeroed.
 struct PinnedWords {
@@ -47,9 +50,8 @@ impl Across {
         if from.len != to.len || from.format != to.format {
             return Err(Error::Backend(format!(
                 "a copy between the device and the host arena of {} {} elements into {} {}: a \
-                 copy across the arenas keeps the format and length (an fp32 master rounded into \
-                 bf16 device parameters, `offload = \"optimizer\"` under bf16, needs a host \
-                 staging shard the CUDA backend does not have yet: DESIGN §6.12)",
+                 copy across the arenas keeps the format and length, but for an fp32 host master \
+                 rounded into bf16 device parameters of its length (DESIGN §6.12)",
                 from.len,
                 from.format.name(),
                 to.len,
@@ -68,10 +70,21 @@ impl Across {
     }
 }
 
+/// A page-locked buffer an fp32 master is rounded into on its way to bf16 device parameters,
+/// and the event after its last copy (the buffer is rewritten only once that copy is done).
+struct RoundedShard {
+    words: PinnedHostSlice<f32>,
+    copied: Option<CudaEvent>,
+}
+
 /// The host arena in page-locked memory, after `device_words` of device arena.
 pub(crate) struct PinnedArena {
+    ctx: Arc<CudaContext>,
     arena: HostArena,
     device_words: usize,
+    /// Per fp32 master copied into bf16 device parameters (by the master's word offset): the host
+    /// staging shard of DESIGN §6.12, the p bytes §3.13 charges the host for the cast.
+    rounded: Mutex<HashMap<usize, RoundedShard>>,
 }
 
 impl PinnedArena {
@@ -97,8 +110,10 @@ impl PinnedArena {
             len: host_words,
         };
         Ok(PinnedArena {
+            ctx: ctx.clone(),
             arena: HostArena::over(Box::new(words)),
             device_words,
+            rounded: Mutex::default(),
         })
     }
 
@@ -141,6 +156,9 @@ impl PinnedArena {
         device_address: impl Fn(Region) -> Result<CUdeviceptr>,
         stream: &CudaStream,
     ) -> Result<()> {
+        if rounds_to_device(from, to, self.device_words) {
+            return self.enqueue_rounded(from, device_address(to)?, stream);
+        }
         let across = Across::of(from, to, self.device_words)?;
         let bytes = 4 * from.words();
         let cu_stream = stream.cu_stream();
@@ -167,6 +185,62 @@ impl PinnedArena {
             }
         }
     }
+}
+
+impl PinnedArena {
+    /// Enqueues on `stream` the copy of the fp32 host region `from` rounded to bf16 (to nearest,
+    /// ties to even, as the CPU backend's copy rounds) into the device memory at `to`, through
+    /// the page-locked shard kept for that destination.
+    fn enqueue_rounded(&self, from: Region, to: CUdeviceptr, stream: &CudaStream) -> Result<()> {
+        let packed = pack_bf16(&self.read(from)?);
+        let mut rounded = recover(self.rounded.lock());
+        let shard = match rounded.entry(from.offset) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                let what = "allocating a page-locked shard to round parameters in";
+                // SAFETY: the words are written in full below before the copy reads them.
+                let words = unsafe { self.ctx.alloc_pinned_with_flags::<f32>(packed.len(), 0) }
+                    .map_err(driver_error(what))?;
+                entry.insert(RoundedShard {
+                    words,
+                    copied: None,
+                })
+            }
+        };
+        if let Some(copied) = shard.copied.take() {
+            (copied.synchronize()).map_err(driver_error("waiting for a parameter copy"))?;
+        }
+        let host = (shard.words.as_mut_slice()).map_err(driver_error("page-locked memory"))?;
+        let room = host.len();
+        let host = host.get_mut(..packed.len()).ok_or_else(|| {
+            Error::Backend(format!(
+                "{} rounded parameters for a shard of {room} words",
+                packed.len()
+            ))
+        })?;
+        host.copy_from_slice(&packed);
+        // SAFETY: `host` holds the `packed.len()` words copied; `to` spans as many words of the
+        // device arena (checked by the caller); the shard is not written again before the event
+        // recorded after the copy has completed.
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(to, host.as_ptr().cast(), 4 * host.len(), stream.cu_stream())
+        }
+        .result()
+        .map_err(driver_error("copying rounded parameters to the GPU"))?;
+        shard.copied =
+            Some((stream.record_event(None)).map_err(driver_error("recording an event"))?);
+        Ok(())
+    }
+}
+
+/// Whether the copy of `from` into `to` is an fp32 host region rounded into a bf16 device
+/// region of the same length (`optimizer`'s master into bf16 parameters, DESIGN §6.12).
+fn rounds_to_device(from: Region, to: Region, device_words: usize) -> bool {
+    from.format == FloatFormat::Fp32
+        && to.format == FloatFormat::Bf16
+        && from.len == to.len
+        && host_part(from, device_words).is_some()
+        && host_part(to, device_words).is_none()
 }
 
 impl HostMemory for PinnedArena {
@@ -227,12 +301,34 @@ mod tests {
         assert!(device.contains("does not go between"), "{device}");
         let host = within(Region::f32(DEVICE, 8), Region::f32(DEVICE + 8, 8));
         assert!(host.contains("does not go between"), "{host}");
-        let rounded = within(Region::f32(DEVICE, 8), bf16(0, 8));
+        let widened = within(bf16(DEVICE, 8), Region::f32(0, 8));
         assert!(
-            rounded.contains("fp32") && rounded.contains("bf16") && rounded.contains("optimizer"),
-            "{rounded}"
+            widened.contains("bf16") && widened.contains("fp32"),
+            "{widened}"
         );
         let shorter = within(Region::f32(DEVICE, 8), Region::f32(0, 4));
         assert!(shorter.contains("8") && shorter.contains("4"), "{shorter}");
+    }
+
+    #[test]
+    fn only_an_fp32_host_master_into_bf16_device_parameters_is_rounded_on_the_way() {
+        let master = Region::f32(DEVICE + 64, 32);
+        assert!(rounds_to_device(master, bf16(128, 32), DEVICE));
+        assert!(
+            !rounds_to_device(master, bf16(128, 30), DEVICE),
+            "another length"
+        );
+        assert!(
+            !rounds_to_device(master, Region::f32(128, 32), DEVICE),
+            "fp32 both"
+        );
+        assert!(
+            !rounds_to_device(Region::f32(64, 32), bf16(DEVICE, 32), DEVICE),
+            "to the host"
+        );
+        assert!(
+            !rounds_to_device(master, bf16(DEVICE, 32), DEVICE),
+            "host to host"
+        );
     }
 }
