@@ -1,10 +1,16 @@
-//! The CUDA backend where there is no GPU (CI): `run --backend cuda` and `profile measure
-//! --backend cuda` exit 1 with one line naming the missing driver library and where it was
-//! searched — never a panic — and write nothing; `doctor` finds the CUDA wheels of a Python
-//! environment and NVRTC compiles the MLP and GPT-2 kernels, which needs no GPU.
+//! The CUDA backend where there is no GPU (CI): `run --backend cuda` (an offloading plan's too)
+//! and `profile measure --backend cuda` exit 1 with one line naming the missing driver library
+//! and where it was searched — never a panic — and write nothing; `doctor` finds the CUDA wheels
+//! of a Python environment and NVRTC compiles the MLP and GPT-2 kernels, which needs no GPU.
+
+mod common;
 
 use shardplan_runtime::cuda::libraries::{Needed, SearchPaths, find};
+use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::precision::Precision;
+use shardplan_scheduler::profile::Host;
+use shardplan_scheduler::schedule::Recompute;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn driver_present() -> bool {
@@ -31,6 +37,26 @@ fn assert_clear_driver_error(args: &[&str]) {
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
+/// gpt2-tiny's fsdp2-offload plan (DESIGN §6.12) on one rank with a host link, and its profile,
+/// written in `dir`: (profile, plan).
+fn offloading_plan(dir: &Path) -> (PathBuf, PathBuf) {
+    let mut profile = common::gpt2_tiny_profile(1);
+    profile.host = Some(Host {
+        ranks_per_node: 1,
+        ranks_per_link: 1,
+        memory_bytes: 16 << 30,
+        optimizer_us_per_param: 1e-3,
+        host_to_device: common::affine(10.0, 1e4),
+        device_to_host: common::affine(10.0, 1e4),
+    });
+    let plan = baseline(&profile, BaselineKind::Fsdp2Offload, Recompute::Off, None).unwrap();
+    assert!(plan.schedule.offloads(), "fsdp2-offload offloads");
+    let profile_path = dir.join("gpt2-tiny-host.toml");
+    profile.save(&profile_path).unwrap();
+    let plan = common::write_plan(dir, "fsdp2-offload", &profile, &plan.schedule);
+    (profile_path, plan)
+}
+
 #[test]
 #[ignore = "needs a machine without a CUDA driver; scripts/test runs it where that holds"]
 fn without_a_driver_the_cuda_backend_fails_with_one_clear_line() {
@@ -51,6 +77,21 @@ fn without_a_driver_the_cuda_backend_fails_with_one_clear_line() {
         "plan.toml",
         "--model",
         "models/mlp-small.toml",
+        "--steps",
+        "2",
+    ]);
+    // An offloading plan (pinned host arena, copy stream, host AdamW) stops at the same line.
+    let (offload_profile, offload_plan) = offloading_plan(dir.path());
+    assert_clear_driver_error(&[
+        "run",
+        "--backend",
+        "cuda",
+        "--profile",
+        offload_profile.to_str().unwrap(),
+        "--plan",
+        offload_plan.to_str().unwrap(),
+        "--model",
+        "models/gpt2-tiny.toml",
         "--steps",
         "2",
     ]);

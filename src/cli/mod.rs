@@ -472,8 +472,8 @@ pub struct MeasureArgs {
     #[arg(long)]
     pub launch_times: bool,
     /// Also measure the host link (`[host]`, DESIGN §3.13): copies between the device arena
-    /// and the host arena for the H2D and D2H curves, the host's optimizer step per parameter
-    /// (CPU backend).
+    /// and the host arena for the H2D and D2H curves (CUDA: on its copy stream), the host's
+    /// optimizer step per parameter (CUDA: the host's AdamW timed on its own).
     #[arg(long)]
     pub host_link: bool,
     #[arg(long)]

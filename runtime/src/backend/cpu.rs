@@ -4,7 +4,7 @@
 //! taken and waiting on one is a no-op.
 
 use super::arenas::Arenas;
-use super::host_arena::{Read, Write};
+use super::host_arena::{HostMemory, Read, Write};
 use super::{Allocation, Backend, DeviceMemory, FloatFormat, Group, Region, Stream};
 use crate::lock::recover;
 use crate::process::{check_host_memory, keep_freed_memory};
@@ -317,6 +317,15 @@ impl<C: Collectives> CpuBackend<C> {
             .ok_or_else(|| Error::Backend(format!("loss slot {step} was not allocated")))?;
         *slot = loss;
         Ok(())
+    }
+}
+
+impl<C: Collectives> HostMemory for CpuBackend<C> {
+    fn read(&self, region: Region) -> Result<Read<'_>> {
+        self.arena.read(region)
+    }
+    fn write(&self, region: Region) -> Result<Write<'_>> {
+        self.arena.write(region)
     }
 }
 

@@ -20,12 +20,31 @@ use std::ops::{Deref, DerefMut, Range};
 use std::sync::Mutex;
 
 /// 4-byte words, borrowed by region.
-#[derive(Default)]
 pub(crate) struct HostArena {
     /// `UnsafeCell` per word: a shared reference to the cells permits writing through them,
     /// which [`HostArena::lend_mut`] does only inside a range it has leased exclusively.
-    cells: Box<[UnsafeCell<f32>]>,
+    cells: Box<dyn Words>,
     leases: Mutex<Leases>,
+}
+
+/// The memory an arena's words live in: an allocation of its own ([`HostArena::zeroed`]) or one
+/// a backend made (the CUDA backend's page-locked host arena, `cuda::pinned`).
+pub(crate) trait Words: Send {
+    /// The words, each an `UnsafeCell`: written only through the arena's exclusive leases (and,
+    /// for memory a device copies to or from, by copies the backend's marks order against them).
+    fn cells(&self) -> &[UnsafeCell<f32>];
+}
+
+impl Words for Box<[UnsafeCell<f32>]> {
+    fn cells(&self) -> &[UnsafeCell<f32>] {
+        self
+    }
+}
+
+impl Default for HostArena {
+    fn default() -> HostArena {
+        HostArena::over(Box::new(Box::<[UnsafeCell<f32>]>::default()))
+    }
 }
 
 // SAFETY: the words are reached only through `Lent` and `LentMut`, whose ranges are checked
@@ -93,9 +112,36 @@ impl HostArena {
             ))
         })?;
         cells.resize_with(words, || UnsafeCell::new(0.0));
-        Ok(HostArena {
-            cells: cells.into_boxed_slice(),
+        Ok(HostArena::over(Box::new(cells.into_boxed_slice())))
+    }
+
+    /// An arena over `words` (as they are: zero them first where zeros are wanted).
+    pub(crate) fn over(words: Box<dyn Words>) -> HostArena {
+        HostArena {
+            cells: words,
             leases: Mutex::default(),
+        }
+    }
+
+    /// The address of `region`'s first word, checked against the arena: for a device's copy to
+    /// or from these words, which the caller orders against the arena's borrows.
+    pub(crate) fn address(&self, region: Region) -> Result<*mut f32> {
+        let cells = self.cells(region)?;
+        Ok(UnsafeCell::raw_get(cells.as_ptr()))
+    }
+
+    /// `region`'s words, or an error naming it where it lies outside the arena.
+    fn cells(&self, region: Region) -> Result<&[UnsafeCell<f32>]> {
+        let end = region
+            .offset
+            .saturating_add(words(region.format, region.len));
+        let range = region.offset..end;
+        let cells = self.cells.cells();
+        cells.get(range.clone()).ok_or_else(|| {
+            Error::Backend(format!(
+                "region {range:?} lies outside the {}-word arena",
+                cells.len()
+            ))
         })
     }
 
@@ -184,16 +230,8 @@ impl HostArena {
                 T::FORMAT.name()
             )));
         }
-        let end = region
-            .offset
-            .saturating_add(words(region.format, region.len));
-        let range = region.offset..end;
-        let cells = self.cells.get(range.clone()).ok_or_else(|| {
-            Error::Backend(format!(
-                "region {range:?} lies outside the {}-word arena",
-                self.cells.len()
-            ))
-        })?;
+        let cells = self.cells(region)?;
+        let range = region.offset..region.offset + cells.len();
         let mut leases = recover(self.leases.lock());
         let clash = leases.live.iter().find(|lease| {
             (access == Access::Exclusive || lease.access == Access::Exclusive)
@@ -329,6 +367,22 @@ impl Drop for Write<'_> {
     }
 }
 
+/// Memory a host kernel borrows its regions from as f32: the CPU backend's arenas, the CUDA
+/// backend's page-locked host arena (the host's optimizer step, DESIGN §6.12).
+pub(crate) trait HostMemory {
+    fn read(&self, region: Region) -> Result<Read<'_>>;
+    fn write(&self, region: Region) -> Result<Write<'_>>;
+}
+
+impl HostMemory for HostArena {
+    fn read(&self, region: Region) -> Result<Read<'_>> {
+        HostArena::read(self, region)
+    }
+    fn write(&self, region: Region) -> Result<Write<'_>> {
+        HostArena::write(self, region)
+    }
+}
+
 /// Borrows each of `regions` with `borrow`, all or none.
 pub(crate) fn each<T, const N: usize>(
     regions: [Region; N],
@@ -378,6 +432,30 @@ mod tests {
             &*arena.read(region(1, 6)).unwrap(),
             &[0., 7., 7., 7., 7., 0.]
         );
+    }
+
+    /// Words made elsewhere (as the CUDA backend's pinned ones are) lent as an arena's own.
+    struct Borrowed(Box<[UnsafeCell<f32>]>);
+
+    impl Words for Borrowed {
+        fn cells(&self) -> &[UnsafeCell<f32>] {
+            &self.0
+        }
+    }
+
+    #[test]
+    fn an_arena_over_words_made_elsewhere_lends_and_addresses_them() {
+        let words: Vec<UnsafeCell<f32>> = (0..6).map(|k| UnsafeCell::new(k as f32)).collect();
+        let arena = HostArena::over(Box::new(Borrowed(words.into_boxed_slice())));
+        assert_eq!(&*arena.read(region(2, 3)).unwrap(), &[2., 3., 4.]);
+        let w = arena.write(region(3, 2)).unwrap();
+        assert!(arena.read(region(4, 1)).is_err());
+        drop(w);
+        let first = arena.address(region(0, 6)).unwrap();
+        let third = arena.address(region(2, 1)).unwrap();
+        assert_eq!(third as usize - first as usize, 8, "two words on");
+        assert!(arena.address(region(5, 2)).is_err(), "past the end");
+        assert!(arena.address(region(6, 0)).is_ok(), "empty, at the end");
     }
 
     #[test]

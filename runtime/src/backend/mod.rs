@@ -13,9 +13,10 @@ mod cpu;
 mod group;
 mod host_arena;
 
+pub(crate) use arenas::host_part;
 pub use cpu::{Collectives, CpuBackend, Loopback, Mpi};
 pub use group::Group;
-pub(crate) use host_arena::each;
+pub(crate) use host_arena::{HostArena, HostMemory, Read, Words, Write, each};
 /// MPI stays initialised while this lives.
 pub use mpi::environment::Universe as MpiUniverse;
 
@@ -292,6 +293,25 @@ pub trait Backend: Sync {
     /// arena, copies between them on a copy thread, the host's optimizer step on a host thread.
     fn offloads(&self) -> bool {
         false
+    }
+    /// One copy between the device and the host arena (DESIGN §6.12: a gradient shard to the
+    /// host, parameters to the device), after `after` (a mark of the stream that issued it, where
+    /// the copy reads what that stream wrote); returns the mark of its completion. The CPU
+    /// backend copies at once and marks; the CUDA backend enqueues it on its copy stream.
+    fn copy_across(
+        &self,
+        from: Region,
+        to: Region,
+        _after: Option<&Self::Mark>,
+    ) -> Result<Self::Mark> {
+        self.copy(from, to)?;
+        self.mark(Stream::Communication)
+    }
+    /// Blocks the calling host thread until `mark` is reached (the host's step reads a gradient
+    /// copy's words only then); a backend whose operations complete before they return has
+    /// nothing to wait for.
+    fn wait_on_host(&self, _mark: &Self::Mark) -> Result<()> {
+        Ok(())
     }
     /// Called first on the host thread that drives `stream`, before its first operation. The CPU
     /// backend lowers its compute threads' priority there (DESIGN §6.1); a backend whose threads

@@ -14,10 +14,11 @@ use super::graphs::Graphs;
 use super::memory;
 use super::module::KernelArg;
 use super::nccl::{DeviceBuffer, Nccl, NcclSetup};
+use super::pinned::PinnedArena;
 use super::storage::{pack_bf16, unpack_bf16};
 use super::work::WorkloadDevices;
 use crate::backend::{
-    Allocation, Backend, DeviceMemory, FloatFormat, Group, LaunchTime, Region, Stream,
+    Allocation, Backend, DeviceMemory, FloatFormat, Group, HostMemory, LaunchTime, Region, Stream,
 };
 use crate::lock::recover;
 use crate::{Error, Result};
@@ -61,11 +62,15 @@ pub struct CudaBackend {
     pub(super) ctx: Arc<CudaContext>,
     pub(super) compute: Arc<CudaStream>,
     communication: Arc<CudaStream>,
+    /// The copies between the arena and the host arena (DESIGN §6.12).
+    copies: Arc<CudaStream>,
     pub(super) blas: cublas_sys::cublasHandle_t,
     nccl: Nccl,
     arena: Option<CudaSlice<f32>>,
     base: CUdeviceptr,
     elements: usize,
+    /// An offloading plan's host arena, after the arena's words (none without offload).
+    host: Option<PinnedArena>,
     losses: Option<CudaSlice<f32>>,
     loss_slots: usize,
     /// Each workload's kernels and buffers, loaded at its first use.
@@ -105,6 +110,9 @@ impl CudaBackend {
         let communication = ctx
             .new_stream()
             .map_err(driver_error("creating a stream"))?;
+        let copies = ctx
+            .new_stream()
+            .map_err(driver_error("creating a stream"))?;
         let blas = cublas::create_handle()
             .map_err(|e| Error::Backend(format!("cuBLAS: creating a handle: {e:?}")))?;
         // SAFETY: the handle was just created; the stream outlives it (both live in `self`).
@@ -133,11 +141,13 @@ impl CudaBackend {
             ctx,
             compute,
             communication,
+            copies,
             blas,
             nccl,
             arena: None,
             base: 0,
             elements: 0,
+            host: None,
             losses: None,
             loss_slots: 0,
             workloads: WorkloadDevices::default(),
@@ -187,6 +197,22 @@ impl CudaBackend {
             )));
         }
         Ok(self.base + 4 * r.offset as u64)
+    }
+
+    /// The host arena, where `region` lies in it (DESIGN §6.12: an offloaded unit's host state).
+    pub(crate) fn on_host(&self, region: Region) -> Option<&PinnedArena> {
+        (self.host.as_ref()).filter(|host| host.host_part(region).is_some())
+    }
+
+    /// The host arena, or why there is none.
+    fn host_arena(&self) -> Result<&PinnedArena> {
+        self.host.as_ref().ok_or_else(|| {
+            Error::Backend(
+                "a copy between the arenas, and no host arena was allocated (a plan without \
+                 offload)"
+                    .into(),
+            )
+        })
     }
 
     /// A region as the collectives take it (checked against the arena).
@@ -288,6 +314,10 @@ impl Backend for CudaBackend {
             .synchronize()
             .map_err(driver_error("allocating"))?;
         self.memory.after_arena = memory::used_bytes(&self.ctx)?;
+        self.host = match sizes.host_arena_elements {
+            0 => None,
+            words => Some(PinnedArena::zeroed(&self.ctx, elements, words)?),
+        };
         Ok(())
     }
     fn device_memory(&self) -> Result<Option<DeviceMemory>> {
@@ -305,6 +335,9 @@ impl Backend for CudaBackend {
                 data.len(),
                 region.len
             )));
+        }
+        if let Some(host) = self.on_host(region) {
+            return host.store(region, data);
         }
         let dst = self.ptr(region)?;
         let packed;
@@ -358,6 +391,11 @@ impl Backend for CudaBackend {
         Ok(())
     }
     fn download(&self, region: Region, out: &mut [f32]) -> Result<()> {
+        if let Some(host) = self.on_host(region) {
+            self.synchronize()?;
+            out[..region.len].copy_from_slice(&host.read(region)?);
+            return Ok(());
+        }
         let src = self.ptr(region)?;
         self.synchronize()?;
         let mut words = match region.format {
@@ -398,6 +436,9 @@ impl Backend for CudaBackend {
         Ok(all[..steps].to_vec())
     }
     fn zero(&self, region: Region) -> Result<()> {
+        if let Some(host) = self.on_host(region) {
+            return host.store(region, &vec![0.0; region.len]);
+        }
         let dst = self.ptr(region)?;
         // SAFETY: `ptr` checked the region against the arena; the executor orders every access.
         unsafe {
@@ -411,6 +452,13 @@ impl Backend for CudaBackend {
                 "a copy of {} elements into {} overlapping or of another length",
                 from.len, to.len
             )));
+        }
+        match (self.on_host(from), self.on_host(to)) {
+            (Some(host), Some(_)) => return host.copy(from, to),
+            (Some(host), None) | (None, Some(host)) => {
+                return host.enqueue_copy(from, to, |r| self.ptr(r), &self.compute);
+            }
+            (None, None) => {}
         }
         if from.format != to.format {
             return self.convert(from, to);
@@ -491,6 +539,29 @@ impl Backend for CudaBackend {
     }
     fn host_computes(&self) -> bool {
         false
+    }
+    fn offloads(&self) -> bool {
+        true
+    }
+    fn copy_across(
+        &self,
+        from: Region,
+        to: Region,
+        after: Option<&Arc<CudaEvent>>,
+    ) -> Result<Arc<CudaEvent>> {
+        let host = self.host_arena()?;
+        if let Some(after) = after {
+            (self.copies.wait(after)).map_err(driver_error("waiting on an event"))?;
+        }
+        host.enqueue_copy(from, to, |r| self.ptr(r), &self.copies)?;
+        (self.copies)
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map(Arc::new)
+            .map_err(driver_error("recording an event"))
+    }
+    fn wait_on_host(&self, mark: &Arc<CudaEvent>) -> Result<()> {
+        mark.synchronize()
+            .map_err(driver_error("waiting for a copy to the host"))
     }
     fn abort_communication(&self) {
         self.nccl.abort();

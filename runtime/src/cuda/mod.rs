@@ -7,7 +7,8 @@
 //! backend's conversion kernels between formats, `nccl` the
 //! communicator, `replay` a transformer unit's products, `inventory` the versions and GPUs
 //! `doctor` reports, `nvrtc` run-time compilation to PTX and machine code, `memory` the device
-//! memory the driver and the pool report, `clock` the per-launch timing of `profile measure
+//! memory the driver and the pool report, `pinned` an offloading plan's host arena in page-locked
+//! memory and the copies between it and the device arena, `clock` the per-launch timing of `profile measure
 //! --launch-times`, `graphs` operations captured and replayed as CUDA graphs (`--cuda-graphs`). The models' kernels live with the models (`mlp::cuda`, `gpt2::cuda`).
 
 pub mod backend;
@@ -20,6 +21,7 @@ mod memory;
 pub mod module;
 pub mod nccl;
 pub mod nvrtc;
+mod pinned;
 pub mod replay;
 pub mod storage;
 pub mod work;

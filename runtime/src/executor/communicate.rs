@@ -148,7 +148,9 @@ impl<B: Backend, W: Train<B>> Walk<'_, B, W> {
         }
         let u = &self.layout(step as usize).units[b.unit];
         let from = u.params.part(b.index, u.blocks);
-        let count = host.issue_staging(b.unit, from, u.gather_source(b.index, backward));
+        let to = u.gather_source(b.index, backward);
+        let after = self.backend.mark(Stream::Communication)?;
+        let count = host.issue_staging(b.unit, [from, to], after);
         self.wait(Stream::Communication, host.staged(b.unit), count, &|| {
             format!("the copy of {}'s block {} to the device", name(), b.index)
         })
@@ -195,7 +197,9 @@ impl<B: Backend, W: Train<B>> Walk<'_, B, W> {
             return Ok(());
         }
         if let (Some(host), Some(offloaded)) = (&self.host, u.offload) {
-            let count = host.issue_gradient(b.unit, step as usize, u.grads, offloaded.host_grads);
+            let after = backend.mark(Stream::Communication)?;
+            let shards = [u.grads, offloaded.host_grads];
+            let count = host.issue_gradient(b.unit, step as usize, shards, after);
             return self.wait(
                 Stream::Communication,
                 host.gradients(b.unit),

@@ -37,11 +37,12 @@ enum Done {
     Staged { unit: usize },
 }
 
-/// One copy between the arenas.
-#[derive(Debug, Clone, Copy)]
-struct Copy {
+/// One copy between the arenas, after `after` (the issuing stream's mark, where the copy reads
+/// what that stream wrote).
+struct Copy<M> {
     from: Region,
     to: Region,
+    after: Option<M>,
     done: Done,
 }
 
@@ -91,9 +92,10 @@ pub(super) struct HostSide<M> {
     offloaded: Vec<usize>,
     modes: Vec<Offload>,
     host_step: HostStep,
-    copies: Queue<Copy>,
-    /// (unit, data step) of each gradient shard on the host, in arrival order.
-    arrived: Queue<(usize, usize)>,
+    copies: Queue<Copy<M>>,
+    /// (unit, data step, the copy's mark) of each gradient shard copied to the host, in arrival
+    /// order; the host's step waits for the mark before it reads the shard.
+    arrived: Queue<(usize, usize, M)>,
     /// Per unit: gradient copies done, host steps done (with `optimizer`, their parameter copy
     /// too), staging copies done.
     gradients: Vec<Event<M>>,
@@ -147,11 +149,24 @@ impl<M: Clone> HostSide<M> {
         &self.stepped[unit]
     }
 
-    /// Issues the copy of `unit`'s reduced gradient shard of data step `step` to the host;
-    /// returns the count of the unit's gradient copies that includes it.
-    pub(super) fn issue_gradient(&self, unit: usize, step: usize, from: Region, to: Region) -> u64 {
+    /// Issues the copy of `unit`'s reduced gradient shard of data step `step` to the host, after
+    /// `after` (the communication stream's mark past its last RS block); returns the count of the
+    /// unit's gradient copies that includes it.
+    pub(super) fn issue_gradient(
+        &self,
+        unit: usize,
+        step: usize,
+        [from, to]: [Region; 2],
+        after: M,
+    ) -> u64 {
         let done = Done::Gradient { unit, step };
-        self.copies.push(Copy { from, to, done });
+        let after = Some(after);
+        self.copies.push(Copy {
+            from,
+            to,
+            after,
+            done,
+        });
         self.gradients_issued[unit].fetch_add(1, Ordering::AcqRel) + 1
     }
 
@@ -159,11 +174,18 @@ impl<M: Clone> HostSide<M> {
         &self.gradients[unit]
     }
 
-    /// Issues the copy of a `full` unit's gather block shard into its staging shard; returns
+    /// Issues the copy of a `full` unit's gather block shard into its staging shard, after
+    /// `after` (the communication stream's mark: the staging buffer's earlier readers); returns
     /// the count of the unit's staging copies that includes it.
-    pub(super) fn issue_staging(&self, unit: usize, from: Region, to: Region) -> u64 {
+    pub(super) fn issue_staging(&self, unit: usize, [from, to]: [Region; 2], after: M) -> u64 {
         let done = Done::Staged { unit };
-        self.copies.push(Copy { from, to, done });
+        let after = Some(after);
+        self.copies.push(Copy {
+            from,
+            to,
+            after,
+            done,
+        });
         self.staging_issued[unit].fetch_add(1, Ordering::AcqRel) + 1
     }
 
@@ -237,15 +259,15 @@ impl<M: Clone> HostSide<M> {
 }
 
 impl<B: Backend, W: Train<B>> Walk<'_, B, W> {
-    /// The copy thread: each issued copy, in issue order, counted when done.
+    /// The copy thread: each issued copy, in issue order, counted when done (on a GPU: enqueued
+    /// on the copy stream, counted with its mark).
     pub(super) fn copy_thread(&self, host: &HostSide<B::Mark>) -> Result<()> {
         while let Some(copy) = host.copies.pop() {
-            self.backend.copy(copy.from, copy.to)?;
-            let mark = self.backend.mark(Stream::Communication)?;
+            let mark = (self.backend).copy_across(copy.from, copy.to, copy.after.as_ref())?;
             match copy.done {
                 Done::Gradient { unit, step } => {
-                    host.gradients[unit].signal(mark);
-                    host.arrived.push((unit, step));
+                    host.gradients[unit].signal(mark.clone());
+                    host.arrived.push((unit, step, mark));
                 }
                 Done::Stepped { unit } => host.stepped[unit].signal(mark),
                 Done::Staged { unit } => host.staged[unit].signal(mark),
@@ -267,7 +289,8 @@ impl<B: Backend, W: Train<B>> Walk<'_, B, W> {
             if host.after_backward() && waiting.len() < per_step {
                 continue;
             }
-            for (unit, step) in waiting.drain(..) {
+            for (unit, step, copied) in waiting.drain(..) {
+                self.backend.wait_on_host(&copied)?;
                 self.host_step(host, unit, step)?;
             }
         }
@@ -291,10 +314,12 @@ impl<B: Backend, W: Train<B>> Walk<'_, B, W> {
         match host.mode(unit) {
             Offload::Optimizer => {
                 self.workload.optimize(self.backend, &view, unit, trained)?;
+                // After the step on this thread; on the copy stream after the unit's gradient copy.
                 let done = Done::Stepped { unit };
                 host.copies.push(Copy {
                     from: u.trained(),
                     to: u.params,
+                    after: None,
                     done,
                 });
             }

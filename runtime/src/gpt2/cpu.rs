@@ -13,7 +13,7 @@ use super::attention::{attention_backward, attention_forward};
 use super::kernels::{self as k, AdamW};
 use super::{AdamRegions, BlockBackward, Gpt2Kernels, Head, HeadGrads, Shape};
 use crate::Result;
-use crate::backend::{Backend, Collectives, CpuBackend, Region, each};
+use crate::backend::{Backend, Collectives, CpuBackend, HostMemory, Region, each};
 use crate::workload::{carve, carve_parts};
 use std::ops::Range;
 
@@ -250,23 +250,35 @@ impl<C: Collectives> Gpt2Kernels for CpuBackend<C> {
         hp: &AdamW,
         decayed: &[Range<usize>],
     ) -> Result<()> {
-        let (mut p, g, mut m, mut v) = (
-            self.write(adam.params)?,
-            self.read(adam.grads)?,
-            self.write(adam.m)?,
-            self.write(adam.v)?,
-        );
-        for (range, decay) in k::decay_runs(decayed, adam.params.len) {
-            k::adamw(
-                &mut p[range.clone()],
-                &g[range.clone()],
-                &mut m[range.clone()],
-                &mut v[range],
-                step,
-                hp,
-                decay,
-            );
-        }
-        Ok(())
+        adamw_on(self, adam, step, hp, decayed)
     }
+}
+
+/// The AdamW step on regions of host memory: the CPU backend's, and the CUDA backend's host step
+/// of an offloaded unit on its pinned host arena (DESIGN §6.12).
+pub(crate) fn adamw_on(
+    memory: &impl HostMemory,
+    adam: &AdamRegions,
+    step: u32,
+    hp: &AdamW,
+    decayed: &[Range<usize>],
+) -> Result<()> {
+    let (mut p, g, mut m, mut v) = (
+        memory.write(adam.params)?,
+        memory.read(adam.grads)?,
+        memory.write(adam.m)?,
+        memory.write(adam.v)?,
+    );
+    for (range, decay) in k::decay_runs(decayed, adam.params.len) {
+        k::adamw(
+            &mut p[range.clone()],
+            &g[range.clone()],
+            &mut m[range.clone()],
+            &mut v[range],
+            step,
+            hp,
+            decay,
+        );
+    }
+    Ok(())
 }

@@ -3,6 +3,7 @@
 //! first use) through the backend's checked launch, products through cuBLAS; every region of an
 //! operation is checked against the arena before its first launch is enqueued.
 
+use super::cpu::adamw_on;
 use super::cuda_source::KERNELS;
 use super::kernels::AdamW;
 use super::launches::{self as l, Arg, Kernel, Launch};
@@ -232,6 +233,10 @@ impl Gpt2Kernels for CudaBackend {
         hp: &AdamW,
         decayed: &[Range<usize>],
     ) -> Result<()> {
+        // An offloaded unit's step runs on the host, on the host arena (DESIGN §6.12).
+        if let Some(host) = self.on_host(adam.params) {
+            return adamw_on(host, adam, step, hp, decayed);
+        }
         run_launches(
             self,
             shape,

@@ -5,9 +5,11 @@
 
 use super::{median, sizes};
 use crate::backend::{Backend, Region, Stream};
+use crate::gpt2::kernels::{AdamW, Decay, adamw};
 use crate::{Error, Result};
 use shardplan_scheduler::curve::CommCurve;
 use shardplan_scheduler::profile::{Host, Profile};
+use std::time::Instant;
 
 /// Where the copies go: device words from `device_start` on, host words from `host_start` on,
 /// each room for `max_bytes`.
@@ -28,7 +30,8 @@ impl CopyRoom {
 /// `[host]` for `profile`'s ranks (one node: they share this host; the curves' `ranks_per_link`
 /// is this job's ranks, which copied at once): the copy curves timed in `room`, `repeats` samples each after two warm-ups; the step per parameter the
 /// measured optimizer steps take (the host's Adam is the same kernel on the same memory where the
-/// backend's device is the host); the node's memory from `/proc/meminfo`.
+/// backend's device is the host; on a GPU the host's AdamW timed on its own); the node's memory
+/// from `/proc/meminfo`.
 pub fn measure_host<B: Backend>(
     backend: &B,
     room: CopyRoom,
@@ -49,8 +52,7 @@ pub fn measure_host<B: Backend>(
             let mut samples = Vec::with_capacity(repeats);
             for k in 0..repeats + 2 {
                 let before = backend.mark(stream)?;
-                backend.copy(from, to)?;
-                let after = backend.mark(stream)?;
+                let after = backend.copy_across(from, to, Some(&before))?;
                 if k >= 2 {
                     samples.push(backend.elapsed_us(&before, &after)?);
                 }
@@ -65,9 +67,15 @@ pub fn measure_host<B: Backend>(
         *time = (f64::from(sum) / ranks).max(1e-3);
     }
     let [host_to_device, device_to_host] = curves.map(|points| CommCurve { points });
-    let (step_us, params) = (profile.units.iter()).fold((0.0, 0.0), |(t, n), u| {
-        (t + u.optimizer_us, n + u.params as f64)
-    });
+    let optimizer_us_per_param = match backend.host_computes() {
+        true => {
+            let (step_us, params) = (profile.units.iter()).fold((0.0, 0.0), |(t, n), u| {
+                (t + u.optimizer_us, n + u.params as f64)
+            });
+            step_us / params.max(1.0)
+        }
+        false => host_adamw_us_per_param(repeats),
+    };
     // The profile's ranks all run on this host, as the CPU backend runs them; the curves were
     // timed with this job's ranks copying at once.
     Ok(Host {
@@ -76,10 +84,47 @@ pub fn measure_host<B: Backend>(
         memory_bytes: memory_total_bytes().ok_or_else(|| {
             Error::Backend("the host's memory: /proc/meminfo has no MemTotal".into())
         })?,
-        optimizer_us_per_param: step_us / params.max(1.0),
+        optimizer_us_per_param,
         host_to_device,
         device_to_host,
     })
+}
+
+/// Parameters the host's step is timed on where the device is not the host.
+const HOST_STEP_PARAMS: usize = 1 << 22;
+
+/// µs per parameter of the host's AdamW (the kernel the host step of an offloaded unit runs,
+/// `gpt2::kernels::adamw`) over [`HOST_STEP_PARAMS`] parameters on this thread: the median of
+/// `repeats` steps after two warm-ups. For a backend whose optimizer steps run on a device, whose
+/// measured steps say nothing of the host's.
+fn host_adamw_us_per_param(repeats: usize) -> f64 {
+    let hp = AdamW {
+        learning_rate: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+    };
+    let n = HOST_STEP_PARAMS;
+    let grads: Vec<f32> = (0..n).map(|k| (k % 97) as f32 * 1e-3 - 0.05).collect();
+    let (mut params, mut m, mut v) = (vec![0.5f32; n], vec![0.0f32; n], vec![0.0f32; n]);
+    let samples = (0..repeats.max(1) + 2)
+        .map(|k| {
+            let start = Instant::now();
+            adamw(
+                &mut params,
+                &grads,
+                &mut m,
+                &mut v,
+                k as u32 + 1,
+                &hp,
+                Decay::Apply,
+            );
+            start.elapsed().as_secs_f64() * 1e6
+        })
+        .skip(2)
+        .collect();
+    median(samples) / n as f64
 }
 
 /// The system's memory (`MemTotal` of `/proc/meminfo`), where it says.

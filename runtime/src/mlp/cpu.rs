@@ -4,7 +4,7 @@
 
 use super::{self as k, Activation, MlpKernels};
 use crate::Result;
-use crate::backend::{Collectives, CpuBackend, Region};
+use crate::backend::{Collectives, CpuBackend, HostMemory, Region};
 
 impl<C: Collectives> MlpKernels for CpuBackend<C> {
     fn linear_forward(
@@ -70,14 +70,25 @@ impl<C: Collectives> MlpKernels for CpuBackend<C> {
         step: u32,
         lr: f32,
     ) -> Result<()> {
-        k::adam(
-            &mut self.write(params)?,
-            &self.read(grads)?,
-            &mut self.write(m)?,
-            &mut self.write(v)?,
-            step,
-            lr,
-        );
-        Ok(())
+        adam_on(self, [params, grads, m, v], step, lr)
     }
+}
+
+/// The Adam step on regions of host memory (parameters, gradients, m, v): the CPU backend's, and
+/// the CUDA backend's host step of an offloaded unit on its pinned host arena (DESIGN §6.12).
+pub(crate) fn adam_on(
+    memory: &impl HostMemory,
+    [params, grads, m, v]: [Region; 4],
+    step: u32,
+    lr: f32,
+) -> Result<()> {
+    k::adam(
+        &mut memory.write(params)?,
+        &memory.read(grads)?,
+        &mut memory.write(m)?,
+        &mut memory.write(v)?,
+        step,
+        lr,
+    );
+    Ok(())
 }

@@ -8,6 +8,7 @@
 //! test runs this very source on the CPU, one thread after another
 //! (runtime/tests/cuda_kernels.rs).
 
+use super::cpu::adam_on;
 use super::{Activation, BETA1, BETA2, EPSILON, LOSS_PARTIALS, MlpKernels};
 use crate::Result;
 use crate::backend::{Operand, Region, Stream};
@@ -263,6 +264,10 @@ impl MlpKernels for CudaBackend {
         lr: f32,
     ) -> Result<()> {
         use KernelArg::{Float, Int, Pointer};
+        // An offloaded unit's step runs on the host, on the host arena (DESIGN §6.12).
+        if let Some(host) = self.on_host(params) {
+            return adam_on(host, [params, grads, m, v], step, lr);
+        }
         let device = self.workload_device::<MlpDevice>()?;
         let (c1, c2) = (1.0 - BETA1.powi(step as i32), 1.0 - BETA2.powi(step as i32));
         let args = [
