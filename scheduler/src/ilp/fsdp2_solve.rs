@@ -65,10 +65,13 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
     };
     for (stage, share) in stages {
         let stop = Stop {
+            // The full space's run gets its own share of the effort even where depth 1 ran
+            // past its share (HiGHS checks the meter only between its search's steps): the bound
+            // the claim takes is that run's.
             work: if share < 1.0 {
                 budget.share(share)
             } else {
-                budget.rest()
+                budget.rest().max(full_share(options))
             },
             objective_target: None,
             clock: &clock,
@@ -157,6 +160,11 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
         simulation,
         report,
     })
+}
+
+/// The full space's share of the effort where depth 1 runs first.
+fn full_share(options: &SolveOptions) -> u64 {
+    (options.effort.iterations() as f64 * (1.0 - SHALLOW_SHARE)) as u64
 }
 
 /// FSDP2's value of `schedule` for the options' objective (its time, µs, or its peak, bytes)
