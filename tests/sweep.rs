@@ -5,7 +5,7 @@ mod common;
 
 use common::{shardplan, zoo_profile};
 use shardplan_scheduler::baselines::BaselineKind;
-use shardplan_scheduler::ilp::SolveOptions;
+use shardplan_scheduler::ilp::{SolveOptions, Target};
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::sweep::{
     BaselineComparison, Method, SweepRow, best_baseline_row, cap_range, even_caps, ilp_rows,
@@ -114,13 +114,21 @@ fn sweep_writes_csv_charts_summary_and_json() {
     // The ILP, the six baselines and, the A100's catalog entry having a host, the two offload
     // baselines (DESIGN §3.13).
     assert_eq!(lines.count(), 4 * 9, "one row per (cap, method)");
-    // The host's memory is the last column, filled exactly for the offload rows that fit.
+    // The host's memory is filled exactly for the offload rows that fit; FSDP2's figures only
+    // under `--target fsdp2`.
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let column = |name: &str| header.iter().position(|h| *h == name).unwrap();
     for line in csv.lines().skip(1) {
         let cells: Vec<&str> = line.split(',').collect();
+        assert_eq!(cells.len(), header.len(), "{line}");
         let fitting_offload = cells[1].ends_with("-offload") && cells[2] == "true";
         assert_eq!(
             fitting_offload,
-            !cells[cells.len() - 1].is_empty(),
+            !cells[column("host_memory_bytes")].is_empty(),
+            "{line}"
+        );
+        assert!(
+            cells[column("fsdp2_peak_memory_bytes")].is_empty(),
             "{line}"
         );
     }
@@ -131,6 +139,112 @@ fn sweep_writes_csv_charts_summary_and_json() {
             .to_string_lossy()
             .starts_with('.')),
         "temporary files left"
+    );
+}
+
+/// `sweep --target fsdp2`: every feasible row is a plan FSDP2 runs exactly within the cap, its
+/// FSDP2 time (the plan's, exports being exact) and FSDP2 peak in the CSV; infeasible rows leave
+/// them empty. Each baseline row's FSDP2 peak equals `export fsdp2`'s of that baseline's plan.
+#[test]
+fn sweep_for_the_fsdp2_target_reports_fsdp2s_time_and_peak() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = |name: &str| dir.path().join(name).display().to_string();
+    let profile = at("p.toml");
+    let made = shardplan(&[
+        "profile",
+        "analytic",
+        "--model",
+        "models/gpt2-small.toml",
+        "--device",
+        "h100-sxm",
+        "--world-size",
+        "8",
+        "--out",
+        &profile,
+    ]);
+    assert!(made.status.success());
+    let sweep_dir = at("sweep");
+    let out = shardplan(&[
+        "sweep",
+        "--profile",
+        &profile,
+        "--caps",
+        "700MiB,3GiB,40GiB",
+        "--methods",
+        "ilp,zero2,fsdp2",
+        "--target",
+        "fsdp2",
+        "--time-limit",
+        "20",
+        "--out-dir",
+        &sweep_dir,
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let csv = std::fs::read_to_string(dir.path().join("sweep/sweep.csv")).unwrap();
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let column = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let (mut feasible, mut infeasible) = (0, 0);
+    for line in csv.lines().skip(1) {
+        let cells: Vec<&str> = line.split(',').collect();
+        let cap: u64 = cells[column("cap_bytes")].parse().unwrap();
+        let (time, peak) = (
+            cells[column("fsdp2_iteration_time_us")],
+            cells[column("fsdp2_peak_memory_bytes")],
+        );
+        if cells[column("feasible")] == "false" {
+            assert!(time.is_empty() && peak.is_empty(), "{line}");
+            infeasible += 1;
+            continue;
+        }
+        feasible += 1;
+        let peak: u64 = peak.parse().unwrap();
+        assert!(peak <= cap, "{line}");
+        let model_peak: u64 = cells[column("peak_memory_bytes")].parse().unwrap();
+        assert!(
+            peak > model_peak,
+            "FSDP2's copies beside the model's buffers: {line}"
+        );
+        assert_eq!(time, cells[column("iteration_time_us")], "{line}");
+        let method = cells[column("method")];
+        if method == "fsdp2" {
+            let recompute = cells[column("recomputed_units")] != "0";
+            let plan = at(&format!("{method}-{cap}.toml"));
+            let mut args = vec![
+                "baseline",
+                "--profile",
+                &profile,
+                "--kind",
+                method,
+                "--out",
+                &plan,
+            ];
+            if recompute {
+                args.push("--checkpoint");
+            }
+            assert!(shardplan(&args).status.success());
+            let exported = shardplan(&[
+                "export",
+                "fsdp2",
+                "--profile",
+                &profile,
+                "--plan",
+                &plan,
+                "--out",
+                &at("e.json"),
+                "--json",
+            ]);
+            let e: serde_json::Value = serde_json::from_slice(&exported.stdout).unwrap();
+            assert_eq!(e["fsdp2_peak_memory_bytes"].as_u64(), Some(peak), "{line}");
+        }
+    }
+    assert!(
+        feasible >= 5 && infeasible >= 1,
+        "{feasible} feasible, {infeasible} infeasible"
     );
 }
 
@@ -176,7 +290,7 @@ fn ilp_beats_every_fitting_baseline_and_never_slows_as_the_cap_grows() {
             rows.extend(
                 BaselineKind::ALL
                     .iter()
-                    .map(|&k| best_baseline_row(&profile, k, cap)),
+                    .map(|&k| best_baseline_row(&profile, k, cap, Target::Runtime)),
             );
         }
         check_frontier(name, &rows);

@@ -1,6 +1,7 @@
 //! `solve --target fsdp2` from the command line (DESIGN §4.9): the plan records its target and
 //! exports to FSDP2 with zero approximations, FSDP2's time equal to the plan's and its peak within
-//! the cap (GPT-2 small, its embedding tied to the head); an unknown target, a plan file whose
+//! the cap (GPT-2 small, its embedding tied to the head), and under `--objective memory` the
+//! smallest FSDP2 peak within a time ceiling; an unknown target, a plan file whose
 //! target is unknown, a plan or a baseline marked fsdp2 that FSDP2 cannot run as written, and
 //! micro-batches each get a one-line error naming the field.
 
@@ -68,6 +69,53 @@ fn an_fsdp2_target_plan_exports_exactly_at_its_own_time() {
         report["fsdp2_peak_memory_bytes"]
     );
     assert!(e["fsdp2_peak_memory_bytes"].as_u64().unwrap() <= cap);
+}
+
+/// `--objective memory --target fsdp2`: the smallest FSDP2 peak within the iteration-time
+/// ceiling, proven (the bound is FSDP2's peak), below the time objective's plan's FSDP2 peak, and
+/// exported exactly at a time within the ceiling.
+#[test]
+fn the_smallest_fsdp2_peak_within_a_ceiling_exports_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = |name: &str| dir.path().join(name).display().to_string();
+    let profile = analytic(dir.path(), 1);
+    let fastest = json(&shardplan(&format!(
+        "solve --profile {profile} --memory-cap unlimited --target fsdp2 --out {} --json",
+        at("t.toml")
+    )));
+    let ceiling_us = 1.3 * fastest["iteration_time_us"].as_f64().unwrap();
+    let plan = at("m.toml");
+    let solved = shardplan(&format!(
+        "solve --profile {profile} --objective memory --max-iteration-time {ceiling_us}us \
+         --target fsdp2 --out {plan} --json"
+    ));
+    assert!(solved.status.success(), "{solved:?}");
+    let report = json(&solved);
+    assert_eq!(report["objective"], "memory");
+    assert_eq!(report["fsdp2_exact"], true);
+    let peak = report["fsdp2_peak_memory_bytes"].as_u64().unwrap();
+    assert!(peak < fastest["fsdp2_peak_memory_bytes"].as_u64().unwrap());
+    let bound = report["best_bound_bytes"].as_f64().unwrap();
+    assert!(bound <= peak as f64 && bound >= peak as f64 * (1.0 - 1e-3));
+    let exported = json(&shardplan(&format!(
+        "export fsdp2 --profile {profile} --plan {plan} --out {} --json",
+        at("m.json")
+    )));
+    assert_eq!(exported["exact"], true);
+    assert_eq!(exported["fsdp2_peak_memory_bytes"].as_u64(), Some(peak));
+    assert!(exported["fsdp2_iteration_time_us"].as_f64().unwrap() <= ceiling_us);
+    let refused = shardplan(&format!(
+        "solve --profile {profile} --objective memory --max-iteration-time 1us --target fsdp2 \
+         --out {} --json",
+        at("x.toml")
+    ));
+    assert_eq!(refused.status.code(), Some(3), "{refused:?}");
+    assert!(
+        json(&refused)["error"]
+            .as_str()
+            .unwrap()
+            .contains("ceiling")
+    );
 }
 
 /// A baseline FSDP2 runs as built, recorded as made for it, exports exactly.

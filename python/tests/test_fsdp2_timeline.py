@@ -1,13 +1,16 @@
-"""FSDP2's own execution against `export fsdp2`'s `fsdp2_timeline` (DESIGN §3.12): baseline plans
-of TinyGPT are exported, applied with `apply_plan`, and one optimizer step runs with
+"""FSDP2's own execution against `export fsdp2`'s `fsdp2_timeline` (DESIGN §3.12): plans of
+TinyGPT are exported, applied with `apply_plan`, and one optimizer step runs with
 `shardplan_torch.fsdp_timeline.TimelineRecorder` on; at every module boundary, in execution
 order, the units FSDP2 holds unsharded (gathered, or their all-gather issued), the all-gathers
 its hook issued, in order, the bytes it holds unsharded, and the groups it resharded and reduced
-before the next boundary, in order, equal the export's prediction. Cases: N = 2 (gloo), K = 1, five flat baselines and the ILP's plans at two caps (for both
-targets); K = 2 with the micro-batch switches
-(fsdp2-nosync: no gradient sync, zero2: no reshard after backward, on the first micro-batch);
-N = 4 declared as 2 nodes × 2, hsdp and hpz; the same at K = 2 with hsdp-ra-once
-(`set_requires_all_reduce(False)` on the first micro-batch), hsdp-nosync and hpz-nosync."""
+before the next boundary, in order, equal the export's prediction.
+
+The grid: N = 2 (gloo) and N = 4 declared as 2 nodes × 2, each at K = 1 and K = 2 (with the
+micro-batch switches: fsdp2-nosync, ddp-nosync: no gradient sync; zero2: no reshard after
+backward; hsdp-ra-once: `set_requires_all_reduce(False)`; on the first micro-batch), every
+baseline of the profile with and without checkpointing (the offload ones: test_offload_export.py),
+and the ILP's plans at two caps (none, and 5% above the smallest peak of the target) for the
+runtime target and, at K = 1, the fsdp2 target. One process group per (N, K) runs every plan."""
 
 import json
 import pathlib
@@ -57,7 +60,8 @@ class Fsdp2Timeline(unittest.TestCase):
         plans = dict(plans or {})
         for kind in kinds:
             plans[kind] = d / f"{kind}.plan.toml"
-            shardplan("baseline", "--profile", str(prof), "--kind", kind, "--out", str(plans[kind]))
+            name, ckpt = kind.removesuffix("+ckpt"), ["--checkpoint"] if kind.endswith("+ckpt") else []
+            shardplan("baseline", "--profile", str(prof), "--kind", name, *ckpt, "--out", str(plans[kind]))
         exported, predicted, sharded = {}, {}, {}
         for kind, plan in plans.items():
             path = d / f"{kind}.fsdp2.json"
@@ -78,64 +82,58 @@ class Fsdp2Timeline(unittest.TestCase):
                     self.assertTrue(any(len(e["unsharded"]) > 1 for e in predicted[kind]), predicted[kind])
         return predicted
 
-    def test_flat_baselines(self):
-        with tempfile.TemporaryDirectory() as d:
-            d = pathlib.Path(d)
-            prof = d / "tiny.toml"
-            tiny_profile(d, batch(0, 1), prof)
-            self.check(d, prof, ["fsdp2", "fsdp1", "zero2", "zero3", "ddp"], 2)
-
-    def test_ilp_plans_at_two_caps(self):
-        """The ILP's plans (checkpointing some units, gathers rounded to what FSDP2 expresses)
-        without a cap and at 5% above the smallest peak, and FSDP2's (`--target fsdp2`, DESIGN
-        §4.9: exported exactly, FSDP2's time the plan's) without a cap and at 25% above it."""
-        with tempfile.TemporaryDirectory() as d:
-            d = pathlib.Path(d)
-            prof = d / "tiny.toml"
-            tiny_profile(d, batch(0, 1), prof)
+    def ilp(self, d, prof, targets):
+        """The ILP's plans of `prof` for each target without a cap and at 5% above the target's
+        smallest peak (FSDP2's, its buffers beside the model's, for the fsdp2 target), by name."""
+        plans = {}
+        for target in targets:
             smallest = json.loads(shardplan("solve", "--profile", str(prof), "--objective", "memory",
-                                            "--out", str(d / "m.toml"), "--json"))
-            plans = {}
-            smallest = smallest["peak_memory_bytes"]
-            # FSDP2's buffers beside the model's (DESIGN §3.12) put every FSDP2 setting of TinyGPT
-            # above 5% over the smallest peak: the fsdp2 target's tight cap is 25% over it.
-            for name, cap, target in [("ilp-unlimited", "unlimited", "runtime"),
-                                      ("ilp-tight", str(int(smallest * 1.05)), "runtime"),
-                                      ("ilp-fsdp2-unlimited", "unlimited", "fsdp2"),
-                                      ("ilp-fsdp2-tight", str(int(smallest * 1.25)), "fsdp2")]:
+                                            "--target", target, "--out", str(d / f"m-{target}.toml"),
+                                            "--json"))
+            key = "fsdp2_peak_memory_bytes" if target == "fsdp2" else "peak_memory_bytes"
+            for cap, value in [("unlimited", "unlimited"), ("tight", str(int(smallest[key] * 1.05)))]:
+                name = f"ilp-{target}-{cap}"
                 plans[name] = d / f"{name}.plan.toml"
-                shardplan("solve", "--profile", str(prof), "--memory-cap", cap, "--time-limit", "10",
+                shardplan("solve", "--profile", str(prof), "--memory-cap", value, "--time-limit", "10",
                           "--target", target, "--out", str(plans[name]))
-            self.check(d, prof, [], 2, plans)
-            for tag in ["unlimited", "tight"]:
-                export = json.loads((d / f"ilp-fsdp2-{tag}.fsdp2.json").read_text())
+        return plans
+
+    def grid(self, world, micro_batches, extra_kinds=()):
+        """Every baseline (± checkpointing) and the ILP's plans of one (N, K) cell; the exports by
+        name."""
+        kinds = ["ddp", "zero2", "fsdp1", "fsdp2", "zero3", "best-grid", *extra_kinds]
+        kinds += [f"{k}+ckpt" for k in kinds]
+        nodes = {} if world == 2 else {"gpus_per_node": 2}
+        with tempfile.TemporaryDirectory() as d:
+            d = pathlib.Path(d)
+            prof = d / "tiny.toml"
+            tiny_profile(d, batch(0, 1), prof, name=f"tiny gpt n{world} k{micro_batches}", world=world,
+                         micro_batches=micro_batches, **nodes)
+            # The FSDP2 target solves K = 1 (DESIGN §4.9).
+            plans = self.ilp(d, prof, ["runtime", "fsdp2"] if micro_batches == 1 else ["runtime"])
+            predicted = self.check(d, prof, kinds, world, plans)
+            exports = {name: json.loads((d / f"{name}.fsdp2.json").read_text()) for name in plans}
+        for name, export in exports.items():
+            if "fsdp2" in name:  # exported exactly: FSDP2's time is the plan's (DESIGN §4.9)
                 self.assertEqual(export["approximations"], [])
                 self.assertEqual(export["fsdp2_iteration_time_us"], export["plan_iteration_time_us"])
+        return predicted
 
-    def test_micro_batch_switches(self):
-        with tempfile.TemporaryDirectory() as d:
-            d = pathlib.Path(d)
-            prof = d / "tiny.toml"
-            tiny_profile(d, batch(0, 1), prof, micro_batches=2)
-            predicted = self.check(d, prof, ["fsdp2-nosync", "zero2", "fsdp2"], 2)
-            # zero2 keeps its parameters into the second micro-batch: its first forward finds them whole.
-            units = len(predicted["zero2"]) // 4
-            self.assertEqual(len(predicted["zero2"][2 * units]["unsharded"]), units)
+    def test_two_ranks_one_micro_batch(self):
+        self.grid(2, 1)
 
-    def test_hsdp_and_hpz_on_two_nodes(self):
-        with tempfile.TemporaryDirectory() as d:
-            d = pathlib.Path(d)
-            prof = d / "tiny.toml"
-            tiny_profile(d, batch(0, 1), prof, name="tiny gpt 2x2", world=4, gpus_per_node=2)
-            self.check(d, prof, ["hsdp", "hpz"], 4)
+    def test_two_ranks_two_micro_batches(self):
+        predicted = self.grid(2, 2, ["ddp-nosync", "fsdp2-nosync"])
+        # zero2 keeps its parameters into the second micro-batch: its first forward finds them whole.
+        units = len(predicted["zero2"]) // 4
+        self.assertEqual(len(predicted["zero2"][2 * units]["unsharded"]), units)
 
-    def test_hierarchical_micro_batch_switches_on_two_nodes(self):
-        with tempfile.TemporaryDirectory() as d:
-            d = pathlib.Path(d)
-            prof = d / "tiny.toml"
-            tiny_profile(d, batch(0, 1), prof, name="tiny gpt 2x2 k2", world=4, gpus_per_node=2, micro_batches=2)
-            self.check(d, prof, ["hsdp", "hsdp-ra-once", "hsdp-nosync", "hpz-nosync"], 4)
+    def test_four_ranks_on_two_nodes_one_micro_batch(self):
+        self.grid(4, 1, ["hsdp", "hpz"])
 
+    def test_four_ranks_on_two_nodes_two_micro_batches(self):
+        self.grid(4, 2, ["ddp-nosync", "fsdp2-nosync", "hsdp", "hsdp-nosync", "hsdp-ra-once", "hpz",
+                         "hpz-nosync"])
 
 if __name__ == "__main__":
     unittest.main()

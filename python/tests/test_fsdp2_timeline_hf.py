@@ -6,12 +6,16 @@ first step, in execution order, the units FSDP2 holds unsharded, the all-gathers
 the bytes it holds unsharded (read from its tensors), and the groups it resharded and reduced
 before the next boundary equal the export's; both steps' losses equal unsharded transformers'.
 
-Plans, from the hooks profiler's measured profiles (fp32) unless named: N = 2, K = 1: ddp, zero2,
-fsdp1, fsdp2, zero3, the ILP's without a cap and at 5% above its smallest peak, and the ILP's on
-the analytic profile (bf16: FSDP2's `MixedPrecisionPolicy`, 2 bytes a gathered parameter) at 5%
-above its smallest peak; N = 2, K = 2: fsdp2-nosync, zero2 and fsdp2 with the micro-batch
-switches; N = 4 declared as 2 nodes × 2: hsdp and hpz. One process group per N runs every plan of
-both models."""
+Plans, from the hooks profiler's measured profiles (fp32) unless named, over the grid of N = 2
+and N = 4 declared as 2 nodes × 2, each at K = 1 and K = 2 (the micro-batch switches on the
+first micro-batch): every baseline of the profile (ddp, zero2, fsdp1, fsdp2, zero3, best-grid;
+at K = 2 ddp-nosync and fsdp2-nosync; on two nodes hsdp and hpz, and at K = 2 hsdp-nosync,
+hsdp-ra-once and hpz-nosync), fsdp2 and zero3 also with checkpointing; the ILP's plans without
+a cap and at 5% above the smallest peak, for the runtime target and (K = 1, where the FSDP2
+target solves) the fsdp2 target, whose cap is 5% above the smallest FSDP2 peak; at N = 2, K = 1
+also the ILP's on the analytic profile (bf16: FSDP2's `MixedPrecisionPolicy`, 2 bytes a gathered
+parameter) at 5% above its smallest peak. One process group per N runs every plan of both
+models."""
 
 import json
 import pathlib
@@ -133,23 +137,46 @@ class Fsdp2TimelineTransformers(unittest.TestCase):
     def baselines(self, d, prof, family, kinds, suffix=""):
         exported = {}
         for kind in kinds:
+            name, ckpt = kind.removesuffix("+ckpt"), ["--checkpoint"] if kind.endswith("+ckpt") else []
             plan = d / f"{family}-{kind}{suffix}.plan.toml"
-            shardplan("baseline", "--profile", str(prof), "--kind", kind, "--out", str(plan))
+            shardplan("baseline", "--profile", str(prof), "--kind", name, *ckpt, "--out", str(plan))
             exported[f"{family} {kind}{suffix}"] = (family, self.export(d, prof, plan, f"{family}-{kind}{suffix}"))
         return exported
 
-    def ilp(self, d, prof, family, tag, caps):
-        """The ILP's plans of `prof` at `caps` ("unlimited", or "5%": 5% above its smallest peak)."""
+    def ilp(self, d, prof, family, tag, caps, target="runtime"):
+        """The ILP's plans of `prof` for `target` at `caps` ("unlimited", or "5%": 5% above the
+        target's smallest peak, FSDP2's for the fsdp2 target)."""
         smallest = json.loads(shardplan("solve", "--profile", str(prof), "--objective", "memory",
-                                        "--out", str(d / f"{family}-{tag}-m.toml"), "--json"))
+                                        "--target", target, "--out", str(d / f"{family}-{tag}-m.toml"),
+                                        "--json"))
+        key = "fsdp2_peak_memory_bytes" if target == "fsdp2" else "peak_memory_bytes"
         exported = {}
         for cap in caps:
-            value = cap if cap == "unlimited" else str(int(smallest["peak_memory_bytes"] * 1.05))
+            value = cap if cap == "unlimited" else str(int(smallest[key] * 1.05))
             plan = d / f"{family}-{tag}-{cap}.plan.toml"
             shardplan("solve", "--profile", str(prof), "--memory-cap", value, "--time-limit", "10",
-                      "--out", str(plan))
+                      "--target", target, "--out", str(plan))
             name = f"{family} {tag} {cap}"
             exported[name] = (family, self.export(d, prof, plan, f"{family}-{tag}-{cap.rstrip('%')}"))
+        return exported
+
+    def cell(self, d, family, world, micro_batches, nodes=(), bf16=False):
+        """Every baseline and the ILP's plans of one (N, K) cell of `family`, by tag (with `bf16`
+        also the ILP's on the analytic profile at 5%)."""
+        comm, measured = self.profiles(d, family, world, micro_batches, nodes)
+        kinds = ["ddp", "zero2", "fsdp1", "fsdp2", "zero3", "best-grid", "fsdp2+ckpt", "zero3+ckpt"]
+        if micro_batches > 1:
+            kinds += ["ddp-nosync", "fsdp2-nosync"]
+        if nodes:
+            kinds += ["hsdp", "hpz"] + (["hsdp-nosync", "hsdp-ra-once", "hpz-nosync"] if micro_batches > 1 else [])
+        suffix = f" n{world} k{micro_batches}"
+        exported = self.baselines(d, measured, family, kinds, suffix)
+        exported |= self.ilp(d, measured, family, f"ilp{suffix}".replace(" ", "-"), ["unlimited", "5%"])
+        if micro_batches == 1:  # the FSDP2 target solves K = 1 (DESIGN §4.9)
+            exported |= self.ilp(d, measured, family, f"ilp-fsdp2{suffix}".replace(" ", "-"),
+                                 ["unlimited", "5%"], "fsdp2")
+        if bf16:
+            exported |= self.ilp(d, comm, family, "ilp-bf16", ["5%"])
         return exported
 
     def profiles(self, d, family, world, micro_batches=1, nodes=()):
@@ -188,6 +215,15 @@ class Fsdp2TimelineTransformers(unittest.TestCase):
                 for ours, theirs in zip(recorded[tag]["losses"], references[(family, k)], strict=True):
                     self.assertLess(abs(ours - theirs) / abs(theirs), tolerance,
                                     f"{tag}: {recorded[tag]['losses']} vs {references[(family, k)]}")
+                # The bytes are each unsharded unit's parameters (transformers' own count) at the
+                # plan's precision: 4 bytes in fp32, 2 in bf16 (the analytic profile's ILP plan).
+                params = {u.name: sum(p.numel() for p in u.parameters()) for u in units(make_model(family))}
+                width = 2 if "bf16" in tag else 4
+                self.assertEqual([e["unsharded_bytes"] for e in predicted[tag]],
+                                 [width * sum(params[u] for u in e["unsharded"]) for e in predicted[tag]])
+                if "ilp-fsdp2" in tag:  # exported exactly: FSDP2's time is the plan's (DESIGN §4.9)
+                    self.assertEqual(plan["approximations"], [])
+                    self.assertEqual(plan["fsdp2_iteration_time_us"], plan["plan_iteration_time_us"])
         return predicted
 
     def test_two_ranks_one_and_two_micro_batches(self):
@@ -195,43 +231,30 @@ class Fsdp2TimelineTransformers(unittest.TestCase):
             d = pathlib.Path(d)
             exported = {}
             for family in FAMILIES:
-                comm, measured = self.profiles(d, family, 2)
-                exported |= self.baselines(d, measured, family, ["ddp", "zero2", "fsdp1", "fsdp2", "zero3"])
-                exported |= self.ilp(d, measured, family, "ilp", ["unlimited", "5%"])
-                exported |= self.ilp(d, comm, family, "ilp-bf16", ["5%"])
-                _, measured2 = self.profiles(d, family, 2, micro_batches=2)
-                exported |= self.baselines(d, measured2, family, ["fsdp2-nosync", "zero2", "fsdp2"], " k2")
+                exported |= self.cell(d, family, 2, 1, bf16=True)
+                exported |= self.cell(d, family, 2, 2)
             predicted = self.run_and_compare(d, 2, exported)
             layers = 2
             # GPT-2's tied embedding is one FSDP2 group with lm_head: its pre-backward runs first,
             # before the head's; it stays unsharded through the forward, freed with its last
             # reduction; fsdp1's fsdp embedding is exported kept unsharded (noted).
-            gpt2 = predicted["gpt2 fsdp1"]
+            gpt2 = predicted["gpt2 fsdp1 n2 k1"]
             self.assertEqual([e["at"] for e in gpt2[layers + 2:layers + 4]], ["B:embedding", "B:head"])
             self.assertTrue(all("embedding" in e["unsharded"] for e in gpt2))
             self.assertEqual(gpt2[-1]["resharded"][-1], "embedding")
-            llama = predicted["llama fsdp1"]
+            llama = predicted["llama fsdp1 n2 k1"]
             self.assertEqual(llama[-1]["at"], "B:embedding")
-            fsdp1 = json.loads(pathlib.Path(exported["gpt2 fsdp1"][1]).read_text())
+            fsdp1 = json.loads(pathlib.Path(exported["gpt2 fsdp1 n2 k1"][1]).read_text())
             self.assertIn("one FSDP2 group with head's tied module", fsdp1["approximations"][0])
-            # The bytes are each unsharded unit's parameters (transformers' own count) at the
-            # plan's precision: 4 bytes in fp32, 2 in bf16 (the analytic profile's ILP plan).
-            for tag, (family, path) in exported.items():
-                params = {u.name: sum(p.numel() for p in u.parameters()) for u in units(make_model(family))}
-                width = 2 if "bf16" in tag else 4
-                with self.subTest(bytes=tag):
-                    self.assertEqual([e["unsharded_bytes"] for e in predicted[tag]],
-                                     [width * sum(params[u] for u in e["unsharded"]) for e in predicted[tag]])
 
     def test_four_ranks_on_two_nodes(self):
         with tempfile.TemporaryDirectory() as d:
             d = pathlib.Path(d)
             exported = {}
             for family in FAMILIES:
-                _, measured = self.profiles(d, family, 4, nodes=("--gpus-per-node", "2"))
-                exported |= self.baselines(d, measured, family, ["hsdp", "hpz"])
+                for micro_batches in [1, 2]:
+                    exported |= self.cell(d, family, 4, micro_batches, ("--gpus-per-node", "2"))
             self.run_and_compare(d, 4, exported)
-
 
 if __name__ == "__main__":
     unittest.main()

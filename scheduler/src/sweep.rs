@@ -7,11 +7,13 @@
 
 use crate::baselines::{BaselineKind, ChosenBaseline, Preference, baselines_at, best_baseline};
 use crate::classes::simulate_strict;
+use crate::export::{Fsdp2Plan, fsdp2 as export_fsdp2};
 use crate::ilp::{Objective, SolveOptions, WindowLimits, solve};
 use crate::profile::Profile;
 use crate::schedule::{RecomputeChoice, Schedule};
 use crate::sim::Simulation;
 use crate::size::whole_bytes;
+use crate::target::Target;
 use crate::timeline::Level;
 use crate::{Error, Result};
 use serde::Serialize;
@@ -88,6 +90,10 @@ pub struct SweepRow {
     pub constraints: Option<usize>,
     /// An offloading plan's host memory per node (DESIGN §3.13).
     pub host_memory_bytes: Option<u64>,
+    /// Under `--target fsdp2` (DESIGN §4.9): the plan's exact FSDP2 export's time and peak (its
+    /// copies beside the model's buffers), the peak the cap holds; None for the runtime target.
+    pub fsdp2_iteration_time_us: Option<f64>,
+    pub fsdp2_peak_memory_bytes: Option<u64>,
 }
 
 impl SweepRow {
@@ -117,12 +123,52 @@ impl SweepRow {
             solve_seconds: None,
             integer_variables: None,
             constraints: None,
+            fsdp2_iteration_time_us: None,
+            fsdp2_peak_memory_bytes: None,
+        }
+    }
+
+    /// The row with `exported`'s FSDP2 time and peak.
+    fn with_fsdp2(self, exported: Option<&Fsdp2Plan>) -> Self {
+        SweepRow {
+            fsdp2_iteration_time_us: exported.map(|e| e.fsdp2_iteration_time_us),
+            fsdp2_peak_memory_bytes: exported.map(|e| e.fsdp2_peak_memory_bytes),
+            ..self
         }
     }
 }
 
-/// The fastest variant (checkpointing off or on) of a baseline that fits `cap`.
-pub fn best_baseline_row(profile: &Profile, kind: BaselineKind, cap: u64) -> SweepRow {
+/// The FSDP2 export of `schedule` where it is exact and FSDP2's peak fits `cap` (what a plan
+/// for the fsdp2 target must meet); None otherwise.
+fn exact_fsdp2_within(profile: &Profile, schedule: &Schedule, cap: u64) -> Option<Fsdp2Plan> {
+    let exported = export_fsdp2(profile, schedule).ok()?;
+    (exported.exact && exported.fsdp2_peak_memory_bytes <= cap).then_some(exported)
+}
+
+/// The fastest variant (checkpointing off or on) of a baseline that fits `cap`; for the fsdp2
+/// target, that FSDP2 runs exactly within `cap` (its FSDP2 peak), with FSDP2's time and peak.
+pub fn best_baseline_row(
+    profile: &Profile,
+    kind: BaselineKind,
+    cap: u64,
+    target: Target,
+) -> SweepRow {
+    if target == Target::Fsdp2 {
+        let best = baselines_at(profile, &[kind], RecomputeChoice::Allowed, Some(cap))
+            .filter_map(|b| {
+                let exported = exact_fsdp2_within(profile, &b.plan.schedule, cap)?;
+                Some((b, exported))
+            })
+            .min_by(|(_, a), (_, b)| {
+                a.fsdp2_iteration_time_us
+                    .total_cmp(&b.fsdp2_iteration_time_us)
+            });
+        let plan = best
+            .as_ref()
+            .map(|(b, _)| (&b.plan.schedule, &b.plan.simulation));
+        return SweepRow::new(cap, Method::Baseline(kind), plan)
+            .with_fsdp2(best.as_ref().map(|(_, e)| e));
+    }
     let best = best_baseline(
         profile,
         &[kind],
@@ -299,7 +345,12 @@ pub fn ilp_rows(
                 row.solve_seconds = Some(p.seconds);
                 row.integer_variables = Some(p.size.0);
                 row.constraints = Some(p.size.1);
-                row
+                match template.target {
+                    Target::Fsdp2 => {
+                        row.with_fsdp2(exact_fsdp2_within(profile, &p.schedule, cap).as_ref())
+                    }
+                    Target::Runtime => row,
+                }
             }
         })
         .collect())

@@ -14,7 +14,7 @@ use shardplan_scheduler::Error;
 use shardplan_scheduler::export::fsdp2 as export;
 use shardplan_scheduler::fsdp2::{Reshard, Settings, Sharding, UnitSettings, evaluate};
 use shardplan_scheduler::groups::{secondary_group, shard_groups};
-use shardplan_scheduler::ilp::{SolveOptions, Target, solve};
+use shardplan_scheduler::ilp::{Objective, SolveOptions, Target, solve};
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::timeline::{Op, Timeline};
 
@@ -218,4 +218,76 @@ fn fsdp2_target_optimum_equals_exhaustive_enumeration_of_fsdp2_settings() {
         tied >= 4 && hierarchical >= 4,
         "{tied} tied, {hierarchical} with nodes"
     );
+}
+
+/// The smallest FSDP2 peak among `results` whose time meets `ceiling`.
+fn smallest_within(results: &[(f64, u64)], ceiling: Option<f64>) -> Option<u64> {
+    results
+        .iter()
+        .filter(|(t, _)| ceiling.is_none_or(|c| *t <= c))
+        .map(|(_, p)| *p)
+        .min()
+}
+
+/// `--objective memory --target fsdp2`: the smallest FSDP2 peak within an iteration-time ceiling
+/// equals the enumeration's, at ceilings from below every setting's time (infeasible) through
+/// every quarter of the settings' times to none; every plan exports exactly, its FSDP2 peak the
+/// objective and its FSDP2 time within the ceiling.
+#[test]
+fn fsdp2_target_smallest_peak_equals_exhaustive_enumeration_of_fsdp2_settings() {
+    let (mut solves, mut infeasible) = (0, 0);
+    for seed in 0..12u64 {
+        let mut rng = Rng(seed * 7919 + 11);
+        let units = 1 + (seed % 3) as usize;
+        let kappa = if seed % 2 == 0 { 0.0 } else { 0.1 };
+        let recompute = seed % 4 < 2;
+        let mut profile = random_profile(&mut rng, units, kappa, 2000);
+        if units > 1 && seed % 3 == 1 {
+            profile.units[units - 1].reads_params_of = Some(profile.units[0].name.clone());
+        }
+        if seed % 3 != 2 {
+            with_topology(&mut rng, &mut profile);
+        }
+        let results = enumerate(&profile, recompute);
+        let mut times: Vec<f64> = results.iter().map(|r| r.0).collect();
+        times.sort_by(f64::total_cmp);
+        times.dedup();
+        let mut ceilings: Vec<Option<f64>> = vec![None, Some(times[0] * (1.0 - 1e-6))];
+        let step = (times.len() / 4).max(1);
+        ceilings.extend(times.iter().step_by(step).map(|&t| Some(t * (1.0 + 1e-12))));
+        for ceiling in ceilings {
+            let options = SolveOptions {
+                objective: Objective::Memory {
+                    max_iteration_time_us: ceiling,
+                },
+                memory_cap_bytes: None,
+                relative_gap: 0.0,
+                allow_recompute: recompute,
+                target: Target::Fsdp2,
+                ..SolveOptions::default()
+            };
+            let best = smallest_within(&results, ceiling);
+            match (solve(&profile, &options), best) {
+                (Ok(solved), Some(best)) => {
+                    let peak = solved.report.objective;
+                    let exported = export(&profile, &solved.schedule).unwrap();
+                    assert!(exported.exact, "seed {seed}: {:?}", exported.approximations);
+                    assert_eq!(
+                        exported.fsdp2_peak_memory_bytes, best,
+                        "seed {seed} ceiling {ceiling:?}: ILP {peak}, exhaustive {best}"
+                    );
+                    assert_eq!(peak, best as f64);
+                    assert!(ceiling.is_none_or(|c| exported.fsdp2_iteration_time_us <= c));
+                    solves += 1;
+                }
+                (Err(Error::Infeasible(_)), None) => infeasible += 1,
+                (answer, best) => panic!(
+                    "seed {seed} ceiling {ceiling:?}: ILP {:?}, exhaustive {best:?}",
+                    answer.map(|s| s.report.objective)
+                ),
+            }
+        }
+    }
+    assert!(solves >= 40, "{solves} solves");
+    assert!(infeasible >= 12, "{infeasible} infeasible ceilings");
 }

@@ -20,11 +20,11 @@ use std::time::Instant;
 fn csv(rows: &[SweepRow]) -> String {
     let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v}"));
     let mut out = String::from(
-        "cap_bytes,method,feasible,iteration_time_us,peak_memory_bytes,exposed_comm_us,units_none,units_sdp,units_fsdp,recomputed_units,gap,window_depth,solve_seconds,integer_variables,constraints,host_memory_bytes\n",
+        "cap_bytes,method,feasible,iteration_time_us,peak_memory_bytes,exposed_comm_us,units_none,units_sdp,units_fsdp,recomputed_units,gap,window_depth,solve_seconds,integer_variables,constraints,host_memory_bytes,fsdp2_iteration_time_us,fsdp2_peak_memory_bytes\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
             r.cap_bytes,
             r.method,
             r.feasible,
@@ -41,6 +41,9 @@ fn csv(rows: &[SweepRow]) -> String {
             r.integer_variables.map_or(String::new(), |v| v.to_string()),
             r.constraints.map_or(String::new(), |v| v.to_string()),
             r.host_memory_bytes.map_or(String::new(), |v| v.to_string()),
+            opt(r.fsdp2_iteration_time_us),
+            r.fsdp2_peak_memory_bytes
+                .map_or(String::new(), |v| v.to_string()),
         ));
     }
     out
@@ -188,7 +191,7 @@ pub fn run(args: SweepArgs) -> anyhow::Result<()> {
     for &cap in &caps {
         for method in &methods {
             if let Method::Baseline(kind) = method {
-                rows.push(best_baseline_row(&profile, *kind, cap));
+                rows.push(best_baseline_row(&profile, *kind, cap, template.target));
             }
         }
     }

@@ -1,7 +1,8 @@
 //! The solve over FSDP2's space (`--target fsdp2`, DESIGN §4.9): one MIP over the full windows
-//! restricted by `super::target`, warm-started from the fastest baseline whose FSDP2 export is
-//! exact and fits, every candidate judged by its export (exact, FSDP2's peak within the cap), the
-//! gap proven against the MIP's bound over the whole restricted space.
+//! restricted by `super::target`, warm-started from the best baseline whose FSDP2 export is
+//! exact and fits, every candidate judged by its export (exact, FSDP2's peak within the cap,
+//! FSDP2's time within the ceiling of the memory objective), the gap proven against the MIP's
+//! bound over the whole restricted space. The objective is FSDP2's time, or FSDP2's peak.
 
 use super::effort::{Budget, Clock};
 use super::model::Form;
@@ -23,9 +24,14 @@ use std::time::Instant;
 /// The share of the effort the depth-1 run spends before the full space's.
 const SHALLOW_SHARE: f64 = 0.5;
 
-/// Solves for the fastest plan FSDP2 executes exactly within the cap.
+/// How far past the iteration-time ceiling a plan's FSDP2 time may be and still meet it: the
+/// MIP's row holds the ceiling to HiGHS' feasibility tolerance.
+const CEILING_TOLERANCE: f64 = 1e-9;
+
+/// Solves for the fastest plan FSDP2 executes exactly within the cap, or (memory objective) the
+/// one of the smallest FSDP2 peak within the cap and the iteration-time ceiling.
 pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
-    refuse_unsupported(profile, options)?;
+    refuse_unsupported(profile)?;
     let started = Instant::now();
     let clock = Clock::new(started, options.time_limit_s);
     let cap = options.memory_cap_bytes;
@@ -36,12 +42,12 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
         cap,
     )
     .filter_map(|c| {
-        let time = fsdp2_time(profile, &c.plan.schedule, cap)?;
-        Some((c.label(), c.plan.schedule, time))
+        let value = fsdp2_value(profile, &c.plan.schedule, options)?;
+        Some((c.label(), c.plan.schedule, value))
     })
     .min_by(|a, b| a.2.total_cmp(&b.2));
-    // Every plan met that FSDP2 executes exactly within the cap, fastest first: each run starts
-    // from the first its windows hold.
+    // Every plan met that FSDP2 executes exactly within the cap (and the ceiling), best first:
+    // each run starts from the first its windows hold.
     let mut plans: Vec<(Schedule, f64)> = warm.iter().map(|(_, s, t)| (s.clone(), *t)).collect();
     let mut budget = Budget::new(options.effort, &clock);
     let mut phases = Vec::new();
@@ -59,10 +65,13 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
     };
     for (stage, share) in stages {
         let stop = Stop {
+            // The full space's run gets its own share of the effort even where depth 1 ran
+            // past its share (HiGHS checks the meter only between its search's steps): the bound
+            // the claim takes is that run's.
             work: if share < 1.0 {
                 budget.share(share)
             } else {
-                budget.rest()
+                budget.rest().max(full_share(options))
             },
             objective_target: None,
             clock: &clock,
@@ -76,27 +85,46 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
         budget.spend(run.work);
         infeasible = run.infeasible;
         if let Some(schedule) = run.schedule
-            && let Some(time) = fsdp2_time(profile, &schedule, cap)
+            && let Some(value) = fsdp2_value(profile, &schedule, options)
         {
-            plans.push((schedule, time));
+            plans.push((schedule, value));
             plans.sort_by(|a, b| a.1.total_cmp(&b.1));
         }
         phases.push(run.phase);
     }
     let Some((schedule, objective)) = plans.into_iter().next() else {
-        return Err(if infeasible {
-            Error::Infeasible(format!(
-                "no plan FSDP2 can execute (--target fsdp2) fits {}",
-                cap.map_or("the memory cap".into(), |c| format!(
-                    "the memory cap of {}",
-                    crate::size::format_bytes(c as f64)
+        return Err(
+            if let (
+                true,
+                Objective::Memory {
+                    max_iteration_time_us: Some(ceiling),
+                },
+            ) = (infeasible, options.objective)
+            {
+                Error::Infeasible(format!(
+                    "no plan FSDP2 can execute (--target fsdp2) meets the iteration-time ceiling of \
+                 {:.3} ms{}",
+                    ceiling / 1e3,
+                    cap.map_or(String::new(), |c| format!(
+                        " within {}",
+                        crate::size::format_bytes(c as f64)
+                    ))
                 ))
-            ))
-        } else {
-            Error::Infeasible(
-                "the effort or time limit ended before any plan FSDP2 can execute was found".into(),
-            )
-        });
+            } else if infeasible {
+                Error::Infeasible(format!(
+                    "no plan FSDP2 can execute (--target fsdp2) fits {}",
+                    cap.map_or("the memory cap".into(), |c| format!(
+                        "the memory cap of {}",
+                        crate::size::format_bytes(c as f64)
+                    ))
+                ))
+            } else {
+                Error::Infeasible(
+                    "the effort or time limit ended before any plan FSDP2 can execute was found"
+                        .into(),
+                )
+            },
+        );
     };
     // The last run searched every plan within the options' windows: its bound is the claim's.
     let last = phases.last().expect("a run ran");
@@ -134,30 +162,55 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
     })
 }
 
-/// FSDP2's time of `schedule` where its export is exact and FSDP2's peak fits `cap`; None
-/// otherwise.
-pub(super) fn fsdp2_time(profile: &Profile, schedule: &Schedule, cap: Option<u64>) -> Option<f64> {
-    let exported = export(profile, schedule).ok()?;
-    let fits = cap.is_none_or(|c| exported.fsdp2_peak_memory_bytes <= c);
-    (exported.exact && fits).then_some(exported.fsdp2_iteration_time_us)
+/// The full space's share of the effort where depth 1 runs first.
+fn full_share(options: &SolveOptions) -> u64 {
+    (options.effort.iterations() as f64 * (1.0 - SHALLOW_SHARE)) as u64
 }
 
-/// What this round's FSDP2 target does not solve, each a one-line error naming `--target`.
-fn refuse_unsupported(profile: &Profile, options: &SolveOptions) -> Result<()> {
-    let expected = if profile.micro_batches >= 2 {
-        format!(
-            "`runtime` for a profile of {} micro-batches per step (the FSDP2 target solves K = 1 \
-             only)",
-            profile.micro_batches
-        )
-    } else if options.objective != Objective::Time {
-        "`runtime` with --objective memory (the FSDP2 target minimises time)".into()
-    } else {
-        return Ok(());
+/// FSDP2's value of `schedule` for the options' objective (its time, µs, or its peak, bytes)
+/// where its export is exact, FSDP2's peak fits the cap and, under the memory objective, FSDP2's
+/// time meets the ceiling (to the MIP's relative tolerance, as its row holds it); None otherwise.
+pub(super) fn fsdp2_value(
+    profile: &Profile,
+    schedule: &Schedule,
+    options: &SolveOptions,
+) -> Option<f64> {
+    let exported = export(profile, schedule).ok()?;
+    let peak = exported.fsdp2_peak_memory_bytes;
+    let time = exported.fsdp2_iteration_time_us;
+    let fits = options.memory_cap_bytes.is_none_or(|c| peak <= c);
+    let value = match options.objective {
+        Objective::Time => time,
+        Objective::Memory {
+            max_iteration_time_us,
+        } => {
+            if max_iteration_time_us.is_some_and(|c| time > c * (1.0 + CEILING_TOLERANCE)) {
+                return None;
+            }
+            peak as f64
+        }
     };
+    (exported.exact && fits).then_some(value)
+}
+
+/// FSDP2's peak of `schedule` where its export exists (the memory objective's warm value).
+pub(super) fn fsdp2_peak(profile: &Profile, schedule: &Schedule) -> Option<f64> {
+    Some(export(profile, schedule).ok()?.fsdp2_peak_memory_bytes as f64)
+}
+
+/// What this round's FSDP2 target does not solve, a one-line error naming `--target`.
+fn refuse_unsupported(profile: &Profile) -> Result<()> {
+    if profile.micro_batches < 2 {
+        return Ok(());
+    }
     Err(Error::invalid(
         "solve",
         "--target",
-        format!("{expected}, got `{}`", Target::Fsdp2.name()),
+        format!(
+            "`runtime` for a profile of {} micro-batches per step (the FSDP2 target solves K = 1 \
+             only), got `{}`",
+            profile.micro_batches,
+            Target::Fsdp2.name()
+        ),
     ))
 }

@@ -9,7 +9,7 @@ use super::mapping::{
 };
 use super::model::{Form, build, highs_model};
 use super::variables::{ExtraPositions, UnitLevel, UnitVars};
-use super::{Objective, PhaseReport, Relaxation, SolveOptions, SolveStatus, WindowLimits};
+use super::{Objective, PhaseReport, Relaxation, SolveOptions, SolveStatus, Target, WindowLimits};
 use crate::cost::Interference;
 use crate::profile::Profile;
 use crate::schedule::Schedule;
@@ -86,10 +86,14 @@ pub(super) fn run_highs(
             values[d.index] = Interference::of(profile).slot_duration(c, q, l);
         }
         if let Some(peak) = peak {
-            let worst = memory_by_slot(profile, schedule)
-                .iter()
-                .map(|m| m.total())
-                .fold(0.0, f64::max);
+            // The fsdp2 target's rows hold FSDP2's copies beside the model's buffers.
+            let worst = match options.target {
+                Target::Fsdp2 => super::fsdp2_solve::fsdp2_peak(profile, schedule)?,
+                Target::Runtime => memory_by_slot(profile, schedule)
+                    .iter()
+                    .map(|m| m.total())
+                    .fold(0.0, f64::max),
+            };
             values[peak.index] = worst / memory_scale * (1.0 + 1e-12);
         }
         Some(values)
@@ -152,9 +156,10 @@ pub(super) fn run_highs(
     let objective = match (&schedule, options.objective) {
         (_, Objective::Time) if !plans && has_solution => solved.objective_value(),
         (Some(_), Objective::Time) => ilp_time,
-        (Some(s), Objective::Memory { .. }) => {
-            super::claim::objective_of(profile, options.objective, s)
-        }
+        (Some(s), Objective::Memory { .. }) => match options.target {
+            Target::Fsdp2 => super::fsdp2_solve::fsdp2_peak(profile, s).unwrap_or(f64::NAN),
+            Target::Runtime => super::claim::objective_of(profile, options.objective, s),
+        },
         (None, _) => f64::NAN,
     };
     let bound = match options.objective {
