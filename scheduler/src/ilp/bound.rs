@@ -5,6 +5,7 @@
 
 use super::effort::{Budget, Clock};
 use super::limits::PLACEMENT_DEPTH;
+use super::micro::{self, Added};
 use super::model::{Form, build, highs_model};
 use super::pricing::{FullColumns, priced_bound};
 use super::run::spent;
@@ -82,10 +83,20 @@ fn budget_of(options: &SolveOptions) -> (Clock, crate::ilp::Effort) {
 }
 
 /// The optimum of the LP relaxation under `options` (within `options.time_limit_s`): no plan
-/// within the windows has a smaller objective. None when HiGHS does not reach it in the time.
+/// within the windows has a smaller objective. None when HiGHS does not reach it in the time
+/// (and, at K ≥ 2 micro-batches, for the memory objective).
 pub fn lp_relaxation_bound(profile: &Profile, options: &SolveOptions) -> Result<Option<f64>> {
     let (clock, effort) = budget_of(options);
     let mut budget = Budget::new(effort, &clock);
+    if profile.micro_batches >= 2 {
+        let priced = micro::priced(
+            profile,
+            options,
+            (options.limits, &Added::new()),
+            &mut budget,
+        )?;
+        return Ok(priced.map(|p| p.restricted_optimum));
+    }
     Ok(lp_bound(profile, options, &mut budget)?.map(|phase| phase.best_bound))
 }
 
@@ -97,6 +108,12 @@ pub fn priced_lp_bound(
     options: &SolveOptions,
     restricted: WindowLimits,
 ) -> Result<Option<f64>> {
+    if profile.micro_batches >= 2 {
+        let (clock, effort) = budget_of(options);
+        let mut budget = Budget::new(effort, &clock);
+        let priced = micro::priced(profile, options, (restricted, &Added::new()), &mut budget)?;
+        return Ok(priced.map(|p| p.bound));
+    }
     let full = FullColumns::new(profile, options);
     let no_extra = ExtraPositions::new();
     let (clock, effort) = budget_of(options);
@@ -122,6 +139,11 @@ pub fn generated_lp_bound(
 ) -> Result<Option<(f64, bool)>> {
     let (clock, effort) = budget_of(options);
     let mut budget = Budget::new(effort, &clock);
+    if profile.micro_batches >= 2 {
+        let limits = WindowLimits::depth(depth);
+        let generated = micro::generated(profile, options, limits, f64::INFINITY, &mut budget)?;
+        return Ok(generated.map(|(phase, full_lp)| (phase.best_bound, full_lp)));
+    }
     let mut bound = FullWindowBound::at_depth(profile, options, depth, &mut budget)?;
     bound.generate(profile, options, f64::INFINITY, &mut budget)?;
     let full_lp = bound.is_full_lp();

@@ -77,6 +77,12 @@ impl Columns {
         )
     }
 
+    /// A launch column fixed at 0: a position a restricted LP leaves out, whose reduced cost
+    /// HiGHS reports beside the others (`super::micro`'s pricing).
+    pub fn left_out(&mut self) -> Col {
+        self.add(variable().min(0).max(0), Integrality::Integer)
+    }
+
     pub fn continuous(&mut self) -> Col {
         self.add(variable().min(0), Integrality::Continuous)
     }

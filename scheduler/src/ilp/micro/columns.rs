@@ -155,8 +155,11 @@ pub(super) struct Launches {
     pub follower: Option<Among>,
     /// Its window; one position short of the op's where a follower must fit after the block.
     pub window: Window,
-    /// The allowed window positions, increasing.
+    /// The window positions that have columns, increasing.
     pub positions: Vec<usize>,
+    /// Per position: whether the restricted model launches there (else its column is fixed at
+    /// 0: a left-out position the pricing reads, `super::pricing`).
+    pub restricted: Vec<bool>,
     /// x_p: blocks launched at each allowed position.
     pub x: Vec<Col>,
     /// C_p = Σ_{p' ≤ p} x_p' at each allowed position.

@@ -8,6 +8,7 @@ use super::columns::{
 };
 use super::linear::Linear;
 use super::memory::memory_rows;
+use super::pricing::Added;
 use crate::cost::{Among, Interference, block_time};
 use crate::groups::{secondary_group, shard_groups};
 use crate::ilp::WindowLimits;
@@ -50,13 +51,32 @@ pub(super) struct Built {
     /// The peak column of the memory objective (M_s / scale ≤ peak), and its scale.
     pub peak: Option<(Col, f64)>,
     pub constraints: Vec<Constraint>,
+    /// Per unit, the rows the pricing keeps (`super::pricing`): its one-configuration row and
+    /// each column set's coverage row (in `UnitCols::launches`' order).
+    pub kept: Vec<KeptRows>,
+}
+
+/// A unit's one-configuration row and its column sets' coverage rows (`constraints` indices).
+pub(super) struct KeptRows {
+    pub one: usize,
+    pub coverage: Vec<usize>,
+}
+
+/// Which launch positions get columns: those `limits` allow and those `added` names (column
+/// generation's); with `left_out`, every other window position too, as a column fixed at 0 whose
+/// reduced cost the LP reports (`super::pricing`), all columns relaxed.
+#[derive(Clone, Copy)]
+pub(super) struct Space<'a> {
+    pub limits: WindowLimits,
+    pub added: &'a Added,
+    pub left_out: bool,
 }
 
 /// Declares the columns (launches at the positions `limits` allow) and builds every row family;
 /// with `peak_scale`, a peak column above every slot's memory in units of that scale.
 pub(super) fn build(
     profile: &Profile,
-    limits: WindowLimits,
+    space: Space,
     allow_recompute: RecomputeChoice,
     (cap, peak_scale): (Option<u64>, Option<f64>),
 ) -> Built {
@@ -70,24 +90,26 @@ pub(super) fn build(
         problem: good_lp::ProblemVariables::new(),
         count: 0,
         integer: 0,
-        relaxed: false,
+        relaxed: space.left_out,
     };
     let l = profile.unit_count();
     let units: Vec<UnitCols> = (0..l)
-        .map(|i| {
-            declare(
-                &mut columns,
-                profile,
-                (timeline, limits),
-                i,
-                allow_recompute,
-            )
-        })
+        .map(|i| declare(&mut columns, profile, (timeline, space), i, allow_recompute))
         .collect();
     let communicators = declare_communicators(&mut columns, profile, &units);
     let mut constraints = Vec::new();
+    let mut kept = Vec::new();
     for (i, u) in units.iter().enumerate() {
-        constraints.extend(unit_rows(profile, i, u));
+        let (rows, unit_kept) = unit_rows(profile, i, u);
+        kept.push(KeptRows {
+            one: constraints.len() + unit_kept.one,
+            coverage: unit_kept
+                .coverage
+                .iter()
+                .map(|row| constraints.len() + row)
+                .collect(),
+        });
+        constraints.extend(rows);
         for c in &communicators {
             // u ≥ Σ y_c over the unit's configurations that use the communicator.
             let users = u.y(|config| c.used_by(config)).expression();
@@ -138,6 +160,7 @@ pub(super) fn build(
         communicators,
         peak,
         constraints,
+        kept,
     }
 }
 
@@ -252,7 +275,7 @@ fn set_keys(configs: &[Config]) -> Vec<SetKey> {
 fn declare(
     columns: &mut Columns,
     profile: &Profile,
-    (timeline, limits): (Timeline, WindowLimits),
+    (timeline, space): (Timeline, Space),
     i: usize,
     allow_recompute: RecomputeChoice,
 ) -> UnitCols {
@@ -261,7 +284,7 @@ fn declare(
     let recompute = allow_recompute.is_allowed().then(|| columns.binary());
     let nb = profile.blocks(i);
     let mut launches = Vec::new();
-    for key in set_keys(&all) {
+    for (set, key) in set_keys(&all).into_iter().enumerate() {
         let mut window = timeline.window(i, key.op.window_kind());
         if window.len == 0 {
             continue;
@@ -277,14 +300,33 @@ fn declare(
         if follower.is_some() {
             window.len -= 1;
         }
-        let positions: Vec<usize> = limits.positions(key.op, window).collect();
-        let x = positions.iter().map(|_| columns.integer(nb)).collect();
+        let added = space.added.get(&(i, set));
+        let restricted: Vec<bool> = (0..window.len)
+            .map(|p| {
+                space.limits.positions(key.op, window).contains(&p)
+                    || added.is_some_and(|a| a.contains(&p))
+            })
+            .collect();
+        let positions: Vec<usize> = (0..window.len)
+            .filter(|&p| space.left_out || restricted[p])
+            .collect();
+        let x = positions
+            .iter()
+            .map(|&p| {
+                if restricted[p] {
+                    columns.integer(nb)
+                } else {
+                    columns.left_out()
+                }
+            })
+            .collect();
         let running = positions.iter().map(|_| columns.continuous()).collect();
         launches.push(Launches {
             key,
             among,
             follower,
             window,
+            restricted: positions.iter().map(|&p| restricted[p]).collect(),
             positions,
             x,
             running,
@@ -313,10 +355,15 @@ fn declare(
 }
 
 /// One configuration per unit; running sums; coverage of every column set; RS before FG at the
-/// step boundary per group (DESIGN §4.2's Z rows, with §3.11's gap).
-fn unit_rows(profile: &Profile, i: usize, u: &UnitCols) -> Vec<Constraint> {
+/// step boundary per group (DESIGN §4.2's Z rows, with §3.11's gap). Beside the rows, where the
+/// one-configuration row and each set's coverage row lie among them.
+fn unit_rows(profile: &Profile, i: usize, u: &UnitCols) -> (Vec<Constraint>, KeptRows) {
     let nb = f64::from(profile.blocks(i));
     let mut rows = vec![constraint!(u.y(|_| true).expression() == 1.0)];
+    let mut kept = KeptRows {
+        one: 0,
+        coverage: Vec::new(),
+    };
     for l in &u.launches {
         for p in 0..l.x.len() {
             // C_p = C_{p−1} + x_p.
@@ -330,6 +377,7 @@ fn unit_rows(profile: &Profile, i: usize, u: &UnitCols) -> Vec<Constraint> {
         // Σ_p x_p = nb·Σ y_c over the configurations that run the set.
         let covered = u.y(|c| l.key.runs(c)).expression() * nb;
         let total = l.running[l.running.len() - 1].var;
+        kept.coverage.push(rows.len());
         rows.push(constraint!(total == covered));
     }
     for order in &u.orders {
@@ -355,7 +403,7 @@ fn unit_rows(profile: &Profile, i: usize, u: &UnitCols) -> Vec<Constraint> {
             }
         }
     }
-    rows
+    (rows, kept)
 }
 
 /// Per unrolled slot its terms: the unit's compute (none at I, the extra time at E), and the

@@ -1,0 +1,263 @@
+//! A bound over every plan of K ≥ 2 micro-batches (DESIGN §4.8, by §4.5's pricing and column
+//! generation) from the LP relaxation of the micro-batch model restricted to limited windows.
+//!
+//! The restricted LP is built as the full-window model whose left-out launch columns are fixed
+//! at 0, so HiGHS reports the reduced cost of every launch position itself: with the running
+//! sums C eliminated (a block launched at k counts in every row that reads C at a position
+//! ≥ k), x_k's reduced cost is HiGHS' reduced cost of x_k plus those of C_k, C_k+1, … (the
+//! running-sum rows' duals telescope away); a left-out position pays where it is negative.
+//! Keeping each unit's one-configuration row and its
+//! column sets' coverage rows and dualising every other row with the LP's duals π (a Lagrangian
+//! relaxation), every plan satisfies
+//!
+//! ```text
+//! T ≥ z − Σ_j rc'_j·x*_j + Σ_i min_c (rc'_{y_ic} + Σ_{sets o run by c} nb_i · min_k rc'_{i,o,k})
+//!       + Σ_{r, Z, u} min(0, rc)          (d: rc ≥ 0, else no bound)
+//! ```
+//!
+//! with rc' the reduced cost without the kept rows' duals (their duals added back). When no
+//! left-out position prices negative the bound is z, the full-window LP's optimum; column
+//! generation adds the left-out positions of most negative reduced cost and prices again.
+
+use super::model::{Built, Space, build};
+use crate::ilp::effort::Budget;
+use crate::ilp::model::highs_model;
+use crate::ilp::run::{spent, work_option};
+use crate::ilp::{Objective, PhaseReport, Relaxation, SolveOptions, SolveStatus, WindowLimits};
+use crate::profile::Profile;
+use crate::{Error, Result};
+use highs::HighsModelStatus;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+/// Launch positions outside the window limits that get columns, per (unit, index of the column
+/// set in `UnitCols::launches`).
+pub(in crate::ilp) type Added = BTreeMap<(usize, usize), BTreeSet<usize>>;
+
+/// Reduced costs below −this (µs) price a left-out position as paying.
+const PAYING: f64 = 1e-6;
+/// Left-out positions of one column set that enter the restricted LP per round.
+const ENTERING_PER_SET: usize = 2;
+
+/// A priced bound, the restricted LP's optimum it came from and the positions to add next.
+pub(in crate::ilp) struct Priced {
+    pub bound: f64,
+    pub restricted_optimum: f64,
+    pub entering: Added,
+    /// The restricted LP's size and work.
+    pub phase: PhaseReport,
+}
+
+/// The bound over every plan priced from the LP of the windows `limits` and the positions
+/// `added` (time objective only): None for the memory objective, or when that LP does not solve
+/// to optimality within `budget`, or a duration prices negative.
+pub(in crate::ilp) fn priced(
+    profile: &Profile,
+    options: &SolveOptions,
+    (limits, added): (WindowLimits, &Added),
+    budget: &mut Budget,
+) -> Result<Option<Priced>> {
+    if options.objective != Objective::Time || !budget.can_start() {
+        return Ok(None);
+    }
+    let started = Instant::now();
+    let space = Space {
+        limits,
+        added,
+        left_out: true,
+    };
+    let built = build(
+        profile,
+        space,
+        options.recompute_choice(),
+        (options.memory_cap_bytes, None),
+    );
+    let step_time = built
+        .durations
+        .iter()
+        .zip(&built.weights)
+        .fold(good_lp::Expression::from(0.0), |sum, (d, w)| {
+            sum + *w * d.var
+        });
+    let Built {
+        columns,
+        units,
+        durations,
+        constraints,
+        kept,
+        ..
+    } = built;
+    let (count, integers, rows) = (columns.count, columns.integer, constraints.len());
+    let clock = budget.clock();
+    let mut model = highs_model(
+        columns.problem,
+        step_time,
+        constraints,
+        options,
+        clock.seconds_left(),
+    )?;
+    model
+        .try_set_option("simplex_iteration_limit", work_option(budget.left()))
+        .map_err(|e| Error::Solver(format!("HiGHS option simplex_iteration_limit: {e:?}")))?;
+    let solved = model
+        .try_solve()
+        .map_err(|e| Error::Solver(format!("HiGHS failed: {e:?}")))?;
+    let work = spent(&solved);
+    budget.spend(work);
+    if solved.status() == HighsModelStatus::ReachedTimeLimit {
+        clock.record_stop();
+    }
+    if solved.status() != HighsModelStatus::Optimal {
+        return Ok(None);
+    }
+    let solution = solved.get_solution();
+    let (values, reduced, duals) = (
+        solution.columns(),
+        solution.dual_columns(),
+        solution.dual_rows(),
+    );
+    let z = solved.objective_value();
+    let mut lagrangian = z;
+    let mut priced = vec![false; count];
+    let mut entering = Added::new();
+    for (i, (u, kept)) in units.iter().zip(&kept).enumerate() {
+        let nb = f64::from(profile.blocks(i));
+        // Per column set, nb blocks at its cheapest position of the full window.
+        let mut cheapest = Vec::new();
+        for (set, (l, &coverage)) in u.launches.iter().zip(&kept.coverage).enumerate() {
+            // rc of x_k with C eliminated: its own, C_k's and every later C's; rc' adds the
+            // coverage row's dual back (C_last − nb·Σy = 0: coefficient 1 on C_last).
+            let mut tail = 0.0;
+            let mut full = vec![0.0; l.x.len()];
+            for q in (0..l.x.len()).rev() {
+                tail += reduced[l.running[q].index];
+                full[q] = reduced[l.x[q].index] + tail;
+            }
+            let prices: Vec<f64> = full.iter().map(|rc| rc + duals[coverage]).collect();
+            for (q, x) in l.x.iter().enumerate() {
+                lagrangian -= prices[q] * values[x.index];
+                priced[x.index] = true;
+                priced[l.running[q].index] = true;
+            }
+            let mut paying: Vec<(usize, f64)> = l
+                .positions
+                .iter()
+                .zip(&l.restricted)
+                .zip(&full)
+                .filter(|((_, restricted), rc)| !**restricted && **rc < -PAYING)
+                .map(|((&p, _), &rc)| (p, rc))
+                .collect();
+            paying.sort_by(|a, b| a.1.total_cmp(&b.1));
+            if !paying.is_empty() {
+                entering
+                    .entry((i, set))
+                    .or_default()
+                    .extend(paying.iter().take(ENTERING_PER_SET).map(|(p, _)| *p));
+            }
+            cheapest.push(nb * prices.iter().copied().fold(f64::INFINITY, f64::min));
+        }
+        // The unit's subproblem: one configuration, each set it runs at its cheapest position.
+        let mut best = f64::INFINITY;
+        for &(c, y) in &u.configs {
+            priced[y.index] = true;
+            let runs: Vec<usize> = (0..u.launches.len())
+                .filter(|&set| u.launches[set].key.runs(c))
+                .collect();
+            let rc = reduced[y.index] + duals[kept.one]
+                - nb * runs
+                    .iter()
+                    .map(|&set| duals[kept.coverage[set]])
+                    .sum::<f64>();
+            lagrangian -= rc * values[y.index];
+            best = best.min(rc + runs.iter().map(|&set| cheapest[set]).sum::<f64>());
+        }
+        lagrangian += best;
+    }
+    // The other columns: r, Z and u in [0, 1]; d ≥ 0 (a negative reduced cost on it would make
+    // the bound −∞: the duals are then not usable).
+    let mut unbounded = vec![false; count];
+    for d in &durations {
+        unbounded[d.index] = true;
+    }
+    for (index, &rc) in reduced.iter().enumerate() {
+        if priced[index] {
+            continue;
+        }
+        if unbounded[index] {
+            if rc < -PAYING {
+                return Ok(None);
+            }
+            lagrangian -= rc.max(0.0) * values[index];
+        } else {
+            lagrangian += rc.min(0.0) - rc * values[index];
+        }
+    }
+    Ok(Some(Priced {
+        bound: lagrangian,
+        restricted_optimum: z,
+        entering,
+        phase: PhaseReport {
+            window_depth: WindowLimits::FULL,
+            relaxation: Some(Relaxation::Lp),
+            status: SolveStatus::Optimal,
+            objective: f64::NAN,
+            best_bound: lagrangian,
+            gap: f64::NAN,
+            seconds: started.elapsed().as_secs_f64(),
+            lp_iterations: work,
+            variables: count,
+            integer_variables: integers,
+            constraints: rows,
+        },
+    }))
+}
+
+/// Column generation from the LP of the windows `limits` (DESIGN §4.5): prices, adds each column
+/// set's left-out positions of most negative reduced cost, and prices again, while the bound is
+/// short of `needed` and some position pays, within `budget`. The best bound met as a phase over
+/// every plan, and whether it is the full-window LP's optimum (the last pricing found no paying
+/// position); None where the first pricing gives no bound.
+pub(in crate::ilp) fn generated(
+    profile: &Profile,
+    options: &SolveOptions,
+    limits: WindowLimits,
+    needed: f64,
+    budget: &mut Budget,
+) -> Result<Option<(PhaseReport, bool)>> {
+    let started = Instant::now();
+    let mut added = Added::new();
+    let mut best: Option<PhaseReport> = None;
+    let mut work = 0;
+    let full_lp = loop {
+        let Some(round) = priced(profile, options, (limits, &added), budget)? else {
+            break false;
+        };
+        work += round.phase.lp_iterations;
+        tracing::debug!(
+            bound = round.bound,
+            restricted = round.restricted_optimum,
+            entering = round.entering.values().map(BTreeSet::len).sum::<usize>(),
+            "micro-batch column generation"
+        );
+        if best.as_ref().is_none_or(|b| round.bound > b.best_bound) {
+            best = Some(round.phase);
+        }
+        if round.entering.is_empty() {
+            break true;
+        }
+        if best.as_ref().is_some_and(|b| b.best_bound >= needed) {
+            break false;
+        }
+        for (key, positions) in round.entering {
+            added.entry(key).or_default().extend(positions);
+        }
+    };
+    Ok(best.map(|b| {
+        let phase = PhaseReport {
+            seconds: started.elapsed().as_secs_f64(),
+            lp_iterations: work,
+            ..b
+        };
+        (phase, full_lp)
+    }))
+}
