@@ -8,7 +8,7 @@ use super::limits::PLACEMENT_DEPTH;
 use super::model::{Form, build, highs_model};
 use super::pricing::{FullColumns, priced_bound};
 use super::run::spent;
-use super::variables::ExtraPositions;
+use super::variables::{ExtraPositions, UnitLevel};
 use super::{Objective, PhaseReport, Relaxation, SolveOptions, SolveStatus, WindowLimits};
 use crate::profile::Profile;
 use crate::timeline::Timeline;
@@ -105,7 +105,7 @@ pub fn priced_lp_bound(
         profile,
         options,
         &full,
-        (restricted, &no_extra),
+        (restricted, &no_extra, None),
         &mut budget,
     )?;
     Ok(priced.map(|p| p.bound.best_bound))
@@ -122,7 +122,7 @@ pub fn generated_lp_bound(
 ) -> Result<Option<(f64, bool)>> {
     let (clock, effort) = budget_of(options);
     let mut budget = Budget::new(effort, &clock);
-    let mut bound = FullWindowBound::at_depth(profile, options, depth, &mut budget)?;
+    let mut bound = FullWindowBound::at_depth(profile, options, (depth, None), &mut budget)?;
     bound.generate(profile, options, f64::INFINITY, &mut budget)?;
     let full_lp = bound.is_full_lp();
     Ok(bound.best.map(|b| (b.best_bound, full_lp)))
@@ -143,6 +143,8 @@ pub(super) struct FullWindowBound {
     ceiling: f64,
     /// Positions outside the windows of `depth` that column generation has added.
     extra: ExtraPositions,
+    /// Levels and recompute every unit is held to (`super::anatomy`); None: free.
+    levels: Option<Vec<UnitLevel>>,
     /// The left-out positions of most negative reduced cost at the last pricing that solved.
     entering: ExtraPositions,
     seconds: f64,
@@ -151,14 +153,15 @@ pub(super) struct FullWindowBound {
 impl FullWindowBound {
     /// Prices the windows of depth 4 (time objective); nothing yet for the memory objective.
     pub fn start(profile: &Profile, options: &SolveOptions, budget: &mut Budget) -> Result<Self> {
-        Self::at_depth(profile, options, PLACEMENT_DEPTH, budget)
+        Self::at_depth(profile, options, (PLACEMENT_DEPTH, None), budget)
     }
 
-    /// Prices the windows of depth `depth` (time objective); nothing for the memory objective.
-    fn at_depth(
+    /// Prices the windows of depth `depth` (time objective), over the plans of `levels` where
+    /// given; nothing for the memory objective.
+    pub(super) fn at_depth(
         profile: &Profile,
         options: &SolveOptions,
-        depth: NonZeroUsize,
+        (depth, levels): (NonZeroUsize, Option<Vec<UnitLevel>>),
         budget: &mut Budget,
     ) -> Result<Self> {
         let started = Instant::now();
@@ -170,6 +173,7 @@ impl FullWindowBound {
             ceiling: f64::INFINITY,
             extra: ExtraPositions::new(),
             entering: ExtraPositions::new(),
+            levels,
             seconds: 0.0,
         };
         if time {
@@ -187,6 +191,7 @@ impl FullWindowBound {
             best: self.best.clone(),
             extra: self.extra.clone(),
             entering: self.entering.clone(),
+            levels: self.levels.clone(),
             ..*self
         }
     }
@@ -244,7 +249,7 @@ impl FullWindowBound {
     /// (`ENTERING_PER_OP` per op) join the restricted LP and it is priced again, within
     /// `budget`. Every round's bound holds over every plan; once no position prices negative, the
     /// bound is the full-window LP's optimum.
-    fn generate(
+    pub(super) fn generate(
         &mut self,
         profile: &Profile,
         options: &SolveOptions,
@@ -293,7 +298,7 @@ impl FullWindowBound {
             return Ok(false);
         };
         let limits = WindowLimits::depth(self.depth);
-        let restricted = (limits, &self.extra);
+        let restricted = (limits, &self.extra, self.levels.as_deref());
         let Some(priced) = priced_bound(profile, options, full, restricted, budget)? else {
             return Ok(false);
         };
