@@ -10,6 +10,7 @@ use super::effort::{Budget, Clock};
 use super::limits::PLACEMENT_DEPTH;
 use super::mapping::schedule_values;
 use super::model::{Built, Form, build, highs_model};
+use super::rounding::Spread;
 use super::run::{Stop, run_highs};
 use super::variables::{Choice, Columns, ExtraPositions, Shape, UnitLevel, declare_units};
 use super::{SolveOptions, WindowLimits};
@@ -107,12 +108,12 @@ pub fn full_lp_anatomy(
             None => return Ok(None),
         },
         HeldLevels::RoundedLp | HeldLevels::SpreadLp => match anatomy_at(profile, options, None)? {
-            Some((_, rounded, _)) if matches!(held, HeldLevels::RoundedLp) => Some(rounded),
-            Some((_, _, spread)) => Some(spread),
+            Some(read) if matches!(held, HeldLevels::RoundedLp) => Some(read.rounded),
+            Some(read) => Some(read.spread),
             None => return Ok(None),
         },
     };
-    Ok(anatomy_at(profile, options, levels)?.map(|(anatomy, _, _)| anatomy))
+    Ok(anatomy_at(profile, options, levels)?.map(|read| read.anatomy))
 }
 
 /// Each unit's level and recompute in `plan`, as the full-window model's choices.
@@ -142,13 +143,20 @@ fn plan_levels(
     Some(super::mapping::levels_from_values(&units, &values))
 }
 
+/// An anatomy beside its LP optimum's levels made whole two ways (`HeldLevels`).
+struct ReadBack {
+    anatomy: LpAnatomy,
+    rounded: Vec<UnitLevel>,
+    spread: Vec<UnitLevel>,
+}
+
 /// The anatomy at `levels` (free where None), beside the rounded and the spread choice of its LP's
-/// optimum (`HeldLevels`).
+/// optimum.
 fn anatomy_at(
     profile: &Profile,
     options: &SolveOptions,
     levels: Option<Vec<UnitLevel>>,
-) -> Result<Option<(LpAnatomy, Vec<UnitLevel>, Vec<UnitLevel>)>> {
+) -> Result<Option<ReadBack>> {
     let started = Instant::now();
     let clock = Clock::new(started, options.time_limit_s);
     let mut budget = Budget::new(options.effort, &clock);
@@ -252,7 +260,11 @@ fn anatomy_at(
         placed_us,
         seconds: started.elapsed().as_secs_f64(),
     };
-    Ok(Some((anatomy, rounded, spread.levels)))
+    Ok(Some(ReadBack {
+        anatomy,
+        rounded,
+        spread: spread.levels(),
+    }))
 }
 
 /// The placement MIP of `levels` over depth 4 and `extra` (`Form::Placement`) within
@@ -283,49 +295,7 @@ fn place(
     Ok(run.schedule.map(|_| run.phase.objective))
 }
 
-/// Systematic rounding of a fractional solution's levels and recompute (`HeldLevels::SpreadLp`).
-#[derive(Default)]
-struct Spread {
-    /// Per choice, Σ_{j ≤ i} y_{j,choice} minus the units given it so far.
-    owed: Vec<(Choice, f64)>,
-    levels: Vec<UnitLevel>,
-}
-
-impl Spread {
-    fn take(
-        &mut self,
-        choices: Vec<(Choice, Option<super::variables::Col>)>,
-        recompute: Option<super::variables::Col>,
-        values: &[f64],
-    ) {
-        let mut best: Option<(Choice, f64)> = None;
-        for (choice, column) in choices {
-            let Some(column) = column else { continue };
-            let owed = match self.owed.iter_mut().find(|(c, _)| *c == choice) {
-                Some((_, owed)) => owed,
-                None => {
-                    self.owed.push((choice, 0.0));
-                    &mut self.owed.last_mut().expect("just pushed").1
-                }
-            };
-            *owed += values[column.index];
-            if best.is_none_or(|(_, b)| *owed > b) {
-                best = Some((choice, *owed));
-            }
-        }
-        let choice = best.map_or(Choice::Sdp(0), |(c, _)| c);
-        if let Some((_, owed)) = self.owed.iter_mut().find(|(c, _)| *c == choice) {
-            *owed -= 1.0;
-        }
-        let recomputes = recompute.is_some_and(|r| values[r.index] > FRACTIONAL);
-        self.levels.push(UnitLevel {
-            choice,
-            recompute: recomputes,
-        });
-    }
-}
-
-/// Level names of a unit's fractional choice, for a table: `Fsdp(2) 0.50 + Hpz(2) 0.50`.
+/// Level names of a unit's fractional choice, for a table: `Fsdp(1) 0.200 + Hpz(0) 0.800`.
 pub fn describe_levels(levels: &[(String, f64)]) -> String {
     let mut parts: BTreeMap<&str, f64> = BTreeMap::new();
     for (name, v) in levels {

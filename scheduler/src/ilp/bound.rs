@@ -145,6 +145,9 @@ pub(super) struct FullWindowBound {
     extra: ExtraPositions,
     /// Levels and recompute every unit is held to (`super::anatomy`); None: free.
     levels: Option<Vec<UnitLevel>>,
+    /// The last restricted LP's levels made whole (`super::rounding`): at the full-window LP's
+    /// optimum, its proportions of each level spread over the units.
+    spread: Option<Vec<UnitLevel>>,
     /// The left-out positions of most negative reduced cost at the last pricing that solved.
     entering: ExtraPositions,
     seconds: f64,
@@ -174,6 +177,7 @@ impl FullWindowBound {
             extra: ExtraPositions::new(),
             entering: ExtraPositions::new(),
             levels,
+            spread: None,
             seconds: 0.0,
         };
         if time {
@@ -192,6 +196,7 @@ impl FullWindowBound {
             extra: self.extra.clone(),
             entering: self.entering.clone(),
             levels: self.levels.clone(),
+            spread: self.spread.clone(),
             ..*self
         }
     }
@@ -286,6 +291,11 @@ impl FullWindowBound {
         &self.extra
     }
 
+    /// The last restricted LP's levels made whole, where it solved (`super::rounding`).
+    pub fn spread_levels(&self) -> Option<Vec<UnitLevel>> {
+        self.spread.clone()
+    }
+
     /// Prices the windows of the current depth; false when their LP did not solve within
     /// `budget`.
     fn price(
@@ -303,6 +313,7 @@ impl FullWindowBound {
             return Ok(false);
         };
         self.entering = priced.entering;
+        self.spread = Some(priced.spread);
         self.seconds += priced.bound.seconds;
         self.ceiling = self.ceiling.min(priced.restricted_optimum);
         if self

@@ -32,6 +32,7 @@ mod placement;
 mod pool;
 mod pricing;
 mod refine;
+mod rounding;
 mod run;
 mod solve;
 mod space;

@@ -6,6 +6,7 @@
 use super::constraints::fixed_levels;
 use super::effort::Budget;
 use super::model::{Built, Form, build, highs_model, memory_scale};
+use super::rounding::Spread;
 use super::run::{spent, work_option};
 use super::variables::{Columns, ExtraPositions, OpVars, Shape, UnitLevel, covers, declare_units};
 use super::{Objective, PhaseReport, Relaxation, SolveOptions, SolveStatus, WindowLimits};
@@ -23,6 +24,8 @@ pub(super) struct Priced {
     pub restricted_optimum: f64,
     /// Per op, its left-out positions of most negative reduced cost (column generation's next).
     pub entering: ExtraPositions,
+    /// The restricted LP's levels and recompute made whole (`super::rounding`).
+    pub spread: Vec<UnitLevel>,
 }
 
 /// Reduced costs that agree within this (µs, relative to the largest term) pass the check.
@@ -117,7 +120,9 @@ pub(super) fn priced_bound(
     let mut priced = vec![false; columns];
     let mut op_index = 0;
     let mut entering = ExtraPositions::new();
+    let mut spread = Spread::default();
     for (unit, (restricted, whole)) in units.iter().zip(&full.units).enumerate() {
+        spread.take(restricted.choices(), restricted.recompute, values);
         let blocks = f64::from(whole.blocks);
         // The cheapest launch position of each op, over the full window.
         let mut cheapest = Vec::new();
@@ -239,6 +244,7 @@ pub(super) fn priced_bound(
             .into_iter()
             .filter(|(_, p)| !p.is_empty())
             .collect(),
+        spread: spread.levels(),
     }))
 }
 
