@@ -8,12 +8,11 @@
 mod common;
 
 use common::{
-    Rng, every_schedule, launches, placements, random_profile, reported_minimum,
-    valid_shard_groups, with_topology,
+    Rng, every_schedule, random_profile, reported_minimum, unit_options, valid_shard_groups,
+    with_topology,
 };
 use shardplan_scheduler::Error;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
-use shardplan_scheduler::groups::secondary_group;
 use shardplan_scheduler::ilp::{
     Objective, SolveOptions, WindowLimits, far_band_bound, generated_lp_bound, lp_relaxation_bound,
     priced_lp_bound, solve,
@@ -22,98 +21,8 @@ use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::{Recompute, UnitSchedule};
 use shardplan_scheduler::sim::{Semantics, simulate};
 use shardplan_scheduler::size::whole_bytes;
-use shardplan_scheduler::timeline::{Level, Op, Timeline};
-use std::collections::BTreeMap;
+use shardplan_scheduler::timeline::Timeline;
 use std::num::NonZeroUsize;
-
-/// Every valid choice for one unit.
-fn unit_options(profile: &Profile, unit: usize, recompute: bool) -> Vec<UnitSchedule> {
-    let timeline = Timeline::new(profile.unit_count());
-    let nb = profile.blocks(unit);
-    let after = timeline.window(unit, Op::ReduceScatter.window_kind()).len;
-    let between = timeline.window(unit, Op::GatherBackward.window_kind()).len;
-    let mut options = Vec::new();
-    for r in if recompute {
-        vec![false, true]
-    } else {
-        vec![false]
-    } {
-        for ar in placements(nb, 0, after) {
-            let launches =
-                BTreeMap::from([(Op::AllReduce, launches(timeline, unit, Op::AllReduce, &ar))]);
-            options.push(UnitSchedule {
-                shard_group: None,
-                secondary_group: None,
-                level: Level::None,
-                recompute: r,
-                launches,
-                accumulation: Default::default(),
-            });
-        }
-        // Sharded over the world, and over every shard group a plan may name (DESIGN §3.11),
-        // whatever the ILP offers: RA a slot after each RS block, the gathers a slot after the
-        // last RA.
-        let shards = std::iter::once(None).chain(valid_shard_groups(profile).into_iter().map(Some));
-        for shard in shards.filter(|s| s.is_none() || after >= 3) {
-            let gap = if shard.is_some() { 2 } else { 0 };
-            let ranks = shard.unwrap_or(profile.world_size);
-            // fsdp, and hpz where the topology offers a smaller secondary group.
-            let secondary = secondary_group(profile).filter(|&h| h < ranks);
-            let groups: Vec<Option<u32>> =
-                std::iter::once(None).chain(secondary.map(Some)).collect();
-            for rs in placements(nb, 0, after - gap / 2) {
-                for ag in placements(nb, 0, after)
-                    .into_iter()
-                    .filter(|ag| ag[0] >= *rs.last().unwrap() + gap)
-                {
-                    let sdp = BTreeMap::from([
-                        (
-                            Op::ReduceScatter,
-                            launches(timeline, unit, Op::ReduceScatter, &rs),
-                        ),
-                        (Op::Gather, launches(timeline, unit, Op::Gather, &ag)),
-                    ]);
-                    options.push(UnitSchedule {
-                        shard_group: shard,
-                        secondary_group: None,
-                        level: Level::Sdp,
-                        recompute: r,
-                        launches: sdp,
-                        accumulation: Default::default(),
-                    });
-                    for (agb, &h) in placements(nb, 0, between)
-                        .iter()
-                        .flat_map(|agb| groups.iter().map(move |h| (agb, h)))
-                    {
-                        let fsdp = BTreeMap::from([
-                            (
-                                Op::ReduceScatter,
-                                launches(timeline, unit, Op::ReduceScatter, &rs),
-                            ),
-                            (
-                                Op::GatherForward,
-                                launches(timeline, unit, Op::GatherForward, &ag),
-                            ),
-                            (
-                                Op::GatherBackward,
-                                launches(timeline, unit, Op::GatherBackward, agb),
-                            ),
-                        ]);
-                        options.push(UnitSchedule {
-                            shard_group: shard,
-                            secondary_group: h,
-                            level: Level::Fsdp,
-                            recompute: r,
-                            launches: fsdp,
-                            accumulation: Default::default(),
-                        });
-                    }
-                }
-            }
-        }
-    }
-    options
-}
 
 /// (iteration time, peak) of every valid schedule within `limits`.
 fn enumerate(profile: &Profile, recompute: bool, limits: WindowLimits) -> Vec<(f64, f64)> {

@@ -9,7 +9,7 @@ use super::micro::{self, Added};
 use super::model::{Form, build, highs_model};
 use super::pricing::{FullColumns, priced_bound};
 use super::run::spent;
-use super::variables::ExtraPositions;
+use super::variables::{ExtraPositions, UnitLevel};
 use super::{Objective, PhaseReport, Relaxation, SolveOptions, SolveStatus, WindowLimits};
 use crate::profile::Profile;
 use crate::timeline::Timeline;
@@ -122,7 +122,7 @@ pub fn priced_lp_bound(
         profile,
         options,
         &full,
-        (restricted, &no_extra),
+        (restricted, &no_extra, None),
         &mut budget,
     )?;
     Ok(priced.map(|p| p.bound.best_bound))
@@ -144,7 +144,7 @@ pub fn generated_lp_bound(
         let generated = micro::generated(profile, options, limits, f64::INFINITY, &mut budget)?;
         return Ok(generated.map(|(phase, full_lp)| (phase.best_bound, full_lp)));
     }
-    let mut bound = FullWindowBound::at_depth(profile, options, depth, &mut budget)?;
+    let mut bound = FullWindowBound::at_depth(profile, options, (depth, None), &mut budget)?;
     bound.generate(profile, options, f64::INFINITY, &mut budget)?;
     let full_lp = bound.is_full_lp();
     Ok(bound.best.map(|b| (b.best_bound, full_lp)))
@@ -165,6 +165,11 @@ pub(super) struct FullWindowBound {
     ceiling: f64,
     /// Positions outside the windows of `depth` that column generation has added.
     extra: ExtraPositions,
+    /// Levels and recompute every unit is held to (`super::anatomy`); None: free.
+    levels: Option<Vec<UnitLevel>>,
+    /// The last restricted LP's levels made whole (`super::rounding`): at the full-window LP's
+    /// optimum, its proportions of each level spread over the units.
+    spread: Option<Vec<UnitLevel>>,
     /// The left-out positions of most negative reduced cost at the last pricing that solved.
     entering: ExtraPositions,
     seconds: f64,
@@ -173,14 +178,15 @@ pub(super) struct FullWindowBound {
 impl FullWindowBound {
     /// Prices the windows of depth 4 (time objective); nothing yet for the memory objective.
     pub fn start(profile: &Profile, options: &SolveOptions, budget: &mut Budget) -> Result<Self> {
-        Self::at_depth(profile, options, PLACEMENT_DEPTH, budget)
+        Self::at_depth(profile, options, (PLACEMENT_DEPTH, None), budget)
     }
 
-    /// Prices the windows of depth `depth` (time objective); nothing for the memory objective.
-    fn at_depth(
+    /// Prices the windows of depth `depth` (time objective), over the plans of `levels` where
+    /// given; nothing for the memory objective.
+    pub(super) fn at_depth(
         profile: &Profile,
         options: &SolveOptions,
-        depth: NonZeroUsize,
+        (depth, levels): (NonZeroUsize, Option<Vec<UnitLevel>>),
         budget: &mut Budget,
     ) -> Result<Self> {
         let started = Instant::now();
@@ -192,6 +198,8 @@ impl FullWindowBound {
             ceiling: f64::INFINITY,
             extra: ExtraPositions::new(),
             entering: ExtraPositions::new(),
+            levels,
+            spread: None,
             seconds: 0.0,
         };
         if time {
@@ -209,6 +217,8 @@ impl FullWindowBound {
             best: self.best.clone(),
             extra: self.extra.clone(),
             entering: self.entering.clone(),
+            levels: self.levels.clone(),
+            spread: self.spread.clone(),
             ..*self
         }
     }
@@ -266,7 +276,7 @@ impl FullWindowBound {
     /// (`ENTERING_PER_OP` per op) join the restricted LP and it is priced again, within
     /// `budget`. Every round's bound holds over every plan; once no position prices negative, the
     /// bound is the full-window LP's optimum.
-    fn generate(
+    pub(super) fn generate(
         &mut self,
         profile: &Profile,
         options: &SolveOptions,
@@ -303,6 +313,11 @@ impl FullWindowBound {
         &self.extra
     }
 
+    /// The last restricted LP's levels made whole, where it solved (`super::rounding`).
+    pub fn spread_levels(&self) -> Option<Vec<UnitLevel>> {
+        self.spread.clone()
+    }
+
     /// Prices the windows of the current depth; false when their LP did not solve within
     /// `budget`.
     fn price(
@@ -315,11 +330,12 @@ impl FullWindowBound {
             return Ok(false);
         };
         let limits = WindowLimits::depth(self.depth);
-        let restricted = (limits, &self.extra);
+        let restricted = (limits, &self.extra, self.levels.as_deref());
         let Some(priced) = priced_bound(profile, options, full, restricted, budget)? else {
             return Ok(false);
         };
         self.entering = priced.entering;
+        self.spread = Some(priced.spread);
         self.seconds += priced.bound.seconds;
         self.ceiling = self.ceiling.min(priced.restricted_optimum);
         if self

@@ -13,6 +13,7 @@
 //! warm-starts from the best feasible baseline built in time (`warm`) and checks every answer
 //! against the strict simulator. A profile of K ≥ 2 micro-batches is solved by `micro`'s MIP instead.
 
+mod anatomy;
 mod bands;
 mod bound;
 mod callback;
@@ -31,6 +32,7 @@ mod placement;
 mod pool;
 mod pricing;
 mod refine;
+mod rounding;
 mod run;
 mod solve;
 mod space;
@@ -39,6 +41,7 @@ mod variables;
 mod warm;
 
 pub use crate::target::Target;
+pub use anatomy::{HeldLevels, LpAnatomy, describe_levels, full_lp_anatomy};
 pub use bound::{generated_lp_bound, lp_relaxation_bound, priced_lp_bound};
 pub use effort::Effort;
 pub use limits::WindowLimits;

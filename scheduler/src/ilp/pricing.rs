@@ -3,10 +3,12 @@
 //! windows, and the left-out positions of most negative reduced cost, which column generation adds
 //! next.
 
+use super::constraints::fixed_levels;
 use super::effort::Budget;
 use super::model::{Built, Form, build, highs_model, memory_scale};
+use super::rounding::Spread;
 use super::run::{spent, work_option};
-use super::variables::{Columns, ExtraPositions, OpVars, Shape, covers, declare_units};
+use super::variables::{Columns, ExtraPositions, OpVars, Shape, UnitLevel, covers, declare_units};
 use super::{Objective, PhaseReport, Relaxation, SolveOptions, SolveStatus, WindowLimits};
 use crate::profile::{Link, Profile};
 use crate::timeline::Timeline;
@@ -22,6 +24,8 @@ pub(super) struct Priced {
     pub restricted_optimum: f64,
     /// Per op, its left-out positions of most negative reduced cost (column generation's next).
     pub entering: ExtraPositions,
+    /// The restricted LP's levels and recompute made whole (`super::rounding`).
+    pub spread: Vec<UnitLevel>,
 }
 
 /// Reduced costs that agree within this (µs, relative to the largest term) pass the check.
@@ -46,14 +50,17 @@ const ENTERING_PER_OP: usize = 2;
 /// `extra` (column generation's). The rows priced are its rows (a launch at one of its positions
 /// carries the dual of its RS→AG order row); the full model's order rows at positions it leaves
 /// out are dropped, which only enlarges the set of plans bounded. When every left-out position prices out (rc ≥ 0) the bound is z, the full-window LP
-/// relaxation's optimum, from an LP a fraction of its size. The reduced costs computed here are
+/// relaxation's optimum, from an LP a fraction of its size. With `fixed` levels the restricted LP
+/// also holds y_{i,ĉ_i} = 1 and r_i = r̂_i (`fixed_levels`); those rows touch no launch, so they
+/// enter only through HiGHS' reduced costs of y and r, and the bound holds over every plan of
+/// those levels (the full-window LP at fixed levels once no position prices negative). The reduced costs computed here are
 /// checked against HiGHS' at the restricted positions; any disagreement (or a negative reduced
 /// cost on a duration) gives no bound.
 pub(super) fn priced_bound(
     profile: &Profile,
     options: &SolveOptions,
     full: &FullColumns,
-    (restricted, extra): (WindowLimits, &ExtraPositions),
+    (restricted, extra, fixed): (WindowLimits, &ExtraPositions, Option<&[UnitLevel]>),
     budget: &mut Budget,
 ) -> Result<Option<Priced>> {
     if options.objective != Objective::Time || !budget.can_start() {
@@ -71,10 +78,14 @@ pub(super) fn priced_bound(
         durations,
         problem,
         objective,
-        constraints,
+        mut constraints,
         rows,
         ..
     } = build(profile, &limited, (Form::Lp, extra));
+    // Appended after every family `rows` indexes, so those indices stand.
+    if let Some(levels) = fixed {
+        constraints.extend(fixed_levels(&units, levels));
+    }
     let constraint_count = constraints.len();
     let clock = budget.clock();
     let mut model = highs_model(
@@ -109,7 +120,9 @@ pub(super) fn priced_bound(
     let mut priced = vec![false; columns];
     let mut op_index = 0;
     let mut entering = ExtraPositions::new();
+    let mut spread = Spread::default();
     for (unit, (restricted, whole)) in units.iter().zip(&full.units).enumerate() {
+        spread.take(restricted.choices(), restricted.recompute, values);
         let blocks = f64::from(whole.blocks);
         // The cheapest launch position of each op, over the full window.
         let mut cheapest = Vec::new();
@@ -231,6 +244,7 @@ pub(super) fn priced_bound(
             .into_iter()
             .filter(|(_, p)| !p.is_empty())
             .collect(),
+        spread: spread.levels(),
     }))
 }
 

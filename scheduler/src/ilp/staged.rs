@@ -35,6 +35,11 @@ const TIGHT_BOUND_GAP_FACTOR: f64 = 0.25;
 /// depth 4 and the positions where launches pay may take (the demo: 5,546 ms in 3 s, which the
 /// far-band search's restricted MIP then improves to 5,505 ms).
 const FAR_PLACEMENT_SHARE: f64 = 0.15;
+/// The effort share at most of the placement of the full-window LP's levels made whole (DESIGN
+/// §4.5, "placing the LP's levels"), before the depth-1 plan's: on the demo each runs to its
+/// own gap target past its share (29,703 and 28,436 LP iterations), so the first placed takes
+/// the far-band search's effort, and the LP's levels place faster (5,369.6 ms against 5,398.9).
+const SPREAD_PLACEMENT_SHARE: f64 = 0.3;
 /// Integer columns (full windows) above which the staged strategy pays.
 const STAGED_MIN_INTEGERS: usize = 3000;
 /// Integer columns (full windows) above which a staged solve ends after depth 4 and the bound:
@@ -218,9 +223,10 @@ fn own_mip(
 
 /// The bound priced from deeper windows and by column generation, and, given `far` (time
 /// objective), the search of launches outside depth 4 with the work left: on a profile with nodes
-/// the placement of `far`'s levels (the depth-1 plan's) over depth 4 and the positions where
-/// launches pay in the full-window LP (for `FAR_PLACEMENT_SHARE` of the effort at most), then the
-/// far-band search.
+/// the placements of the full-window LP's levels made whole (`super::rounding`,
+/// `SPREAD_PLACEMENT_SHARE` of the effort at most) and of `far`'s levels (the depth-1 plan's,
+/// `FAR_PLACEMENT_SHARE`) over depth 4 and the positions where launches pay in the full-window LP,
+/// then the far-band search.
 fn widen_and_search(
     profile: &Profile,
     options: &SolveOptions,
@@ -247,14 +253,20 @@ fn widen_and_search(
     };
     let nodes = profile.topology.is_some();
     if nodes && !paying.is_empty() && !pool.proven(phases) {
-        let work = budget.share(FAR_PLACEMENT_SHARE);
         let placement = limited(options, PLACEMENT_DEPTH);
-        place_each(
-            profile,
-            &placement,
-            (pool, phases, budget),
-            ([levels], work, paying),
-        )?;
+        let spread = bound.spread_levels().filter(|s| levels.as_ref() != Some(s));
+        for (candidate, share) in [
+            (spread, SPREAD_PLACEMENT_SHARE),
+            (levels, FAR_PLACEMENT_SHARE),
+        ] {
+            let work = budget.share(share);
+            place_each(
+                profile,
+                &placement,
+                (&mut *pool, &mut *phases, &mut *budget),
+                ([candidate], work, paying),
+            )?;
+        }
     }
     // On a profile with nodes the far-band relaxation's LP is too large for the time (the demo's:
     // 30,893 columns, unsolved after 6 s); the positions where launches pay stand for its bands.

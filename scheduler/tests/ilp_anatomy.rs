@@ -1,0 +1,205 @@
+//! The full-window LP relaxation read back (`ilp::full_lp_anatomy`, DESIGN §4.5 "what the gap is
+//! made of"): held to a plan's levels its optimum bounds every plan of those levels from below
+//! (exhaustive enumeration of tiny instances), and on the demo it says where the gap lives.
+
+mod common;
+
+use common::{Rng, every_schedule, random_profile, unit_options, with_topology};
+use shardplan_scheduler::ilp::{
+    HeldLevels, LpAnatomy, SolveOptions, describe_levels, full_lp_anatomy, lp_relaxation_bound,
+};
+use shardplan_scheduler::plan::Plan;
+use shardplan_scheduler::profile::Profile;
+use shardplan_scheduler::schedule::Schedule;
+use shardplan_scheduler::sim::{Semantics, simulate};
+use shardplan_scheduler::timeline::Level;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+fn print(what: &str, a: &LpAnatomy) {
+    eprintln!(
+        "{what}: bound {:.1} ms (full LP: {}), restricted LP {:.1} ms, {:.1} s; {} units with \
+         fractional levels, {} with fractional recompute (Σr = {:.3}); launches {} nonzero, {} \
+         fractional; {} binding memory rows; placed: {:?} ms",
+        a.bound_us / 1e3,
+        a.full_lp,
+        a.restricted_us / 1e3,
+        a.seconds,
+        a.fractional_levels(),
+        a.fractional_recompute(),
+        a.recompute.iter().sum::<f64>(),
+        a.launches.0,
+        a.launches.1,
+        a.binding_memory.len(),
+        a.placed_us.map(|t| t / 1e3),
+    );
+    for (i, (levels, r)) in a.levels.iter().zip(&a.recompute).enumerate() {
+        eprintln!("  unit {i}: {} r {r:.3}", describe_levels(levels));
+    }
+    for (s, activity, dual) in &a.binding_memory {
+        eprintln!("  memory slot {s}: activity {activity:.6} dual {dual:.1}");
+    }
+}
+
+/// The demo's full-window LP, free, at the plan in `SHARDPLAN_ANATOMY_PLAN` (a `solve` of the
+/// demo) and at its own rounded levels. Run by hand:
+/// `SHARDPLAN_ANATOMY_PLAN=plan.toml cargo test --release -p shardplan-scheduler --test
+/// ilp_anatomy demo -- --ignored --nocapture`.
+#[test]
+#[ignore = "a diagnosis of the demo (tens of seconds), run by hand"]
+fn demo_anatomy() {
+    let root = common::repo_root();
+    let profile = Profile::load(&root.join("profiles/llama2-70b-h100-8x8.toml")).unwrap();
+    let options = SolveOptions {
+        memory_cap_bytes: Some(85_523_536_281),
+        time_limit_s: 600.0,
+        ..SolveOptions::default()
+    };
+    let free = full_lp_anatomy(&profile, &options, HeldLevels::Free)
+        .unwrap()
+        .unwrap();
+    print("free", &free);
+    if let Ok(path) = std::env::var("SHARDPLAN_ANATOMY_PLAN") {
+        let plan = Plan::load(Path::new(&path)).unwrap();
+        let schedule = plan.schedule(&profile, &path).unwrap();
+        match full_lp_anatomy(&profile, &options, HeldLevels::OfPlan(&schedule)).unwrap() {
+            Some(a) => print("at the plan's levels", &a),
+            None => eprintln!("at the plan's levels: no bound"),
+        }
+    }
+    for (what, held) in [
+        ("rounded", HeldLevels::RoundedLp),
+        ("spread", HeldLevels::SpreadLp),
+    ] {
+        match full_lp_anatomy(&profile, &options, held).unwrap() {
+            Some(a) => print(&format!("at the LP's {what} levels"), &a),
+            None => eprintln!("at the LP's {what} levels: no bound (they do not fit)"),
+        }
+    }
+}
+
+/// A tiny instance of `ilp_exhaustive`'s kinds (≤ 3 units, ≤ 2 blocks, half of them on a
+/// topology with shard groups and hpz), and whether recompute is allowed.
+fn tiny_instance(seed: u64) -> (Profile, bool) {
+    let mut rng = Rng(seed * 7_919 + 11);
+    let units = 1 + (seed % 3) as usize;
+    let mut profile = random_profile(&mut rng, units, 0.1 * (seed % 2) as f64, 1000);
+    profile.comm_slowdown = if seed % 3 == 2 { 0.3 } else { 0.0 };
+    if (seed / 2) % 2 == 1 {
+        with_topology(&mut rng, &mut profile);
+    }
+    (profile, seed % 4 < 2)
+}
+
+/// What a plan fixes before its launches, per unit: (level, shard group, secondary group,
+/// recompute).
+type LevelsKey = Vec<(Level, Option<u32>, Option<u32>, bool)>;
+
+fn levels_key(schedule: &Schedule) -> LevelsKey {
+    schedule
+        .units()
+        .iter()
+        .map(|u| (u.level, u.shard_group, u.secondary_group, u.recompute))
+        .collect()
+}
+
+/// Held to a plan's levels, the full-window LP (column generation from depth 4 with the levels'
+/// rows) is never above the fastest enumerated plan of those levels and never below the free full
+/// LP, and the placement at those levels returns a plan no faster than that fastest one (equal to
+/// it where it proves optimality); the free anatomy's bound is the full LP's, never above the
+/// optimum over every plan. Over 24 random instances, at the fastest plan's, the median and the
+/// smallest peak (whole bytes, rounded up) and the 3 fastest level patterns that fit each.
+#[test]
+fn held_levels_bound_every_plan_of_those_levels() {
+    let (mut checked, mut stronger, mut placed_exact) = (0, 0, 0);
+    for seed in 0..24u64 {
+        let (profile, recompute) = tiny_instance(seed);
+        let per_unit: Vec<_> = (0..profile.unit_count())
+            .map(|u| unit_options(&profile, u, recompute))
+            .collect();
+        // Per level pattern, its plans' (time, peak) and one plan of it.
+        let mut by_levels: BTreeMap<LevelsKey, (Vec<(f64, f64)>, Schedule)> = BTreeMap::new();
+        every_schedule(&profile, &per_unit, |schedule| {
+            let sim = simulate(&profile, &schedule, Semantics::Strict);
+            let entry = by_levels
+                .entry(levels_key(&schedule))
+                .or_insert_with(|| (Vec::new(), schedule.clone()));
+            entry.0.push((sim.iteration_time_us, sim.peak_memory_bytes));
+        });
+        let mut peaks: Vec<(f64, f64)> = by_levels.values().flat_map(|(r, _)| r.clone()).collect();
+        peaks.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let fastest_peak = peaks[0].1;
+        peaks.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let caps = [fastest_peak, peaks[peaks.len() / 2].1, peaks[0].1].map(f64::ceil);
+        for cap in caps {
+            let within = |results: &[(f64, f64)]| {
+                results
+                    .iter()
+                    .filter(|r| r.1 <= cap)
+                    .map(|r| r.0)
+                    .fold(f64::INFINITY, f64::min)
+            };
+            let optimum = by_levels
+                .values()
+                .map(|(r, _)| within(r))
+                .fold(f64::INFINITY, f64::min);
+            let options = SolveOptions {
+                memory_cap_bytes: Some(cap as u64),
+                allow_recompute: recompute,
+                relative_gap: 1e-9,
+                ..SolveOptions::default()
+            };
+            let free = full_lp_anatomy(&profile, &options, HeldLevels::Free)
+                .unwrap()
+                .unwrap_or_else(|| panic!("seed {seed} cap {cap}: no free bound"));
+            let lp = lp_relaxation_bound(&profile, &options).unwrap().unwrap();
+            assert!(
+                free.full_lp && (free.bound_us - lp).abs() <= 1e-6 * lp.max(1.0),
+                "seed {seed} cap {cap}: anatomy's bound {} against the full LP's {lp}",
+                free.bound_us
+            );
+            assert!(free.bound_us <= optimum * (1.0 + 1e-9));
+            let mut patterns: Vec<(f64, &Schedule)> = by_levels
+                .values()
+                .map(|(r, plan)| (within(r), plan))
+                .filter(|(t, _)| t.is_finite())
+                .collect();
+            patterns.sort_by(|a, b| a.0.total_cmp(&b.0));
+            for (best, plan) in patterns.into_iter().take(3) {
+                let held = full_lp_anatomy(&profile, &options, HeldLevels::OfPlan(plan))
+                    .unwrap()
+                    .unwrap_or_else(|| {
+                        panic!("seed {seed} cap {cap}: no bound at a plan's levels")
+                    });
+                let tolerance = 1e-9 * best;
+                assert!(
+                    held.bound_us <= best + tolerance,
+                    "seed {seed} cap {cap}: held bound {} above the fastest plan {best} of its levels",
+                    held.bound_us
+                );
+                assert!(
+                    held.bound_us >= free.bound_us - 1e-6 * best,
+                    "seed {seed} cap {cap}: held bound {} below the free LP's {}",
+                    held.bound_us,
+                    free.bound_us
+                );
+                assert_eq!(held.fractional_levels() + held.fractional_recompute(), 0);
+                let placed = held
+                    .placed_us
+                    .unwrap_or_else(|| panic!("seed {seed} cap {cap}: no placement"));
+                assert!(
+                    placed >= best - tolerance,
+                    "seed {seed} cap {cap}: placed plan {placed} faster than the fastest {best}"
+                );
+                checked += 1;
+                stronger += usize::from(held.bound_us > free.bound_us + 1e-6 * best);
+                placed_exact += usize::from(placed <= best * (1.0 + 1e-6));
+            }
+        }
+    }
+    eprintln!(
+        "{checked} level patterns checked: held bound above the free LP's at {stronger}, \
+         placement at the fastest plan of its levels at {placed_exact}"
+    );
+    assert!(checked >= 100 && stronger >= 10 && placed_exact >= checked / 2);
+}
