@@ -261,6 +261,71 @@ fn offload_mip_equals_exhaustive_search() {
     assert!(host_caps >= 20, "{host_caps} solves at a tight host cap");
 }
 
+/// At device caps from the device-only minimum up (where a plan fits on the device alone), the
+/// solve is never slower than the fastest device-only plan, and an answer that offloads is the
+/// fastest plan of the offload space (its bound never above it); at a cap one byte under an
+/// offloading answer's peak, the answer fits that cap (the cap is inclusive).
+#[test]
+fn offload_above_the_device_only_minimum() {
+    let (mut solves, mut offloaded) = (0, 0);
+    for seed in 0..12u64 {
+        let (profile, recompute) = offload_instance(seed);
+        let space = enumerate(&profile, recompute, depth4());
+        let device: Vec<Judged> = enumerate(&profile, recompute, WindowLimits::FULL)
+            .into_iter()
+            .filter(|j| !j.offloads)
+            .collect();
+        let minimum = device
+            .iter()
+            .map(|j| j.peak)
+            .fold(f64::INFINITY, f64::min)
+            .ceil();
+        let fastest = |plans: &[Judged], cap: f64| {
+            plans
+                .iter()
+                .filter(|j| j.peak <= cap)
+                .map(|j| j.time)
+                .fold(f64::INFINITY, f64::min)
+        };
+        for cap in [minimum, minimum * 1.05] {
+            let cap = cap.ceil();
+            let solved = solve(&profile, &options(cap, recompute))
+                .unwrap_or_else(|e| panic!("seed {seed} cap {cap}: {e}"));
+            solves += 1;
+            let answer = solved.report.objective;
+            let sim = simulate(&profile, &solved.schedule, Semantics::Strict);
+            assert!(sim.peak_memory_bytes <= cap);
+            assert!((sim.iteration_time_us - answer).abs() <= 1e-6 * answer);
+            let device_best = fastest(&device, cap);
+            assert!(
+                answer <= device_best * (1.0 + 1e-6),
+                "seed {seed} cap {cap}: answer {answer}, device-only {device_best}"
+            );
+            if !solved.schedule.offloads() {
+                continue;
+            }
+            offloaded += 1;
+            let space_best = fastest(&space, cap);
+            assert!(
+                (answer - space_best).abs() <= 1e-6 * space_best,
+                "seed {seed} cap {cap}: answer {answer}, offload space {space_best}"
+            );
+            assert!(solved.report.best_bound <= space_best * (1.0 + 1e-6));
+            let under = (sim.peak_memory_bytes.ceil() - 1.0).max(0.0);
+            if let Ok(again) = solve(&profile, &options(under, recompute)) {
+                let peak = simulate(&profile, &again.schedule, Semantics::Strict).peak_memory_bytes;
+                assert!(peak <= under, "seed {seed}: peak {peak} over the cap {under}");
+                assert!(
+                    again.report.objective <= fastest(&space, under) * (1.0 + 1e-6),
+                    "seed {seed} cap {under}"
+                );
+            }
+        }
+    }
+    assert!(solves >= 20, "{solves} solves");
+    assert!(offloaded >= 1, "{offloaded} answers offload above the device-only minimum");
+}
+
 /// The offload MIP's plan as a schedule is the plan the simulator times: solving for it again
 /// from its own plan file's profile gives the same time, and its offload is in the plan file.
 #[test]
