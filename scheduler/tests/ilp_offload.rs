@@ -314,7 +314,10 @@ fn offload_above_the_device_only_minimum() {
             let under = (sim.peak_memory_bytes.ceil() - 1.0).max(0.0);
             if let Ok(again) = solve(&profile, &options(under, recompute)) {
                 let peak = simulate(&profile, &again.schedule, Semantics::Strict).peak_memory_bytes;
-                assert!(peak <= under, "seed {seed}: peak {peak} over the cap {under}");
+                assert!(
+                    peak <= under,
+                    "seed {seed}: peak {peak} over the cap {under}"
+                );
                 assert!(
                     again.report.objective <= fastest(&space, under) * (1.0 + 1e-6),
                     "seed {seed} cap {under}"
@@ -323,7 +326,10 @@ fn offload_above_the_device_only_minimum() {
         }
     }
     assert!(solves >= 20, "{solves} solves");
-    assert!(offloaded >= 1, "{offloaded} answers offload above the device-only minimum");
+    assert!(
+        offloaded >= 1,
+        "{offloaded} answers offload above the device-only minimum"
+    );
 }
 
 /// The offload MIP's plan as a schedule is the plan the simulator times: solving for it again
