@@ -63,13 +63,18 @@ pub(super) fn solve_with_offload(
 
 /// Whether offload may beat `met` (best first), plans that fit on the device alone: the best
 /// recomputes, so memory the host frees may buy its recompute back, on one node (one link) at
-/// K = 1 and κ_q = 0, where the offload MIP has columns (DESIGN §4.10).
-pub(super) fn offload_may_pay(profile: &Profile, met: &[(Schedule, f64)]) -> bool {
+/// K = 1 and κ_q = 0, where the offload MIP has columns, for the runtime's target (DESIGN §4.10).
+pub(super) fn offload_may_pay(
+    profile: &Profile,
+    options: &SolveOptions,
+    met: &[(Schedule, f64)],
+) -> bool {
     let one_node = profile
         .host
         .as_ref()
         .is_some_and(|h| h.ranks_per_node == profile.world_size);
     one_node
+        && options.target == crate::target::Target::Runtime
         && profile.micro_batches == 1
         && Interference::of(profile).comm == 0.0
         && met

@@ -96,7 +96,7 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     // does but offload may pay (its answer then only if it offloads, faster than those plans).
     let device_fits = pool.plans().iter().any(|(s, _)| !s.offloads());
     if (!device_fits && (infeasible || !pool.is_empty())
-        || device_fits && offload_may_pay(profile, pool.plans()))
+        || device_fits && offload_may_pay(profile, options, pool.plans()))
         && let Some(solved) = solve_with_offload(profile, options, &clock, started, pool.plans())
     {
         match solved {
