@@ -83,6 +83,8 @@ pub(super) enum Form<'a> {
     FarBandsLp,
     /// The MIP with each unit's offload to the host a choice too (`super::offload`, DESIGN §4.10).
     Offload,
+    /// Its LP relaxation: with every integer fixed by rows, a plan's time in the offload model.
+    OffloadLp,
 }
 
 /// The model under `options` in the given form, with launch columns also at `extra`.
@@ -96,7 +98,7 @@ pub(super) fn build(
         problem: ProblemVariables::new(),
         count: 0,
         integer: 0,
-        relaxed: matches!(form, Form::Lp | Form::FarBandsLp),
+        relaxed: matches!(form, Form::Lp | Form::FarBandsLp | Form::OffloadLp),
     };
     let cap = options.memory_cap_bytes.map(|c| c as f64);
     let far_bands = matches!(form, Form::FarBands | Form::FarBandsLp);
@@ -105,7 +107,7 @@ pub(super) fn build(
         extra,
         far_bands,
     };
-    let offloads = form == Form::Offload;
+    let offloads = matches!(form, Form::Offload | Form::OffloadLp);
     // §4.3's presolve of `none` assumes every other unit's state on the device.
     let units = declare_units(&mut columns, profile, shape, cap.filter(|_| !offloads));
     let durations: Vec<_> = (0..timeline.slot_count())

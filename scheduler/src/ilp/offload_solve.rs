@@ -16,10 +16,11 @@ use super::{
     WindowLimits,
 };
 use crate::baselines::{BaselineKind, baselines_at};
+use crate::cost::Interference;
 use crate::offload::{HostStep, Offload};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
-use crate::sim::{HostTrack, Semantics, memory_by_slot, simulate};
+use crate::sim::{Semantics, memory_by_slot, simulate};
 use crate::size::{format_bytes, whole_bytes};
 use crate::timeline::Op;
 use crate::{Error, Result};
@@ -58,6 +59,27 @@ pub(super) fn solve_with_offload(
     let built = build(profile, &limited, (Form::Offload, &ExtraPositions::new()));
     built.offload.as_ref()?;
     Some(solve_built(profile, &limited, built, clock, (started, met)))
+}
+
+/// Whether offload may beat `met` (best first), plans that fit on the device alone: the best
+/// recomputes, so memory the host frees may buy its recompute back, on one node (one link) at
+/// K = 1 and κ_q = 0, where the offload MIP has columns, for the runtime's target (DESIGN §4.10).
+pub(super) fn offload_may_pay(
+    profile: &Profile,
+    options: &SolveOptions,
+    met: &[(Schedule, f64)],
+) -> bool {
+    let one_node = profile
+        .host
+        .as_ref()
+        .is_some_and(|h| h.ranks_per_node == profile.world_size);
+    one_node
+        && options.target == crate::target::Target::Runtime
+        && profile.micro_batches == 1
+        && Interference::of(profile).comm == 0.0
+        && met
+            .first()
+            .is_some_and(|(best, _)| best.units().iter().any(|u| u.recompute))
 }
 
 fn solve_built(
@@ -117,16 +139,15 @@ fn solve_built(
         }
     }
     let (columns, integers, rows) = (built.columns, built.integers, built.constraints.len());
-    let starts: Vec<Vec<f64>> = pool
+    let start = pool
         .plans()
         .iter()
-        .filter_map(|(s, _)| start_values(profile, &built, s))
-        .collect();
+        .find_map(|(s, _)| start_values(profile, options, &built, s));
+    let free = free_columns(&built);
     let units = built.units;
     let offload = built
         .offload
         .expect("the caller checked the offload columns");
-    let durations = built.durations;
     let mut model = highs_model(
         built.problem,
         built.objective,
@@ -134,7 +155,7 @@ fn solve_built(
         options,
         clock.seconds_left(),
     )?;
-    if let Some(values) = starts.first() {
+    if let Some((_, values)) = &start {
         model
             .try_set_solution(Some(values), None, None, None)
             .map_err(|e| Error::Solver(format!("HiGHS warm start: {e:?}")))?;
@@ -150,7 +171,9 @@ fn solve_built(
         .as_ref()
         .and_then(|s| s.double_info_value(c"mip_dual_bound").ok())
         .unwrap_or(f64::NEG_INFINITY);
-    let mut objective = f64::NAN;
+    // The start is a point of the model (its LP at the plan's integers is optimal at the plan's
+    // time), so the MIP's best is no worse, whatever HiGHS reports when its search is stopped.
+    let mut objective = start.as_ref().map_or(f64::NAN, |(time, _)| *time);
     let answer = solved
         .as_ref()
         .filter(|s| s.primal_solution_status() == highs::HighsSolutionStatus::Feasible)
@@ -165,13 +188,9 @@ fn solve_built(
         );
         // A plan over the host's memory by HiGHS' tolerance is no plan.
         if let Ok(schedule) = schedule {
-            let free: Vec<usize> = durations
-                .iter()
-                .map(|d| d.index)
-                .chain(offload.free_columns())
-                .collect();
-            objective = tight_objective(profile, options, &values, &free)?;
-            check_consistency(profile, &schedule, objective)?;
+            let own = fixed_lp(profile, options, &values, &free)?.0;
+            check_consistency(profile, &schedule, own)?;
+            objective = objective.min(own);
             pool.offer(schedule);
         }
     }
@@ -301,14 +320,13 @@ fn with_useful_recompute(profile: &Profile, schedule: Schedule) -> Option<Schedu
         .ok()
 }
 
-/// Whether `schedule` lies in the offload MIP's space (DESIGN §4.10): offloaded units as
-/// `optimizer` with their steps overlapped, each reducing whole right after B_i.
+/// Whether `schedule` lies in the offload MIP's space (DESIGN §4.10): offloaded units' steps
+/// overlapped, each reducing whole right after B_i.
 fn in_space(profile: &Profile, schedule: &Schedule) -> bool {
     let timeline = schedule.timeline();
     (0..profile.unit_count()).all(|unit| match schedule.offload(unit) {
         Offload::None => true,
-        Offload::Full => false,
-        Offload::Optimizer => {
+        Offload::Optimizer | Offload::Full => {
             let first = timeline
                 .window(unit, Op::ReduceScatter.window_kind())
                 .slot_at(0);
@@ -325,66 +343,46 @@ fn cap_of(options: &SolveOptions) -> f64 {
     options.memory_cap_bytes.map_or(f64::INFINITY, |c| c as f64)
 }
 
-/// A plan's values in the offload model: its launches, levels, offload and waits, each slot's
-/// simulated duration and its host chain's ends from the simulation (a unit that stays on the
-/// device passes on its predecessor's ends); None where the model cannot hold it.
-fn start_values(profile: &Profile, built: &Built, schedule: &Schedule) -> Option<Vec<f64>> {
+/// A plan's time and values in the offload model: its launches, levels and offload columns, and
+/// the slot durations and host ends of the model's LP with those fixed (the strict simulation's,
+/// for a plan of its space); None where the model cannot hold it.
+fn start_values(
+    profile: &Profile,
+    options: &SolveOptions,
+    built: &Built,
+    schedule: &Schedule,
+) -> Option<(f64, Vec<f64>)> {
     if schedule.offloads() && schedule.host_step() != HostStep::Overlapped {
-        return None;
-    }
-    if schedule
-        .offload_modes()
-        .iter()
-        .any(|m| !matches!(m, Offload::None | Offload::Optimizer))
-    {
         return None;
     }
     let offload = built.offload.as_ref()?;
     let mut values = schedule_values(&built.units, schedule, built.columns)?;
-    offload.set_values(&built.units, schedule.offload_modes(), &mut values);
-    let sim = simulate(profile, schedule, Semantics::Strict);
-    for (d, slot) in built.durations.iter().zip(&sim.slots) {
-        values[d.index] = slot.duration_us;
+    if !offload.set_values(&built.units, schedule.offload_modes(), &mut values) {
+        return None;
     }
-    let tracks = [
-        HostTrack::DeviceToHost,
-        HostTrack::Step,
-        HostTrack::HostToDevice,
-    ];
-    let end_of = |unit: usize, track: HostTrack| {
-        sim.host_events
-            .iter()
-            .find(|e| e.unit == unit && e.track == track)
-            .map(|e| e.end_us)
-    };
-    let offloaded: Vec<usize> = (0..offload.candidates.len())
-        .filter(|&n| !schedule.offload(offload.candidates[n].unit).is_none())
-        .collect();
-    for (n, c) in offload.candidates.iter().enumerate() {
-        // The nearest offloaded unit at or after n in forward order (the host's predecessor),
-        // else the lowest one of the previous iteration.
-        let (source, shift) = match offloaded.iter().find(|&&o| o >= n) {
-            Some(&o) => (Some(o), 0.0),
-            None => (offloaded.first().copied(), sim.iteration_time_us),
-        };
-        for (k, track) in tracks.iter().enumerate() {
-            values[c.ends[k].index] = source
-                .and_then(|o| end_of(offload.candidates[o].unit, *track))
-                .map_or(0.0, |end| end - shift);
-        }
-    }
-    Some(values)
+    let free = free_columns(built);
+    fixed_lp(profile, options, &values, &free).ok()
 }
 
-/// The ILP's own time of an integer solution: its model again with every column but the slot
-/// durations and the chain's ends fixed at `values`, solved for the least Σ d_s.
-fn tight_objective(
+/// The columns a plan's integers do not fix: the slot durations and the host's ends.
+fn free_columns(built: &Built) -> Vec<usize> {
+    built
+        .durations
+        .iter()
+        .map(|d| d.index)
+        .chain(built.offload.iter().flat_map(|o| o.free_columns()))
+        .collect()
+}
+
+/// The ILP's own time of an integer solution and its values: its model again with every column
+/// but the slot durations and the host's ends fixed at `values`, solved for the least Σ d_s.
+fn fixed_lp(
     profile: &Profile,
     options: &SolveOptions,
     values: &[f64],
     free: &[usize],
-) -> Result<f64> {
-    let built = build(profile, options, (Form::Offload, &ExtraPositions::new()));
+) -> Result<(f64, Vec<f64>)> {
+    let built = build(profile, options, (Form::OffloadLp, &ExtraPositions::new()));
     let mut constraints = built.constraints;
     let fixed: Vec<Constraint> = built
         .problem
@@ -410,7 +408,10 @@ fn tight_objective(
             solved.status()
         )));
     }
-    Ok(solved.objective_value())
+    Ok((
+        solved.objective_value(),
+        solved.get_solution().columns().to_vec(),
+    ))
 }
 
 /// The ILP's objective must equal the strict simulation of its plan (DESIGN §4).

@@ -4,7 +4,7 @@
 use super::claim::{claim, objective_of};
 use super::effort::{Budget, Clock};
 use super::model::{Form, build};
-use super::offload_solve::solve_with_offload;
+use super::offload_solve::{offload_may_pay, solve_with_offload};
 use super::pool::Pool;
 use super::run::{Stop, run_highs};
 use super::staged::{FullWindow, full_window_mip, is_staged, staged_phases};
@@ -91,13 +91,19 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
         // A warm start outside the windows asked for is not an answer to the limited search.
         pool.retain_within(options.limits);
     }
-    // No plan fits on the device alone (proven, or only a hint that offloads met): on a profile
-    // with a host, the offload MIP (DESIGN §4.10), started from the plans met.
-    if (infeasible || !pool.is_empty())
-        && pool.plans().iter().all(|(s, _)| s.offloads())
+    // On a profile with a host, the offload MIP (DESIGN §4.10), started from the plans met: where
+    // no plan fits on the device alone (proven, or only a hint that offloads met), and where one
+    // does but offload may pay (its answer then only if it offloads, faster than those plans).
+    let device_fits = pool.plans().iter().any(|(s, _)| !s.offloads());
+    if (!device_fits && (infeasible || !pool.is_empty())
+        || device_fits && offload_may_pay(profile, options, pool.plans()))
         && let Some(solved) = solve_with_offload(profile, options, &clock, started, pool.plans())
     {
-        return solved;
+        match solved {
+            Ok(solved) if !device_fits || solved.schedule.offloads() => return Ok(solved),
+            Err(e) if !device_fits => return Err(e),
+            _ => {}
+        }
     }
     if infeasible && pool.is_empty() {
         if let Objective::Memory {
