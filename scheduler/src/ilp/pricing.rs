@@ -5,16 +5,15 @@
 
 use super::constraints::fixed_levels;
 use super::effort::Budget;
-use super::model::{Built, Form, build, highs_model, memory_scale};
+use super::model::{Built, Form, build, memory_scale};
 use super::rounding::Spread;
-use super::run::{spent, work_option};
+use super::run::lp_optimum;
 use super::variables::{Columns, ExtraPositions, OpVars, Shape, UnitLevel, covers, declare_units};
 use super::{Objective, PhaseReport, Relaxation, SolveOptions, SolveStatus, WindowLimits};
+use crate::Result;
 use crate::profile::{Link, Profile};
 use crate::timeline::Timeline;
-use crate::{Error, Result};
 use good_lp::{IntoAffineExpression, ProblemVariables, Variable};
-use highs::HighsModelStatus;
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -87,36 +86,13 @@ pub(super) fn priced_bound(
         constraints.extend(fixed_levels(&units, levels));
     }
     let constraint_count = constraints.len();
-    let clock = budget.clock();
-    let mut model = highs_model(
-        problem,
-        objective,
-        constraints,
-        options,
-        clock.seconds_left(),
-    )?;
-    model
-        .try_set_option("simplex_iteration_limit", work_option(budget.left()))
-        .map_err(|e| Error::Solver(format!("HiGHS option simplex_iteration_limit: {e:?}")))?;
-    let solved = model
-        .try_solve()
-        .map_err(|e| Error::Solver(format!("HiGHS failed: {e:?}")))?;
-    let work = spent(&solved);
-    budget.spend(work);
-    if solved.status() == HighsModelStatus::ReachedTimeLimit {
-        clock.record_stop();
-    }
-    if solved.status() != HighsModelStatus::Optimal {
+    let Some(optimum) = lp_optimum(problem, objective, constraints, options, budget)? else {
         return Ok(None);
-    }
-    let solution = solved.get_solution();
-    let (values, reduced, duals) = (
-        solution.columns(),
-        solution.dual_columns(),
-        solution.dual_rows(),
-    );
+    };
+    let (values, reduced, duals) = (&optimum.values, &optimum.reduced, &optimum.duals);
+    let work = optimum.work;
     let memory_weights = full.memory_weights(|s| rows.memory_cap.map_or(0.0, |m| duals[m + s]));
-    let mut lagrangian = solved.objective_value();
+    let mut lagrangian = optimum.objective;
     let mut priced = vec![false; columns];
     let mut op_index = 0;
     let mut entering = ExtraPositions::new();
@@ -239,7 +215,7 @@ pub(super) fn priced_bound(
             integer_variables: integers,
             constraints: constraint_count,
         },
-        restricted_optimum: solved.objective_value(),
+        restricted_optimum: optimum.objective,
         entering: entering
             .into_iter()
             .filter(|(_, p)| !p.is_empty())

@@ -3,7 +3,7 @@
 //! the strict simulator.
 
 use super::callback::solve_metered;
-use super::effort::Clock;
+use super::effort::{Budget, Clock};
 use super::mapping::{
     levels_from_values, schedule_from_values, schedule_values, slot_terms, tight_time,
 };
@@ -211,6 +211,60 @@ pub(super) fn run_highs(
         infeasible,
         work,
     })
+}
+
+/// An LP's optimum as pricing reads it (DESIGN §4.5).
+pub(super) struct LpOptimum {
+    /// Each column's value.
+    pub values: Vec<f64>,
+    /// Each column's reduced cost.
+    pub reduced: Vec<f64>,
+    /// Each row's dual.
+    pub duals: Vec<f64>,
+    pub objective: f64,
+    /// The LP iterations it took.
+    pub work: u64,
+}
+
+/// Solves `problem` as an LP within the budget's work and clock (a stop at the clock recorded):
+/// its optimum, or `None` where HiGHS did not reach one.
+pub(super) fn lp_optimum(
+    problem: good_lp::ProblemVariables,
+    objective: good_lp::Expression,
+    constraints: Vec<good_lp::Constraint>,
+    options: &SolveOptions,
+    budget: &mut Budget,
+) -> Result<Option<LpOptimum>> {
+    let clock = budget.clock();
+    let mut model = highs_model(
+        problem,
+        objective,
+        constraints,
+        options,
+        clock.seconds_left(),
+    )?;
+    model
+        .try_set_option("simplex_iteration_limit", work_option(budget.left()))
+        .map_err(|e| Error::Solver(format!("HiGHS option simplex_iteration_limit: {e:?}")))?;
+    let solved = model
+        .try_solve()
+        .map_err(|e| Error::Solver(format!("HiGHS failed: {e:?}")))?;
+    let work = spent(&solved);
+    budget.spend(work);
+    if solved.status() == HighsModelStatus::ReachedTimeLimit {
+        clock.record_stop();
+    }
+    if solved.status() != HighsModelStatus::Optimal {
+        return Ok(None);
+    }
+    let solution = solved.get_solution();
+    Ok(Some(LpOptimum {
+        values: solution.columns().to_vec(),
+        reduced: solution.dual_columns().to_vec(),
+        duals: solution.dual_rows().to_vec(),
+        objective: solved.objective_value(),
+        work,
+    }))
 }
 
 /// The LP iterations a solved run spent (a MIP's: every LP of its search, HiGHS' total).

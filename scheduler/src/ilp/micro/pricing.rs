@@ -20,13 +20,11 @@
 //! generation adds the left-out positions of most negative reduced cost and prices again.
 
 use super::model::{Built, Space, build};
+use crate::Result;
 use crate::ilp::effort::Budget;
-use crate::ilp::model::highs_model;
-use crate::ilp::run::{spent, work_option};
+use crate::ilp::run::lp_optimum;
 use crate::ilp::{Objective, PhaseReport, Relaxation, SolveOptions, SolveStatus, WindowLimits};
 use crate::profile::Profile;
-use crate::{Error, Result};
-use highs::HighsModelStatus;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
@@ -88,35 +86,13 @@ pub(in crate::ilp) fn priced(
         ..
     } = built;
     let (count, integers, rows) = (columns.count, columns.integer, constraints.len());
-    let clock = budget.clock();
-    let mut model = highs_model(
-        columns.problem,
-        step_time,
-        constraints,
-        options,
-        clock.seconds_left(),
-    )?;
-    model
-        .try_set_option("simplex_iteration_limit", work_option(budget.left()))
-        .map_err(|e| Error::Solver(format!("HiGHS option simplex_iteration_limit: {e:?}")))?;
-    let solved = model
-        .try_solve()
-        .map_err(|e| Error::Solver(format!("HiGHS failed: {e:?}")))?;
-    let work = spent(&solved);
-    budget.spend(work);
-    if solved.status() == HighsModelStatus::ReachedTimeLimit {
-        clock.record_stop();
-    }
-    if solved.status() != HighsModelStatus::Optimal {
+    let Some(optimum) = lp_optimum(columns.problem, step_time, constraints, options, budget)?
+    else {
         return Ok(None);
-    }
-    let solution = solved.get_solution();
-    let (values, reduced, duals) = (
-        solution.columns(),
-        solution.dual_columns(),
-        solution.dual_rows(),
-    );
-    let z = solved.objective_value();
+    };
+    let (values, reduced, duals) = (&optimum.values, &optimum.reduced, &optimum.duals);
+    let work = optimum.work;
+    let z = optimum.objective;
     let mut lagrangian = z;
     let mut priced = vec![false; count];
     let mut entering = Added::new();
