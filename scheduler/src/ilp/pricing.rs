@@ -188,19 +188,11 @@ pub(super) fn priced_bound(
     for d in &durations {
         unbounded[d.index] = true;
     }
-    for (index, &rc) in reduced.iter().enumerate() {
-        if priced[index] {
-            continue;
-        }
-        if unbounded[index] {
-            if rc < -PRICING_AGREEMENT {
-                return Ok(None);
-            }
-            lagrangian -= rc.max(0.0) * values[index];
-        } else {
-            lagrangian += rc.min(0.0) - rc * values[index];
-        }
-    }
+    let Some(lagrangian) =
+        optimum.with_unpriced_columns(lagrangian, &priced, &unbounded, PRICING_AGREEMENT)
+    else {
+        return Ok(None);
+    };
     Ok(Some(Priced {
         bound: PhaseReport {
             window_depth: WindowLimits::FULL,

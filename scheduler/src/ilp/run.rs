@@ -226,6 +226,35 @@ pub(super) struct LpOptimum {
     pub work: u64,
 }
 
+impl LpOptimum {
+    /// `lagrangian` with the terms of the columns pricing did not price (DESIGN §4.5): a column in
+    /// [0, 1] at its better bound, `rc·min(0, 1) − rc·x*`; a column without an upper bound
+    /// (`unbounded`, the durations d ≥ 0) at zero, `−max(0, rc)·x*`. `None` where such a column's
+    /// reduced cost is below −`tolerance`: the bound would be −∞, and the duals are not usable.
+    pub fn with_unpriced_columns(
+        &self,
+        mut lagrangian: f64,
+        priced: &[bool],
+        unbounded: &[bool],
+        tolerance: f64,
+    ) -> Option<f64> {
+        for (index, &rc) in self.reduced.iter().enumerate() {
+            if priced[index] {
+                continue;
+            }
+            if unbounded[index] {
+                if rc < -tolerance {
+                    return None;
+                }
+                lagrangian -= rc.max(0.0) * self.values[index];
+            } else {
+                lagrangian += rc.min(0.0) - rc * self.values[index];
+            }
+        }
+        Some(lagrangian)
+    }
+}
+
 /// Solves `problem` as an LP within the budget's work and clock (a stop at the clock recorded):
 /// its optimum, or `None` where HiGHS did not reach one.
 pub(super) fn lp_optimum(

@@ -155,19 +155,10 @@ pub(in crate::ilp) fn priced(
     for d in &durations {
         unbounded[d.index] = true;
     }
-    for (index, &rc) in reduced.iter().enumerate() {
-        if priced[index] {
-            continue;
-        }
-        if unbounded[index] {
-            if rc < -PAYING {
-                return Ok(None);
-            }
-            lagrangian -= rc.max(0.0) * values[index];
-        } else {
-            lagrangian += rc.min(0.0) - rc * values[index];
-        }
-    }
+    let Some(lagrangian) = optimum.with_unpriced_columns(lagrangian, &priced, &unbounded, PAYING)
+    else {
+        return Ok(None);
+    };
     Ok(Some(Priced {
         bound: lagrangian,
         restricted_optimum: z,
