@@ -193,11 +193,6 @@ pub(super) fn fsdp2_value(
     (exported.exact && fits).then_some(value)
 }
 
-/// FSDP2's peak of `schedule` where its export exists (the memory objective's warm value).
-pub(super) fn fsdp2_peak(profile: &Profile, schedule: &Schedule) -> Option<f64> {
-    Some(export(profile, schedule).ok()?.fsdp2_peak_memory_bytes as f64)
-}
-
 /// What this round's FSDP2 target does not solve, a one-line error naming `--target`.
 fn refuse_unsupported(profile: &Profile) -> Result<()> {
     if profile.micro_batches < 2 {

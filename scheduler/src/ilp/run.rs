@@ -88,7 +88,7 @@ pub(super) fn run_highs(
         if let Some(peak) = peak {
             // The fsdp2 target's rows hold FSDP2's copies beside the model's buffers.
             let worst = match options.target {
-                Target::Fsdp2 => super::fsdp2_solve::fsdp2_peak(profile, schedule)?,
+                Target::Fsdp2 => super::space::fsdp2_peak(profile, schedule)?,
                 Target::Runtime => memory_by_slot(profile, schedule)
                     .iter()
                     .map(|m| m.total())
@@ -157,7 +157,7 @@ pub(super) fn run_highs(
         (_, Objective::Time) if !plans && has_solution => solved.objective_value(),
         (Some(_), Objective::Time) => ilp_time,
         (Some(s), Objective::Memory { .. }) => match options.target {
-            Target::Fsdp2 => super::fsdp2_solve::fsdp2_peak(profile, s).unwrap_or(f64::NAN),
+            Target::Fsdp2 => super::space::fsdp2_peak(profile, s).unwrap_or(f64::NAN),
             Target::Runtime => super::claim::objective_of(profile, options.objective, s),
         },
         (None, _) => f64::NAN,

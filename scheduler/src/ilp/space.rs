@@ -6,6 +6,7 @@
 use super::variables::{Choice, UnitVars};
 use crate::fsdp2::{Reshard, Sharding, UnitSettings, copies, hooks};
 use crate::profile::Profile;
+use crate::schedule::Schedule;
 use good_lp::{Constraint, Expression, constraint};
 
 /// FSDP2 target: a tied lender is never freed after its forward (one FSDP2 group with its
@@ -68,6 +69,15 @@ pub(super) fn sharding(u: &UnitVars, choice: Choice) -> Sharding {
             None => sharded(g, Reshard::Free),
         },
     }
+}
+
+/// FSDP2's peak of `schedule` where its export exists (the memory objective's warm value).
+pub(super) fn fsdp2_peak(profile: &Profile, schedule: &Schedule) -> Option<f64> {
+    Some(
+        crate::export::fsdp2(profile, schedule)
+            .ok()?
+            .fsdp2_peak_memory_bytes as f64,
+    )
 }
 
 #[cfg(test)]

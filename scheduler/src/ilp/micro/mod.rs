@@ -32,8 +32,9 @@ use crate::{Error, Result};
 use columns::{Boundary, Communicator, Config, SetKey, UnitCols};
 use good_lp::constraint;
 use highs::HighsModelStatus;
+pub(super) use model::Added;
 use model::{Built, SlotTerms, Space, build};
-pub(super) use pricing::{Added, generated, priced};
+pub(super) use pricing::{generated, priced};
 use std::collections::BTreeMap;
 use std::time::Instant;
 

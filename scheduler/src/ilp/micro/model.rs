@@ -8,7 +8,6 @@ use super::columns::{
 };
 use super::linear::Linear;
 use super::memory::memory_rows;
-use super::pricing::Added;
 use crate::cost::{Among, Interference, block_time};
 use crate::groups::{secondary_group, shard_groups};
 use crate::ilp::WindowLimits;
@@ -17,6 +16,11 @@ use crate::profile::{Link, Profile};
 use crate::schedule::{RecomputeChoice, ReplicaReduce};
 use crate::timeline::{Op, Timeline, Window, WindowKind};
 use good_lp::{Constraint, Expression, constraint};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Launch positions outside the window limits that get columns, per (unit, index of the column
+/// set in `UnitCols::launches`).
+pub(in crate::ilp) type Added = BTreeMap<(usize, usize), BTreeSet<usize>>;
 
 /// A slot's terms: c_s, Q^ℓ_s per link in use (`Built::links`' order) and L_s.
 #[derive(Debug, Clone, Default)]

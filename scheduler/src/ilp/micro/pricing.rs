@@ -19,18 +19,14 @@
 //! left-out position prices negative the bound is z, the full-window LP's optimum; column
 //! generation adds the left-out positions of most negative reduced cost and prices again.
 
-use super::model::{Built, Space, build};
+use super::model::{Added, Built, Space, build};
 use crate::Result;
 use crate::ilp::effort::Budget;
 use crate::ilp::run::lp_optimum;
 use crate::ilp::{Objective, PhaseReport, Relaxation, SolveOptions, SolveStatus, WindowLimits};
 use crate::profile::Profile;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Instant;
-
-/// Launch positions outside the window limits that get columns, per (unit, index of the column
-/// set in `UnitCols::launches`).
-pub(in crate::ilp) type Added = BTreeMap<(usize, usize), BTreeSet<usize>>;
 
 /// Reduced costs below −this (µs) price a left-out position as paying.
 const PAYING: f64 = 1e-6;
