@@ -70,14 +70,7 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
         options.recompute_choice(),
         (options.memory_cap_bytes, peak_scale),
     );
-    // T = Σ weight·d_s: the step time.
-    let step_time = built
-        .durations
-        .iter()
-        .zip(&built.weights)
-        .fold(good_lp::Expression::from(0.0), |sum, (d, w)| {
-            sum + *w * d.var
-        });
+    let step_time = built.step_time();
     let Built {
         columns,
         units,

@@ -60,6 +60,16 @@ pub(super) struct Built {
     pub kept: Vec<KeptRows>,
 }
 
+impl Built {
+    /// T = Σ weight·d_s: the step time.
+    pub fn step_time(&self) -> Expression {
+        self.durations
+            .iter()
+            .zip(&self.weights)
+            .fold(Expression::from(0.0), |sum, (d, w)| sum + *w * d.var)
+    }
+}
+
 /// A unit's one-configuration row and its column sets' coverage rows (`constraints` indices).
 pub(super) struct KeptRows {
     pub one: usize,

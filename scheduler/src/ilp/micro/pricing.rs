@@ -66,13 +66,7 @@ pub(in crate::ilp) fn priced(
         options.recompute_choice(),
         (options.memory_cap_bytes, None),
     );
-    let step_time = built
-        .durations
-        .iter()
-        .zip(&built.weights)
-        .fold(good_lp::Expression::from(0.0), |sum, (d, w)| {
-            sum + *w * d.var
-        });
+    let step_time = built.step_time();
     let Built {
         columns,
         units,
