@@ -136,6 +136,19 @@ fn shortfall(bytes: u64, available: u64, ranks: u64, source: &str) -> Option<Str
     ))
 }
 
+/// The calling thread's CPU time in µs (`CLOCK_THREAD_CPUTIME_ID`: the time the thread ran, user
+/// and system, not the time it waited for a core while the operating system ran other threads or
+/// slept). None where the clock cannot be read.
+pub fn thread_cpu_us() -> Option<f64> {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which `now` is, and reads nothing else.
+    let read = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    (read == 0).then(|| now.tv_sec as f64 * 1e6 + now.tv_nsec as f64 / 1e3)
+}
+
 /// The `MemAvailable:` line of a meminfo file, in bytes.
 fn parse_meminfo(meminfo: &str) -> Option<u64> {
     kilobytes_field(meminfo, "MemAvailable:")
@@ -167,6 +180,28 @@ fn kilobytes_field(text: &str, key: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A thread's CPU clock advances with its work and not while it sleeps: time the operating
+    /// system gives others is not the thread's.
+    #[test]
+    fn the_thread_clock_counts_work_and_not_sleep() {
+        let start = thread_cpu_us().expect("Linux has a thread CPU clock");
+        let mut spun = start;
+        while spun - start < 2_000.0 {
+            spun = thread_cpu_us().unwrap();
+        }
+        let wall = std::time::Instant::now();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let slept = wall.elapsed().as_secs_f64() * 1e6;
+        let after = thread_cpu_us().unwrap();
+        assert!(slept >= 50_000.0, "slept {slept} µs");
+        assert!(
+            after - spun < 25_000.0,
+            "{} µs counted over a 50 ms sleep",
+            after - spun
+        );
+        assert!(after >= spun);
+    }
 
     #[test]
     fn cpu_lists_count_their_cpus() {

@@ -7,7 +7,7 @@ use super::arenas::Arenas;
 use super::host_arena::{HostMemory, Read, Write};
 use super::{Allocation, Backend, DeviceMemory, FloatFormat, Group, Region, Stream};
 use crate::lock::recover;
-use crate::process::{check_host_memory, keep_freed_memory};
+use crate::process::{check_host_memory, keep_freed_memory, thread_cpu_us};
 use crate::{Error, Result};
 use half::bf16;
 use half::slice::HalfFloatSliceExt;
@@ -482,6 +482,9 @@ impl<C: Collectives> Backend for CpuBackend<C> {
     }
     fn host_computes(&self) -> bool {
         true
+    }
+    fn thread_cpu_us(&self) -> Option<f64> {
+        thread_cpu_us()
     }
     fn communicator_bytes(&self) -> Option<u64> {
         Some(0)

@@ -252,6 +252,13 @@ pub trait Backend: Sync {
             ENQUEUE_SPIN
         }
     }
+    /// The calling thread's CPU time (µs) where the host computes, else None. The profiler times
+    /// the units' compute rounds, which run alone on one host thread, by it rather than by the
+    /// marks: the time the operating system gives other processes between a span's marks is not
+    /// the span's work (DESIGN §6.6).
+    fn thread_cpu_us(&self) -> Option<f64> {
+        None
+    }
     /// Whether collectives of two communicators may run at once, each from a host thread of its
     /// own (a plan's two links, DESIGN §6.11): MPI with `MPI_THREAD_MULTIPLE`.
     fn concurrent_communicators(&self) -> bool {

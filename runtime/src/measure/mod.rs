@@ -24,6 +24,7 @@ pub use timing::{
 };
 
 use crate::Result;
+use crate::backend::{Backend, Stream};
 use crate::layout::{Placement, place};
 use crate::workload::Workload;
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
@@ -160,6 +161,49 @@ pub fn median(mut samples: Vec<f64>) -> f64 {
     samples.get(samples.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
+/// One end of a span of work that runs alone on the thread that reads it: the backend's mark on
+/// `stream` and, where the host computes, the thread's CPU time.
+pub(crate) struct Reading<M> {
+    mark: M,
+    cpu_us: Option<f64>,
+}
+
+impl<M> Reading<M> {
+    /// The point `backend`'s `stream` has reached, read on the thread that runs its work.
+    pub(crate) fn now<B: Backend<Mark = M>>(backend: &B, stream: Stream) -> Result<Self> {
+        Ok(Reading {
+            mark: backend.mark(stream)?,
+            cpu_us: backend.thread_cpu_us(),
+        })
+    }
+
+    /// The work's µs from `self` to `to`: the thread's CPU time where the host computes, else the
+    /// time between the marks. A compute round timed by the wall clock on a core shared with other
+    /// processes counts their slices as its own, and not evenly: a thread that computes without
+    /// pause is preempted about every scheduler slice, and with rounds of a fixed length the
+    /// preemptions fall on the same spans round after round, so that the median over rounds keeps
+    /// them (mlp-small at N = 2 beside other processes' builds: a backward of 0.8 ms timed at 15–25
+    /// ms, docs/runtime-results.md).
+    pub(crate) fn until<B: Backend<Mark = M>>(&self, backend: &B, to: &Reading<M>) -> Result<f64> {
+        match (self.cpu_us, to.cpu_us) {
+            (Some(from), Some(to)) => Ok(to - from),
+            _ => backend.elapsed_us(&self.mark, &to.mark),
+        }
+    }
+}
+
+/// The most timed runs of a curve's point in one visit.
+pub(crate) const TIMINGS_PER_VISIT: usize = 2;
+
+/// The timed runs of each visit to every point of the curves, `repeats` in all (at least one):
+/// visits of [`TIMINGS_PER_VISIT`], the last one the rest.
+pub(crate) fn visits(repeats: usize) -> Vec<usize> {
+    let repeats = repeats.max(1);
+    (0..repeats.div_ceil(TIMINGS_PER_VISIT))
+        .map(|v| TIMINGS_PER_VISIT.min(repeats - v * TIMINGS_PER_VISIT))
+        .collect()
+}
+
 /// Message sizes of the measured curves: 4 KiB … `max_bytes`, powers of two.
 pub(crate) fn sizes(max_bytes: u64) -> Vec<u64> {
     (12..=40)
@@ -192,5 +236,39 @@ impl DataSteps {
     /// The data step of the round under way.
     pub(crate) fn current(&self) -> usize {
         self.0.load(Ordering::Relaxed) % Self::COUNT
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A point's samples as `schedule` takes them, the visit `stalled` (if any) every one of
+    /// them stalled by a descheduled rank: 100 µs clean, 1,000 stalled.
+    fn sampled(schedule: &[usize], stalled: usize) -> Vec<f64> {
+        (schedule.iter().enumerate())
+            .flat_map(|(v, &timed)| vec![if v == stalled { 1000.0 } else { 100.0 }; timed])
+            .collect()
+    }
+
+    /// Every point gets exactly its `repeats` timings, at most [`TIMINGS_PER_VISIT`] a visit;
+    /// a stall as long as one visit takes the median of back-to-back timings (one visit of all
+    /// ten) but not of the visits' from 5 repeats up.
+    #[test]
+    fn a_stall_of_one_visit_leaves_the_median_clean() {
+        assert_eq!(visits(10), vec![2, 2, 2, 2, 2]);
+        assert_eq!(visits(5), vec![2, 2, 1]);
+        assert_eq!(visits(0), vec![1]);
+        for repeats in 1..40 {
+            let v = visits(repeats);
+            assert_eq!(v.iter().sum::<usize>(), repeats);
+            assert!(v.iter().all(|&t| (1..=TIMINGS_PER_VISIT).contains(&t)));
+            if repeats >= 5 {
+                for stalled in 0..v.len() {
+                    assert_eq!(median(sampled(&v, stalled)), 100.0, "{repeats}, {stalled}");
+                }
+            }
+        }
+        assert_eq!(median(sampled(&[10], 0)), 1000.0);
     }
 }

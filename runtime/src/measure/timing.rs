@@ -2,7 +2,7 @@
 //! the CPU and device work on a GPU (CUDA events). Every function lays its buffers out from offset
 //! 0 of the arena [`measurement_allocation`] sized.
 
-use super::{DataSteps, UnitTime, UnitTimes, median, sizes};
+use super::{DataSteps, Reading, UnitTime, UnitTimes, median, sizes, visits};
 use crate::Result;
 use crate::backend::{Allocation, Backend, Group, Region, Stream, StreamWork, on_both_streams};
 use crate::gradients::{GradientStart, first_written_by};
@@ -98,10 +98,13 @@ pub fn compute_slot<B: Backend, W: Train<B>>(
     }
 }
 
+/// A span's two ends.
+type SpanReadings<M> = [Reading<M>; 2];
+
 /// One compute round in slot order on the compute stream: every unit's forward, then every
 /// backward, as a step runs them without communication; with `recompute`, each backward preceded
 /// by its unit's recomputation, as a checkpointed unit's backward slot runs them. Returns the
-/// marks around each unit's forward and backward, then around each recomputation (slot order:
+/// readings around each unit's forward and backward, then around each recomputation (slot order:
 /// the last unit's first).
 fn compute_round_marks<B: Backend, W: Train<B>>(
     backend: &B,
@@ -109,20 +112,20 @@ fn compute_round_marks<B: Backend, W: Train<B>>(
     layout: &Layout,
     steps: &DataSteps,
     recompute: Recompute,
-) -> Result<Vec<[B::Mark; 2]>> {
+) -> Result<Vec<SpanReadings<B::Mark>>> {
     let (stream, l) = (Stream::Compute, workload.unit_count());
     let mut marks = Vec::with_capacity(3 * l);
     let mut recomputed = Vec::with_capacity(l);
     for s in 0..2 * l {
         if recompute.is_on() && s >= l {
-            let start = backend.mark(stream)?;
+            let start = Reading::now(backend, stream)?;
             let unit = 2 * l - 1 - s;
             workload.forward(backend, layout, unit, steps.current(), Pass::Recompute)?;
-            recomputed.push([start, backend.mark(stream)?]);
+            recomputed.push([start, Reading::now(backend, stream)?]);
         }
-        let start = backend.mark(stream)?;
+        let start = Reading::now(backend, stream)?;
         compute_slot(backend, workload, layout, s, steps)?;
-        marks.push([start, backend.mark(stream)?]);
+        marks.push([start, Reading::now(backend, stream)?]);
     }
     marks.extend(recomputed);
     Ok(marks)
@@ -147,7 +150,8 @@ pub struct TimedLayouts<'a> {
 /// into the reused forward workspace: f^c_i. The layouts do not alternate round by round: right
 /// after a round of the other layout, gpt2-tiny's forwards and backwards measured 5–20% slower
 /// than a run's, whose step follows a step of its own layout. Each kind of round: 3 warm-up
-/// rounds, then the median over `repeats` rounds of each span's slowest rank's time (a slot
+/// rounds, then the median over `repeats` rounds of each span's slowest rank's time (on the
+/// host its thread's CPU time, [`Reading::until`]; a slot
 /// whose collectives join the ranks ends with the slowest; on gpt2-tiny at N = 2 its median is
 /// 0.4–3.5% above one rank's own). The first unit's forward includes taking and uploading the
 /// batch, as in a run; a recomputation takes nothing. After each round every unit takes an
@@ -163,14 +167,14 @@ pub fn time_units<B: Backend, W: Train<B>>(
 ) -> Result<UnitTimes> {
     const WARM_UP: usize = 3;
     let l = workload.unit_count();
-    let round = |layout: &Layout, recompute: Recompute| -> Result<Vec<[B::Mark; 2]>> {
+    let round = |layout: &Layout, recompute: Recompute| -> Result<Vec<SpanReadings<B::Mark>>> {
         let mut marks = compute_round_marks(backend, workload, layout, steps, recompute)?;
         let computed = backend.mark(Stream::Compute)?;
         backend.wait_mark(Stream::Communication, &computed)?;
         for i in 0..l {
-            let start = backend.mark(Stream::Communication)?;
+            let start = Reading::now(backend, Stream::Communication)?;
             optimize_unit(workload, backend, layout, i, 1)?;
-            marks.push([start, backend.mark(Stream::Communication)?]);
+            marks.push([start, Reading::now(backend, Stream::Communication)?]);
         }
         let updated = backend.mark(Stream::Communication)?;
         backend.wait_mark(Stream::Compute, &updated)?;
@@ -218,12 +222,15 @@ pub fn time_units<B: Backend, W: Train<B>>(
 }
 
 /// Per span of the rounds (each round the same spans), the median over the rounds of the slowest
-/// rank's time.
-fn slowest_spans<B: Backend>(backend: &B, rounds: &[Vec<[B::Mark; 2]>]) -> Result<Vec<f64>> {
+/// rank's time ([`Reading::until`]: where the host computes, its CPU time).
+fn slowest_spans<B: Backend>(
+    backend: &B,
+    rounds: &[Vec<SpanReadings<B::Mark>>],
+) -> Result<Vec<f64>> {
     let spans = rounds.first().map_or(0, Vec::len);
     let mine = rounds
         .iter()
-        .flat_map(|m| m.iter().map(|[start, end]| backend.elapsed_us(start, end)))
+        .flat_map(|m| m.iter().map(|[start, end]| start.until(backend, end)))
         .collect::<Result<Vec<f64>>>()?;
     let ranks = every_rank(backend, &mine)?;
     let slowest = |r: usize, k: usize| {
@@ -253,15 +260,20 @@ pub(super) fn every_rank<B: Backend>(backend: &B, values: &[f64]) -> Result<Vec<
 }
 
 /// Times each collective across message sizes 4 KiB … `max_bytes` (bytes = the full message, as
-/// nccl-tests' size) on the communication stream: 2 warm-up runs, then the median of `repeats`,
-/// averaged over the ranks so that every rank holds the same curves (and derives the same block
-/// size from them). The reductions repeat on one message pair, which stays in cache as a run's
-/// gradient does (the backward beside it has just written it); each AllGather takes the next pair
-/// of [`MessagePairs`], out of cache as a run's parameter shard is (the optimizer wrote it a step
-/// before). Every rank must call it; on one rank the collectives are what that rank's backend
-/// makes of them (copies). Among a `group` smaller than the world, every group runs its own
-/// collectives at once, as a plan's shard or replica groups do, and the times are averaged over
-/// every rank.
+/// nccl-tests' size) on the communication stream: the median of `repeats` timings, averaged over
+/// the ranks so that every rank holds the same curves (and derives the same block size from
+/// them). The timings of a point are taken in visits spread over the whole measurement
+/// ([`visits`]), each visit one warm-up and at most two timed runs: timed back
+/// to back, a point's samples all fell inside one stretch of a few milliseconds, and a rank
+/// descheduled for such a stretch (other processes on its core) took the median with it (an
+/// AllReduce of 1 MiB at 3,994 µs against 367–758 µs in the profiles beside it,
+/// docs/runtime-results.md). The reductions repeat on one message pair, which stays in cache as
+/// a run's gradient does (the backward beside it has just written it; a visit's warm-up reads it
+/// again); each AllGather takes the next pair of [`MessagePairs`], out of cache as a run's
+/// parameter shard is (the optimizer wrote it a step before). Every rank must call it; on one rank
+/// the collectives are what that rank's backend makes of them (copies). Among a `group` smaller
+/// than the world, every group runs its own collectives at once, as a plan's shard or replica
+/// groups do, and the times are averaged over every rank.
 pub fn time_collectives<B: Backend>(
     backend: &B,
     group: Group,
@@ -272,19 +284,25 @@ pub fn time_collectives<B: Backend>(
     use shardplan_scheduler::curve::CommCurve;
     let n = group.size(backend.world_size());
     let stream = Stream::Communication;
-    let mut curves: [Vec<(u64, f64)>; 3] = Default::default();
     // Laid out for the world's messages, which are the largest (n divides the world).
     let pairs = MessagePairs::new(start, max_bytes, backend.world_size());
-    for bytes in sizes(max_bytes) {
-        let elements = message_elements(bytes, n);
-        let (full, shard) = pairs.pair(0, elements, n);
-        for (op, curve) in curves.iter_mut().enumerate() {
-            let mut marks = Vec::with_capacity(repeats + 2);
-            for k in 0..repeats + 2 {
+    let points: Vec<(usize, usize)> = sizes(max_bytes)
+        .into_iter()
+        .flat_map(|bytes| (0..3).map(move |op| (message_elements(bytes, n), op)))
+        .collect();
+    let mut samples = vec![Vec::with_capacity(repeats); points.len()];
+    // Each AllGather's pair: the next of the rotation.
+    let mut gathers = 0;
+    for timed in visits(repeats) {
+        for (&(elements, op), samples) in points.iter().zip(samples.iter_mut()) {
+            let mut marks = Vec::with_capacity(timed + 1);
+            for _ in 0..=timed {
+                let (full, shard) = pairs.pair(0, elements, n);
                 let before = backend.mark(stream)?;
                 match op {
                     0 => {
-                        let (full, shard) = pairs.pair(k, elements, n);
+                        let (full, shard) = pairs.pair(gathers, elements, n);
+                        gathers += 1;
                         backend.all_gather(group, shard, full)?
                     }
                     1 => backend.reduce_scatter(group, full, shard)?,
@@ -293,13 +311,14 @@ pub fn time_collectives<B: Backend>(
                 marks.push((before, backend.mark(stream)?));
             }
             backend.synchronize()?;
-            let samples = marks
-                .iter()
-                .skip(2)
-                .map(|(a, b)| backend.elapsed_us(a, b))
-                .collect::<Result<Vec<f64>>>()?;
-            curve.push((4 * elements as u64, median(samples).max(1e-3)));
+            for (a, b) in marks.iter().skip(1) {
+                samples.push(backend.elapsed_us(a, b)?);
+            }
         }
+    }
+    let mut curves: [Vec<(u64, f64)>; 3] = Default::default();
+    for (&(elements, op), samples) in points.iter().zip(samples) {
+        curves[op].push((4 * elements as u64, median(samples).max(1e-3)));
     }
     mean_over_ranks(backend, &mut curves)?;
     let [ag, rs, ar] = curves;
