@@ -10,17 +10,19 @@
 //! the communication stream, where a run takes it.
 
 mod host_link;
+mod interference;
 mod launches;
 mod profile_run;
 mod slots;
 mod timing;
 
 pub use host_link::{CopyRoom, measure_host};
+pub use interference::{Slowdowns, time_interference};
 pub use launches::{LaunchCategory, LaunchRow, by_category, time_launches};
 pub use profile_run::{MeasureOptions, Measured, measure_model, measure_workload};
 pub use timing::{
-    Slowdowns, TimedLayouts, block_collectives, compute_slot, measurement_allocation,
-    time_collectives, time_interference, time_units,
+    TimedLayouts, block_collectives, compute_slot, measurement_allocation, time_collectives,
+    time_units,
 };
 
 use crate::Result;
