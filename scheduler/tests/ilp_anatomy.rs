@@ -20,7 +20,7 @@ fn print(what: &str, a: &LpAnatomy) {
     eprintln!(
         "{what}: bound {:.1} ms (full LP: {}), restricted LP {:.1} ms, {:.1} s; {} units with \
          fractional levels, {} with fractional recompute (Σr = {:.3}); launches {} nonzero, {} \
-         fractional; {} binding memory rows; placed: {:?} ms",
+         fractional; {} binding memory rows; placed: {:?} ms, recompute free: {:?} ms, among the LP's levels: {:?} ms (LP iterations {:?})",
         a.bound_us / 1e3,
         a.full_lp,
         a.restricted_us / 1e3,
@@ -32,6 +32,9 @@ fn print(what: &str, a: &LpAnatomy) {
         a.launches.1,
         a.binding_memory.len(),
         a.placed_us.map(|t| t / 1e3),
+        a.placed_recompute_free_us.map(|t| t / 1e3),
+        a.placed_among_lp_us.map(|t| t / 1e3),
+        a.placement_iterations,
     );
     for (i, (levels, r)) in a.levels.iter().zip(&a.recompute).enumerate() {
         eprintln!("  unit {i}: {} r {r:.3}", describe_levels(levels));
@@ -95,6 +98,13 @@ fn tiny_instance(seed: u64) -> (Profile, bool) {
 /// recompute).
 type LevelsKey = Vec<(Level, Option<u32>, Option<u32>, bool)>;
 
+/// Whether two level patterns differ at most in recompute.
+fn same_choices(a: &LevelsKey, b: &LevelsKey) -> bool {
+    a.iter()
+        .zip(b)
+        .all(|(x, y)| (x.0, x.1, x.2) == (y.0, y.1, y.2))
+}
+
 fn levels_key(schedule: &Schedule) -> LevelsKey {
     schedule
         .units()
@@ -111,7 +121,7 @@ fn levels_key(schedule: &Schedule) -> LevelsKey {
 /// smallest peak (whole bytes, rounded up) and the 3 fastest level patterns that fit each.
 #[test]
 fn held_levels_bound_every_plan_of_those_levels() {
-    let (mut checked, mut stronger, mut placed_exact) = (0, 0, 0);
+    let (mut checked, mut stronger, mut placed_exact, mut recompute_gained) = (0, 0, 0, 0);
     for seed in 0..24u64 {
         let (profile, recompute) = tiny_instance(seed);
         let per_unit: Vec<_> = (0..profile.unit_count())
@@ -191,6 +201,22 @@ fn held_levels_bound_every_plan_of_those_levels() {
                     placed >= best - tolerance,
                     "seed {seed} cap {cap}: placed plan {placed} faster than the fastest {best}"
                 );
+                // Recompute free, no faster than the fastest plan of the same levels whatever
+                // its recompute, and no slower than the placement it starts from.
+                let same_levels = by_levels
+                    .iter()
+                    .filter(|(key, _)| same_choices(key, &levels_key(plan)))
+                    .map(|(_, (r, _))| within(r))
+                    .fold(f64::INFINITY, f64::min);
+                let free_placed = held.placed_recompute_free_us.unwrap_or_else(|| {
+                    panic!("seed {seed} cap {cap}: no recompute-free placement")
+                });
+                assert!(
+                    free_placed >= same_levels - tolerance && free_placed <= placed + tolerance,
+                    "seed {seed} cap {cap}: recompute free {free_placed}, fastest of the levels \
+                     {same_levels}, placed {placed}"
+                );
+                recompute_gained += usize::from(free_placed < best - tolerance);
                 checked += 1;
                 stronger += usize::from(held.bound_us > free.bound_us + 1e-6 * best);
                 placed_exact += usize::from(placed <= best * (1.0 + 1e-6));
@@ -199,7 +225,9 @@ fn held_levels_bound_every_plan_of_those_levels() {
     }
     eprintln!(
         "{checked} level patterns checked: held bound above the free LP's at {stronger}, \
-         placement at the fastest plan of its levels at {placed_exact}"
+         placement at the fastest plan of its levels at {placed_exact}, recompute free faster \
+         than the fastest plan of its levels and recompute at {recompute_gained}"
     );
     assert!(checked >= 100 && stronger >= 10 && placed_exact >= checked / 2);
+    assert!(recompute_gained >= 1);
 }

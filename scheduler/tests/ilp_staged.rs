@@ -204,3 +204,49 @@ fn two_searches_prove_a_plan_far_outside_depth_4() {
         assert!(phase.best_bound <= report.objective, "{phase:?}");
     }
 }
+
+/// The demo's solve at the default effort, its phases and claim printed, its plan written to
+/// `SHARDPLAN_DEMO_PLAN` where set (two runs compared with `cmp`: DESIGN §4.6). Run by hand:
+/// `SHARDPLAN_DEMO_PLAN=plan.toml cargo test --release -p shardplan-scheduler --test ilp_staged
+/// demo -- --ignored --nocapture`.
+#[test]
+#[ignore = "the demo's solve at the default effort (minutes on 2 cores), run by hand"]
+fn demo_solve() {
+    let root = common::repo_root();
+    let profile = Profile::load(&root.join("profiles/llama2-70b-h100-8x8.toml")).unwrap();
+    let cap = 85_523_536_281;
+    let options = SolveOptions {
+        memory_cap_bytes: Some(cap),
+        time_limit_s: 3600.0,
+        ..SolveOptions::default()
+    };
+    let solved = solve(&profile, &options).unwrap();
+    let r = &solved.report;
+    for p in &r.phases {
+        eprintln!(
+            "phase {:?} {:?}: objective {:.1} ms, bound {:.1} ms, {} LP iterations, {:.1} s",
+            p.window_depth,
+            p.relaxation,
+            p.objective / 1e3,
+            p.best_bound / 1e3,
+            p.lp_iterations,
+            p.seconds
+        );
+    }
+    eprintln!(
+        "demo: {:.1} ms, bound {:.1} ms, gap {:.3}%, {:?}, {} LP iterations, {:.1} s",
+        r.objective / 1e3,
+        r.best_bound / 1e3,
+        r.gap * 100.0,
+        r.status,
+        r.phases.iter().map(|p| p.lp_iterations).sum::<u64>(),
+        r.solve_seconds
+    );
+    assert!(r.objective >= r.best_bound);
+    if let Ok(path) = std::env::var("SHARDPLAN_DEMO_PLAN") {
+        solved
+            .plan(&profile, Some(cap))
+            .save(std::path::Path::new(&path))
+            .unwrap();
+    }
+}

@@ -10,6 +10,7 @@ use super::effort::{Budget, Clock};
 use super::limits::PLACEMENT_DEPTH;
 use super::mapping::schedule_values;
 use super::model::{Built, Form, build, highs_model};
+use super::placement::held_choices;
 use super::rounding::Spread;
 use super::run::{Stop, run_highs};
 use super::variables::{Choice, Columns, ExtraPositions, Shape, UnitLevel, declare_units};
@@ -69,6 +70,17 @@ pub struct LpAnatomy {
     /// and the positions column generation added, within `options.effort` (None: free, or no
     /// plan found).
     pub placed_us: Option<f64>,
+    /// Held to levels: the time of the plan the placement MIP of those levels with recompute
+    /// free finds (`Form::PlacementAmong`, warm-started from the placement's plan), within
+    /// `options.effort` again (None: free, or no plan found).
+    pub placed_recompute_free_us: Option<f64>,
+    /// Held to the LP's spread levels: the time of the plan the placement MIP finds with each
+    /// unit's level among the choices its LP value is nonzero on and recompute free
+    /// (`Form::PlacementAmong`, warm-started from the recompute-free plan), within
+    /// `options.effort` again (None: other levels held, or no plan found).
+    pub placed_among_lp_us: Option<f64>,
+    /// The LP iterations of each placement run: fixed, recompute free, among the LP's choices.
+    pub placement_iterations: Vec<u64>,
     /// Seconds, column generation, the read-back and the placement together.
     pub seconds: f64,
 }
@@ -107,13 +119,19 @@ pub fn full_lp_anatomy(
             Some(levels) => Some(levels),
             None => return Ok(None),
         },
-        HeldLevels::RoundedLp | HeldLevels::SpreadLp => match anatomy_at(profile, options, None)? {
-            Some(read) if matches!(held, HeldLevels::RoundedLp) => Some(read.rounded),
-            Some(read) => Some(read.spread),
-            None => return Ok(None),
-        },
+        HeldLevels::RoundedLp | HeldLevels::SpreadLp => {
+            match anatomy_at(profile, options, Held::Free)? {
+                Some(read) if matches!(held, HeldLevels::RoundedLp) => Some(read.rounded),
+                Some(read) => {
+                    let held = (read.spread, read.support);
+                    return Ok(anatomy_at(profile, options, Held::Among(held))?.map(|r| r.anatomy));
+                }
+                None => return Ok(None),
+            }
+        }
     };
-    Ok(anatomy_at(profile, options, levels)?.map(|read| read.anatomy))
+    let held = levels.map_or(Held::Free, Held::Levels);
+    Ok(anatomy_at(profile, options, held)?.map(|read| read.anatomy))
 }
 
 /// Each unit's level and recompute in `plan`, as the full-window model's choices.
@@ -143,20 +161,30 @@ fn plan_levels(
     Some(super::mapping::levels_from_values(&units, &values))
 }
 
-/// An anatomy beside its LP optimum's levels made whole two ways (`HeldLevels`).
+/// An anatomy beside its LP optimum's levels made whole two ways (`HeldLevels`) and the choices
+/// each unit's LP value is nonzero on.
 struct ReadBack {
     anatomy: LpAnatomy,
     rounded: Vec<UnitLevel>,
     spread: Vec<UnitLevel>,
+    support: Vec<Vec<Choice>>,
 }
 
-/// The anatomy at `levels` (free where None), beside the rounded and the spread choice of its LP's
-/// optimum.
-fn anatomy_at(
-    profile: &Profile,
-    options: &SolveOptions,
-    levels: Option<Vec<UnitLevel>>,
-) -> Result<Option<ReadBack>> {
+/// What an anatomy holds the LP to.
+enum Held {
+    Free,
+    Levels(Vec<UnitLevel>),
+    /// These levels, and for the last placement each unit's level among these choices.
+    Among((Vec<UnitLevel>, Vec<Vec<Choice>>)),
+}
+
+/// The anatomy at `held`'s levels, beside the rounded and the spread choice of its LP's optimum.
+fn anatomy_at(profile: &Profile, options: &SolveOptions, held: Held) -> Result<Option<ReadBack>> {
+    let (levels, among) = match held {
+        Held::Free => (None, None),
+        Held::Levels(levels) => (Some(levels), None),
+        Held::Among((levels, among)) => (Some(levels), Some(among)),
+    };
     let started = Instant::now();
     let clock = Clock::new(started, options.time_limit_s);
     let mut budget = Budget::new(options.effort, &clock);
@@ -201,6 +229,7 @@ fn anatomy_at(
     let mut rounded = Vec::new();
     let mut spread = Spread::default();
     let mut launches = (0, 0);
+    let mut support = Vec::new();
     for u in &units {
         spread.take(u.choices(), u.recompute, values);
         let chosen: Vec<(Choice, f64)> = u
@@ -213,6 +242,7 @@ fn anatomy_at(
             .iter()
             .max_by(|a, b| a.1.total_cmp(&b.1))
             .map_or(Choice::Sdp(0), |c| c.0);
+        support.push(chosen.iter().map(|c| c.0).collect());
         let r = u.recompute.map_or(0.0, |r| values[r.index]);
         rounded.push(UnitLevel {
             choice: largest,
@@ -244,9 +274,12 @@ fn anatomy_at(
             .filter(|&(_, _, dual)| dual.abs() > BINDING)
             .collect()
     });
-    let placed_us = match &levels {
-        Some(levels) => place(profile, options, levels, bound.paying_positions(), &clock)?,
-        None => None,
+    let placed = match &levels {
+        Some(levels) => {
+            let held = (levels.as_slice(), among.as_deref());
+            place(profile, options, held, bound.paying_positions(), &clock)?
+        }
+        None => Placed::default(),
     };
     let anatomy = LpAnatomy {
         bound_us: best.best_bound,
@@ -257,42 +290,80 @@ fn anatomy_at(
         launches,
         binding_memory,
         durations: durations.iter().map(|d| values[d.index]).collect(),
-        placed_us,
+        placed_us: placed.fixed,
+        placed_recompute_free_us: placed.recompute_free,
+        placed_among_lp_us: placed.among,
+        placement_iterations: placed.iterations,
         seconds: started.elapsed().as_secs_f64(),
     };
     Ok(Some(ReadBack {
         anatomy,
         rounded,
         spread: spread.levels(),
+        support,
     }))
 }
 
+/// The times of the plans the placements of a level choice find.
+#[derive(Default)]
+struct Placed {
+    /// Levels and recompute fixed (`Form::Placement`).
+    fixed: Option<f64>,
+    /// Levels fixed, recompute free (`Form::PlacementAmong` of one choice each), from the first's
+    /// plan.
+    recompute_free: Option<f64>,
+    /// Levels among given choices, recompute free, from the second's plan.
+    among: Option<f64>,
+    /// The LP iterations of each placement run, in this order.
+    iterations: Vec<u64>,
+}
+
 /// The placement MIP of `levels` over depth 4 and `extra` (`Form::Placement`) within
-/// `options.effort`: the time of its plan, checked against the strict simulator by
-/// `run_highs`; None when it finds none.
+/// `options.effort`, then the same with recompute free warm-started from its plan, then, given
+/// `among`, each unit's level among its choices warm-started from that, each within
+/// `options.effort`: the times of their plans, checked against the strict simulator by
+/// `run_highs`.
 fn place(
     profile: &Profile,
     options: &SolveOptions,
-    levels: &[UnitLevel],
+    (levels, among): (&[UnitLevel], Option<&[Vec<Choice>]>),
     extra: &ExtraPositions,
     clock: &Clock,
-) -> Result<Option<f64>> {
+) -> Result<Placed> {
     let limited = SolveOptions {
         limits: WindowLimits::depth(PLACEMENT_DEPTH),
         ..options.clone()
     };
-    let stop = Stop {
-        work: options.effort.iterations(),
-        objective_target: None,
-        clock,
+    let run = |form, warm: &Option<Schedule>| {
+        let stop = Stop {
+            work: options.effort.iterations(),
+            objective_target: None,
+            clock,
+        };
+        let warm: Vec<_> = warm.iter().map(|s| (s.clone(), 0.0)).collect();
+        let run = run_highs(profile, (&limited, form, extra), &warm, stop)?;
+        Ok::<_, Error>(run)
     };
-    let run = run_highs(
-        profile,
-        (&limited, Form::Placement(levels), extra),
-        &[],
-        stop,
-    )?;
-    Ok(run.schedule.map(|_| run.phase.objective))
+    let fixed = run(Form::Placement(levels), &None)?;
+    let held = held_choices(levels);
+    let free = run(Form::PlacementAmong(&held), &fixed.schedule)?;
+    let time = |run: &super::run::Run| run.schedule.as_ref().map(|_| run.phase.objective);
+    let mut iterations = vec![fixed.work, free.work];
+    let among_time = match among {
+        Some(among) => {
+            let start = free.schedule.clone().or(fixed.schedule.clone());
+            let placed = run(Form::PlacementAmong(among), &start)?;
+            iterations.push(placed.work);
+            time(&placed)
+        }
+        None => None,
+    };
+    Ok(Placed {
+        fixed: time(&fixed),
+        recompute_free: time(&free),
+        among: among_time,
+        iterations,
+    })
 }
 
 /// Level names of a unit's fractional choice, for a table: `Fsdp(1) 0.200 + Hpz(0) 0.800`.

@@ -2,7 +2,7 @@
 //! Units i, slots s, window positions k; nb_i blocks per op; κ_c, κ_q the interference (compute
 //! slowed by communication, communication slowed by compute).
 
-use super::variables::{Col, GroupVars, OpVars, UnitLevel, UnitVars};
+use super::variables::{Choice, Col, GroupVars, OpVars, UnitLevel, UnitVars};
 use crate::cost::{Interference, compute_us, most_compute_us};
 use crate::profile::{Link, Profile};
 use crate::timeline::{Level, Timeline};
@@ -365,6 +365,26 @@ pub(super) fn fixed_levels(units: &[UnitVars], levels: &[UnitLevel]) -> Vec<Cons
         }
     }
     rows
+}
+
+/// Levels held among given choices, recompute free (`super::placement`'s recompute-free form):
+/// each unit at one of its choices C_i (one choice: its level held), whether it recomputes left to
+/// the MIP,
+///
+/// ```text
+/// Σ_{c ∈ C_i} y_{i,c} = 1
+/// ```
+///
+/// (one level per unit then sets every other y_i to 0).
+pub(super) fn levels_among(units: &[UnitVars], among: &[Vec<Choice>]) -> Vec<Constraint> {
+    units
+        .iter()
+        .zip(among)
+        .map(|(u, choices)| {
+            let held: Expression = choices.iter().map(|&c| u.choice(c)).sum();
+            constraint!(held == 1.0)
+        })
+        .collect()
 }
 
 /// The memory cap, scaled and inclusive: M_s / M ≤ 1 for every slot s.

@@ -4,13 +4,16 @@
 use super::constraints::link_position;
 use super::constraints::{
     communication_per_slot, communicator_in_use, compute_per_slot, coverage, cumulative_counts,
-    fixed_levels, links_in_use, longer_blocks, memory_cap, memory_peak, memory_per_slot,
-    one_level_per_unit, reductions_before_gathers, slot_durations, time_ceiling, whole_blocks,
+    fixed_levels, levels_among, links_in_use, longer_blocks, memory_cap, memory_peak,
+    memory_per_slot, one_level_per_unit, reductions_before_gathers, slot_durations, time_ceiling,
+    whole_blocks,
 };
 use super::far::{Slack, pooled_bands, slack_running_sums};
 use super::offload::OffloadVars;
 use super::space::{add_copies, tied_lenders_kept};
-use super::variables::{Col, Columns, ExtraPositions, Shape, UnitLevel, UnitVars, declare_units};
+use super::variables::{
+    Choice, Col, Columns, ExtraPositions, Shape, UnitLevel, UnitVars, declare_units,
+};
 use super::{Objective, SolveOptions};
 use crate::cost::Interference;
 use crate::profile::{Link, Profile};
@@ -73,6 +76,10 @@ pub(super) enum Form<'a> {
     /// The MIP with every unit's level and recompute fixed: its solutions are plans, its dual
     /// bound holds only over plans of those levels (`super::placement`).
     Placement(&'a [UnitLevel]),
+    /// The MIP with every unit's level among its given choices (one: held) and its recompute
+    /// free: its solutions are plans, HiGHS choosing which units recompute together with the
+    /// launches; its dual bound holds only over plans of those choices (`super::placement`).
+    PlacementAmong(&'a [Vec<Choice>]),
     /// The LP relaxation (integrality dropped).
     Lp,
     /// The far-band relaxation of the plans outside the window limits (`super::far`): a MIP
@@ -153,8 +160,10 @@ pub(super) fn build(
     if options.target == Target::Fsdp2 {
         constraints.extend(tied_lenders_kept(profile, &units));
     }
-    if let Form::Placement(levels) = form {
-        constraints.extend(fixed_levels(&units, levels));
+    match form {
+        Form::Placement(levels) => constraints.extend(fixed_levels(&units, levels)),
+        Form::PlacementAmong(among) => constraints.extend(levels_among(&units, among)),
+        _ => {}
     }
     if !matches!(form, Form::Lp | Form::FarBandsLp) {
         // Valid for integer launches only; the LP forms stay as the pricing reads them.

@@ -3,14 +3,17 @@
 //! of ranks per unit, HiGHS' own search of the depth-4 MIP changes levels and launches together
 //! and stays near its warm start; with the levels fixed the MIP is a placement problem it solves
 //! in a fraction of a second, and the depth-1 plan's levels (chosen with every launch next to its
-//! consumer) placed at depth 4 give a plan its own search does not reach. Its answers are plans;
-//! its bound holds only over plans of those levels, so its phase claims none.
+//! consumer) placed at depth 4 give a plan its own search does not reach. The recompute-free form
+//! (`Form::PlacementAmong`) holds the levels only and lets HiGHS choose which units recompute with
+//! the launches: the full-window LP's levels made whole recompute wherever its r > 0, more than
+//! the cap needs. Its answers are plans; its bound holds only over plans of those levels, so its
+//! phase claims none.
 
 use super::effort::Budget;
 use super::model::Form;
 use super::pool::Pool;
 use super::run::{Stop, run_highs};
-use super::variables::{ExtraPositions, UnitLevel};
+use super::variables::{Choice, ExtraPositions, UnitLevel};
 use super::{PhaseReport, SolveOptions};
 use crate::Result;
 use crate::profile::Profile;
@@ -53,21 +56,52 @@ pub(super) fn place_each<const N: usize>(
 fn place_levels(
     profile: &Profile,
     options: &SolveOptions,
-    (pool, phases, budget): (&mut Pool, &mut Vec<PhaseReport>, &mut Budget),
+    search: (&mut Pool, &mut Vec<PhaseReport>, &mut Budget),
     (levels, work, extra): (&[UnitLevel], u64, &ExtraPositions),
 ) -> Result<()> {
+    let form = Form::Placement(levels);
+    place_form(profile, options, search, (form, work, extra))
+}
+
+/// The placement MIP of `levels` with every unit's recompute free (`Form::PlacementAmong`, each
+/// unit's one choice its level) for `work` LP iterations, warm-started from the best plan of those
+/// levels in `pool` (whatever its recompute): HiGHS chooses which units recompute together with
+/// the launches, so that whole recomputes meet the cap where the plan's recompute, rounded up from
+/// the LP's, overshoots it. Its plan joins `pool`, its run `phases`.
+pub(super) fn place_recompute_free(
+    profile: &Profile,
+    options: &SolveOptions,
+    search: (&mut Pool, &mut Vec<PhaseReport>, &mut Budget),
+    (levels, work, extra): (&[UnitLevel], u64, &ExtraPositions),
+) -> Result<()> {
+    let held = held_choices(levels);
+    let form = Form::PlacementAmong(&held);
+    place_form(profile, options, search, (form, work, extra))
+}
+
+/// Each unit's level as its one choice (`Form::PlacementAmong`: the level held, recompute free).
+pub(super) fn held_choices(levels: &[UnitLevel]) -> Vec<Vec<Choice>> {
+    levels.iter().map(|l| vec![l.choice]).collect()
+}
+
+/// The placement MIP `form` for `work` LP iterations, warm-started from the best plan of its
+/// levels in `pool`: its plan joins `pool`, its run `phases`.
+fn place_form(
+    profile: &Profile,
+    options: &SolveOptions,
+    (pool, phases, budget): (&mut Pool, &mut Vec<PhaseReport>, &mut Budget),
+    (form, work, extra): (Form, u64, &ExtraPositions),
+) -> Result<()> {
+    if !budget.can_start() {
+        return Ok(());
+    }
     let stop = Stop {
         work,
         objective_target: None,
         clock: budget.clock(),
     };
     let warm = pool.within(options.limits, extra);
-    let placement = run_highs(
-        profile,
-        (options, Form::Placement(levels), extra),
-        &warm,
-        stop,
-    )?;
+    let placement = run_highs(profile, (options, form, extra), &warm, stop)?;
     budget.spend(placement.work);
     phases.push(placement.phase);
     if let Some(schedule) = placement.schedule {

@@ -56,7 +56,11 @@ pub(super) fn run_highs(
 ) -> Result<Run> {
     let started = Instant::now();
     let built = build(profile, options, (form, extra));
-    let plans = matches!(form, Form::Mip | Form::Placement(_));
+    let plans = matches!(
+        form,
+        Form::Mip | Form::Placement(_) | Form::PlacementAmong(_)
+    );
+    let placement = matches!(form, Form::Placement(_) | Form::PlacementAmong(_));
     let rows = built.constraints.len();
     let mut model = highs_model(
         built.problem,
@@ -98,9 +102,13 @@ pub(super) fn run_highs(
         }
         Some(values)
     };
-    // A placement starts only from a plan of its own levels.
+    // A placement starts only from a plan of its own levels (and recompute, where it holds it).
     let of_form = |values: &Vec<f64>| match form {
         Form::Placement(levels) => levels_from_values(units, values) == levels,
+        Form::PlacementAmong(among) => levels_from_values(units, values)
+            .iter()
+            .zip(among)
+            .all(|(level, choices)| choices.contains(&level.choice)),
         _ => true,
     };
     if let Some(values) = warm.iter().filter_map(|(s, _)| values_of(s)).find(of_form) {
@@ -129,7 +137,8 @@ pub(super) fn run_highs(
         // An LP's value bounds only at its optimum.
         Form::FarBandsLp if status == HighsModelStatus::Optimal => solved.objective_value(),
         // A placement's bound holds only over the plans of its levels.
-        Form::FarBandsLp | Form::Placement(_) => f64::NEG_INFINITY,
+        Form::FarBandsLp => f64::NEG_INFINITY,
+        _ if placement => f64::NEG_INFINITY,
         _ => solved
             .double_info_value(c"mip_dual_bound")
             .unwrap_or(f64::NEG_INFINITY),
@@ -175,7 +184,7 @@ pub(super) fn run_highs(
     };
     let gap = if objective.is_finite() && bound.is_finite() {
         ((objective - bound) / objective.abs().max(1e-12)).max(0.0)
-    } else if matches!(form, Form::Placement(_)) {
+    } else if placement {
         f64::INFINITY
     } else {
         gap

@@ -7,7 +7,7 @@ use super::bound::FullWindowBound;
 use super::effort::Budget;
 use super::limits::PLACEMENT_DEPTH;
 use super::model::Form;
-use super::placement::place_each;
+use super::placement::{place_each, place_recompute_free};
 use super::pool::Pool;
 use super::refine::far_band_search;
 use super::run::{Run, Stop, run_highs};
@@ -35,10 +35,11 @@ const TIGHT_BOUND_GAP_FACTOR: f64 = 0.25;
 /// depth 4 and the positions where launches pay may take (the demo: 5,546 ms in 3 s, which the
 /// far-band search's restricted MIP then improves to 5,505 ms).
 const FAR_PLACEMENT_SHARE: f64 = 0.15;
-/// The effort share at most of the placement of the full-window LP's levels made whole (DESIGN
-/// §4.5, "placing the LP's levels"), before the depth-1 plan's: on the demo each runs to its
-/// own gap target past its share (29,703 and 28,436 LP iterations), so the first placed takes
-/// the far-band search's effort, and the LP's levels place faster (5,369.6 ms against 5,398.9).
+/// The effort share at most of the placement of the full-window LP's levels made whole, recompute
+/// free (DESIGN §4.5, "placing the LP's levels"), before the depth-1 plan's: on the demo it runs
+/// past its share (32,500 LP iterations where the share is 18,000: the meter stops HiGHS only
+/// between its checks), so it takes the far-band search's effort, and it places faster than the
+/// same levels with recompute fixed (5,353.8 ms against 5,369.6) or the depth-1 plan's (5,398.9).
 const SPREAD_PLACEMENT_SHARE: f64 = 0.3;
 /// Integer columns (full windows) above which the staged strategy pays.
 const STAGED_MIN_INTEGERS: usize = 3000;
@@ -223,7 +224,7 @@ fn own_mip(
 
 /// The bound priced from deeper windows and by column generation, and, given `far` (time
 /// objective), the search of launches outside depth 4 with the work left: on a profile with nodes
-/// the placements of the full-window LP's levels made whole (`super::rounding`,
+/// the placements of the full-window LP's levels made whole (`super::rounding`, recompute free:
 /// `SPREAD_PLACEMENT_SHARE` of the effort at most) and of `far`'s levels (the depth-1 plan's,
 /// `FAR_PLACEMENT_SHARE`) over depth 4 and the positions where launches pay in the full-window LP,
 /// then the far-band search.
@@ -255,18 +256,14 @@ fn widen_and_search(
     if nodes && !paying.is_empty() && !pool.proven(phases) {
         let placement = limited(options, PLACEMENT_DEPTH);
         let spread = bound.spread_levels().filter(|s| levels.as_ref() != Some(s));
-        for (candidate, share) in [
-            (spread, SPREAD_PLACEMENT_SHARE),
-            (levels, FAR_PLACEMENT_SHARE),
-        ] {
-            let work = budget.share(share);
-            place_each(
-                profile,
-                &placement,
-                (&mut *pool, &mut *phases, &mut *budget),
-                ([candidate], work, paying),
-            )?;
+        if let Some(spread) = &spread {
+            let work = budget.share(SPREAD_PLACEMENT_SHARE);
+            let search = (&mut *pool, &mut *phases, &mut *budget);
+            place_recompute_free(profile, &placement, search, (spread, work, paying))?;
         }
+        let work = budget.share(FAR_PLACEMENT_SHARE);
+        let search = (&mut *pool, &mut *phases, &mut *budget);
+        place_each(profile, &placement, search, ([levels], work, paying))?;
     }
     // On a profile with nodes the far-band relaxation's LP is too large for the time (the demo's:
     // 30,893 columns, unsolved after 6 s); the positions where launches pay stand for its bands.
