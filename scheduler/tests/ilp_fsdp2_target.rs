@@ -64,15 +64,16 @@ fn switch_choices(sharding: Sharding, micro_batches: u32) -> Vec<Switches> {
             if !reshard_after_backward && sharding == Sharding::Replicated {
                 continue;
             }
+            // The replica all-reduce can be deferred only over a mesh with gradient sync.
+            let deferrable = meshed && requires_gradient_sync;
             for requires_all_reduce in [true, false] {
-                if !requires_all_reduce && !(meshed && requires_gradient_sync) {
-                    continue;
+                if requires_all_reduce || deferrable {
+                    all.push(Switches {
+                        requires_gradient_sync,
+                        reshard_after_backward,
+                        requires_all_reduce,
+                    });
                 }
-                all.push(Switches {
-                    requires_gradient_sync,
-                    reshard_after_backward,
-                    requires_all_reduce,
-                });
             }
         }
     }
