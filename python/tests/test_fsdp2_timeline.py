@@ -10,7 +10,8 @@ micro-batch switches: fsdp2-nosync, ddp-nosync: no gradient sync; zero2: no resh
 backward; hsdp-ra-once: `set_requires_all_reduce(False)`; on the first micro-batch), every
 baseline of the profile with and without checkpointing (the offload ones: test_offload_export.py),
 and the ILP's plans at two caps (none, and 5% above the smallest peak of the target) for the
-runtime target and, at K = 1, the fsdp2 target. One process group per (N, K) runs every plan."""
+runtime target and the fsdp2 target (at K = 2 the micro-batch MIP over FSDP2's space, its switches
+per unit). One process group per (N, K) runs every plan."""
 
 import json
 import pathlib
@@ -109,8 +110,7 @@ class Fsdp2Timeline(unittest.TestCase):
             prof = d / "tiny.toml"
             tiny_profile(d, batch(0, 1), prof, name=f"tiny gpt n{world} k{micro_batches}", world=world,
                          micro_batches=micro_batches, **nodes)
-            # The FSDP2 target solves K = 1 (DESIGN §4.9).
-            plans = self.ilp(d, prof, ["runtime", "fsdp2"] if micro_batches == 1 else ["runtime"])
+            plans = self.ilp(d, prof, ["runtime", "fsdp2"])
             predicted = self.check(d, prof, kinds, world, plans)
             exports = {name: json.loads((d / f"{name}.fsdp2.json").read_text()) for name in plans}
         for name, export in exports.items():

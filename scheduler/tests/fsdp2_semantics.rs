@@ -9,7 +9,7 @@ use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::export::fsdp2 as export;
 use shardplan_scheduler::fsdp2::{Reshard, Settings, Sharding, UnitSettings, evaluate};
 use shardplan_scheduler::profile::Profile;
-use shardplan_scheduler::schedule::Recompute;
+use shardplan_scheduler::schedule::{Recompute, ReplicaReduce};
 use shardplan_scheduler::timeline::Op;
 
 /// Four units of Ψ 1000 (one block), f 10, b 20, act 100, N = 4, p = g = 2, o = 12, κ = 0; every
@@ -372,4 +372,104 @@ fn a_tied_replicated_lender_keeps_its_copy_from_its_forward_to_its_post_backward
     for (s, (t, u)) in memory(&tied).iter().zip(memory(&untied)).enumerate() {
         close(t - u, held[s], &format!("slot {s}"));
     }
+}
+
+/// K = 2 micro-batches of fsdp_chain: gradient sync every micro-batch (FSDP2's default) against
+/// u2 with `set_requires_gradient_sync(False)` on the first (no_sync).
+/// Default: each micro-batch is K = 1's timeline, I in place of E (u1's RS^1 and u1's gather for
+/// micro-batch 2 there, 21 + 21): 21 21 21 10 21 42 42 21 42 twice → 482.
+/// no_sync: micro-batch 1's B1 loses RS2 (21): max(20, 0) = 20 → 481; micro-batch 2 unchanged.
+/// Memory at F1 of micro-batch 2 (unrolled slot 9): persistent 16000, u1's activations 100, u1's
+/// gather (launched at I) 2000 and u2's (launched at F1) 2000 → 20100; FSDP2 adds u1's all-gather
+/// output at its copy-out, 2000 → 22100. With no_sync u2's unsharded gradient (2000) lives on from
+/// B2 of micro-batch 1 → 22100, FSDP2 24100. FSDP2's timeline: B:u2 of micro-batch 1 reduces u2
+/// by default, nothing under no_sync; micro-batch 2's reduces it either way.
+#[test]
+fn no_sync_skips_the_reduce_scatter_of_every_micro_batch_but_the_last() {
+    let p = four_units(2);
+    let every = Settings::new(&p, fsdp_chain()).unwrap();
+    let e = evaluate(&p, &every);
+    let once: Vec<f64> = [21.0, 21.0, 21.0, 10.0, 21.0, 42.0, 42.0, 21.0, 42.0].to_vec();
+    let durations: Vec<f64> = e.strict.slots.iter().map(|s| s.duration_us).collect();
+    assert_eq!(durations, [once.clone(), once.clone()].concat());
+    close(e.iteration_time_us(), 482.0, "RS every micro-batch");
+    close(
+        e.strict.slots[9].memory_bytes,
+        20100.0,
+        "F1 of micro-batch 2, model",
+    );
+    close(e.memory_bytes[9], 22100.0, "F1 of micro-batch 2, FSDP2");
+    let reduced = |e: &shardplan_scheduler::fsdp2::Evaluation, m: u32| {
+        let b2 = e
+            .timeline
+            .iter()
+            .find(|t| t.micro_batch == Some(m) && t.at == "B:u2");
+        b2.unwrap().reduced.clone()
+    };
+    assert_eq!(reduced(&e, 1), ["u2"]);
+
+    let mut units = fsdp_chain();
+    units[1].requires_gradient_sync = false;
+    let no_sync = Settings::new(&p, units).unwrap();
+    let u2 = &no_sync.schedule().units()[1];
+    assert!(u2.accumulation.accumulate);
+    let e = evaluate(&p, &no_sync);
+    let mut first = once.clone();
+    first[7] = 20.0;
+    let durations: Vec<f64> = e.strict.slots.iter().map(|s| s.duration_us).collect();
+    assert_eq!(durations, [first, once].concat());
+    close(e.iteration_time_us(), 481.0, "no_sync");
+    close(
+        e.strict.slots[9].memory_bytes,
+        22100.0,
+        "F1 of micro-batch 2, model",
+    );
+    close(e.memory_bytes[9], 24100.0, "F1 of micro-batch 2, FSDP2");
+    assert!(reduced(&e, 1).is_empty());
+    assert_eq!(reduced(&e, 2), ["u2"]);
+    // The export of the settings' own schedule is exact and sets the switch.
+    let exported = export(&p, no_sync.schedule()).unwrap();
+    assert!(exported.exact, "{:?}", exported.approximations);
+    assert!(!exported.units[1].requires_gradient_sync);
+    assert_eq!(exported.fsdp2_iteration_time_us, 481.0);
+}
+
+/// K = 2 on three_units_on_two_nodes, u2 HSDP over its node (as in
+/// hsdp_all_reduces_across_replicas_after_the_reduce_scatter): by default each micro-batch runs
+/// K = 1's slots, I in place of E with RS1 45, u2's replica AllReduce 23 and u1's gather 90 on the
+/// inter link (158): 10 30 5 10 105 20 158 twice → 676. With `set_requires_all_reduce(False)` on
+/// the first micro-batch, u2 reduce-scatters in its node after B2 (B1: max(20, 5) = 20 as before)
+/// and all-reduces only after the last: I = 45 + 90 = 135 → 653.
+#[test]
+fn hsdp_all_reduces_once_without_requires_all_reduce() {
+    let mut p = three_units_on_two_nodes();
+    p.micro_batches = 2;
+    let hsdp = || {
+        three(
+            sharded(None, Reshard::Free),
+            sharded(Some(2), Reshard::Free),
+        )
+    };
+    let every = Settings::new(&p, hsdp()).unwrap();
+    let e = evaluate(&p, &every);
+    let each = [10.0, 30.0, 5.0, 10.0, 105.0, 20.0, 158.0];
+    let durations: Vec<f64> = e.strict.slots.iter().map(|s| s.duration_us).collect();
+    assert_eq!(durations, [each, each].concat());
+    close(e.iteration_time_us(), 676.0, "RA every micro-batch");
+
+    let mut units = hsdp();
+    units[1].requires_all_reduce = false;
+    let once = Settings::new(&p, units).unwrap();
+    let u2 = &once.schedule().units()[1];
+    assert_eq!(u2.accumulation.replica_reduce, ReplicaReduce::Last);
+    let e = evaluate(&p, &once);
+    let mut first = each;
+    first[6] = 135.0;
+    let durations: Vec<f64> = e.strict.slots.iter().map(|s| s.duration_us).collect();
+    assert_eq!(durations, [first, each].concat());
+    close(e.iteration_time_us(), 653.0, "RA once");
+    let exported = export(&p, once.schedule()).unwrap();
+    assert!(exported.exact, "{:?}", exported.approximations);
+    assert!(!exported.units[1].requires_all_reduce);
+    assert_eq!(exported.fsdp2_iteration_time_us, 653.0);
 }

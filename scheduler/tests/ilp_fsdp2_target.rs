@@ -2,10 +2,11 @@
 //! units, N ∈ {2, 4, 8}, nodes and hpz on some, a tied head on some, recompute on and off) its
 //! optimum equals the fastest of every FSDP2 setting enumerated unit by unit — sharding
 //! (replicated, kept, freed, freed to a secondary group H, over the world or a shard group),
-//! recompute, which earlier unit's forward list and which later unit's backward list names it —
-//! and judged by `fsdp2::evaluate` alone, at caps from infeasible through every setting's peak to
-//! none. Every plan it returns exports exactly, with FSDP2's time equal to the plan's and FSDP2's
-//! peak within the cap.
+//! recompute, which earlier unit's forward list and which later unit's backward list names it,
+//! and at K = 2 micro-batches the three switches (`requires_gradient_sync`,
+//! `reshard_after_backward`, `requires_all_reduce`) — and judged by `fsdp2::evaluate` alone, at
+//! caps from infeasible through every setting's peak to none. Every plan it returns exports
+//! exactly, with FSDP2's time equal to the plan's and FSDP2's peak within the cap.
 
 mod common;
 
@@ -18,15 +19,65 @@ use shardplan_scheduler::ilp::{Objective, SolveOptions, Target, solve};
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::timeline::{Op, Timeline};
 
-/// One unit's settings without its place in other units' lists: its sharding, recompute, and
-/// the unit whose forward (backward) list names it (None: no gather to issue, or unit 1's own at
-/// E).
+/// One unit's settings without its place in other units' lists: its sharding, recompute, the
+/// unit whose forward (backward) list names it (None: no gather to issue, or unit 1's own at
+/// E), and its micro-batch switches.
 #[derive(Clone, Copy)]
 struct Choice {
     sharding: Sharding,
     recompute: bool,
     forward_issuer: Option<usize>,
     backward_issuer: Option<usize>,
+    switches: Switches,
+}
+
+/// FSDP2's micro-batch switches of one unit (true: FSDP2's default).
+#[derive(Clone, Copy)]
+struct Switches {
+    requires_gradient_sync: bool,
+    reshard_after_backward: bool,
+    requires_all_reduce: bool,
+}
+
+/// Every switch setting of a unit placed as `sharding` with `micro_batches` per step: none but
+/// the defaults at K = 1; at K ≥ 2 gradient sync on or off, resharding after backward off only
+/// for a sharded unit, the replica all-reduce off only over a shard group with gradient sync.
+fn switch_choices(sharding: Sharding, micro_batches: u32) -> Vec<Switches> {
+    let defaults = Switches {
+        requires_gradient_sync: true,
+        reshard_after_backward: true,
+        requires_all_reduce: true,
+    };
+    if micro_batches < 2 {
+        return vec![defaults];
+    }
+    let meshed = matches!(
+        sharding,
+        Sharding::Sharded {
+            shard_group: Some(_),
+            ..
+        }
+    );
+    let mut all = Vec::new();
+    for requires_gradient_sync in [true, false] {
+        for reshard_after_backward in [true, false] {
+            if !reshard_after_backward && sharding == Sharding::Replicated {
+                continue;
+            }
+            // The replica all-reduce can be deferred only over a mesh with gradient sync.
+            let deferrable = meshed && requires_gradient_sync;
+            for requires_all_reduce in [true, false] {
+                if requires_all_reduce || deferrable {
+                    all.push(Switches {
+                        requires_gradient_sync,
+                        reshard_after_backward,
+                        requires_all_reduce,
+                    });
+                }
+            }
+        }
+    }
+    all
 }
 
 /// Every choice of unit `i` FSDP2 can execute in the slot model.
@@ -83,12 +134,15 @@ fn unit_choices(profile: &Profile, i: usize, recompute: bool) -> Vec<Choice> {
         } {
             for &forward_issuer in &forward {
                 for &backward_issuer in &backward {
-                    choices.push(Choice {
-                        sharding,
-                        recompute,
-                        forward_issuer,
-                        backward_issuer,
-                    });
+                    for switches in switch_choices(sharding, profile.micro_batches) {
+                        choices.push(Choice {
+                            sharding,
+                            recompute,
+                            forward_issuer,
+                            backward_issuer,
+                            switches,
+                        });
+                    }
                 }
             }
         }
@@ -109,6 +163,9 @@ fn enumerate(profile: &Profile, recompute: bool) -> Vec<(f64, u64)> {
             .iter()
             .map(|c| UnitSettings {
                 recompute: c.recompute,
+                requires_gradient_sync: c.switches.requires_gradient_sync,
+                reshard_after_backward: c.switches.reshard_after_backward,
+                requires_all_reduce: c.switches.requires_all_reduce,
                 ..UnitSettings::new(c.sharding)
             })
             .collect();
@@ -152,6 +209,113 @@ fn fastest_within(results: &[(f64, u64)], cap: Option<u64>) -> Option<f64> {
         .min_by(f64::total_cmp)
 }
 
+/// What the solves at every cap of one instance found.
+#[derive(Default)]
+struct AtCaps {
+    solves: usize,
+    infeasible: usize,
+    /// Plans that set a micro-batch switch on some unit.
+    switched: usize,
+}
+
+/// Solves `profile` for the FSDP2 target at caps from below every setting's peak through every
+/// quarter of the peaks to none, each answer against the fastest of `results` within the cap:
+/// the same time, an exact export at the plan's time, FSDP2's peak within the cap.
+fn solve_at_every_cap(
+    seed: u64,
+    profile: &Profile,
+    recompute: bool,
+    results: &[(f64, u64)],
+) -> AtCaps {
+    let mut peaks: Vec<u64> = results.iter().map(|r| r.1).collect();
+    peaks.sort_unstable();
+    peaks.dedup();
+    let mut caps: Vec<Option<u64>> = vec![None, Some(peaks[0] - 1)];
+    let step = (peaks.len() / 4).max(1);
+    caps.extend(peaks.iter().step_by(step).map(|&p| Some(p)));
+    let mut found = AtCaps::default();
+    for cap in caps {
+        let options = SolveOptions {
+            memory_cap_bytes: cap,
+            relative_gap: 0.0,
+            allow_recompute: recompute,
+            target: Target::Fsdp2,
+            ..SolveOptions::default()
+        };
+        let best = fastest_within(results, cap);
+        match (solve(profile, &options), best) {
+            (Ok(solved), Some(best)) => {
+                let t = solved.report.objective;
+                assert!(
+                    (t - best).abs() <= 1e-6 * best,
+                    "seed {seed} cap {cap:?}: ILP {t}, exhaustive {best}"
+                );
+                let exported = export(profile, &solved.schedule).unwrap();
+                assert!(exported.exact, "seed {seed}: {:?}", exported.approximations);
+                let plan_time = solved.simulation.iteration_time_us;
+                assert_eq!(exported.fsdp2_iteration_time_us, plan_time);
+                assert!((plan_time - t).abs() <= 1e-9 * t);
+                assert!(cap.is_none_or(|c| exported.fsdp2_peak_memory_bytes <= c));
+                let switched = exported.units.iter().any(|u| {
+                    !u.requires_gradient_sync || !u.reshard_after_backward || !u.requires_all_reduce
+                });
+                found.switched += usize::from(switched);
+                found.solves += 1;
+            }
+            (Err(Error::Infeasible(_)), None) => found.infeasible += 1,
+            (answer, best) => panic!(
+                "seed {seed} cap {cap:?}: ILP {:?}, exhaustive {best:?}",
+                answer.map(|s| s.report.objective)
+            ),
+        }
+    }
+    found
+}
+
+/// K = 2 micro-batches (DESIGN §4.9, "The fsdp2 space at K ≥ 2"): the micro-batch MIP over
+/// FSDP2's space equals the enumeration of every setting with the three switches, on 2 and 3
+/// units (recompute on the 2-unit ones), nodes and hpz on some, a tied head on some.
+#[test]
+fn fsdp2_target_at_two_micro_batches_equals_exhaustive_enumeration() {
+    let (mut at_caps, mut tied, mut hierarchical) = (AtCaps::default(), 0, 0);
+    for seed in 0..12u64 {
+        let mut rng = Rng(seed * 15485863 + 5);
+        let units = 2 + (seed % 2) as usize;
+        let kappa = if seed % 3 == 0 { 0.0 } else { 0.1 };
+        let recompute = units == 2;
+        let mut profile = random_profile(&mut rng, units, kappa, 2000);
+        profile.micro_batches = 2;
+        if seed % 4 == 1 {
+            profile.units[units - 1].reads_params_of = Some(profile.units[0].name.clone());
+            tied += 1;
+        }
+        if seed % 4 != 3 && with_topology(&mut rng, &mut profile) {
+            hierarchical += 1;
+        }
+        let results = enumerate(&profile, recompute);
+        assert!(!results.is_empty(), "seed {seed}: no FSDP2 setting");
+        let checked = solve_at_every_cap(seed, &profile, recompute, &results);
+        at_caps.solves += checked.solves;
+        at_caps.infeasible += checked.infeasible;
+        at_caps.switched += checked.switched;
+    }
+    assert!(at_caps.solves >= 48, "{} solves", at_caps.solves);
+    assert!(
+        at_caps.infeasible >= 12,
+        "{} infeasible",
+        at_caps.infeasible
+    );
+    assert!(
+        at_caps.switched >= 12,
+        "{} plans with switches",
+        at_caps.switched
+    );
+    assert!(
+        tied >= 3 && hierarchical >= 3,
+        "{tied} tied, {hierarchical} with nodes"
+    );
+}
+
 #[test]
 fn fsdp2_target_optimum_equals_exhaustive_enumeration_of_fsdp2_settings() {
     let (mut instances, mut solves, mut infeasible, mut tied, mut hierarchical) = (0, 0, 0, 0, 0);
@@ -173,43 +337,8 @@ fn fsdp2_target_optimum_equals_exhaustive_enumeration_of_fsdp2_settings() {
         let results = enumerate(&profile, recompute);
         assert!(!results.is_empty(), "seed {seed}: no FSDP2 setting");
         instances += 1;
-        let mut peaks: Vec<u64> = results.iter().map(|r| r.1).collect();
-        peaks.sort_unstable();
-        peaks.dedup();
-        let mut caps: Vec<Option<u64>> = vec![None, Some(peaks[0] - 1)];
-        let step = (peaks.len() / 4).max(1);
-        caps.extend(peaks.iter().step_by(step).map(|&p| Some(p)));
-        for cap in caps {
-            let options = SolveOptions {
-                memory_cap_bytes: cap,
-                relative_gap: 0.0,
-                allow_recompute: recompute,
-                target: Target::Fsdp2,
-                ..SolveOptions::default()
-            };
-            let best = fastest_within(&results, cap);
-            match (solve(&profile, &options), best) {
-                (Ok(solved), Some(best)) => {
-                    let t = solved.report.objective;
-                    assert!(
-                        (t - best).abs() <= 1e-6 * best,
-                        "seed {seed} cap {cap:?}: ILP {t}, exhaustive {best}"
-                    );
-                    let exported = export(&profile, &solved.schedule).unwrap();
-                    assert!(exported.exact, "seed {seed}: {:?}", exported.approximations);
-                    let plan_time = solved.simulation.iteration_time_us;
-                    assert_eq!(exported.fsdp2_iteration_time_us, plan_time);
-                    assert!((plan_time - t).abs() <= 1e-9 * t);
-                    assert!(cap.is_none_or(|c| exported.fsdp2_peak_memory_bytes <= c));
-                    solves += 1;
-                }
-                (Err(Error::Infeasible(_)), None) => infeasible += 1,
-                (answer, best) => panic!(
-                    "seed {seed} cap {cap:?}: ILP {:?}, exhaustive {best:?}",
-                    answer.map(|s| s.report.objective)
-                ),
-            }
-        }
+        let checked = solve_at_every_cap(seed, &profile, recompute, &results);
+        (solves, infeasible) = (solves + checked.solves, infeasible + checked.infeasible);
     }
     assert_eq!(instances, 18);
     assert!(solves >= 80, "{solves} solves");

@@ -69,11 +69,8 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
             &result.simulation,
         ));
     }
-    // The FSDP2 target solves K = 1 only (DESIGN §4.9): with micro-batches the demo leaves it
-    // out unless asked for (then the solve says why not).
     let targets = match args.target {
         Some(t) => vec![Target::from(t)],
-        None if profile.micro_batches >= 2 => vec![Target::Runtime],
         None => Target::ALL.to_vec(),
     };
     let mut ilp_times = Vec::new();

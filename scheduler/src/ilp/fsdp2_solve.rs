@@ -1,5 +1,6 @@
 //! The solve over FSDP2's space (`--target fsdp2`, DESIGN §4.9): one MIP over the full windows
-//! restricted by `super::target`, warm-started from the best baseline whose FSDP2 export is
+//! restricted by `super::target` (at K ≥ 2 the micro-batch MIP restricted alike, with the
+//! switches per unit: `super::micro::run_fsdp2`), warm-started from the best baseline whose FSDP2 export is
 //! exact and fits, every candidate judged by its export (exact, FSDP2's peak within the cap,
 //! FSDP2's time within the ceiling of the memory objective), the gap proven against the MIP's
 //! bound over the whole restricted space. The objective is FSDP2's time, or FSDP2's peak.
@@ -16,7 +17,6 @@ use crate::export::fsdp2 as export;
 use crate::profile::Profile;
 use crate::schedule::Schedule;
 use crate::sim::{Semantics, simulate};
-use crate::target::Target;
 use crate::{Error, Result};
 use std::num::NonZeroUsize;
 use std::time::Instant;
@@ -31,7 +31,6 @@ const CEILING_TOLERANCE: f64 = 1e-9;
 /// Solves for the fastest plan FSDP2 executes exactly within the cap, or (memory objective) the
 /// one of the smallest FSDP2 peak within the cap and the iteration-time ceiling.
 pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
-    refuse_unsupported(profile)?;
     let started = Instant::now();
     let clock = Clock::new(started, options.time_limit_s);
     let cap = options.memory_cap_bytes;
@@ -76,12 +75,17 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
             objective_target: None,
             clock: &clock,
         };
-        let run = run_highs(
-            profile,
-            (stage, Form::Mip, &ExtraPositions::new()),
-            &plans,
-            stop,
-        )?;
+        // K ≥ 2: the micro-batch MIP over FSDP2's space (its switches per unit, DESIGN §4.9).
+        let run = if profile.micro_batches >= 2 {
+            super::micro::run_fsdp2(profile, stage, &plans, stop)?
+        } else {
+            run_highs(
+                profile,
+                (stage, Form::Mip, &ExtraPositions::new()),
+                &plans,
+                stop,
+            )?
+        };
         budget.spend(run.work);
         infeasible = run.infeasible;
         if let Some(schedule) = run.schedule
@@ -191,21 +195,4 @@ pub(super) fn fsdp2_value(
         }
     };
     (exported.exact && fits).then_some(value)
-}
-
-/// What this round's FSDP2 target does not solve, a one-line error naming `--target`.
-fn refuse_unsupported(profile: &Profile) -> Result<()> {
-    if profile.micro_batches < 2 {
-        return Ok(());
-    }
-    Err(Error::invalid(
-        "solve",
-        "--target",
-        format!(
-            "`runtime` for a profile of {} micro-batches per step (the FSDP2 target solves K = 1 \
-             only), got `{}`",
-            profile.micro_batches,
-            Target::Fsdp2.name()
-        ),
-    ))
 }

@@ -4,7 +4,7 @@
 //! model's buffers in every memory row (DESIGN §3.12). The constraint families stay the runtime's.
 
 use super::variables::{Choice, UnitVars};
-use crate::fsdp2::{Reshard, Sharding, UnitSettings, copies, hooks};
+use crate::fsdp2::{ExtraCopy, Reshard, Sharding, UnitSettings, copies, hooks};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
 use good_lp::{Constraint, Expression, constraint};
@@ -31,27 +31,40 @@ pub(super) fn add_copies(
     units: &[UnitVars],
     scale: f64,
 ) {
-    let borrowers: Vec<Option<usize>> = (0..units.len()).map(|i| profile.borrower(i)).collect();
-    let kept = Sharding::Sharded {
-        shard_group: None,
-        reshard_after_forward: Reshard::Keep,
-    };
     for (i, u) in units.iter().enumerate() {
         for (choice, column) in u.choices() {
             let Some(y) = column else {
                 continue;
             };
-            let mut settings = vec![UnitSettings::new(kept); units.len()];
-            settings[i] = UnitSettings::new(sharding(u, choice));
-            let walk = hooks::walk(&settings, 1, &borrowers);
-            for copy in copies(profile, &settings, &walk)
-                .into_iter()
-                .filter(|c| c.unit == i)
-            {
+            for copy in unit_copies(profile, i, UnitSettings::new(sharding(u, choice)), 1) {
                 rows[copy.slot].add_mul(copy.bytes / scale, y.var);
             }
         }
     }
+}
+
+/// FSDP2's copies of unit `unit` at `settings` over `micro_batches` micro-batches (slots
+/// unrolled, micro-batch m's from m·(2L + 1)): the hooks' walk of that unit beside every other
+/// unit kept (sdp), its own copies only — they depend on its own settings alone (DESIGN §4.9).
+pub(super) fn unit_copies(
+    profile: &Profile,
+    unit: usize,
+    settings: UnitSettings,
+    micro_batches: usize,
+) -> Vec<ExtraCopy> {
+    let l = profile.unit_count();
+    let borrowers: Vec<Option<usize>> = (0..l).map(|i| profile.borrower(i)).collect();
+    let kept = Sharding::Sharded {
+        shard_group: None,
+        reshard_after_forward: Reshard::Keep,
+    };
+    let mut all = vec![UnitSettings::new(kept); l];
+    all[unit] = settings;
+    let walk = hooks::walk(&all, micro_batches, &borrowers);
+    copies(profile, &all, &walk)
+        .into_iter()
+        .filter(|c| c.unit == unit)
+        .collect()
 }
 
 /// FSDP2's sharding of a unit at an ILP choice.

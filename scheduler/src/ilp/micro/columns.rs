@@ -191,6 +191,9 @@ pub(super) struct Order {
 /// One unit's columns.
 pub(super) struct UnitCols {
     pub configs: Vec<(Config, Col)>,
+    /// The blocks one launch column counts (`Target::blocks_per_launch`): 1, or nb_i where the
+    /// target launches the unit whole (FSDP2).
+    pub blocks_per_launch: u32,
     /// r_i, absent where recomputation is not allowed.
     pub recompute: Option<Col>,
     pub launches: Vec<Launches>,

@@ -97,7 +97,7 @@ pub(super) fn memory_rows(
         let accumulating = step.at(0, backward)..=step.at(last, backward);
         over(&mut memory[accumulating], &accumulated, grad);
         for l in &u.launches {
-            let block = block_bytes(profile, i, l.key.op);
+            let block = block_bytes(profile, i, l.key.op) * f64::from(u.blocks_per_launch);
             let kind = l.key.op.window_kind();
             // Ψg·y − blk_g·C_{q−1}: what the set's configurations have not yet launched.
             let owed = u.y(|c: Config| l.key.runs(c));

@@ -11,6 +11,7 @@ mod linear;
 mod memory;
 mod model;
 mod pricing;
+mod target;
 
 use super::callback::solve_metered;
 use super::claim::claim;
@@ -37,6 +38,7 @@ use model::{Built, SlotTerms, Space, build};
 pub(super) use pricing::{generated, priced};
 use std::collections::BTreeMap;
 use std::time::Instant;
+pub(super) use target::run as run_fsdp2;
 
 /// Relative agreement required between the MIP's step time and the simulator's.
 const CONSISTENCY: f64 = 1e-6;
@@ -63,6 +65,7 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
         limits,
         added: &added,
         left_out: false,
+        target: options.target,
     };
     let built = build(
         profile,
@@ -272,6 +275,7 @@ pub fn rows_at(profile: &Profile, schedule: &Schedule) -> Option<(f64, Vec<f64>)
         limits: WindowLimits::FULL,
         added: &added,
         left_out: false,
+        target: crate::target::Target::Runtime,
     };
     let built = build(profile, space, RecomputeChoice::Allowed, (None, None));
     let parts = Parts {
@@ -359,8 +363,13 @@ fn values_of(profile: &Profile, parts: &Parts, schedule: &Schedule) -> Option<Ve
                     .iter()
                     .find(|k| k.slot == slot)
                     .map_or(0, |k| k.blocks);
-                values[x.index] = f64::from(blocks);
-                running += f64::from(blocks);
+                // A column counts whole launches of `blocks_per_launch` blocks.
+                if blocks % u.blocks_per_launch != 0 {
+                    return false;
+                }
+                let launched = f64::from(blocks / u.blocks_per_launch);
+                values[x.index] = launched;
+                running += launched;
                 values[c.index] = running;
                 placed += blocks;
             }
@@ -420,6 +429,12 @@ fn schedule_from(profile: &Profile, units: &[UnitCols], values: &[f64]) -> Resul
                 u.set_of(config, model_op(op), boundary)
                     .map(|l| launches_of(l.window, &l.positions, &l.x, values))
                     .unwrap_or_default()
+                    .into_iter()
+                    .map(|k| Launch {
+                        blocks: k.blocks * u.blocks_per_launch,
+                        ..k
+                    })
+                    .collect::<Vec<_>>()
             };
             let launches: BTreeMap<Op, Vec<Launch>> = config
                 .level

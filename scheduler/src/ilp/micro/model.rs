@@ -14,6 +14,7 @@ use crate::ilp::WindowLimits;
 use crate::ilp::variables::{Col, Columns};
 use crate::profile::{Link, Profile};
 use crate::schedule::{RecomputeChoice, ReplicaReduce};
+use crate::target::Target;
 use crate::timeline::{Op, Timeline, Window, WindowKind};
 use good_lp::{Constraint, Expression, constraint};
 use std::collections::{BTreeMap, BTreeSet};
@@ -78,12 +79,14 @@ pub(super) struct KeptRows {
 
 /// Which launch positions get columns: those `limits` allow and those `added` names (column
 /// generation's); with `left_out`, every other window position too, as a column fixed at 0 whose
-/// reduced cost the LP reports (`super::pricing`), all columns relaxed.
+/// reduced cost the LP reports (`super::pricing`), all columns relaxed; `target`'s positions,
+/// whole launches and configurations only (DESIGN §4.9, `super::target`).
 #[derive(Clone, Copy)]
 pub(super) struct Space<'a> {
     pub limits: WindowLimits,
     pub added: &'a Added,
     pub left_out: bool,
+    pub target: Target,
 }
 
 /// Declares the columns (launches at the positions `limits` allow) and builds every row family;
@@ -143,7 +146,11 @@ pub(super) fn build(
             constraints.push(constraint!(d.var >= comm));
         }
     }
-    let memory = memory_rows(profile, step, &units, &communicators);
+    let mut memory = memory_rows(profile, step, &units, &communicators);
+    if space.target == Target::Fsdp2 {
+        super::target::add_copies(&mut memory, profile, step, &units);
+        constraints.extend(units.iter().flat_map(super::target::inner_gathers_as_step));
+    }
     if let Some(cap) = cap {
         for m in &memory {
             // M_s ≤ M, in units of the cap.
@@ -293,10 +300,14 @@ fn declare(
     i: usize,
     allow_recompute: RecomputeChoice,
 ) -> UnitCols {
-    let all = Config::all(profile, i);
+    let all: Vec<Config> = Config::all(profile, i)
+        .into_iter()
+        .filter(|&c| super::target::offers(profile, space.target, i, c))
+        .collect();
     let configs = all.iter().map(|&c| (c, columns.binary())).collect();
     let recompute = allow_recompute.is_allowed().then(|| columns.binary());
-    let nb = profile.blocks(i);
+    let blocks_per_launch = space.target.blocks_per_launch(profile, i);
+    let nb = profile.blocks(i) / blocks_per_launch;
     let mut launches = Vec::new();
     for (set, key) in set_keys(&all).into_iter().enumerate() {
         let mut window = timeline.window(i, key.op.window_kind());
@@ -317,8 +328,9 @@ fn declare(
         let added = space.added.get(&(i, set));
         let restricted: Vec<bool> = (0..window.len)
             .map(|p| {
-                space.limits.positions(key.op, window).contains(&p)
-                    || added.is_some_and(|a| a.contains(&p))
+                (space.limits.positions(key.op, window).contains(&p)
+                    || added.is_some_and(|a| a.contains(&p)))
+                    && space.target.allows(timeline, (i, key.op), window, p)
             })
             .collect();
         let positions: Vec<usize> = (0..window.len)
@@ -362,6 +374,7 @@ fn declare(
     }
     UnitCols {
         configs,
+        blocks_per_launch,
         recompute,
         launches,
         orders,
@@ -372,7 +385,7 @@ fn declare(
 /// step boundary per group (DESIGN §4.2's Z rows, with §3.11's gap). Beside the rows, where the
 /// one-configuration row and each set's coverage row lie among them.
 fn unit_rows(profile: &Profile, i: usize, u: &UnitCols) -> (Vec<Constraint>, KeptRows) {
-    let nb = f64::from(profile.blocks(i));
+    let nb = f64::from(profile.blocks(i) / u.blocks_per_launch);
     let mut rows = vec![constraint!(u.y(|_| true).expression() == 1.0)];
     let mut kept = KeptRows {
         one: 0,
@@ -388,7 +401,8 @@ fn unit_rows(profile: &Profile, i: usize, u: &UnitCols) -> (Vec<Constraint>, Kep
             };
             rows.push(constraint!(l.running[p].var == before + l.x[p].var));
         }
-        // Σ_p x_p = nb·Σ y_c over the configurations that run the set.
+        // Σ_p x_p = nb·Σ y_c over the configurations that run the set (nb launches of the
+        // target: blocks, or 1 where it launches the unit whole).
         let covered = u.y(|c| l.key.runs(c)).expression() * nb;
         let total = l.running[l.running.len() - 1].var;
         kept.coverage.push(rows.len());
@@ -477,7 +491,9 @@ fn slot_terms(
                 if inner {
                     block.update_us = 0.0;
                 }
-                let load = interference.load_us(part_op, block);
+                // One column launches `blocks_per_launch` blocks.
+                let per_launch = f64::from(u.blocks_per_launch);
+                let load = interference.load_us(part_op, block) * per_launch;
                 let link = link_index(among);
                 // The follower's position may be the op's window's last, one past the set's.
                 let window = Window {
@@ -487,7 +503,7 @@ fn slot_terms(
                 for instance in step.instances(op, l.key.boundary) {
                     for (&pos, x) in l.positions.iter().zip(&l.x) {
                         let s = step.position(window, op.window_kind(), instance, pos + offset);
-                        terms[s].comm[link].add(*x, block.total_us());
+                        terms[s].comm[link].add(*x, block.total_us() * per_launch);
                         terms[s].load.add(*x, load);
                     }
                 }

@@ -59,6 +59,7 @@ pub(in crate::ilp) fn priced(
         limits,
         added,
         left_out: true,
+        target: options.target,
     };
     let built = build(
         profile,
@@ -87,7 +88,7 @@ pub(in crate::ilp) fn priced(
     let mut priced = vec![false; count];
     let mut entering = Added::new();
     for (i, (u, kept)) in units.iter().zip(&kept).enumerate() {
-        let nb = f64::from(profile.blocks(i));
+        let nb = f64::from(profile.blocks(i) / u.blocks_per_launch);
         // Per column set, nb blocks at its cheapest position of the full window.
         let mut cheapest = Vec::new();
         for (set, (l, &coverage)) in u.launches.iter().zip(&kept.coverage).enumerate() {
