@@ -185,8 +185,8 @@ mod tests {
         assert_eq!(recomputes, [false, true, true, false, true]);
     }
 
-    /// gpt2-tiny on 2 nodes of 8 at K = 2, at a cap halfway between fsdp2+ckpt's peak and
-    /// hsdp+ckpt's: the full-window MIP's optimum, its own configurations placed over full
+    /// gpt2-tiny on 2 nodes of 8 at K = 2, at fsdp2+ckpt's peak (a cap equal to a plan's peak,
+    /// below every replicated unit's state): the full-window MIP's optimum, its own configurations placed over full
     /// windows, comes back at its value (the placement is a restriction of the MIP, so never
     /// below it, and holds the optimum, so never above), every unit at its configuration and
     /// recompute; and a placement of other configurations holds them.
@@ -199,11 +199,8 @@ mod tests {
         };
         let catalog = Catalog::bundled().unwrap();
         let profile = analytic_profile(&zoo("gpt2-tiny"), &catalog, &analytic).unwrap();
-        let peak = |kind| {
-            let plan = baseline(&profile, kind, Recompute::On, None).unwrap();
-            plan.simulation.peak_memory_bytes
-        };
-        let cap = (peak(BaselineKind::Fsdp2) + peak(BaselineKind::Hsdp)) / 2.0;
+        let fsdp2 = baseline(&profile, BaselineKind::Fsdp2, Recompute::On, None).unwrap();
+        let cap = fsdp2.simulation.peak_memory_bytes.ceil();
         let options = SolveOptions {
             memory_cap_bytes: Some(cap as u64),
             relative_gap: 0.0,
