@@ -61,9 +61,11 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
     // On a profile with nodes, the depth-1 MIP first (`staged`): its plan warm-starts the main
     // MIP beside the baseline, the better first.
     let first = if staged {
-        let (first, phase) = staged::depth_one(profile, options, baseline.as_ref(), &mut budget)?;
-        phases.extend(phase);
-        first
+        let found = staged::depth_one(profile, options, baseline.as_ref(), &mut budget)?;
+        found.map(|d| {
+            phases.push(d.phase);
+            d.plan
+        })
     } else {
         None
     };

@@ -32,16 +32,22 @@ pub(super) fn applies(profile: &Profile, options: &SolveOptions, limits: WindowL
     profile.topology.is_some() && options.objective == Objective::Time && limits != options.limits
 }
 
-/// The depth-1 MIP in its share of `budget`, warm-started from `baseline`: its plan, and its run
-/// as a phase over the depth-1 plans.
+/// What the depth-1 MIP found: its plan and its run as a phase over the depth-1 plans.
+pub(super) struct DepthOne {
+    pub plan: (Schedule, Simulation),
+    pub phase: PhaseReport,
+}
+
+/// The depth-1 MIP in its share of `budget`, warm-started from `baseline`; None where it found no
+/// plan or could not start.
 pub(super) fn depth_one(
     profile: &Profile,
     options: &SolveOptions,
     baseline: Option<&(Schedule, Simulation)>,
     budget: &mut Budget,
-) -> Result<(Option<(Schedule, Simulation)>, Option<PhaseReport>)> {
+) -> Result<Option<DepthOne>> {
     if !budget.can_start() {
-        return Ok((None, None));
+        return Ok(None);
     }
     let started = Instant::now();
     let none = Added::new();
@@ -57,7 +63,7 @@ pub(super) fn depth_one(
     let run = run_mip(profile, options, (space, work), &warm, budget.clock())?;
     budget.spend(run.work);
     let Some((schedule, simulation)) = run.found else {
-        return Ok((None, None));
+        return Ok(None);
     };
     let objective = options.objective.value_of(&simulation);
     let best_bound = run.dual_bound.min(objective);
@@ -84,7 +90,10 @@ pub(super) fn depth_one(
         integer_variables: run.size.integer_variables,
         constraints: run.size.constraints,
     };
-    Ok((Some((schedule, simulation)), Some(phase)))
+    Ok(Some(DepthOne {
+        plan: (schedule, simulation),
+        phase,
+    }))
 }
 
 /// The placements at fixed configurations over the windows `limits` and the positions column
