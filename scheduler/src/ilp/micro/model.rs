@@ -80,13 +80,23 @@ pub(super) struct KeptRows {
 /// Which launch positions get columns: those `limits` allow and those `added` names (column
 /// generation's); with `left_out`, every other window position too, as a column fixed at 0 whose
 /// reduced cost the LP reports (`super::pricing`), all columns relaxed; `target`'s positions,
-/// whole launches and configurations only (DESIGN §4.9, `super::target`).
+/// whole launches and configurations only (DESIGN §4.9, `super::target`). With `fixed`, each
+/// unit's configuration and recompute are held (a placement, `super::placement`).
 #[derive(Clone, Copy)]
 pub(super) struct Space<'a> {
     pub limits: WindowLimits,
     pub added: &'a Added,
     pub left_out: bool,
     pub target: Target,
+    pub fixed: Option<&'a [Fixed]>,
+}
+
+/// A unit's configuration and recompute flag, held by a placement (DESIGN §4.8: "placements fix
+/// configurations").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Fixed {
+    pub config: Config,
+    pub recompute: bool,
 }
 
 /// Declares the columns (launches at the positions `limits` allow) and builds every row family;
@@ -127,6 +137,9 @@ pub(super) fn build(
                 .collect(),
         });
         constraints.extend(rows);
+        if let Some(fixed) = space.fixed {
+            constraints.extend(fixed_rows(u, fixed[i]));
+        }
         for c in &communicators {
             // u ≥ Σ y_c over the unit's configurations that use the communicator.
             let users = u.y(|config| c.used_by(config)).expression();
@@ -432,6 +445,21 @@ fn unit_rows(profile: &Profile, i: usize, u: &UnitCols) -> (Vec<Constraint>, Kep
         }
     }
     (rows, kept)
+}
+
+/// A placement's rows (DESIGN §4.8): the unit's configuration and recompute held,
+///
+///     y_{i,ĉ_i} = 1,   r_i = r̂_i
+///
+/// (with the one-configuration row, every other y_{i,c} is 0); a unit without a recompute
+/// column never recomputes, so r̂_i is false there.
+fn fixed_rows(u: &UnitCols, fixed: Fixed) -> Vec<Constraint> {
+    let held = u.y(|c| c == fixed.config).expression();
+    let mut rows = vec![constraint!(held == 1.0)];
+    if let Some(r) = u.recompute {
+        rows.push(constraint!(r.var == f64::from(u8::from(fixed.recompute))));
+    }
+    rows
 }
 
 /// Per unrolled slot its terms: the unit's compute (none at I, the extra time at E), and the

@@ -20,6 +20,7 @@
 //! generation adds the left-out positions of most negative reduced cost and prices again.
 
 use super::model::{Added, Built, Space, build};
+use super::placement::Fractional;
 use crate::Result;
 use crate::ilp::effort::Budget;
 use crate::ilp::run::lp_optimum;
@@ -38,6 +39,9 @@ pub(in crate::ilp) struct Priced {
     pub bound: f64,
     pub restricted_optimum: f64,
     pub entering: Added,
+    /// Per unit, the restricted LP's configurations and recompute (`super::placement` rounds
+    /// them).
+    pub(super) fractional: Vec<Fractional>,
     /// The restricted LP's size and work.
     pub phase: PhaseReport,
 }
@@ -60,6 +64,7 @@ pub(in crate::ilp) fn priced(
         added,
         left_out: true,
         target: options.target,
+        fixed: None,
     };
     let built = build(
         profile,
@@ -87,6 +92,17 @@ pub(in crate::ilp) fn priced(
     let mut lagrangian = z;
     let mut priced = vec![false; count];
     let mut entering = Added::new();
+    let fractional = units
+        .iter()
+        .map(|u| Fractional {
+            configs: u
+                .configs
+                .iter()
+                .map(|&(c, y)| (c, values[y.index]))
+                .collect(),
+            recompute: u.recompute.map_or(0.0, |r| values[r.index]),
+        })
+        .collect();
     for (i, (u, kept)) in units.iter().zip(&kept).enumerate() {
         let nb = f64::from(profile.blocks(i) / u.blocks_per_launch);
         // Per column set, nb blocks at its cheapest position of the full window.
@@ -154,6 +170,7 @@ pub(in crate::ilp) fn priced(
         bound: lagrangian,
         restricted_optimum: z,
         entering,
+        fractional,
         phase: PhaseReport {
             window_depth: WindowLimits::FULL,
             relaxation: Some(Relaxation::Lp),
@@ -170,11 +187,18 @@ pub(in crate::ilp) fn priced(
     }))
 }
 
-/// Column generation from the LP of the windows `limits` (DESIGN §4.5): prices, adds each column
-/// set's left-out positions of most negative reduced cost, and prices again, while the bound is
-/// short of `needed` and some position pays, within `budget`. The best bound met as a phase over
-/// every plan, and whether it is the full-window LP's optimum (the last pricing found no paying
-/// position); None where the first pricing gives no bound.
+/// What column generation ends with: the best bound as a phase over every plan, whether it is
+/// the full-window LP's optimum (the last pricing found no paying position), the positions it
+/// added and the last restricted LP's configurations and recompute.
+pub(super) struct Generation {
+    pub phase: PhaseReport,
+    pub full_lp: bool,
+    pub added: Added,
+    pub fractional: Vec<Fractional>,
+}
+
+/// Column generation from the LP of the windows `limits` (DESIGN §4.5): the best bound as a
+/// phase over every plan, and whether it is the full-window LP's optimum ([`generation`]).
 pub(in crate::ilp) fn generated(
     profile: &Profile,
     options: &SolveOptions,
@@ -182,9 +206,25 @@ pub(in crate::ilp) fn generated(
     needed: f64,
     budget: &mut Budget,
 ) -> Result<Option<(PhaseReport, bool)>> {
+    let generation = generation(profile, options, limits, needed, budget)?;
+    Ok(generation.map(|g| (g.phase, g.full_lp)))
+}
+
+/// Column generation from the LP of the windows `limits` (DESIGN §4.5): prices, adds each column
+/// set's left-out positions of most negative reduced cost, and prices again, while the bound is
+/// short of `needed` and some position pays, within `budget`. None where the first pricing gives
+/// no bound.
+pub(super) fn generation(
+    profile: &Profile,
+    options: &SolveOptions,
+    limits: WindowLimits,
+    needed: f64,
+    budget: &mut Budget,
+) -> Result<Option<Generation>> {
     let started = Instant::now();
     let mut added = Added::new();
     let mut best: Option<PhaseReport> = None;
+    let mut fractional = Vec::new();
     let mut work = 0;
     let full_lp = loop {
         let Some(round) = priced(profile, options, (limits, &added), budget)? else {
@@ -200,6 +240,7 @@ pub(in crate::ilp) fn generated(
         if best.as_ref().is_none_or(|b| round.bound > b.best_bound) {
             best = Some(round.phase);
         }
+        fractional = round.fractional;
         if round.entering.is_empty() {
             break true;
         }
@@ -210,12 +251,14 @@ pub(in crate::ilp) fn generated(
             added.entry(key).or_default().extend(positions);
         }
     };
-    Ok(best.map(|b| {
-        let phase = PhaseReport {
+    Ok(best.map(|b| Generation {
+        phase: PhaseReport {
             seconds: started.elapsed().as_secs_f64(),
             lp_iterations: work,
             ..b
-        };
-        (phase, full_lp)
+        },
+        full_lp,
+        added,
+        fractional,
     }))
 }

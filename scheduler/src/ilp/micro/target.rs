@@ -8,7 +8,7 @@
 use super::columns::{Boundary, Config, SetKey, UnitCols, Unrolled};
 use super::linear::Linear;
 use super::model::{Added, Built, Space, build};
-use super::{Parts, checked, values_of};
+use super::run::{Parts, checked, values_of};
 use crate::fsdp2::{Reshard, Sharding, UnitSettings};
 use crate::ilp::callback::solve_metered;
 use crate::ilp::model::{highs_model, memory_scale};
@@ -126,6 +126,7 @@ pub(in crate::ilp) fn run(
         limits: options.limits,
         added: &added,
         left_out: false,
+        fixed: None,
         target: Target::Fsdp2,
     };
     let peak_scale = match options.objective {
