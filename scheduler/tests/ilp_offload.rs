@@ -114,7 +114,7 @@ fn enumerate(profile: &Profile, recompute: bool, limits: WindowLimits) -> Vec<Ju
                     [Offload::None, Offload::Optimizer, Offload::Full][(digits % 3) as usize];
                 digits /= 3;
             }
-            let host = host_node_bytes(profile, &modes);
+            let host = host_node_bytes(profile, schedule.units(), &modes);
             let Ok(s) =
                 schedule
                     .clone()
@@ -249,7 +249,11 @@ fn offload_mip_equals_exhaustive_search() {
                 let sim = simulate(&profile, &solved.schedule, Semantics::Strict);
                 assert!(sim.peak_memory_bytes <= cap);
                 assert!(
-                    host_node_bytes(&profile, solved.schedule.offload_modes()) <= host_bytes as f64
+                    host_node_bytes(
+                        &profile,
+                        solved.schedule.units(),
+                        solved.schedule.offload_modes()
+                    ) <= host_bytes as f64
                 );
                 offloaded += usize::from(solved.schedule.offloads());
             }

@@ -7,7 +7,7 @@ mod common;
 
 use common::{
     Rng, affine, check, check_memory, close, plan_toml, profile, random_profile, random_schedule,
-    schedule,
+    schedule, with_topology,
 };
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::offload::{HostStep, Offload};
@@ -253,18 +253,23 @@ fn offload_baselines_fit_one_gpu_where_fsdp2_does_not() {
     assert!(BaselineKind::offload_of(&without).is_empty());
 }
 
-/// On 400 random plans with every sharded unit offloaded at random (none, optimizer, full) and
-/// either host step, relaxed is never slower than strict, strict is never below the compute, and
+/// On 400 random plans (a third on nodes, over shard and secondary groups) with every sharded
+/// unit offloaded at random (none, optimizer, full) and either host step, relaxed is never slower than strict, strict is never below the compute, and
 /// every host step is in the time: T ≥ Σ steps (the host stream is serial).
 #[test]
 fn relaxed_is_never_slower_than_strict_with_offload() {
-    let mut checked = 0;
+    let (mut checked, mut grouped) = (0, 0);
     for seed in 0..400u64 {
         let mut rng = Rng(seed);
         let units = rng.range(1, 6) as usize;
         let mut profile = random_profile(&mut rng, units, [0.0, 0.1][seed as usize % 2], 1500);
+        // Nodes (shard groups, hpZ, two links) on a third of the worlds of 4 and 8.
+        if seed % 3 == 0 {
+            with_topology(&mut rng, &mut profile);
+        }
+        let node = (profile.topology.as_ref()).map_or(profile.world_size, |t| t.gpus_per_node);
         profile.host = Some(Host {
-            ranks_per_node: profile.world_size,
+            ranks_per_node: node,
             ranks_per_link: 1,
             memory_bytes: 1 << 40,
             optimizer_us_per_param: rng.range(0, 20) as f64 / 100.0 + 0.01,
@@ -282,9 +287,12 @@ fn relaxed_is_never_slower_than_strict_with_offload() {
             })
             .collect();
         let step = [HostStep::Overlapped, HostStep::AfterBackward][rng.range(0, 1) as usize];
+        let over_groups = (schedule.units().iter().zip(&modes))
+            .any(|(u, m)| !m.is_none() && (u.shard_group.is_some() || u.secondary_group.is_some()));
         let Ok(offloaded) = schedule.offloaded(&profile, modes, step, "random plan") else {
             continue;
         };
+        grouped += usize::from(over_groups);
         let strict = simulate(&profile, &offloaded, Semantics::Strict);
         let relaxed = simulate(&profile, &offloaded, Semantics::Relaxed);
         assert!(
@@ -310,6 +318,7 @@ fn relaxed_is_never_slower_than_strict_with_offload() {
         }
     }
     assert!(checked >= 100, "only {checked} plans offloaded");
+    assert!(grouped >= 10, "only {grouped} plans offload over a group");
 }
 
 /// A `[host]` is checked field by field, each error naming it: more ranks per link than per
@@ -340,4 +349,92 @@ fn a_host_is_checked_field_by_field() {
     let old = Profile::load(&path).unwrap();
     assert!(old.host.is_none());
     assert!(!old.to_toml().contains("[host]"));
+}
+
+/// Offload over a shard group, by hand (DESIGN §3.13, "Offload on nodes"): the fixture of three
+/// units on two nodes of 2 (`three_units_on_two_nodes`), u1 and u3 sdp over the world, u2 sdp
+/// over its node (S = 2) with `optimizer`: RS2 at B1 on the intra link, its RA at E on the inter
+/// link, AG2 at F1. Slots F1 F2 F3 B3 B2 B1 E; compute 10, 20, 5, 10, 40, 20, 0. Blocks: AG2
+/// 2 + 400/100 = 6 (intra), RS2 1 + 400/100 = 5 (intra), RA2 3 + 200/10 = 23 (inter; the
+/// 200-byte shard), RS1 5 + 800/20 = 45, AG1 10 + 800/10 = 90, RS3 5 + 200/20 = 15, AG3
+/// 10 + 200/10 = 30 (world, inter). E's inter queue: RA2 (position 1 of its window) before RS1
+/// (position 0), then AG1: 158. On the device alone T = 10 + 30 + 5 + 10 + 40 + 20 + 158 = 273.
+/// With u2's optimizer on the host (2 µs per parameter of its 100-parameter shard), from F1's
+/// start: E starts at F1 + 135; the chain waits for RA2, not RS2: RA2 ends at +23, the 200-byte
+/// gradient shard's D2H (1 + 200/100 = 3), the step 200, the parameter shard's H2D 3 → 411 −
+/// F1 = E's start + 229; the iteration ends at F1 + 77 + 263 = 340 where F1 lasts 77: AG2 starts
+/// at 411 − 340 = 71 and ends at 77. T = 340 (263 + 77), stationary.
+#[test]
+fn a_shard_group_units_chain_starts_after_its_replica_all_reduce() {
+    let mut p = common::three_units_on_two_nodes();
+    p.host = Some(Host {
+        ranks_per_node: 2,
+        ranks_per_link: 1,
+        memory_bytes: 1 << 20,
+        optimizer_us_per_param: 2.0,
+        host_to_device: affine(1.0, 100.0),
+        device_to_host: affine(1.0, 100.0),
+    });
+    p.validate("nodes offload profile").unwrap();
+    let units = |offload: &str| {
+        format!(
+            r#"
+    [[units]]
+    name = "u1"
+    level = "sdp"
+    rs = [["E", 1]]
+    ag = [["E", 1]]
+    [[units]]
+    name = "u2"
+    level = "sdp"
+    shard_group = 2
+    rs = [["B1", 1]]
+    ag = [["F1", 1]]
+    {offload}
+    [[units]]
+    name = "u3"
+    level = "sdp"
+    rs = [["B2", 1]]
+    ag = [["F2", 1]]
+"#
+        )
+    };
+    let device = schedule(&p, &units("")).unwrap();
+    check(
+        &simulate(&p, &device, Semantics::Strict),
+        273.0,
+        &[10.0, 30.0, 5.0, 10.0, 40.0, 20.0, 158.0],
+    );
+    let offloaded = schedule(&p, &units("offload = \"optimizer\"")).unwrap();
+    let strict = simulate(&p, &offloaded, Semantics::Strict);
+    check(&strict, 340.0, &[77.0, 30.0, 5.0, 10.0, 40.0, 20.0, 158.0]);
+    let tracks: Vec<(HostTrack, f64, f64)> = strict
+        .host_events
+        .iter()
+        .map(|e| (e.track, e.start_us, e.end_us))
+        .collect();
+    assert_eq!(
+        tracks,
+        [
+            (HostTrack::DeviceToHost, 205.0, 208.0),
+            (HostTrack::Step, 208.0, 408.0),
+            (HostTrack::HostToDevice, 408.0, 411.0),
+        ]
+    );
+    // The reduced 200-byte shard stays on the device to the end of RA2's slot, E: there, u1's
+    // RS block (800) and the shard; at B1 also u2's RS block (400). Host: 2 ranks × Ψ'(g + o)/S
+    // = 2 × 200·6/2.
+    let gradient = |slot: usize| strict.slots[slot].memory.gradient;
+    assert_eq!((gradient(5), gradient(6)), (1400.0, 1000.0));
+    assert_eq!(strict.host.unwrap().memory_bytes, 1200.0);
+    let relaxed = simulate(&p, &offloaded, Semantics::Relaxed);
+    assert!(relaxed.iteration_time_us <= strict.iteration_time_us + 1e-9);
+    // `full` with a secondary group is refused, naming the unit's offload.
+    let hpz = units("offload = \"full\"")
+        .replace("level = \"sdp\"\n    shard_group = 2\n    rs = [[\"B1\", 1]]\n    ag = [[\"F1\", 1]]", "level = \"fsdp\"\n    secondary_group = 2\n    rs = [[\"B1\", 1]]\n    agf = [[\"F1\", 1]]\n    agb = [[\"F3\", 1]]");
+    let e = schedule(&p, &hpz).unwrap_err().to_string();
+    assert!(
+        e.contains("units[1].offload") && e.contains("secondary group"),
+        "{e}"
+    );
 }

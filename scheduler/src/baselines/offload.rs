@@ -47,7 +47,7 @@ pub(super) fn every_unit(
     name: &str,
 ) -> Result<Schedule> {
     let modes = vec![mode; schedule.units().len()];
-    let needed = host_node_bytes(profile, &modes);
+    let needed = host_node_bytes(profile, schedule.units(), &modes);
     if let Some(host) = &profile.host
         && needed > host.memory_bytes as f64
     {

@@ -57,37 +57,45 @@ impl HostStep {
     }
 }
 
-/// Ψ'_i·bytes/N: a rank's shard of unit `unit` at `bytes` per parameter.
-pub(crate) fn shard_bytes(profile: &Profile, unit: usize, bytes: u64) -> f64 {
-    (profile.laid_out_params(unit) * bytes) as f64 / f64::from(profile.world_size)
+/// S, the ranks a unit's state is sharded over: its shard group's, or the world's N (DESIGN
+/// §3.11; an hpZ unit's secondary group does not change it).
+pub fn shard_ranks(profile: &Profile, shard_group: Option<u32>) -> u32 {
+    shard_group.unwrap_or(profile.world_size)
 }
 
-/// A rank's host bytes of unit `unit` under `mode`: Ψ'_i(g + o + m)/N (`optimizer`, m the fp32
-/// master o lacks at fp32 parameters: the host's Adam needs the parameters it updates, DESIGN
-/// §6.12), Ψ'_i(p + g + o)/N (`full`), 0 (`none`).
-pub fn host_bytes(profile: &Profile, unit: usize, mode: Offload) -> f64 {
+/// Ψ'_i·bytes/S: a rank's shard of unit `unit` at `bytes` per parameter, sharded over `ranks`.
+pub(crate) fn shard_bytes(profile: &Profile, unit: usize, bytes: u64, ranks: u32) -> f64 {
+    (profile.laid_out_params(unit) * bytes) as f64 / f64::from(ranks)
+}
+
+/// A rank's host bytes of unit `unit` under `mode`, sharded over `ranks` (S): Ψ'_i(g + o + m)/S
+/// (`optimizer`, m the fp32 master o lacks at fp32 parameters: the host's Adam needs the
+/// parameters it updates, DESIGN §6.12), Ψ'_i(p + g + o)/S (`full`), 0 (`none`).
+pub fn host_bytes(profile: &Profile, unit: usize, mode: Offload, ranks: u32) -> f64 {
     let b = profile.bytes_per_param;
     let master_beside_o = if b.param == 4 { 4 } else { 0 };
-    match mode {
-        Offload::None => 0.0,
-        Offload::Optimizer => shard_bytes(profile, unit, b.grad + b.optimizer + master_beside_o),
-        Offload::Full => shard_bytes(profile, unit, b.param + b.grad + b.optimizer),
-    }
+    let bytes = match mode {
+        Offload::None => return 0.0,
+        Offload::Optimizer => b.grad + b.optimizer + master_beside_o,
+        Offload::Full => b.param + b.grad + b.optimizer,
+    };
+    shard_bytes(profile, unit, bytes, ranks)
 }
 
-/// The host memory of one node: ranks_per_node · Σ_i host_i (0 without a host).
-pub fn host_node_bytes(profile: &Profile, modes: &[Offload]) -> f64 {
+/// The host memory of one node: ranks_per_node · Σ_i host_i, each unit sharded over its group
+/// (0 without a host).
+pub fn host_node_bytes(profile: &Profile, units: &[UnitSchedule], modes: &[Offload]) -> f64 {
     let ranks = profile.host.as_ref().map_or(0, |h| h.ranks_per_node);
-    let per_rank: f64 = modes
-        .iter()
-        .enumerate()
-        .map(|(unit, &mode)| host_bytes(profile, unit, mode))
+    let per_rank: f64 = (units.iter().zip(modes).enumerate())
+        .map(|(unit, (u, &mode))| {
+            host_bytes(profile, unit, mode, shard_ranks(profile, u.shard_group))
+        })
         .sum();
     per_rank * f64::from(ranks)
 }
 
 /// Checks `modes` and `host_step` against the profile and the units' other choices (DESIGN
-/// §3.13); the error is the field and what it expected.
+/// §3.13: sharded units at K = 1, over the world or a shard group, `full` without hpZ); the error is the field and what it expected.
 pub fn check(
     profile: &Profile,
     units: &[UnitSchedule],
@@ -118,14 +126,21 @@ pub fn check(
                 profile.micro_batches
             ));
         }
-        if u.shard_group.is_some() || u.secondary_group.is_some() {
-            return refuse("offload is modelled without shard or secondary groups".into());
+        if mode == Offload::Full && u.secondary_group.is_some() {
+            return refuse(
+                "`full` offload keeps no parameter shard on the device, and a secondary group \
+                 (hpZ) gathers its backward from one: `optimizer` or no secondary_group"
+                    .into(),
+            );
         }
         if host_step == HostStep::AfterBackward {
             check_after_backward(profile, timeline, unit, u)?;
         }
     }
-    let (needed, host) = (host_node_bytes(profile, modes), profile.host.as_ref());
+    let (needed, host) = (
+        host_node_bytes(profile, units, modes),
+        profile.host.as_ref(),
+    );
     if let Some(host) = host
         && needed > host.memory_bytes as f64
     {

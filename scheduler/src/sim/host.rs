@@ -1,11 +1,11 @@
 //! The host side of an offloading schedule (DESIGN §3.13), shared by both semantics: per unit its
-//! chain (the gradient's D2H after its last RS block, the host step, with `optimizer` the
-//! parameter shard's H2D), the H2D of a `full` unit's gather blocks, each on its own FIFO channel,
-//! and when each unit's next gather may start. Under `after-backward` the steps wait for every
+//! chain (the gradient's D2H after its last RS block, or its replica AllReduce over a shard group,
+//! the host step, with `optimizer` the parameter shard's H2D), the H2D of a `full` unit's gather
+//! blocks, each on its own FIFO channel, and when each unit's next gather may start. Under `after-backward` the steps wait for every
 //! gradient, and E ends when every step and copy is done.
 
 use super::StepInputs;
-use crate::offload::{HostStep, HostWork};
+use crate::offload::{HostStep, HostWork, shard_ranks};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
 use crate::timeline::Op;
@@ -83,9 +83,11 @@ impl HostInputs {
         queue: &[Vec<super::Entry>],
     ) -> Option<HostInputs> {
         let host = profile.host.as_ref().filter(|_| schedule.offloads())?;
-        let units = schedule.units().len();
-        let work: Vec<Option<HostWork>> = (0..units)
-            .map(|u| HostWork::of(profile, host, u, schedule.offload(u)))
+        let work: Vec<Option<HostWork>> = (schedule.units().iter().enumerate())
+            .map(|(unit, u)| {
+                let ranks = shard_ranks(profile, u.shard_group);
+                HostWork::of(profile, host, (unit, ranks), schedule.offload(unit))
+            })
             .collect();
         let mut hooks: Vec<Vec<Hook>> = queue
             .iter()
@@ -103,20 +105,31 @@ impl HostInputs {
             })
             .collect();
         let mut report = HostReport {
-            memory_bytes: crate::offload::host_node_bytes(profile, schedule.offload_modes()),
+            memory_bytes: crate::offload::host_node_bytes(
+                profile,
+                schedule.units(),
+                schedule.offload_modes(),
+            ),
             device_to_host_us: 0.0,
             host_to_device_us: 0.0,
             step_us: 0.0,
         };
         for (unit, w) in work.iter().enumerate() {
             let Some(w) = w else { continue };
+            // The gradient shard is final after the last RS block, over a shard group after its
+            // replica AllReduce (DESIGN §3.13).
+            let reduction = if schedule.units()[unit].shard_group.is_some() {
+                Op::ReplicaAllReduce
+            } else {
+                Op::ReduceScatter
+            };
             let last = schedule
-                .launches(unit, Op::ReduceScatter)
+                .launches(unit, reduction)
                 .last()
                 .expect("an offloaded unit is sharded, so it reduce-scatters");
             let position = queue[last.slot]
                 .iter()
-                .rposition(|e| e.unit == unit && e.op == Op::ReduceScatter)
+                .rposition(|e| e.unit == unit && e.op == reduction)
                 .expect("the last launch's blocks are in its slot's queue");
             hooks[last.slot][position] = Hook::EndsReduction(unit);
             let gather_blocks: u32 = [Op::Gather, Op::GatherForward, Op::GatherBackward]

@@ -3,10 +3,13 @@
 //! with a lent unit's buffers extended to its borrower's backward B_j (DESIGN §3.9), an hpZ
 //! unit's secondary shard from F_i to B_i and the communicators' buffers (DESIGN §3.11), and an
 //! offloaded unit's terms (DESIGN §3.13): its persistent state on the device, its reduced
-//! gradient shard until the end of its last RS launch slot, a `full` gather block's H2D shard.
+//! gradient shard until the end of its last RS launch slot (over a shard group, of its replica
+//! AllReduce's), a `full` gather block's H2D shard.
 
 use crate::cost::{block_bytes, communicator_bytes, saved_bytes, secondary_shard_bytes};
-use crate::offload::{Offload, device_persistent_bytes, gather_shard_bytes, gradient_shard_bytes};
+use crate::offload::{
+    Offload, device_persistent_bytes, gather_shard_bytes, gradient_shard_bytes, shard_ranks,
+};
 use crate::profile::Profile;
 use crate::schedule::{Recompute, Schedule};
 use crate::timeline::{Level, Op};
@@ -63,6 +66,7 @@ pub fn memory_by_slot(profile: &Profile, schedule: &Schedule) -> Vec<MemoryBreak
         let (forward, backward) = (timeline.forward(unit), timeline.backward(unit));
         let p = &profile.units[unit];
         let offload = schedule.offload(unit);
+        let ranks = shard_ranks(profile, u.shard_group);
         let persistent = device_persistent_bytes(profile, unit, u, offload);
         for m in memory.iter_mut() {
             m.persistent += persistent;
@@ -102,17 +106,20 @@ pub fn memory_by_slot(profile: &Profile, schedule: &Schedule) -> Vec<MemoryBreak
             let window = timeline.window(unit, op.window_kind());
             let bytes = block_bytes(profile, unit, op);
             let shard = match offload {
-                Offload::Full if !op.is_reduction() => gather_shard_bytes(profile, unit),
+                Offload::Full if !op.is_reduction() => gather_shard_bytes(profile, unit, ranks),
                 _ => 0.0,
             };
             if op == Op::ReduceScatter
                 && !offload.is_none()
                 && let Some(last) = launches.last()
             {
-                // The reduced shard waits on the device for its copy to the host.
-                memory[backward].gradient += gradient_shard_bytes(profile, unit);
-                for q in 0..=last.position {
-                    memory[window.slot_at(q)].gradient += gradient_shard_bytes(profile, unit);
+                // The reduced shard waits on the device for its copy to the host, which follows
+                // the last RS block (over a shard group, its replica AllReduce a slot later).
+                let copied = last.position + usize::from(u.shard_group.is_some());
+                let shard = gradient_shard_bytes(profile, unit, ranks);
+                memory[backward].gradient += shard;
+                for q in 0..=copied {
+                    memory[window.slot_at(q)].gradient += shard;
                 }
             }
             for l in launches {

@@ -1,0 +1,201 @@
+//! The offload MIP on nodes (DESIGN §3.13 "Offload on nodes", §4.10) against an exhaustive search
+//! of its plan space on tiny instances with a topology (N ∈ {4, 8} on nodes of 2 or N/2, every
+//! offered shard group and hpZ, random curves, host links and host steps; and the
+//! three-units-on-two-nodes fixture): every level over every group, recompute and launch within
+//! depth 4, and every unit that reduces whole at the first position after B_i on the device,
+//! `optimizer` or `full` (not `full` at hpZ; steps overlapped), each schedule judged by the strict
+//! simulator only, at device caps below the smallest that fits without offload.
+
+mod common;
+
+use common::{
+    Rng, affine, every_schedule, random_profile, three_units_on_two_nodes, with_topology,
+};
+use shardplan_scheduler::ilp::{SolveOptions, WindowLimits, solve};
+use shardplan_scheduler::offload::{HostStep, Offload, host_node_bytes};
+use shardplan_scheduler::profile::{Host, Profile};
+use shardplan_scheduler::schedule::UnitSchedule;
+use shardplan_scheduler::sim::{Semantics, simulate};
+use shardplan_scheduler::timeline::{Level, Op, Timeline};
+use std::num::NonZeroUsize;
+
+/// A plan of the space: its time, device peak and host bytes per node, and what it offloads.
+struct Judged {
+    time: f64,
+    peak: f64,
+    host: f64,
+    offloads: bool,
+}
+
+/// Every plan of the offload MIP's space within `limits`.
+fn enumerate(profile: &Profile, recompute: bool, limits: WindowLimits) -> Vec<Judged> {
+    let per_unit: Vec<Vec<UnitSchedule>> = (0..profile.unit_count())
+        .map(|u| common::unit_options(profile, u, recompute))
+        .collect();
+    let timeline = Timeline::new(profile.unit_count());
+    let mut judged = Vec::new();
+    every_schedule(profile, &per_unit, |schedule| {
+        if !limits.admit(&schedule) {
+            return;
+        }
+        // Units that may offload: sharded, reducing whole right after B_i.
+        let may: Vec<usize> = (0..profile.unit_count())
+            .filter(|&u| {
+                let first = timeline
+                    .window(u, Op::ReduceScatter.window_kind())
+                    .slot_at(0);
+                let rs = schedule.launches(u, Op::ReduceScatter);
+                schedule.units()[u].level != Level::None && rs.len() == 1 && rs[0].slot == first
+            })
+            .collect();
+        for mask in 0..3u32.pow(may.len() as u32) {
+            let mut modes = vec![Offload::None; profile.unit_count()];
+            let mut digits = mask;
+            for &u in &may {
+                modes[u] =
+                    [Offload::None, Offload::Optimizer, Offload::Full][(digits % 3) as usize];
+                digits /= 3;
+            }
+            let host = host_node_bytes(profile, schedule.units(), &modes);
+            // `full` at hpZ is no plan (DESIGN §3.13).
+            let Ok(s) =
+                schedule
+                    .clone()
+                    .offloaded(profile, modes, HostStep::Overlapped, "enumerated")
+            else {
+                continue;
+            };
+            let sim = simulate(profile, &s, Semantics::Strict);
+            judged.push(Judged {
+                time: sim.iteration_time_us,
+                peak: sim.peak_memory_bytes,
+                host,
+                offloads: mask != 0,
+            });
+        }
+    });
+    judged
+}
+
+/// A host on `profile`'s nodes: random links and host step, ample memory.
+fn with_host(rng: &mut Rng, profile: &mut Profile) {
+    for unit in &mut profile.units {
+        unit.optimizer_us = 0.0;
+    }
+    let node = profile
+        .topology
+        .as_ref()
+        .map_or(profile.world_size, |t| t.gpus_per_node);
+    profile.host = Some(Host {
+        ranks_per_node: node,
+        ranks_per_link: 1,
+        memory_bytes: 1 << 40,
+        optimizer_us_per_param: rng.range(1, 40) as f64 / 100.0,
+        host_to_device: affine(rng.range(1, 10) as f64, rng.range(5, 50) as f64),
+        device_to_host: affine(rng.range(1, 10) as f64, rng.range(5, 50) as f64),
+    });
+    profile.validate("offload instance").unwrap();
+}
+
+/// The tiny instances on nodes: random ones of 1–2 units whose world spans nodes, and the
+/// three-units-on-two-nodes fixture.
+fn instances() -> Vec<(u64, Profile, bool)> {
+    let mut out = Vec::new();
+    for seed in 0..40u64 {
+        let mut rng = Rng(seed * 6_151 + 5);
+        let units = 1 + (seed % 2) as usize;
+        let kappa = if seed.is_multiple_of(3) { 0.1 } else { 0.0 };
+        let mut profile = random_profile(&mut rng, units, kappa, 1000);
+        if !with_topology(&mut rng, &mut profile) {
+            continue;
+        }
+        with_host(&mut rng, &mut profile);
+        out.push((seed, profile, seed % 4 < 2));
+    }
+    let mut rng = Rng(99);
+    let mut fixture = three_units_on_two_nodes();
+    with_host(&mut rng, &mut fixture);
+    out.push((1000, fixture, false));
+    out
+}
+
+fn options(cap: f64, recompute: bool) -> SolveOptions {
+    SolveOptions {
+        memory_cap_bytes: Some(cap.ceil() as u64),
+        relative_gap: 0.0,
+        allow_recompute: recompute,
+        two_phase: false,
+        ..SolveOptions::default()
+    }
+}
+
+/// Below the device-only minimum on nodes, the offload MIP's own answer is the fastest plan of
+/// its space (its bound never above it), the solve's answer never slower and the simulator's
+/// time, within the cap; some answers offload a unit over a shard group.
+#[test]
+fn offload_mip_on_nodes_equals_exhaustive_search() {
+    let depth4 = WindowLimits::depth(NonZeroUsize::new(4).unwrap());
+    let (mut solves, mut offloaded, mut over_groups) = (0, 0, 0);
+    for (seed, profile, recompute) in instances() {
+        let space = enumerate(&profile, recompute, depth4);
+        let device_only = enumerate(&profile, recompute, WindowLimits::FULL)
+            .iter()
+            .filter(|j| !j.offloads)
+            .map(|j| j.peak)
+            .fold(f64::INFINITY, f64::min);
+        let mut below: Vec<f64> = space
+            .iter()
+            .filter(|j| j.offloads && j.peak.ceil() < device_only.floor())
+            .map(|j| j.peak.ceil())
+            .collect();
+        below.sort_by(f64::total_cmp);
+        below.dedup();
+        let picks = [0, below.len() / 2, below.len().saturating_sub(1)];
+        let mut caps: Vec<f64> = picks
+            .iter()
+            .filter_map(|&k| below.get(k).copied())
+            .collect();
+        caps.dedup();
+        for cap in caps {
+            let expected = space
+                .iter()
+                .filter(|j| j.peak <= cap && j.host <= (1u64 << 40) as f64)
+                .map(|j| j.time)
+                .fold(f64::INFINITY, f64::min);
+            let solved = solve(&profile, &options(cap, recompute))
+                .unwrap_or_else(|e| panic!("seed {seed} cap {cap}: {e}"));
+            solves += 1;
+            let answer = solved.report.objective;
+            let sim = simulate(&profile, &solved.schedule, Semantics::Strict);
+            assert!(sim.peak_memory_bytes <= cap, "seed {seed} cap {cap}");
+            assert!((sim.iteration_time_us - answer).abs() <= 1e-6 * answer);
+            assert!(
+                answer <= expected * (1.0 + 1e-6),
+                "seed {seed} cap {cap}: answer {answer}, space {expected}"
+            );
+            let phase = &solved.report.phases[0];
+            assert!(
+                phase.best_bound <= expected * (1.0 + 1e-6),
+                "seed {seed} cap {cap}: bound {} over the space's optimum {expected}",
+                phase.best_bound
+            );
+            assert!(
+                (phase.objective - expected).abs() <= 1e-6 * expected,
+                "seed {seed} cap {cap}: MIP {}, exhaustive {expected}",
+                phase.objective
+            );
+            offloaded += usize::from(solved.schedule.offloads());
+            over_groups += usize::from((0..profile.unit_count()).any(|u| {
+                let unit = &solved.schedule.units()[u];
+                !solved.schedule.offload(u).is_none()
+                    && (unit.shard_group.is_some() || unit.secondary_group.is_some())
+            }));
+        }
+    }
+    assert!(solves >= 20, "{solves} solves");
+    assert!(offloaded >= 15, "{offloaded} answers offload");
+    assert!(
+        over_groups >= 1,
+        "{over_groups} answers offload a unit over a shard or secondary group"
+    );
+}
