@@ -126,13 +126,26 @@ pub(super) fn staged_phases(
         (&bound, PLACEMENT_SHARE),
         first_levels.clone(),
     )?;
-    let far = too_large.then_some(first_levels);
-    widen_and_search(profile, options, (pool, phases, budget), bound, far)?;
+    let then = if too_large {
+        AfterTheBound::FarSearch(first_levels)
+    } else {
+        AfterTheBound::Nothing
+    };
+    widen_and_search(profile, options, (pool, phases, budget), bound, then)?;
     Ok(if !pool.is_empty() && (too_large || pool.proven(phases)) {
         FullWindow::Skip
     } else {
         FullWindow::Run
     })
+}
+
+/// What follows the widened bound in [`widen_and_search`].
+enum AfterTheBound {
+    /// Nothing: the full-window MIP (here or beside it) searches the plans.
+    Nothing,
+    /// The search of launches outside depth 4 (time objective), placing on a profile with nodes
+    /// the depth-1 plan's levels (where it found a plan) among others.
+    FarSearch(Option<Vec<UnitLevel>>),
 }
 
 /// One search's state: the plans it met, its phases and what it may still spend.
@@ -221,18 +234,18 @@ fn own_mip(
     Ok(run.levels)
 }
 
-/// The bound priced from deeper windows and by column generation, and, given `far` (time
-/// objective), the search of launches outside depth 4 with the work left: on a profile with nodes
-/// the placements of the full-window LP's levels made whole (`super::rounding`,
-/// `SPREAD_PLACEMENT_SHARE` of the effort at most) and of `far`'s levels (the depth-1 plan's,
-/// `FAR_PLACEMENT_SHARE`) over depth 4 and the positions where launches pay in the full-window LP,
-/// then the far-band search.
+/// The bound priced from deeper windows and by column generation, and, where `then` asks for the
+/// far search (time objective), the search of launches outside depth 4 with the work left: on a
+/// profile with nodes the placements of the full-window LP's levels made whole
+/// (`super::rounding`, `SPREAD_PLACEMENT_SHARE` of the effort at most) and of the depth-1 plan's
+/// levels (`FAR_PLACEMENT_SHARE`) over depth 4 and the positions where launches pay in the
+/// full-window LP, then the far-band search.
 fn widen_and_search(
     profile: &Profile,
     options: &SolveOptions,
     (pool, phases, budget): Search,
     mut bound: FullWindowBound,
-    far: Option<Option<Vec<UnitLevel>>>,
+    then: AfterTheBound,
 ) -> Result<()> {
     if let Some(incumbent) = pool.best_value() {
         bound.widen(profile, options, incumbent, budget)?;
@@ -242,9 +255,12 @@ fn widen_and_search(
     }
     // The memory objective keeps the full-window LP bound.
     let time_objective = options.objective == Objective::Time;
-    let Some(levels) = far.filter(|_| time_objective && !pool.is_empty()) else {
+    let AfterTheBound::FarSearch(levels) = then else {
         return Ok(());
     };
+    if !time_objective || pool.is_empty() {
+        return Ok(());
+    }
     let none = ExtraPositions::new();
     let paying = if bound.is_full_lp() {
         bound.paying_positions()
@@ -372,7 +388,7 @@ fn beside_far_search<'a, 'c, T>(
                 single,
                 (&mut other_pool, &mut other_phases, &mut other_budget),
                 bound,
-                Some(first_levels),
+                AfterTheBound::FarSearch(first_levels),
             )
         });
         let here = here((&mut *pool, &mut *phases, &mut *budget));
