@@ -103,20 +103,18 @@ pub(super) fn staged_phases(
     let bound = FullWindowBound::start(profile, options, budget)?;
     let too_large = full_window_integers(profile) > FULL_WINDOW_MIP_MAX_INTEGERS;
     let time_objective = options.objective == Objective::Time;
-    if options.threads >= 2 && time_objective && too_large {
-        return far_launches_beside(
-            profile,
-            options,
-            (pool, phases, budget),
-            (bound, first_levels),
-        );
-    }
-    if options.threads >= 2 && time_objective && !too_large {
+    if options.threads >= 2 && time_objective {
+        let this_thread = if too_large {
+            ThisThread::Placement
+        } else {
+            ThisThread::FullWindowMip
+        };
         return two_searches(
             profile,
             options,
             (pool, phases, budget),
             (bound, first_levels),
+            this_thread,
         );
     }
     place(
@@ -293,68 +291,78 @@ fn widen_and_search(
     Ok(())
 }
 
-/// Depth 4 (a quarter of the effort at most), then the full-window MIP on this thread beside the
-/// deeper pricing and the far-band search on another, each HiGHS run on one thread and each search
-/// with the work left to it, meeting when both are done. The far-band search finds plans that
-/// launch far ahead, which the full MIP's heuristics miss; the full MIP proves the bound.
+/// What a search does on this thread beside the far-band search ([`two_searches`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ThisThread {
+    /// Depth 4 first (a quarter of the effort at most), then the full-window MIP beside the far
+    /// search: the far-band search finds plans that launch far ahead, which the full MIP's
+    /// heuristics miss; the full MIP proves the bound.
+    FullWindowMip,
+    /// Above 20,000 full-window columns: depth 4 (its own MIP and, on a profile with nodes, the
+    /// placements at fixed levels) beside the far search, with the work left. On the demo column
+    /// generation reaches the full-window LP's optimum, 5% under depth 4's, and the restricted MIP
+    /// over depth 4 and its paying positions finds plans depth 4 cannot.
+    Placement,
+}
+
+/// Given two threads (time objective): `this_thread`'s search here beside deeper pricing, column
+/// generation and the far-band search on another, each HiGHS run on one thread and each search
+/// with the work left to it, meeting when both are done.
 fn two_searches(
     profile: &Profile,
     options: &SolveOptions,
     (pool, phases, budget): Search,
     (bound, first_levels): (FullWindowBound, Option<Vec<UnitLevel>>),
+    this_thread: ThisThread,
 ) -> Result<FullWindow> {
     let single = one_thread(options);
-    place(
-        profile,
-        &single,
-        (pool, phases, budget),
-        (&bound, TWO_SEARCHES_PLACEMENT_SHARE),
-        first_levels.clone(),
-    )?;
-    let far = (bound, first_levels);
-    let full = beside_far_search(profile, &single, (pool, phases, budget), far, |search| {
-        let (pool, _, budget) = search;
-        full_window_mip(profile, &single, pool, budget).map(|mut run| {
-            if let Some(schedule) = run.schedule.take() {
-                pool.offer(schedule);
-            }
-            run
-        })
-    })??;
-    phases.push(full.phase);
-    Ok(FullWindow::Ran {
-        infeasible: full.infeasible,
-    })
-}
-
-/// Above 20,000 full-window columns, given two threads (time objective): depth 4 (its own MIP and,
-/// on a profile with nodes, the placements at fixed levels) on this thread with the work left,
-/// beside deeper pricing, column generation and the far-band search over the positions where
-/// launches pay on another, each HiGHS run on one thread. On the demo column generation reaches
-/// the full-window LP's optimum, 5% under depth 4's, and the restricted MIP over depth 4 and its
-/// paying positions finds plans depth 4 cannot.
-fn far_launches_beside(
-    profile: &Profile,
-    options: &SolveOptions,
-    (pool, phases, budget): Search,
-    (bound, first_levels): (FullWindowBound, Option<Vec<UnitLevel>>),
-) -> Result<FullWindow> {
-    let single = one_thread(options);
-    let start = bound.without_pricing();
+    // The bound as it stands, for depth 4 to read while the other thread widens it.
+    let as_it_stands = bound.without_pricing();
+    if this_thread == ThisThread::FullWindowMip {
+        place(
+            profile,
+            &single,
+            (&mut *pool, &mut *phases, &mut *budget),
+            (&as_it_stands, TWO_SEARCHES_PLACEMENT_SHARE),
+            first_levels.clone(),
+        )?;
+    }
     let levels = first_levels.clone();
     let far = (bound, first_levels);
-    beside_far_search(
+    let full = beside_far_search(
         profile,
         &single,
         (&mut *pool, phases, budget),
         far,
-        |search| place(profile, &single, search, (&start, 1.0), levels),
+        |(pool, phases, budget)| match this_thread {
+            ThisThread::FullWindowMip => {
+                full_window_mip(profile, &single, pool, budget).map(|mut run| {
+                    if let Some(schedule) = run.schedule.take() {
+                        pool.offer(schedule);
+                    }
+                    Some(run)
+                })
+            }
+            ThisThread::Placement => place(
+                profile,
+                &single,
+                (pool, phases, budget),
+                (&as_it_stands, 1.0),
+                levels,
+            )
+            .map(|()| None),
+        },
     )??;
-    // As alone: without a plan, the full-window MIP still runs to tell an infeasible cap.
-    Ok(if pool.is_empty() {
-        FullWindow::Run
-    } else {
-        FullWindow::Skip
+    Ok(match full {
+        Some(run) => {
+            phases.push(run.phase);
+            FullWindow::Ran {
+                infeasible: run.infeasible,
+            }
+        }
+        // As alone: without a plan, the full-window MIP still runs to tell an infeasible cap.
+        None if pool.is_empty() => FullWindow::Run,
+        None => FullWindow::Skip,
     })
 }
 
