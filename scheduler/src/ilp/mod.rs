@@ -34,6 +34,7 @@ mod pricing;
 mod refine;
 mod rounding;
 mod run;
+mod search;
 mod solve;
 mod space;
 mod staged;

@@ -7,6 +7,7 @@ use super::model::{Form, build};
 use super::offload_solve::{offload_may_pay, solve_with_offload};
 use super::pool::Pool;
 use super::run::{Stop, run_highs};
+use super::search::Search;
 use super::staged::{FullWindow, full_window_mip, is_staged, staged_phases};
 use super::variables::ExtraPositions;
 use super::warm::best_baseline;
@@ -38,7 +39,6 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     }
     let started = Instant::now();
     let clock = Clock::new(started, options.time_limit_s);
-    let mut budget = Budget::new(options.effort, &clock);
     let warm = best_baseline(profile, options, &clock).map(|chosen| {
         let time = chosen.plan.simulation.iteration_time_us;
         (chosen.label(), chosen.plan.schedule, time)
@@ -61,10 +61,10 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
             pool.offer(hint.clone());
         }
     }
-    let mut phases = Vec::new();
+    let mut search = Search::new(pool, Budget::new(options.effort, &clock));
     let user_limited = !options.limits.is_full();
     let full_window = if is_staged(profile, options) {
-        staged_phases(profile, options, &mut pool, &mut phases, &mut budget)?
+        staged_phases(profile, options, &mut search)?
     } else {
         FullWindow::Run
     };
@@ -77,16 +77,23 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
         // Past the deadline HiGHS would stop it at once, after its model was built: with a plan
         // in hand and a phase to claim from, the clock keeps it from starting (which `expired`
         // records).
-        FullWindow::Run if !pool.is_empty() && !phases.is_empty() && clock.expired() => false,
+        FullWindow::Run
+            if !search.pool.is_empty() && !search.phases.is_empty() && clock.expired() =>
+        {
+            false
+        }
         FullWindow::Run => {
-            let run = full_window_mip(profile, options, &pool, &mut budget)?;
-            phases.push(run.phase);
+            let run = full_window_mip(profile, options, &mut search)?;
+            search.phases.push(run.phase);
             if let Some(schedule) = run.schedule {
-                pool.offer(schedule);
+                search.pool.offer(schedule);
             }
             run.infeasible
         }
     };
+    let Search {
+        mut pool, phases, ..
+    } = search;
     if user_limited {
         // A warm start outside the windows asked for is not an answer to the limited search.
         pool.retain_within(options.limits);
