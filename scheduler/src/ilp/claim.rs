@@ -1,7 +1,7 @@
 //! What a plan's value is, and what the phases of a solve prove about it: the objective of a
 //! schedule and the claim (status, bound, gap, window) the returned plan carries.
 
-use super::{Objective, OutsideTheSpace, PhaseReport, SolveReport, SolveStatus};
+use super::{Objective, OutsideTheSpace, PhaseReport, SolveReport, SolveStatus, WindowLimits};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
 use crate::sim::{Semantics, memory_by_slot, simulate};
@@ -46,18 +46,26 @@ impl SolveReport {
     }
 }
 
+/// What the phases of a solve prove about one plan.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Claim {
+    /// Optimal when the gap meets the target, else `gap_limit`.
+    pub status: SolveStatus,
+    /// The bound of the phase that proves the most.
+    pub best_bound: f64,
+    /// The plan's gap over that bound, relative to its objective.
+    pub gap: f64,
+    /// The plans that bound holds over.
+    pub window_depth: WindowLimits,
+}
+
 /// The claim the returned plan (`schedule`, objective `value`) carries: each phase whose window
 /// limit contains the plan proves that no plan within that limit beats `value` by more than
 /// (value − bound)/value. The widest window whose gap meets `target` wins ("within 0.1% of every
 /// plan" says more than "optimal among depth-1 plans"); when none meets it, the smallest gap. The
 /// status is optimal when the gap meets `target` (or is ≤ 1e-9), else the effort ended the search
 /// short of it (`gap_limit`); whether the clock stopped the solve is the solve's to say.
-pub(super) fn claim(
-    phases: &[PhaseReport],
-    schedule: &Schedule,
-    value: f64,
-    target: f64,
-) -> PhaseReport {
+pub(super) fn claim(phases: &[PhaseReport], schedule: &Schedule, value: f64, target: f64) -> Claim {
     let gap_of = |p: &PhaseReport| ((value - p.best_bound) / value.abs().max(1e-12)).max(0.0);
     let mut admitted: Vec<&PhaseReport> = phases
         .iter()
@@ -85,11 +93,11 @@ pub(super) fn claim(
     } else {
         SolveStatus::GapLimit
     };
-    PhaseReport {
+    Claim {
         status,
-        objective: value,
+        best_bound: best.best_bound,
         gap,
-        ..best.clone()
+        window_depth: best.window_depth,
     }
 }
 

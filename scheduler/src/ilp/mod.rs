@@ -202,6 +202,25 @@ pub struct PhaseReport {
     pub constraints: usize,
 }
 
+impl PhaseReport {
+    /// The size of the model this run solved.
+    pub fn size(&self) -> ModelSize {
+        ModelSize {
+            variables: self.variables,
+            integer_variables: self.integer_variables,
+            constraints: self.constraints,
+        }
+    }
+}
+
+/// The size of a model: its columns, integer columns and rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelSize {
+    pub variables: usize,
+    pub integer_variables: usize,
+    pub constraints: usize,
+}
+
 /// The solver's account of a solve.
 #[derive(Debug, Clone, Serialize)]
 pub struct SolveReport {

@@ -12,7 +12,8 @@ use super::staged::{FullWindow, full_window_mip, is_staged, staged_phases};
 use super::variables::ExtraPositions;
 use super::warm::best_baseline;
 use super::{
-    Objective, OutsideTheSpace, PhaseReport, SolveOptions, SolveReport, SolveStatus, Solved,
+    ModelSize, Objective, OutsideTheSpace, PhaseReport, SolveOptions, SolveReport, SolveStatus,
+    Solved,
 };
 use crate::baselines::OffloadFallback;
 use crate::profile::Profile;
@@ -178,19 +179,18 @@ pub fn solve_naming_offload(profile: &Profile, options: &SolveOptions) -> Result
 /// The size of the model of the plans asked for (the full windows unless the user limited them):
 /// the MIP phase that solved it, or, where a staged solve skipped that phase, the model built
 /// and counted.
-fn model_size(profile: &Profile, options: &SolveOptions, phases: &[PhaseReport]) -> PhaseReport {
+fn model_size(profile: &Profile, options: &SolveOptions, phases: &[PhaseReport]) -> ModelSize {
     if let Some(phase) = phases
         .iter()
         .find(|p| p.relaxation.is_none() && p.window_depth == options.limits)
     {
-        return phase.clone();
+        return phase.size();
     }
     let built = build(profile, options, (Form::Mip, &ExtraPositions::new()));
-    PhaseReport {
+    ModelSize {
         variables: built.columns,
         integer_variables: built.integers,
         constraints: built.constraints.len(),
-        ..phases.last().expect("a phase ran").clone()
     }
 }
 
