@@ -5,6 +5,7 @@ use super::{Objective, OutsideTheSpace, PhaseReport, SolveReport, SolveStatus, W
 use crate::profile::Profile;
 use crate::schedule::Schedule;
 use crate::sim::{Semantics, memory_by_slot, simulate};
+use serde::{Serialize, Serializer};
 
 /// The value of the objective for a schedule: strict iteration time, or peak bytes.
 pub(super) fn objective_of(profile: &Profile, objective: Objective, schedule: &Schedule) -> f64 {
@@ -99,6 +100,43 @@ pub(super) fn claim(phases: &[PhaseReport], schedule: &Schedule, value: f64, tar
         gap,
         window_depth: best.window_depth,
     }
+}
+
+/// The claim as a plan file writes it, the `[producer.details]` of a solved plan: status,
+/// objective, bound, gap, the plans the bound holds over and the warm start.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SolveDetails {
+    pub status: SolveStatus,
+    pub objective: f64,
+    pub best_bound: f64,
+    pub gap: f64,
+    /// As text ("full windows", "window depth 4").
+    #[serde(serialize_with = "as_text")]
+    pub window_depth: WindowLimits,
+    /// The baseline the solve started from, with its iteration time ("fsdp2 (1234.5 us)").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warm_start: Option<String>,
+}
+
+impl SolveDetails {
+    /// What `report` claims, as written in a plan file.
+    pub fn of(report: &SolveReport) -> SolveDetails {
+        SolveDetails {
+            status: report.status,
+            objective: report.objective,
+            best_bound: report.best_bound,
+            gap: report.gap,
+            window_depth: report.window_depth,
+            warm_start: report
+                .warm_start
+                .as_ref()
+                .map(|(name, time)| format!("{name} ({time:.1} us)")),
+        }
+    }
+}
+
+fn as_text<S: Serializer>(limits: &WindowLimits, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(limits)
 }
 
 #[cfg(test)]

@@ -44,6 +44,7 @@ mod warm;
 pub use crate::target::Target;
 pub use anatomy::{HeldLevels, LpAnatomy, describe_levels, full_lp_anatomy};
 pub use bound::{generated_lp_bound, lp_relaxation_bound, priced_lp_bound};
+pub use claim::SolveDetails;
 pub use effort::Effort;
 pub use limits::WindowLimits;
 pub use micro::rows_at as micro_rows_at;
@@ -56,7 +57,6 @@ use crate::profile::Profile;
 use crate::schedule::{RecomputeChoice, Schedule};
 use crate::sim::Simulation;
 use serde::Serialize;
-use std::collections::BTreeMap;
 
 /// What the solver minimises.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -280,37 +280,14 @@ pub struct Solved {
 }
 
 impl Solved {
-    /// The plan file of this solve: the solver's figures go into the producer's details, the
-    /// strict simulation into the prediction. No wall-clock time: a solve the clock did not stop
-    /// writes the same file on any machine (DESIGN §4.6).
+    /// The plan file of this solve: the solver's figures go into the producer's details
+    /// ([`SolveDetails`]), the strict simulation into the prediction. No wall-clock time: a solve
+    /// the clock did not stop writes the same file on any machine (DESIGN §4.6).
     pub fn plan(&self, profile: &Profile, memory_cap_bytes: Option<u64>) -> Plan {
-        let r = &self.report;
-        let mut details = BTreeMap::from([
-            (
-                "status".to_string(),
-                toml::Value::String(r.status.name().into()),
-            ),
-            ("objective".to_string(), toml::Value::Float(r.objective)),
-            ("best_bound".to_string(), toml::Value::Float(r.best_bound)),
-            ("gap".to_string(), toml::Value::Float(r.gap)),
-            (
-                "window_depth".to_string(),
-                toml::Value::String(r.window_depth.to_string()),
-            ),
-        ]);
-        if let Some((name, time)) = &r.warm_start {
-            details.insert(
-                "warm_start".into(),
-                toml::Value::String(format!("{name} ({time:.1} us)")),
-            );
-        }
         Plan::from_schedule(
             profile,
             &self.schedule,
-            Producer {
-                name: "ilp".into(),
-                details,
-            },
+            Producer::with_details("ilp", &SolveDetails::of(&self.report)),
             memory_cap_bytes,
             Predicted::of(&self.simulation),
         )
