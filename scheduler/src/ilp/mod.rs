@@ -1,17 +1,30 @@
 //! The ILP scheduler (DESIGN §4): every unit's level and recompute flag and the launch slot of
 //! every block, jointly, under a memory cap, solved by HiGHS with a proven gap.
 //!
-//! `variables` declares y, r, x, C, Z and d; `constraints` holds one function per constraint
-//! family; `model` builds one phase's model for HiGHS; `bound` proves bounds over every plan
-//! (the full-window LP relaxation, or the same priced from a small window's LP); `far` builds the
-//! far-band relaxation, a MIP whose bound holds over every plan, and `refine` the far-band search
-//! of large models; `placement` places a plan's levels anew (profiles with nodes); `mapping`
-//! moves between schedules and column values; `pool` keeps the plans met; `staged` runs the
-//! staged phases of large models, on two threads as two searches that meet only when both are
-//! done; `effort` holds the work budget each phase spends a share of and the outer clock, and
-//! `callback` meters a MIP's work through HiGHS' interrupt callback; `solve` drives HiGHS,
-//! warm-starts from the best feasible baseline built in time (`warm`) and checks every answer
-//! against the strict simulator. A profile of K ≥ 2 micro-batches is solved by `micro`'s MIP instead.
+//! The spine, four steps a newcomer can follow file by file:
+//!
+//! 1. **model** — `variables` declares y, r, x, C, Z and d (`variables::declare` over the window
+//!    positions allowed, `variables::columns` indexing them); `constraints` holds one function
+//!    per constraint family; `model` builds one phase's model (`Form`: the MIP, the MIP at fixed
+//!    levels, the LP relaxation, the far-band relaxation) for HiGHS, and `run` solves it once
+//!    (`run_highs`), re-simulating every plan it returns.
+//! 2. **bound** — `bound` proves bounds over every plan: the full-window LP relaxation, or the same
+//!    priced from a small window's LP (`pricing`) and raised by column generation
+//!    (`FullWindowBound`); `far` builds the far-band relaxation, a MIP whose bound holds over every
+//!    plan.
+//! 3. **search** — `search::Search` is one search's state: the plans met (`pool`, each fitting the
+//!    cap by the simulator), its runs and its work budget (`effort`; `callback` meters a MIP's
+//!    work). `solve` warm-starts it from the best baseline (`warm`) and the hint; `staged` runs the
+//!    staged phases of large models (depth 1, depth 4, `placement` at fixed levels on nodes, and,
+//!    on two threads, the full-window MIP or depth 4 beside `refine`'s far-band search).
+//! 4. **claim** — `claim` reads what the runs prove about the best plan (`Claim`: status, bound,
+//!    gap, window) and writes it into the plan file (`SolveDetails`, through [`Solved::plan`]).
+//!
+//! Beside the spine: `mapping` moves between schedules and column values; `limits`, `bands` and
+//! `rounding` are the window limits, the far-band positions and the LP's levels made whole;
+//! `anatomy` diagnoses the full-window LP; `space` and `fsdp2_solve` restrict the ILP to FSDP2's
+//! plans; `offload` and `offload_solve` add host offload; a profile of K ≥ 2 micro-batches is
+//! solved by `micro`'s MIP instead.
 
 mod anatomy;
 mod bands;
