@@ -10,7 +10,9 @@ use super::model::{Form, build, highs_model};
 use super::pricing::{FullColumns, priced_bound};
 use super::run::spent;
 use super::variables::{ExtraPositions, UnitLevel};
-use super::{Objective, PhaseReport, Relaxation, SolveOptions, SolveStatus, WindowLimits};
+use super::{
+    ModelSize, Objective, PhaseReport, Relaxation, SolveOptions, SolveStatus, WindowLimits,
+};
 use crate::profile::Profile;
 use crate::timeline::Timeline;
 use crate::{Error, Result};
@@ -18,6 +20,39 @@ use highs::HighsModelStatus;
 use std::collections::BTreeSet;
 use std::num::NonZeroUsize;
 use std::time::Instant;
+
+/// A bound from an LP relaxation, solved outright or priced: no plan, only a bound over every plan
+/// within its windows (DESIGN §4.5).
+#[derive(Debug, Clone)]
+pub(super) struct LpBound {
+    /// The plans it holds over.
+    pub window_depth: WindowLimits,
+    pub best_bound: f64,
+    pub seconds: f64,
+    /// The LP iterations it spent (the effort's unit).
+    pub lp_iterations: u64,
+    /// The LP's size: the restricted model's, where priced.
+    pub size: ModelSize,
+}
+
+impl LpBound {
+    /// The bound as a phase of a solve: an LP relaxation solved to optimality.
+    pub fn phase(&self) -> PhaseReport {
+        PhaseReport {
+            window_depth: self.window_depth,
+            relaxation: Some(Relaxation::Lp),
+            status: SolveStatus::Optimal,
+            objective: f64::NAN,
+            best_bound: self.best_bound,
+            gap: f64::NAN,
+            seconds: self.seconds,
+            lp_iterations: self.lp_iterations,
+            variables: self.size.variables,
+            integer_variables: self.size.integer_variables,
+            constraints: self.size.constraints,
+        }
+    }
+}
 
 /// The LP relaxation of the model under `options`, solved by interior point from no start: its
 /// optimum bounds every plan within the windows from below. None when HiGHS does not reach that
@@ -28,7 +63,7 @@ pub(super) fn lp_bound(
     profile: &Profile,
     options: &SolveOptions,
     budget: &mut Budget,
-) -> Result<Option<PhaseReport>> {
+) -> Result<Option<LpBound>> {
     let started = Instant::now();
     let built = build(profile, options, (Form::Lp, &ExtraPositions::new()));
     let (variables, integer_variables) = (built.columns, built.integers);
@@ -58,18 +93,16 @@ pub(super) fn lp_bound(
         Objective::Time => solved.objective_value(),
         Objective::Memory { .. } => solved.objective_value() * scale,
     };
-    Ok(Some(PhaseReport {
+    Ok(Some(LpBound {
         window_depth: options.limits,
-        relaxation: Some(Relaxation::Lp),
-        status: SolveStatus::Optimal,
-        objective: f64::NAN,
         best_bound,
-        gap: f64::NAN,
         seconds: started.elapsed().as_secs_f64(),
         lp_iterations: work,
-        variables,
-        integer_variables,
-        constraints,
+        size: ModelSize {
+            variables,
+            integer_variables,
+            constraints,
+        },
     }))
 }
 
@@ -97,7 +130,7 @@ pub fn lp_relaxation_bound(profile: &Profile, options: &SolveOptions) -> Result<
         )?;
         return Ok(priced.map(|p| p.restricted_optimum));
     }
-    Ok(lp_bound(profile, options, &mut budget)?.map(|phase| phase.best_bound))
+    Ok(lp_bound(profile, options, &mut budget)?.map(|lp| lp.best_bound))
 }
 
 /// A bound over every plan from the LP relaxation of the windows `restricted` (time objective
@@ -125,7 +158,7 @@ pub fn priced_lp_bound(
         (restricted, &no_extra, None),
         &mut budget,
     )?;
-    Ok(priced.map(|p| p.bound.best_bound))
+    Ok(priced.map(|p| p.bound))
 }
 
 /// Column generation from the LP of windows of depth `depth` (DESIGN §4.5, time objective only):
@@ -160,7 +193,7 @@ pub(super) struct FullWindowBound {
     /// The full windows' launch structure, priced at every depth (time objective only).
     full: Option<FullColumns>,
     depth: NonZeroUsize,
-    best: Option<PhaseReport>,
+    best: Option<LpBound>,
     /// The smallest restricted optimum met: every later priced bound is at most this.
     ceiling: f64,
     /// Positions outside the windows of `depth` that column generation has added.
@@ -225,9 +258,9 @@ impl FullWindowBound {
 
     /// The best bound so far, as a phase of the solve.
     pub fn phase(&self) -> Option<PhaseReport> {
-        self.best.clone().map(|b| PhaseReport {
+        self.best.as_ref().map(|b| PhaseReport {
             seconds: self.seconds,
-            ..b
+            ..b.phase()
         })
     }
 
@@ -336,14 +369,20 @@ impl FullWindowBound {
         };
         self.entering = priced.entering;
         self.spread = Some(priced.spread);
-        self.seconds += priced.bound.seconds;
+        self.seconds += priced.seconds;
         self.ceiling = self.ceiling.min(priced.restricted_optimum);
         if self
             .best
             .as_ref()
-            .is_none_or(|b| priced.bound.best_bound > b.best_bound)
+            .is_none_or(|b| priced.bound > b.best_bound)
         {
-            self.best = Some(priced.bound);
+            self.best = Some(LpBound {
+                window_depth: WindowLimits::FULL,
+                best_bound: priced.bound,
+                seconds: priced.seconds,
+                lp_iterations: priced.lp_iterations,
+                size: priced.size,
+            });
         }
         Ok(true)
     }

@@ -1,10 +1,11 @@
 //! What a plan's value is, and what the phases of a solve prove about it: the objective of a
 //! schedule and the claim (status, bound, gap, window) the returned plan carries.
 
-use super::{Objective, OutsideTheSpace, PhaseReport, SolveReport, SolveStatus};
+use super::{Objective, OutsideTheSpace, PhaseReport, SolveReport, SolveStatus, WindowLimits};
 use crate::profile::Profile;
 use crate::schedule::Schedule;
 use crate::sim::{Semantics, memory_by_slot, simulate};
+use serde::{Serialize, Serializer};
 
 /// The value of the objective for a schedule: strict iteration time, or peak bytes.
 pub(super) fn objective_of(profile: &Profile, objective: Objective, schedule: &Schedule) -> f64 {
@@ -46,18 +47,26 @@ impl SolveReport {
     }
 }
 
+/// What the phases of a solve prove about one plan.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Claim {
+    /// Optimal when the gap meets the target, else `gap_limit`.
+    pub status: SolveStatus,
+    /// The bound of the phase that proves the most.
+    pub best_bound: f64,
+    /// The plan's gap over that bound, relative to its objective.
+    pub gap: f64,
+    /// The plans that bound holds over.
+    pub window_depth: WindowLimits,
+}
+
 /// The claim the returned plan (`schedule`, objective `value`) carries: each phase whose window
 /// limit contains the plan proves that no plan within that limit beats `value` by more than
 /// (value − bound)/value. The widest window whose gap meets `target` wins ("within 0.1% of every
 /// plan" says more than "optimal among depth-1 plans"); when none meets it, the smallest gap. The
 /// status is optimal when the gap meets `target` (or is ≤ 1e-9), else the effort ended the search
 /// short of it (`gap_limit`); whether the clock stopped the solve is the solve's to say.
-pub(super) fn claim(
-    phases: &[PhaseReport],
-    schedule: &Schedule,
-    value: f64,
-    target: f64,
-) -> PhaseReport {
+pub(super) fn claim(phases: &[PhaseReport], schedule: &Schedule, value: f64, target: f64) -> Claim {
     let gap_of = |p: &PhaseReport| ((value - p.best_bound) / value.abs().max(1e-12)).max(0.0);
     let mut admitted: Vec<&PhaseReport> = phases
         .iter()
@@ -85,12 +94,49 @@ pub(super) fn claim(
     } else {
         SolveStatus::GapLimit
     };
-    PhaseReport {
+    Claim {
         status,
-        objective: value,
+        best_bound: best.best_bound,
         gap,
-        ..best.clone()
+        window_depth: best.window_depth,
     }
+}
+
+/// The claim as a plan file writes it, the `[producer.details]` of a solved plan: status,
+/// objective, bound, gap, the plans the bound holds over and the warm start.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SolveDetails {
+    pub status: SolveStatus,
+    pub objective: f64,
+    pub best_bound: f64,
+    pub gap: f64,
+    /// As text ("full windows", "window depth 4").
+    #[serde(serialize_with = "as_text")]
+    pub window_depth: WindowLimits,
+    /// The baseline the solve started from, with its iteration time ("fsdp2 (1234.5 us)").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warm_start: Option<String>,
+}
+
+impl SolveDetails {
+    /// What `report` claims, as written in a plan file.
+    pub fn of(report: &SolveReport) -> SolveDetails {
+        SolveDetails {
+            status: report.status,
+            objective: report.objective,
+            best_bound: report.best_bound,
+            gap: report.gap,
+            window_depth: report.window_depth,
+            warm_start: report
+                .warm_start
+                .as_ref()
+                .map(|(name, time)| format!("{name} ({time:.1} us)")),
+        }
+    }
+}
+
+fn as_text<S: Serializer>(limits: &WindowLimits, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(limits)
 }
 
 #[cfg(test)]

@@ -1,17 +1,30 @@
 //! The ILP scheduler (DESIGN §4): every unit's level and recompute flag and the launch slot of
 //! every block, jointly, under a memory cap, solved by HiGHS with a proven gap.
 //!
-//! `variables` declares y, r, x, C, Z and d; `constraints` holds one function per constraint
-//! family; `model` builds one phase's model for HiGHS; `bound` proves bounds over every plan
-//! (the full-window LP relaxation, or the same priced from a small window's LP); `far` builds the
-//! far-band relaxation, a MIP whose bound holds over every plan, and `refine` the far-band search
-//! of large models; `placement` places a plan's levels anew (profiles with nodes); `mapping`
-//! moves between schedules and column values; `pool` keeps the plans met; `staged` runs the
-//! staged phases of large models, on two threads as two searches that meet only when both are
-//! done; `effort` holds the work budget each phase spends a share of and the outer clock, and
-//! `callback` meters a MIP's work through HiGHS' interrupt callback; `solve` drives HiGHS,
-//! warm-starts from the best feasible baseline built in time (`warm`) and checks every answer
-//! against the strict simulator. A profile of K ≥ 2 micro-batches is solved by `micro`'s MIP instead.
+//! The spine, four steps a newcomer can follow file by file:
+//!
+//! 1. **model** — `variables` declares y, r, x, C, Z and d (`variables::declare` over the window
+//!    positions allowed, `variables::columns` indexing them); `constraints` holds one function
+//!    per constraint family; `model` builds one phase's model (`Form`: the MIP, the MIP at fixed
+//!    levels, the LP relaxation, the far-band relaxation) for HiGHS, and `run` solves it once
+//!    (`run_highs`), re-simulating every plan it returns.
+//! 2. **bound** — `bound` proves bounds over every plan: the full-window LP relaxation, or the same
+//!    priced from a small window's LP (`pricing`) and raised by column generation
+//!    (`FullWindowBound`); `far` builds the far-band relaxation, a MIP whose bound holds over every
+//!    plan.
+//! 3. **search** — `search::Search` is one search's state: the plans met (`pool`, each fitting the
+//!    cap by the simulator), its runs and its work budget (`effort`; `callback` meters a MIP's
+//!    work). `solve` warm-starts it from the best baseline (`warm`) and the hint; `staged` runs the
+//!    staged phases of large models (depth 1, depth 4, `placement` at fixed levels on nodes, and,
+//!    on two threads, the full-window MIP or depth 4 beside `refine`'s far-band search).
+//! 4. **claim** — `claim` reads what the runs prove about the best plan (`Claim`: status, bound,
+//!    gap, window) and writes it into the plan file (`SolveDetails`, through [`Solved::plan`]).
+//!
+//! Beside the spine: `mapping` moves between schedules and column values; `limits`, `bands` and
+//! `rounding` are the window limits, the far-band positions and the LP's levels made whole;
+//! `anatomy` diagnoses the full-window LP; `space` and `fsdp2_solve` restrict the ILP to FSDP2's
+//! plans; `offload` and `offload_solve` add host offload; a profile of K ≥ 2 micro-batches is
+//! solved by `micro`'s MIP instead.
 
 mod anatomy;
 mod bands;
@@ -34,6 +47,7 @@ mod pricing;
 mod refine;
 mod rounding;
 mod run;
+mod search;
 mod solve;
 mod space;
 mod staged;
@@ -43,6 +57,7 @@ mod warm;
 pub use crate::target::Target;
 pub use anatomy::{HeldLevels, LpAnatomy, describe_levels, full_lp_anatomy};
 pub use bound::{generated_lp_bound, lp_relaxation_bound, priced_lp_bound};
+pub use claim::SolveDetails;
 pub use effort::Effort;
 pub use limits::WindowLimits;
 pub use micro::rows_at as micro_rows_at;
@@ -55,7 +70,6 @@ use crate::profile::Profile;
 use crate::schedule::{RecomputeChoice, Schedule};
 use crate::sim::Simulation;
 use serde::Serialize;
-use std::collections::BTreeMap;
 
 /// What the solver minimises.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -201,6 +215,25 @@ pub struct PhaseReport {
     pub constraints: usize,
 }
 
+impl PhaseReport {
+    /// The size of the model this run solved.
+    pub fn size(&self) -> ModelSize {
+        ModelSize {
+            variables: self.variables,
+            integer_variables: self.integer_variables,
+            constraints: self.constraints,
+        }
+    }
+}
+
+/// The size of a model: its columns, integer columns and rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelSize {
+    pub variables: usize,
+    pub integer_variables: usize,
+    pub constraints: usize,
+}
+
 /// The solver's account of a solve.
 #[derive(Debug, Clone, Serialize)]
 pub struct SolveReport {
@@ -260,37 +293,14 @@ pub struct Solved {
 }
 
 impl Solved {
-    /// The plan file of this solve: the solver's figures go into the producer's details, the
-    /// strict simulation into the prediction. No wall-clock time: a solve the clock did not stop
-    /// writes the same file on any machine (DESIGN §4.6).
+    /// The plan file of this solve: the solver's figures go into the producer's details
+    /// ([`SolveDetails`]), the strict simulation into the prediction. No wall-clock time: a solve
+    /// the clock did not stop writes the same file on any machine (DESIGN §4.6).
     pub fn plan(&self, profile: &Profile, memory_cap_bytes: Option<u64>) -> Plan {
-        let r = &self.report;
-        let mut details = BTreeMap::from([
-            (
-                "status".to_string(),
-                toml::Value::String(r.status.name().into()),
-            ),
-            ("objective".to_string(), toml::Value::Float(r.objective)),
-            ("best_bound".to_string(), toml::Value::Float(r.best_bound)),
-            ("gap".to_string(), toml::Value::Float(r.gap)),
-            (
-                "window_depth".to_string(),
-                toml::Value::String(r.window_depth.to_string()),
-            ),
-        ]);
-        if let Some((name, time)) = &r.warm_start {
-            details.insert(
-                "warm_start".into(),
-                toml::Value::String(format!("{name} ({time:.1} us)")),
-            );
-        }
         Plan::from_schedule(
             profile,
             &self.schedule,
-            Producer {
-                name: "ilp".into(),
-                details,
-            },
+            Producer::with_details("ilp", &SolveDetails::of(&self.report)),
             memory_cap_bytes,
             Predicted::of(&self.simulation),
         )

@@ -4,7 +4,7 @@
 //! checked against the strict simulator; when nothing fits even so, the smallest cap with offload.
 
 use super::callback::solve_metered;
-use super::claim::claim;
+use super::claim::{Claim, claim};
 use super::effort::Clock;
 use super::mapping::{schedule_from_values, schedule_values};
 use super::model::{Built, Form, build, highs_model};
@@ -225,12 +225,11 @@ fn solve_built(
     let claim = if inside {
         claim(&phases, &schedule, value, options.relative_gap)
     } else {
-        PhaseReport {
+        Claim {
             status: SolveStatus::GapLimit,
-            objective: value,
             best_bound: f64::NEG_INFINITY,
             gap: f64::INFINITY,
-            ..phases[0].clone()
+            window_depth: phases[0].window_depth,
         }
     };
     let simulation = simulate(profile, &schedule, Semantics::Strict);

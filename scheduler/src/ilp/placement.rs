@@ -9,74 +9,89 @@
 //! the cap needs. Its answers are plans; its bound holds only over plans of those levels, so its
 //! phase claims none.
 
-use super::effort::Budget;
+use super::SolveOptions;
 use super::model::Form;
-use super::pool::Pool;
-use super::run::{Stop, run_highs};
+use super::run::run_highs;
+use super::search::Search;
 use super::variables::{Choice, ExtraPositions, UnitLevel};
-use super::{PhaseReport, SolveOptions};
 use crate::Result;
 use crate::profile::Profile;
 
-/// The placement of each distinct levels of `candidates` (in order, those present), each in an
-/// equal share of the `work` (LP iterations) left.
-pub(super) fn place_each<const N: usize>(
+/// Levels to place, in order, within `work` LP iterations, with launch columns also at `extra`.
+pub(super) struct Placements<'e> {
+    /// Levels and recompute of every unit; those absent and repeats are passed over.
+    pub candidates: Vec<Option<Vec<UnitLevel>>>,
+    pub work: u64,
+    pub extra: &'e ExtraPositions,
+}
+
+/// The placement of each distinct levels of `request.candidates` (in order, those present), each
+/// in an equal share of the work left.
+pub(super) fn place_each(
     profile: &Profile,
     options: &SolveOptions,
-    (pool, phases, budget): (&mut Pool, &mut Vec<PhaseReport>, &mut Budget),
-    (candidates, work, extra): ([Option<Vec<UnitLevel>>; N], u64, &ExtraPositions),
+    search: &mut Search,
+    request: Placements,
 ) -> Result<()> {
     let mut distinct: Vec<Vec<UnitLevel>> = Vec::new();
-    for levels in candidates.into_iter().flatten() {
+    for levels in request.candidates.into_iter().flatten() {
         if !distinct.contains(&levels) {
             distinct.push(levels);
         }
     }
     let count = distinct.len() as u64;
-    let mut left = work;
+    let mut left = request.work;
     for (k, levels) in (0..).zip(&distinct) {
-        if !budget.can_start() {
+        if !search.budget.can_start() {
             break;
         }
-        let share = (left / (count - k)).min(budget.left());
-        let before = budget.left();
-        place_levels(
-            profile,
-            options,
-            (pool, phases, budget),
-            (levels, share, extra),
-        )?;
-        left = left.saturating_sub(before - budget.left());
+        let share = (left / (count - k)).min(search.budget.left());
+        let before = search.budget.left();
+        let fixed = FixedLevels {
+            levels,
+            work: share,
+            extra: request.extra,
+        };
+        place_levels(profile, options, search, fixed)?;
+        left = left.saturating_sub(before - search.budget.left());
     }
     Ok(())
 }
 
-/// The placement MIP of `levels` for `work` LP iterations, warm-started from the best plan of
-/// those levels in `pool`: its plan joins `pool`, its run `phases`.
+/// One placement: every unit held to `levels`, for `work` LP iterations, with launch columns also
+/// at `extra`.
+pub(super) struct FixedLevels<'l> {
+    pub levels: &'l [UnitLevel],
+    pub work: u64,
+    pub extra: &'l ExtraPositions,
+}
+
+/// The placement MIP of `request.levels`, warm-started from the best plan of those levels the
+/// search has met: its plan and run join the search.
 fn place_levels(
     profile: &Profile,
     options: &SolveOptions,
-    search: (&mut Pool, &mut Vec<PhaseReport>, &mut Budget),
-    (levels, work, extra): (&[UnitLevel], u64, &ExtraPositions),
+    search: &mut Search,
+    request: FixedLevels,
 ) -> Result<()> {
-    let form = Form::Placement(levels);
-    place_form(profile, options, search, (form, work, extra))
+    let form = Form::Placement(request.levels);
+    place_form(profile, options, search, form, request)
 }
 
-/// The placement MIP of `levels` with every unit's recompute free (`Form::PlacementAmong`, each
-/// unit's one choice its level) for `work` LP iterations, warm-started from the best plan of those
-/// levels in `pool` (whatever its recompute): HiGHS chooses which units recompute together with
-/// the launches, so that whole recomputes meet the cap where the plan's recompute, rounded up from
-/// the LP's, overshoots it. Its plan joins `pool`, its run `phases`.
+/// The placement MIP of `request.levels` with every unit's recompute free
+/// (`Form::PlacementAmong`, each unit's one choice its level), warm-started from the best plan of
+/// those levels the search has met (whatever its recompute): HiGHS chooses which units recompute
+/// together with the launches, so that whole recomputes meet the cap where the plan's recompute,
+/// rounded up from the LP's, overshoots it. Its plan and run join the search.
 pub(super) fn place_recompute_free(
     profile: &Profile,
     options: &SolveOptions,
-    search: (&mut Pool, &mut Vec<PhaseReport>, &mut Budget),
-    (levels, work, extra): (&[UnitLevel], u64, &ExtraPositions),
+    search: &mut Search,
+    request: FixedLevels,
 ) -> Result<()> {
-    let held = held_choices(levels);
+    let held = held_choices(request.levels);
     let form = Form::PlacementAmong(&held);
-    place_form(profile, options, search, (form, work, extra))
+    place_form(profile, options, search, form, request)
 }
 
 /// Each unit's level as its one choice (`Form::PlacementAmong`: the level held, recompute free).
@@ -84,29 +99,22 @@ pub(super) fn held_choices(levels: &[UnitLevel]) -> Vec<Vec<Choice>> {
     levels.iter().map(|l| vec![l.choice]).collect()
 }
 
-/// The placement MIP `form` for `work` LP iterations, warm-started from the best plan of its
-/// levels in `pool`: its plan joins `pool`, its run `phases`.
+/// The placement MIP `form` of `request.levels`, warm-started from the best plan of those levels
+/// the search has met: its plan and run join the search.
 fn place_form(
     profile: &Profile,
     options: &SolveOptions,
-    (pool, phases, budget): (&mut Pool, &mut Vec<PhaseReport>, &mut Budget),
-    (form, work, extra): (Form, u64, &ExtraPositions),
+    search: &mut Search,
+    form: Form,
+    request: FixedLevels,
 ) -> Result<()> {
-    if !budget.can_start() {
+    if !search.budget.can_start() {
         return Ok(());
     }
-    let stop = Stop {
-        work,
-        objective_target: None,
-        clock: budget.clock(),
-    };
-    let warm = pool.within(options.limits, extra);
-    let placement = run_highs(profile, (options, form, extra), &warm, stop)?;
-    budget.spend(placement.work);
-    phases.push(placement.phase);
-    if let Some(schedule) = placement.schedule {
-        pool.offer(schedule);
-    }
+    let stop = search.stop(request.work, None);
+    let warm = search.pool.within(options.limits, request.extra);
+    let placement = run_highs(profile, (options, form, request.extra), &warm, stop)?;
+    search.record(placement);
     Ok(())
 }
 
@@ -117,6 +125,7 @@ mod tests {
     use crate::baselines::{BaselineKind, baseline};
     use crate::hardware::Catalog;
     use crate::ilp::WindowLimits;
+    use crate::ilp::run::Stop;
     use crate::ilp::variables::Choice;
     use crate::schedule::Recompute;
     use crate::sim::{Semantics, simulate};

@@ -9,7 +9,7 @@ use super::model::{Built, Form, build, memory_scale};
 use super::rounding::Spread;
 use super::run::lp_optimum;
 use super::variables::{Columns, ExtraPositions, OpVars, Shape, UnitLevel, covers, declare_units};
-use super::{Objective, PhaseReport, Relaxation, SolveOptions, SolveStatus, WindowLimits};
+use super::{ModelSize, Objective, SolveOptions, WindowLimits};
 use crate::Result;
 use crate::profile::{Link, Profile};
 use crate::timeline::Timeline;
@@ -19,7 +19,13 @@ use std::time::Instant;
 
 /// A priced bound and the optimum of the restricted LP it came from.
 pub(super) struct Priced {
-    pub bound: PhaseReport,
+    /// The bound over every plan (the Lagrangian at the restricted LP's duals).
+    pub bound: f64,
+    /// The restricted LP's size.
+    pub size: ModelSize,
+    /// The LP iterations it spent (the effort's unit), and its seconds.
+    pub lp_iterations: u64,
+    pub seconds: f64,
     pub restricted_optimum: f64,
     /// Per op, its left-out positions of most negative reduced cost (column generation's next).
     pub entering: ExtraPositions,
@@ -194,19 +200,14 @@ pub(super) fn priced_bound(
         return Ok(None);
     };
     Ok(Some(Priced {
-        bound: PhaseReport {
-            window_depth: WindowLimits::FULL,
-            relaxation: Some(Relaxation::Lp),
-            status: SolveStatus::Optimal,
-            objective: f64::NAN,
-            best_bound: lagrangian,
-            gap: f64::NAN,
-            seconds: started.elapsed().as_secs_f64(),
-            lp_iterations: work,
+        bound: lagrangian,
+        size: ModelSize {
             variables: columns,
             integer_variables: integers,
             constraints: constraint_count,
         },
+        lp_iterations: work,
+        seconds: started.elapsed().as_secs_f64(),
         restricted_optimum: optimum.objective,
         entering: entering
             .into_iter()

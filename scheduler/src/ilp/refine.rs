@@ -14,13 +14,13 @@
 //!    bands' own positions, is a plan too; the bands it launches in join the positions, and 2 runs
 //!    again.
 
-use super::effort::{Budget, Clock};
+use super::effort::Clock;
 use super::limits::PLACEMENT_DEPTH;
 use super::model::Form;
-use super::pool::Pool;
 use super::run::{Stop, run_highs};
+use super::search::Search;
 use super::variables::ExtraPositions;
-use super::{PhaseReport, SolveOptions, WindowLimits};
+use super::{SolveOptions, WindowLimits};
 use crate::Result;
 use crate::profile::Profile;
 use std::time::Instant;
@@ -29,16 +29,24 @@ use std::time::Instant;
 /// bound over every plan proves, and stops at the first.
 const RESTRICTED_GAP_FACTOR: f64 = 0.25;
 
-/// Runs the search until `budget` is spent, the best plan proven within the solve's gap over every
-/// plan, or the relaxation's answer launching in no band beyond the positions searched (its answer
-/// is then a plan of them).
-/// The positions where launches pay in the full-window LP (`paying`, from column generation) join
-/// the bands of step 1, which runs only where `bands_lp`.
+/// Where the far-band search starts: the positions where launches pay in the full-window LP
+/// (column generation's), with or without the bands of the far-band relaxation's LP (step 1).
+#[derive(Clone, Copy)]
+pub(super) enum FarBandStart<'e> {
+    /// Step 1 runs, and the bands its solution launches in join these positions.
+    BandsLpAnd(&'e ExtraPositions),
+    /// These positions alone (on a profile with nodes, where that LP is too large for the time).
+    Paying(&'e ExtraPositions),
+}
+
+/// Runs the search until the search's budget is spent, the best plan proven within the solve's
+/// gap over every plan, or the relaxation's answer launching in no band beyond the positions
+/// searched (its answer is then a plan of them).
 pub(super) fn far_band_search(
     profile: &Profile,
     options: &SolveOptions,
-    (pool, phases, budget): (&mut Pool, &mut Vec<PhaseReport>, &mut Budget),
-    (paying, bands_lp): (&ExtraPositions, bool),
+    search: &mut Search,
+    start: FarBandStart,
 ) -> Result<()> {
     let limits = WindowLimits::depth(PLACEMENT_DEPTH);
     let depth_options = SolveOptions {
@@ -49,26 +57,24 @@ pub(super) fn far_band_search(
         relative_gap: options.relative_gap * RESTRICTED_GAP_FACTOR,
         ..depth_options.clone()
     };
-    let clock = budget.clock();
-    let stop = |work, objective_target| Stop {
-        work,
-        objective_target,
-        clock,
+    let (paying, bands_lp) = match start {
+        FarBandStart::BandsLpAnd(paying) => (paying, true),
+        FarBandStart::Paying(paying) => (paying, false),
     };
     let mut extra = paying.clone();
-    if bands_lp && budget.can_start() {
+    if bands_lp && search.budget.can_start() {
+        let stop = search.stop(search.budget.left(), None);
         let lp = run_highs(
             profile,
             (&depth_options, Form::FarBandsLp, &ExtraPositions::new()),
             &[],
-            stop(budget.left(), None),
+            stop,
         )?;
-        budget.spend(lp.work);
-        phases.push(lp.phase);
-        add(&mut extra, lp.bands_used);
+        add(&mut extra, search.record(lp).bands_used);
     }
-    while !pool.proven(phases) && budget.can_start() {
-        let bound = phases
+    while !search.proven() && search.budget.can_start() {
+        let bound = search
+            .phases
             .iter()
             .filter(|p| p.window_depth.is_full())
             .map(|p| p.best_bound)
@@ -76,34 +82,27 @@ pub(super) fn far_band_search(
         let target = bound
             .is_finite()
             .then(|| bound / (1.0 - options.relative_gap));
-        let warm = pool.within(limits, &extra);
+        let warm = search.pool.within(limits, &extra);
+        let stop = search.stop(search.budget.left(), target);
         let restricted = run_highs(
             profile,
             (&restricted_options, Form::Mip, &extra),
             &warm,
-            stop(budget.left(), target),
+            stop,
         )?;
-        budget.spend(restricted.work);
-        phases.push(restricted.phase);
-        if let Some(schedule) = restricted.schedule {
-            pool.offer(schedule);
-        }
-        if pool.proven(phases) || !budget.can_start() {
+        search.record(restricted);
+        if search.proven() || !search.budget.can_start() {
             break;
         }
-        let warm = pool.within(limits, &extra);
+        let warm = search.pool.within(limits, &extra);
+        let stop = search.stop(search.budget.left(), None);
         let relaxed = run_highs(
             profile,
             (&depth_options, Form::FarBands, &extra),
             &warm,
-            stop(budget.left(), None),
+            stop,
         )?;
-        budget.spend(relaxed.work);
-        phases.push(relaxed.phase);
-        if let Some(schedule) = relaxed.schedule {
-            pool.offer(schedule);
-        }
-        if !add(&mut extra, relaxed.bands_used) {
+        if !add(&mut extra, search.record(relaxed).bands_used) {
             break;
         }
     }

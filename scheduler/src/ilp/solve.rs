@@ -7,11 +7,13 @@ use super::model::{Form, build};
 use super::offload_solve::{offload_may_pay, solve_with_offload};
 use super::pool::Pool;
 use super::run::{Stop, run_highs};
+use super::search::Search;
 use super::staged::{FullWindow, full_window_mip, is_staged, staged_phases};
 use super::variables::ExtraPositions;
 use super::warm::best_baseline;
 use super::{
-    Objective, OutsideTheSpace, PhaseReport, SolveOptions, SolveReport, SolveStatus, Solved,
+    ModelSize, Objective, OutsideTheSpace, PhaseReport, SolveOptions, SolveReport, SolveStatus,
+    Solved,
 };
 use crate::baselines::OffloadFallback;
 use crate::profile::Profile;
@@ -38,7 +40,6 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
     }
     let started = Instant::now();
     let clock = Clock::new(started, options.time_limit_s);
-    let mut budget = Budget::new(options.effort, &clock);
     let warm = best_baseline(profile, options, &clock).map(|chosen| {
         let time = chosen.plan.simulation.iteration_time_us;
         (chosen.label(), chosen.plan.schedule, time)
@@ -61,10 +62,10 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
             pool.offer(hint.clone());
         }
     }
-    let mut phases = Vec::new();
+    let mut search = Search::new(pool, Budget::new(options.effort, &clock));
     let user_limited = !options.limits.is_full();
     let full_window = if is_staged(profile, options) {
-        staged_phases(profile, options, &mut pool, &mut phases, &mut budget)?
+        staged_phases(profile, options, &mut search)?
     } else {
         FullWindow::Run
     };
@@ -77,16 +78,23 @@ pub fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved> {
         // Past the deadline HiGHS would stop it at once, after its model was built: with a plan
         // in hand and a phase to claim from, the clock keeps it from starting (which `expired`
         // records).
-        FullWindow::Run if !pool.is_empty() && !phases.is_empty() && clock.expired() => false,
+        FullWindow::Run
+            if !search.pool.is_empty() && !search.phases.is_empty() && clock.expired() =>
+        {
+            false
+        }
         FullWindow::Run => {
-            let run = full_window_mip(profile, options, &pool, &mut budget)?;
-            phases.push(run.phase);
+            let run = full_window_mip(profile, options, &mut search)?;
+            search.phases.push(run.phase);
             if let Some(schedule) = run.schedule {
-                pool.offer(schedule);
+                search.pool.offer(schedule);
             }
             run.infeasible
         }
     };
+    let Search {
+        mut pool, phases, ..
+    } = search;
     if user_limited {
         // A warm start outside the windows asked for is not an answer to the limited search.
         pool.retain_within(options.limits);
@@ -171,19 +179,18 @@ pub fn solve_naming_offload(profile: &Profile, options: &SolveOptions) -> Result
 /// The size of the model of the plans asked for (the full windows unless the user limited them):
 /// the MIP phase that solved it, or, where a staged solve skipped that phase, the model built
 /// and counted.
-fn model_size(profile: &Profile, options: &SolveOptions, phases: &[PhaseReport]) -> PhaseReport {
+fn model_size(profile: &Profile, options: &SolveOptions, phases: &[PhaseReport]) -> ModelSize {
     if let Some(phase) = phases
         .iter()
         .find(|p| p.relaxation.is_none() && p.window_depth == options.limits)
     {
-        return phase.clone();
+        return phase.size();
     }
     let built = build(profile, options, (Form::Mip, &ExtraPositions::new()));
-    PhaseReport {
+    ModelSize {
         variables: built.columns,
         integer_variables: built.integers,
         constraints: built.constraints.len(),
-        ..phases.last().expect("a phase ran").clone()
     }
 }
 

@@ -4,15 +4,14 @@
 //! far-band search runs on the other, each with its own budget of work, meeting when both are done.
 
 use super::bound::FullWindowBound;
-use super::effort::Budget;
 use super::limits::PLACEMENT_DEPTH;
 use super::model::Form;
-use super::placement::{place_each, place_recompute_free};
-use super::pool::Pool;
-use super::refine::far_band_search;
+use super::placement::{FixedLevels, Placements, place_each, place_recompute_free};
+use super::refine::{FarBandStart, far_band_search};
 use super::run::{Run, Stop, run_highs};
+use super::search::Search;
 use super::variables::{ExtraPositions, UnitLevel};
-use super::{Objective, PhaseReport, SolveOptions, WindowLimits};
+use super::{Objective, SolveOptions, WindowLimits};
 use crate::profile::Profile;
 use crate::{Error, Result};
 use std::num::NonZeroUsize;
@@ -72,88 +71,98 @@ pub(super) enum FullWindow {
     Ran { infeasible: bool },
 }
 
-/// Runs the staged phases within `budget`, adding their plans to `pool` and their reports to
-/// `phases`.
+/// Runs the staged phases within the search's budget, adding their plans and runs to it.
 pub(super) fn staged_phases(
     profile: &Profile,
     options: &SolveOptions,
-    pool: &mut Pool,
-    phases: &mut Vec<PhaseReport>,
-    budget: &mut Budget,
+    search: &mut Search,
 ) -> Result<FullWindow> {
-    let stop = Stop {
-        work: budget.share(LEVELS_SHARE),
-        objective_target: None,
-        clock: budget.clock(),
-    };
+    let stop = search.stop(search.budget.share(LEVELS_SHARE), None);
     let levels = limited(options, NonZeroUsize::MIN);
     let run = run_highs(
         profile,
         (&levels, Form::Mip, &ExtraPositions::new()),
-        pool.plans(),
+        search.pool.plans(),
         stop,
     )?;
-    budget.spend(run.work);
-    if let Some(schedule) = run.schedule {
-        pool.offer(schedule);
-    }
-    phases.push(run.phase);
-    let first_levels = run.levels;
+    let first_levels = search.record(run).levels;
     // A bound over every plan before placing launches, so that depth 4 stops at the first plan it
     // proves within the target.
-    let bound = FullWindowBound::start(profile, options, budget)?;
+    let bound = FullWindowBound::start(profile, options, &mut search.budget)?;
     let too_large = full_window_integers(profile) > FULL_WINDOW_MIP_MAX_INTEGERS;
     let time_objective = options.objective == Objective::Time;
-    if options.threads >= 2 && time_objective && too_large {
-        return far_launches_beside(
-            profile,
-            options,
-            (pool, phases, budget),
-            (bound, first_levels),
-        );
+    let start = Start {
+        bound,
+        first_levels,
+    };
+    if options.threads >= 2 && time_objective {
+        let this_thread = if too_large {
+            ThisThread::Placement
+        } else {
+            ThisThread::FullWindowMip
+        };
+        return two_searches(profile, options, search, start, this_thread);
     }
-    if options.threads >= 2 && time_objective && !too_large {
-        return two_searches(
-            profile,
-            options,
-            (pool, phases, budget),
-            (bound, first_levels),
-        );
-    }
-    place(
-        profile,
-        options,
-        (pool, phases, budget),
-        (&bound, PLACEMENT_SHARE),
-        first_levels.clone(),
-    )?;
-    let far = too_large.then_some(first_levels);
-    widen_and_search(profile, options, (pool, phases, budget), bound, far)?;
-    Ok(if !pool.is_empty() && (too_large || pool.proven(phases)) {
-        FullWindow::Skip
+    let placement = Placement {
+        bound: &start.bound,
+        share: PLACEMENT_SHARE,
+        first_levels: start.first_levels.clone(),
+    };
+    place(profile, options, search, placement)?;
+    let then = if too_large {
+        AfterTheBound::FarSearch(start.first_levels)
     } else {
-        FullWindow::Run
-    })
+        AfterTheBound::Nothing
+    };
+    widen_and_search(profile, options, search, start.bound, then)?;
+    Ok(
+        if !search.pool.is_empty() && (too_large || search.proven()) {
+            FullWindow::Skip
+        } else {
+            FullWindow::Run
+        },
+    )
 }
 
-/// One search's state: the plans it met, its phases and what it may still spend.
-type Search<'p, 'a, 'c> = (
-    &'p mut Pool<'a>,
-    &'p mut Vec<PhaseReport>,
-    &'p mut Budget<'c>,
-);
+/// What the phases after depth 1 start from: the bound over every plan priced from depth 4, and
+/// the depth-1 plan's levels (where it found a plan).
+struct Start {
+    bound: FullWindowBound,
+    first_levels: Option<Vec<UnitLevel>>,
+}
 
-/// Depth 4 for at most `share` of the effort, unless the bound proves the best plan already.
-/// On a profile with nodes its own MIP takes 90% of that, and the placements at fixed levels of
-/// the depth-1 plan and of its own answer the rest.
+/// What follows the widened bound in [`widen_and_search`].
+enum AfterTheBound {
+    /// Nothing: the full-window MIP (here or beside it) searches the plans.
+    Nothing,
+    /// The search of launches outside depth 4 (time objective), placing on a profile with nodes
+    /// the depth-1 plan's levels (where it found a plan) among others.
+    FarSearch(Option<Vec<UnitLevel>>),
+}
+
+/// Depth 4's search: for at most `share` of the effort, stopping at the first plan `bound` proves.
+struct Placement<'b> {
+    bound: &'b FullWindowBound,
+    share: f64,
+    /// On a profile with nodes, placed at fixed levels beside depth 4's own answer's.
+    first_levels: Option<Vec<UnitLevel>>,
+}
+
+/// Depth 4 for at most `request.share` of the effort, unless the bound proves the best plan
+/// already. On a profile with nodes its own MIP takes 90% of that, and the placements at fixed
+/// levels of the depth-1 plan and of its own answer the rest.
 fn place(
     profile: &Profile,
     options: &SolveOptions,
-    (pool, phases, budget): Search,
-    (bound, share): (&FullWindowBound, f64),
-    first_levels: Option<Vec<UnitLevel>>,
+    search: &mut Search,
+    request: Placement,
 ) -> Result<()> {
-    if proven_with(pool, phases, bound) || !budget.can_start() {
+    let Placement {
+        bound,
+        share,
+        first_levels,
+    } = request;
+    if search.proven_with(bound) || !search.budget.can_start() {
         return Ok(());
     }
     // Where the bound is tight, depth 4 searches past its own target toward a plan the bound
@@ -166,86 +175,71 @@ fn place(
         },
         ..limited(options, PLACEMENT_DEPTH)
     };
-    let work = budget.share(share);
+    let work = search.budget.share(share);
     let nodes = profile.topology.is_some();
     let own = if nodes { OWN_SEARCH_SHARE } else { 1.0 };
-    let before = budget.left();
+    let before = search.budget.left();
     let own_work = (work as f64 * own) as u64;
-    let own_levels = own_mip(
-        profile,
-        (options, &placement),
-        (pool, phases, budget),
-        (bound, own_work),
-    )?;
-    if !nodes || proven_with(pool, phases, bound) {
+    // Stops at the first plan the bound proves within the solve's gap.
+    let target = bound
+        .phase()
+        .map(|b| b.best_bound / (1.0 - options.relative_gap));
+    let stop = search.stop(own_work, target);
+    let own_levels = own_mip(profile, &placement, search, stop)?;
+    if !nodes || search.proven_with(bound) {
         return Ok(());
     }
-    let rest = work.saturating_sub(before - budget.left());
-    place_each(
-        profile,
-        &placement,
-        (pool, phases, budget),
-        ([first_levels, own_levels], rest, &ExtraPositions::new()),
-    )
+    let rest = work.saturating_sub(before - search.budget.left());
+    let placements = Placements {
+        candidates: vec![first_levels, own_levels],
+        work: rest,
+        extra: &ExtraPositions::new(),
+    };
+    place_each(profile, &placement, search, placements)
 }
 
-/// Whether `phases` and `bound` prove the pool's best plan.
-fn proven_with(pool: &Pool, phases: &[PhaseReport], bound: &FullWindowBound) -> bool {
-    let with_bound: Vec<_> = phases.iter().cloned().chain(bound.phase()).collect();
-    pool.proven(&with_bound)
-}
-
-/// Depth 4's own MIP from the best plan for `work` LP iterations, stopping at the first plan
-/// `bound` proves; the levels of its answer.
+/// Depth 4's own MIP (`placement`'s windows) from the best plan, until `stop`; the levels of its
+/// answer.
 fn own_mip(
     profile: &Profile,
-    (options, placement): (&SolveOptions, &SolveOptions),
-    (pool, phases, budget): Search,
-    (bound, work): (&FullWindowBound, u64),
+    placement: &SolveOptions,
+    search: &mut Search,
+    stop: Stop,
 ) -> Result<Option<Vec<UnitLevel>>> {
-    let stop = Stop {
-        work,
-        objective_target: bound
-            .phase()
-            .map(|b| b.best_bound / (1.0 - options.relative_gap)),
-        clock: budget.clock(),
-    };
     // The best plan's launches outside depth 4 join its windows, so that it starts the search.
-    let extra = pool.best_outside(placement.limits);
-    let warm = pool.within(placement.limits, &extra);
+    let extra = search.pool.best_outside(placement.limits);
+    let warm = search.pool.within(placement.limits, &extra);
     let run = run_highs(profile, (placement, Form::Mip, &extra), &warm, stop)?;
-    budget.spend(run.work);
-    if let Some(schedule) = run.schedule {
-        pool.offer(schedule);
-    }
-    phases.push(run.phase);
-    Ok(run.levels)
+    Ok(search.record(run).levels)
 }
 
-/// The bound priced from deeper windows and by column generation, and, given `far` (time
-/// objective), the search of launches outside depth 4 with the work left: on a profile with nodes
-/// the placements of the full-window LP's levels made whole (`super::rounding`, recompute free:
-/// `SPREAD_PLACEMENT_SHARE` of the effort at most) and of `far`'s levels (the depth-1 plan's,
-/// `FAR_PLACEMENT_SHARE`) over depth 4 and the positions where launches pay in the full-window LP,
-/// then the far-band search.
+/// The bound priced from deeper windows and by column generation, and, where `then` asks for the
+/// far search (time objective), the search of launches outside depth 4 with the work left: on a
+/// profile with nodes the placements of the full-window LP's levels made whole
+/// (`super::rounding`, recompute free: `SPREAD_PLACEMENT_SHARE` of the effort at most) and of the
+/// depth-1 plan's levels (`FAR_PLACEMENT_SHARE`) over depth 4 and the positions where launches pay
+/// in the full-window LP, then the far-band search.
 fn widen_and_search(
     profile: &Profile,
     options: &SolveOptions,
-    (pool, phases, budget): Search,
+    search: &mut Search,
     mut bound: FullWindowBound,
-    far: Option<Option<Vec<UnitLevel>>>,
+    then: AfterTheBound,
 ) -> Result<()> {
-    if let Some(incumbent) = pool.best_value() {
-        bound.widen(profile, options, incumbent, budget)?;
+    if let Some(incumbent) = search.pool.best_value() {
+        bound.widen(profile, options, incumbent, &mut search.budget)?;
     }
     if let Some(phase) = bound.phase() {
-        phases.push(phase);
+        search.phases.push(phase);
     }
     // The memory objective keeps the full-window LP bound.
     let time_objective = options.objective == Objective::Time;
-    let Some(levels) = far.filter(|_| time_objective && !pool.is_empty()) else {
+    let AfterTheBound::FarSearch(levels) = then else {
         return Ok(());
     };
+    if !time_objective || search.pool.is_empty() {
+        return Ok(());
+    }
     let none = ExtraPositions::new();
     let paying = if bound.is_full_lp() {
         bound.paying_positions()
@@ -253,154 +247,136 @@ fn widen_and_search(
         &none
     };
     let nodes = profile.topology.is_some();
-    if nodes && !paying.is_empty() && !pool.proven(phases) {
+    if nodes && !paying.is_empty() && !search.proven() {
         let placement = limited(options, PLACEMENT_DEPTH);
         let spread = bound.spread_levels().filter(|s| levels.as_ref() != Some(s));
         if let Some(spread) = &spread {
-            let work = budget.share(SPREAD_PLACEMENT_SHARE);
-            let search = (&mut *pool, &mut *phases, &mut *budget);
-            place_recompute_free(profile, &placement, search, (spread, work, paying))?;
+            let fixed = FixedLevels {
+                levels: spread,
+                work: search.budget.share(SPREAD_PLACEMENT_SHARE),
+                extra: paying,
+            };
+            place_recompute_free(profile, &placement, search, fixed)?;
         }
-        let work = budget.share(FAR_PLACEMENT_SHARE);
-        let search = (&mut *pool, &mut *phases, &mut *budget);
-        place_each(profile, &placement, search, ([levels], work, paying))?;
+        let placements = Placements {
+            candidates: vec![levels],
+            work: search.budget.share(FAR_PLACEMENT_SHARE),
+            extra: paying,
+        };
+        place_each(profile, &placement, search, placements)?;
     }
     // On a profile with nodes the far-band relaxation's LP is too large for the time (the demo's:
     // 30,893 columns, unsolved after 6 s); the positions where launches pay stand for its bands.
-    let bands_lp = !nodes || paying.is_empty();
-    if !pool.proven(phases) {
-        far_band_search(profile, options, (pool, phases, budget), (paying, bands_lp))?;
+    let start = if !nodes || paying.is_empty() {
+        FarBandStart::BandsLpAnd(paying)
+    } else {
+        FarBandStart::Paying(paying)
+    };
+    if !search.proven() {
+        far_band_search(profile, options, search, start)?;
     }
     Ok(())
 }
 
-/// Depth 4 (a quarter of the effort at most), then the full-window MIP on this thread beside the
-/// deeper pricing and the far-band search on another, each HiGHS run on one thread and each search
-/// with the work left to it, meeting when both are done. The far-band search finds plans that
-/// launch far ahead, which the full MIP's heuristics miss; the full MIP proves the bound.
+/// What a search does on this thread beside the far-band search ([`two_searches`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ThisThread {
+    /// Depth 4 first (a quarter of the effort at most), then the full-window MIP beside the far
+    /// search: the far-band search finds plans that launch far ahead, which the full MIP's
+    /// heuristics miss; the full MIP proves the bound.
+    FullWindowMip,
+    /// Above 20,000 full-window columns: depth 4 (its own MIP and, on a profile with nodes, the
+    /// placements at fixed levels) beside the far search, with the work left. On the demo column
+    /// generation reaches the full-window LP's optimum, 5% under depth 4's, and the restricted MIP
+    /// over depth 4 and its paying positions finds plans depth 4 cannot.
+    Placement,
+}
+
+/// Given two threads (time objective): `this_thread`'s search here beside deeper pricing, column
+/// generation and the far-band search on another (the bound widened, then the search of launches
+/// outside depth 4), each HiGHS run on one thread and each search on its own copy of the search
+/// with the work left to it, so that neither's timing changes the other's answer; when both are
+/// done the other's plans and runs join these (after them: a fixed order).
 fn two_searches(
     profile: &Profile,
     options: &SolveOptions,
-    (pool, phases, budget): Search,
-    (bound, first_levels): (FullWindowBound, Option<Vec<UnitLevel>>),
+    search: &mut Search,
+    start: Start,
+    this_thread: ThisThread,
 ) -> Result<FullWindow> {
-    let single = one_thread(options);
-    place(
-        profile,
-        &single,
-        (pool, phases, budget),
-        (&bound, TWO_SEARCHES_PLACEMENT_SHARE),
-        first_levels.clone(),
-    )?;
-    let far = (bound, first_levels);
-    let full = beside_far_search(profile, &single, (pool, phases, budget), far, |search| {
-        let (pool, _, budget) = search;
-        full_window_mip(profile, &single, pool, budget).map(|mut run| {
-            if let Some(schedule) = run.schedule.take() {
-                pool.offer(schedule);
-            }
-            run
-        })
-    })??;
-    phases.push(full.phase);
-    Ok(FullWindow::Ran {
-        infeasible: full.infeasible,
-    })
-}
-
-/// Above 20,000 full-window columns, given two threads (time objective): depth 4 (its own MIP and,
-/// on a profile with nodes, the placements at fixed levels) on this thread with the work left,
-/// beside deeper pricing, column generation and the far-band search over the positions where
-/// launches pay on another, each HiGHS run on one thread. On the demo column generation reaches
-/// the full-window LP's optimum, 5% under depth 4's, and the restricted MIP over depth 4 and its
-/// paying positions finds plans depth 4 cannot.
-fn far_launches_beside(
-    profile: &Profile,
-    options: &SolveOptions,
-    (pool, phases, budget): Search,
-    (bound, first_levels): (FullWindowBound, Option<Vec<UnitLevel>>),
-) -> Result<FullWindow> {
-    let single = one_thread(options);
-    let start = bound.without_pricing();
-    let levels = first_levels.clone();
-    let far = (bound, first_levels);
-    beside_far_search(
-        profile,
-        &single,
-        (&mut *pool, phases, budget),
-        far,
-        |search| place(profile, &single, search, (&start, 1.0), levels),
-    )??;
-    // As alone: without a plan, the full-window MIP still runs to tell an infeasible cap.
-    Ok(if pool.is_empty() {
-        FullWindow::Run
-    } else {
-        FullWindow::Skip
-    })
-}
-
-/// The options of a search on one thread of two.
-fn one_thread(options: &SolveOptions) -> SolveOptions {
-    SolveOptions {
+    let single = SolveOptions {
         threads: 1,
         ..options.clone()
+    };
+    let Start {
+        bound,
+        first_levels,
+    } = start;
+    // The bound as it stands, for depth 4 to read while the other thread widens it.
+    let as_it_stands = bound.without_pricing();
+    let placement = |share| Placement {
+        bound: &as_it_stands,
+        share,
+        first_levels: first_levels.clone(),
+    };
+    if this_thread == ThisThread::FullWindowMip {
+        place(
+            profile,
+            &single,
+            search,
+            placement(TWO_SEARCHES_PLACEMENT_SHARE),
+        )?;
     }
-}
-
-/// `here` on this thread beside [`widen_and_search`] on another (the bound widened, then the
-/// search of launches outside depth 4), each on its own copy of the pool, phases and budget, so
-/// that neither's timing changes the other's answer; when both are done the other's plans and
-/// phases join these (after them: a fixed order).
-fn beside_far_search<'a, 'c, T>(
-    profile: &Profile,
-    single: &SolveOptions,
-    (pool, phases, budget): (&mut Pool<'a>, &mut Vec<PhaseReport>, &mut Budget<'c>),
-    (bound, first_levels): (FullWindowBound, Option<Vec<UnitLevel>>),
-    here: impl FnOnce(Search<'_, 'a, 'c>) -> T,
-) -> Result<T> {
-    let mut other_pool = pool.clone();
-    let mut other_phases = phases.clone();
-    let mut other_budget = budget.clone();
-    let before = phases.len();
-    let (here, other) = std::thread::scope(|scope| {
-        let other = scope.spawn(|| {
-            widen_and_search(
-                profile,
-                single,
-                (&mut other_pool, &mut other_phases, &mut other_budget),
-                bound,
-                Some(first_levels),
-            )
+    let forked_at = search.phases.len();
+    let mut other = search.clone();
+    let (here, there) = std::thread::scope(|scope| {
+        let there = scope.spawn(|| {
+            let then = AfterTheBound::FarSearch(first_levels.clone());
+            widen_and_search(profile, &single, &mut other, bound, then)
         });
-        let here = here((&mut *pool, &mut *phases, &mut *budget));
-        (here, other.join())
+        let here = match this_thread {
+            ThisThread::FullWindowMip => {
+                full_window_mip(profile, &single, search).map(|mut run| {
+                    if let Some(schedule) = run.schedule.take() {
+                        search.pool.offer(schedule);
+                    }
+                    Some(run)
+                })
+            }
+            ThisThread::Placement => place(profile, &single, search, placement(1.0)).map(|()| None),
+        };
+        (here, there.join())
     });
-    other.map_err(|_| Error::Solver("the far-band search's thread panicked".into()))??;
-    pool.absorb(other_pool);
-    phases.extend(other_phases.drain(before..));
-    Ok(here)
+    there.map_err(|_| Error::Solver("the far-band search's thread panicked".into()))??;
+    search.join(other, forked_at);
+    Ok(match here? {
+        Some(run) => {
+            search.phases.push(run.phase);
+            FullWindow::Ran {
+                infeasible: run.infeasible,
+            }
+        }
+        // As alone: without a plan, the full-window MIP still runs to tell an infeasible cap.
+        None if search.pool.is_empty() => FullWindow::Run,
+        None => FullWindow::Skip,
+    })
 }
 
 /// The full-window MIP with the work left (at least enough for its root), warm-started from the
-/// best plan it can represent.
+/// best plan it can represent; its work spent, its plan and phase left to the caller.
 pub(super) fn full_window_mip(
     profile: &Profile,
     options: &SolveOptions,
-    pool: &Pool,
-    budget: &mut Budget,
+    search: &mut Search,
 ) -> Result<Run> {
-    let stop = Stop {
-        work: budget.rest(),
-        objective_target: None,
-        clock: budget.clock(),
-    };
+    let stop = search.stop(search.budget.rest(), None);
     let run = run_highs(
         profile,
         (options, Form::Mip, &ExtraPositions::new()),
-        pool.plans(),
+        search.pool.plans(),
         stop,
     )?;
-    budget.spend(run.work);
+    search.budget.spend(run.work);
     Ok(run)
 }
 

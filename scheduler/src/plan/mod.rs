@@ -68,6 +68,19 @@ pub struct Producer {
     pub details: BTreeMap<String, toml::Value>,
 }
 
+impl Producer {
+    /// A producer whose details are the fields of `details`, a struct of strings and numbers
+    /// (their names as keys).
+    pub fn with_details(name: &str, details: &impl Serialize) -> Producer {
+        let details = toml::Table::try_from(details)
+            .expect("a struct of strings and numbers serialises to a table");
+        Producer {
+            name: name.into(),
+            details: details.into_iter().collect(),
+        }
+    }
+}
+
 impl Default for Producer {
     /// A plan file without a `[producer]` table.
     fn default() -> Self {
