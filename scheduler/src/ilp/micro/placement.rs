@@ -215,7 +215,6 @@ mod tests {
                 added: &none,
                 left_out: false,
                 target: options.target,
-                fixed: None,
                 fixed,
             };
             run_mip(&profile, &options, (space, u64::MAX), &[], &clock).unwrap()
