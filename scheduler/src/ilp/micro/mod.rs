@@ -232,6 +232,7 @@ pub fn rows_at(profile: &Profile, schedule: &Schedule) -> Option<(f64, Vec<f64>)
         communicators: &built.communicators,
         peak: None,
         count: built.columns.count,
+        target: crate::target::Target::Runtime,
     };
     let values = values_of(profile, &parts, schedule)?;
     let time = built

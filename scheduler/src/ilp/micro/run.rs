@@ -13,11 +13,13 @@ use crate::ilp::effort::Clock;
 use crate::ilp::mapping::launches_of;
 use crate::ilp::model::{highs_model, memory_scale};
 use crate::ilp::run::spent;
+use crate::ilp::space::fsdp2_peak;
 use crate::ilp::variables::Col;
 use crate::ilp::{Objective, SolveOptions};
 use crate::profile::Profile;
 use crate::schedule::{Accumulation, Launch, Schedule, UnitSchedule};
 use crate::sim::Simulation;
+use crate::target::Target;
 use crate::timeline::{Level, Op};
 use crate::{Error, Result};
 use good_lp::constraint;
@@ -105,6 +107,7 @@ pub(super) fn run_mip(
         communicators: &communicators,
         peak,
         count: columns.count,
+        target: space.target,
     };
     // The time limit holds for the whole solve: HiGHS gets what is left of it.
     let mut model = highs_model(
@@ -180,6 +183,8 @@ pub(super) struct Parts<'a> {
     /// The memory objective's peak column and its scale.
     pub peak: Option<(Col, f64)>,
     pub count: usize,
+    /// Whose peak the peak column holds: the strict simulation's, or FSDP2's.
+    pub target: Target,
 }
 
 /// The configuration a unit of a schedule takes.
@@ -270,8 +275,12 @@ pub(super) fn values_of(profile: &Profile, parts: &Parts, schedule: &Schedule) -
         values[d.index] = t.duration(interference, &values);
     }
     if let Some((peak, scale)) = parts.peak {
-        // A hair above the schedule's peak, so that rounding does not cut the start off.
-        let highest = simulate_strict(profile, schedule).peak_memory_bytes;
+        // A hair above the schedule's peak (FSDP2's under its target; None where the schedule
+        // does not export exactly), so that rounding does not cut the start off.
+        let highest = match parts.target {
+            Target::Runtime => simulate_strict(profile, schedule).peak_memory_bytes,
+            Target::Fsdp2 => fsdp2_peak(profile, schedule)?,
+        };
         values[peak.index] = highest / scale * (1.0 + 1e-12);
     }
     Some(values)

@@ -7,12 +7,11 @@
 
 use super::columns::{Boundary, Config, SetKey, UnitCols, Unrolled};
 use super::linear::Linear;
-use super::model::{Added, Built, Space, build};
-use super::run::{Parts, checked, values_of};
+use super::model::{Added, Space};
+use super::run::run_mip;
+use crate::Result;
 use crate::fsdp2::{Reshard, Sharding, UnitSettings};
-use crate::ilp::callback::solve_metered;
-use crate::ilp::model::{highs_model, memory_scale};
-use crate::ilp::run::{Run, Stop, spent};
+use crate::ilp::run::{Run, Stop};
 use crate::ilp::space::{fsdp2_peak, unit_copies};
 use crate::ilp::variables::ExtraPositions;
 use crate::ilp::{Objective, PhaseReport, SolveOptions, SolveStatus};
@@ -20,8 +19,7 @@ use crate::profile::Profile;
 use crate::schedule::{ReplicaReduce, Schedule};
 use crate::target::Target;
 use crate::timeline::{Level, Op};
-use crate::{Error, Result};
-use good_lp::{Constraint, Expression, constraint};
+use good_lp::{Constraint, constraint};
 use highs::HighsModelStatus;
 use std::time::Instant;
 
@@ -110,10 +108,10 @@ pub(super) fn inner_gathers_as_step(u: &UnitCols) -> Vec<Constraint> {
     rows
 }
 
-/// One HiGHS run of the micro-batch MIP over FSDP2's space within `options.limits`, warm-started
-/// from the first of `warm` it can express, stopped as `stop` says; its plan checked against the
-/// simulator (`super::checked`). The objective is the step time, or FSDP2's peak (the memory rows
-/// hold FSDP2's copies) under the iteration-time ceiling.
+/// One HiGHS run of the micro-batch MIP over FSDP2's space within `options.limits`
+/// (`super::run::run_mip`), warm-started from the first of `warm` it can express, stopped as
+/// `stop` says; its plan checked against the simulator. The objective is the step time, or FSDP2's
+/// peak (the memory rows hold FSDP2's copies) under the iteration-time ceiling.
 pub(in crate::ilp) fn run(
     profile: &Profile,
     options: &SolveOptions,
@@ -129,107 +127,28 @@ pub(in crate::ilp) fn run(
         fixed: None,
         target: Target::Fsdp2,
     };
-    let peak_scale = match options.objective {
-        Objective::Time => None,
-        Objective::Memory { .. } => Some(memory_scale(profile, options)),
-    };
-    let built = build(
-        profile,
-        space,
-        options.recompute_choice(),
-        (options.memory_cap_bytes, peak_scale),
-    );
-    let step_time = built.step_time();
-    let Built {
-        columns,
-        units,
-        terms,
-        durations,
-        weights,
-        communicators,
-        peak,
-        constraints: mut rows,
-        ..
-    } = built;
-    let objective = match (options.objective, peak) {
-        (
-            Objective::Memory {
-                max_iteration_time_us,
-            },
-            Some((peak, _)),
-        ) => {
-            if let Some(ceiling) = max_iteration_time_us {
-                rows.push(constraint!(step_time <= ceiling));
-            }
-            Expression::from(peak.var)
-        }
-        _ => step_time,
-    };
-    let (variables, integer_variables, constraints) = (columns.count, columns.integer, rows.len());
-    let parts = Parts {
-        units: &units,
-        terms: &terms,
-        durations: &durations,
-        communicators: &communicators,
-        peak,
-        count: variables,
-    };
-    let mut model = highs_model(
-        columns.problem,
-        objective,
-        rows,
-        options,
-        stop.clock.seconds_left(),
-    )?;
-    let start = warm.iter().find_map(|(schedule, _)| {
-        let mut values = values_of(profile, &parts, schedule)?;
-        if let Some((peak, scale)) = peak {
-            // FSDP2's peak, a hair above, so that rounding does not cut the start off.
-            values[peak.index] = fsdp2_peak(profile, schedule)? / scale * (1.0 + 1e-12);
-        }
-        Some(values)
-    });
-    if let Some(values) = start {
-        model
-            .try_set_solution(Some(&values), None, None, None)
-            .map_err(|e| Error::Solver(format!("HiGHS warm start: {e:?}")))?;
-    }
-    let solved = solve_metered(model, stop.work)
-        .map_err(|e| Error::Solver(format!("HiGHS failed: {e:?}")))?;
-    let status = solved.status();
-    if status == HighsModelStatus::ReachedTimeLimit {
-        stop.clock.record_stop();
-    }
-    let work = spent(&solved);
+    let warm: Vec<&Schedule> = warm.iter().map(|(schedule, _)| schedule).collect();
+    let mip = run_mip(profile, options, (space, stop.work), &warm, stop.clock)?;
     let infeasible = matches!(
-        status,
+        mip.status,
         HighsModelStatus::Infeasible | HighsModelStatus::UnboundedOrInfeasible
     );
-    let has_solution = solved.primal_solution_status() == highs::HighsSolutionStatus::Feasible;
-    let schedule = if has_solution && !infeasible {
-        let values = solved.get_solution().columns().to_vec();
-        Some(checked(profile, &units, (&terms, &weights), &values)?)
-    } else {
-        None
-    };
+    let schedule = mip.found.filter(|_| !infeasible);
     let objective = match (&schedule, options.objective) {
         (Some((_, simulation)), Objective::Time) => simulation.iteration_time_us,
         (Some((s, _)), Objective::Memory { .. }) => fsdp2_peak(profile, s).unwrap_or(f64::NAN),
         (None, _) => f64::NAN,
     };
-    let bound = solved
-        .double_info_value(c"mip_dual_bound")
-        .unwrap_or(f64::NEG_INFINITY)
-        * peak.map_or(1.0, |(_, scale)| scale);
+    let bound = mip.dual_bound;
     let gap = if objective.is_finite() && bound.is_finite() {
         ((objective - bound) / objective.abs().max(1e-12)).max(0.0)
     } else {
-        solved.mip_gap()
+        f64::INFINITY
     };
     let phase = PhaseReport {
         window_depth: options.limits,
         relaxation: None,
-        status: match status {
+        status: match mip.status {
             HighsModelStatus::Optimal => SolveStatus::Optimal,
             HighsModelStatus::ReachedTimeLimit => SolveStatus::TimeLimit,
             // Its share of the effort spent.
@@ -239,10 +158,10 @@ pub(in crate::ilp) fn run(
         best_bound: bound,
         gap,
         seconds: started.elapsed().as_secs_f64(),
-        lp_iterations: work,
-        variables,
-        integer_variables,
-        constraints,
+        lp_iterations: mip.work,
+        variables: mip.size.variables,
+        integer_variables: mip.size.integer_variables,
+        constraints: mip.size.constraints,
     };
     Ok(Run {
         schedule: schedule.map(|(s, _)| s),
@@ -250,6 +169,6 @@ pub(in crate::ilp) fn run(
         bands_used: ExtraPositions::new(),
         phase,
         infeasible,
-        work,
+        work: mip.work,
     })
 }
