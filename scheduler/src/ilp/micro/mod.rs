@@ -73,13 +73,7 @@ pub(super) fn solve(profile: &Profile, options: &SolveOptions) -> Result<Solved>
     };
     let starts = by_value(options, [first.as_ref(), baseline.as_ref()]);
     let none = Added::new();
-    let space = Space {
-        limits,
-        added: &none,
-        left_out: false,
-        target: options.target,
-        fixed: None,
-    };
+    let space = Space::within(limits, &none, options.target);
     let warm_starts: Vec<&Schedule> = starts.iter().map(|(s, _)| s).collect();
     let main = run_mip(
         profile,
@@ -217,13 +211,7 @@ fn by_value<'a>(
 /// MIP cannot express the schedule.
 pub fn rows_at(profile: &Profile, schedule: &Schedule) -> Option<(f64, Vec<f64>)> {
     let added = Added::new();
-    let space = Space {
-        limits: WindowLimits::FULL,
-        added: &added,
-        left_out: false,
-        target: crate::target::Target::Runtime,
-        fixed: None,
-    };
+    let space = Space::within(WindowLimits::FULL, &added, crate::target::Target::Runtime);
     let built = build(profile, space, RecomputeChoice::Allowed, (None, None));
     let parts = Parts {
         units: &built.units,

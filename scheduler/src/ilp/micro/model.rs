@@ -91,6 +91,20 @@ pub(super) struct Space<'a> {
     pub fixed: Option<&'a [Fixed]>,
 }
 
+impl<'a> Space<'a> {
+    /// The columns `limits` allow and those `added` names, over `target`'s space: no left-out
+    /// positions priced, no configuration held.
+    pub fn within(limits: WindowLimits, added: &'a Added, target: Target) -> Self {
+        Space {
+            limits,
+            added,
+            left_out: false,
+            target,
+            fixed: None,
+        }
+    }
+}
+
 /// A unit's configuration and recompute flag, held by a placement (DESIGN §4.8: "placements fix
 /// configurations").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -449,7 +463,9 @@ fn unit_rows(profile: &Profile, i: usize, u: &UnitCols) -> (Vec<Constraint>, Kep
 
 /// A placement's rows (DESIGN §4.8): the unit's configuration and recompute held,
 ///
-///     y_{i,ĉ_i} = 1,   r_i = r̂_i
+/// ```text
+/// y_{i,ĉ_i} = 1,   r_i = r̂_i
+/// ```
 ///
 /// (with the one-configuration row, every other y_{i,c} is 0); a unit without a recompute
 /// column never recomputes, so r̂_i is false there.

@@ -114,11 +114,8 @@ pub(super) fn place_each(
             .map(|(s, _)| s)
             .collect();
         let space = Space {
-            limits,
-            added,
-            left_out: false,
-            target: options.target,
             fixed: Some(fixed),
+            ..Space::within(limits, added, options.target)
         };
         let run = run_mip(profile, options, (space, share), &warm, budget.clock())?;
         budget.spend(run.work);
@@ -247,11 +244,8 @@ mod tests {
             ..options
         };
         let space = Space {
-            limits: WindowLimits::FULL,
-            added: &none,
-            left_out: false,
-            target: options.target,
             fixed: Some(&replicated),
+            ..Space::within(WindowLimits::FULL, &none, options.target)
         };
         let run = run_mip(&profile, &options, (space, u64::MAX), &[], &clock).unwrap();
         assert_eq!(held(&run.found.unwrap().0), replicated);

@@ -52,13 +52,7 @@ pub(super) fn depth_one(
     let started = Instant::now();
     let none = Added::new();
     let limits = WindowLimits::depth(NonZeroUsize::MIN);
-    let space = Space {
-        limits,
-        added: &none,
-        left_out: false,
-        target: options.target,
-        fixed: None,
-    };
+    let space = Space::within(limits, &none, options.target);
     let warm: Vec<&Schedule> = baseline.map(|(s, _)| s).into_iter().collect();
     let work = budget.share(DEPTH_ONE_SHARE);
     let run = run_mip(profile, options, (space, work), &warm, budget.clock())?;

@@ -56,7 +56,9 @@ fn settings(c: Config) -> UnitSettings {
 
 /// FSDP2's copies beside the model's buffers in every class slot σ of the K' micro-batches:
 ///
-///     M_σ += Σ_i Σ_c copies(i, c, σ)·y_{i,c}
+/// ```text
+/// M_σ += Σ_i Σ_c copies(i, c, σ)·y_{i,c}
+/// ```
 ///
 /// copies(i, c, ·) from the hooks' walk over K' micro-batches of unit i at c, switches included
 /// (`ilp::space::unit_copies`, `fsdp2::copies`): an all-gather output at each copy-out (none in
@@ -82,7 +84,9 @@ pub(super) fn add_copies(
 /// FSDP2's prefetch lists are module attributes, the same in every micro-batch, so an inner
 /// forward gather is issued where the step's is:
 ///
-///     x^{FG,inner}_{i,g,q} ≤ x^{FG,step}_{i,g,q}      at every position q of the window
+/// ```text
+/// x^{FG,inner}_{i,g,q} ≤ x^{FG,step}_{i,g,q}      at every position q of the window
+/// ```
 ///
 /// Launches are whole (each set launches once where its configurations run, the inner set only
 /// at k = 0), so the inner launch sits at the step's position. The reductions (one position each)
@@ -120,13 +124,7 @@ pub(in crate::ilp) fn run(
 ) -> Result<Run> {
     let started = Instant::now();
     let added = Added::new();
-    let space = Space {
-        limits: options.limits,
-        added: &added,
-        left_out: false,
-        fixed: None,
-        target: Target::Fsdp2,
-    };
+    let space = Space::within(options.limits, &added, Target::Fsdp2);
     let warm: Vec<&Schedule> = warm.iter().map(|(schedule, _)| schedule).collect();
     let mip = run_mip(profile, options, (space, stop.work), &warm, stop.clock)?;
     let infeasible = matches!(
