@@ -33,9 +33,9 @@ use highs::HighsModelStatus;
 pub(super) use model::Added;
 use model::{Space, build};
 pub(super) use pricing::{generated, priced};
+pub(super) use run::run_fsdp2;
 use run::{Parts, config_of, run_mip, values_of};
 use std::time::Instant;
-pub(super) use target::run as run_fsdp2;
 
 /// Where the MIP searches limited windows of a model too large for the full ones, the bound over
 /// every plan after it (`pricing`) gets this share of the effort on top of the MIP's (HiGHS checks

@@ -5,17 +5,17 @@
 //! extended to K: `classes`).
 
 use super::columns::{Boundary, Communicator, Config, SetKey, UnitCols};
-use super::model::{Built, SlotTerms, Space, build};
+use super::model::{Added, Built, SlotTerms, Space, build};
 use crate::classes::simulate_strict;
 use crate::cost::Interference;
 use crate::ilp::callback::solve_metered;
 use crate::ilp::effort::Clock;
 use crate::ilp::mapping::launches_of;
 use crate::ilp::model::{highs_model, memory_scale};
-use crate::ilp::run::spent;
+use crate::ilp::run::{Run, Stop, spent};
 use crate::ilp::space::fsdp2_peak;
-use crate::ilp::variables::Col;
-use crate::ilp::{Objective, SolveOptions};
+use crate::ilp::variables::{Col, ExtraPositions};
+use crate::ilp::{Objective, PhaseReport, SolveOptions, SolveStatus};
 use crate::profile::Profile;
 use crate::schedule::{Accumulation, Launch, Schedule, UnitSchedule};
 use crate::sim::Simulation;
@@ -25,6 +25,7 @@ use crate::{Error, Result};
 use good_lp::constraint;
 use highs::HighsModelStatus;
 use std::collections::BTreeMap;
+use std::time::Instant;
 
 /// Relative agreement required between the MIP's step time and the simulator's.
 const CONSISTENCY: f64 = 1e-6;
@@ -145,6 +146,65 @@ pub(super) fn run_mip(
         dual_bound,
         work: spent(&solved),
         size,
+    })
+}
+
+/// One HiGHS run of the micro-batch MIP over FSDP2's space within `options.limits`
+/// ([`run_mip`]), warm-started from the first of `warm` it can express, stopped as
+/// `stop` says; its plan checked against the simulator. The objective is the step time, or FSDP2's
+/// peak (the memory rows hold FSDP2's copies) under the iteration-time ceiling.
+pub(in crate::ilp) fn run_fsdp2(
+    profile: &Profile,
+    options: &SolveOptions,
+    warm: &[(Schedule, f64)],
+    stop: Stop,
+) -> Result<Run> {
+    let started = Instant::now();
+    let added = Added::new();
+    let space = Space::within(options.limits, &added, Target::Fsdp2);
+    let warm: Vec<&Schedule> = warm.iter().map(|(schedule, _)| schedule).collect();
+    let mip = run_mip(profile, options, (space, stop.work), &warm, stop.clock)?;
+    let infeasible = matches!(
+        mip.status,
+        HighsModelStatus::Infeasible | HighsModelStatus::UnboundedOrInfeasible
+    );
+    let schedule = mip.found.filter(|_| !infeasible);
+    let objective = match (&schedule, options.objective) {
+        (Some((_, simulation)), Objective::Time) => simulation.iteration_time_us,
+        (Some((s, _)), Objective::Memory { .. }) => fsdp2_peak(profile, s).unwrap_or(f64::NAN),
+        (None, _) => f64::NAN,
+    };
+    let bound = mip.dual_bound;
+    let gap = if objective.is_finite() && bound.is_finite() {
+        ((objective - bound) / objective.abs().max(1e-12)).max(0.0)
+    } else {
+        f64::INFINITY
+    };
+    let phase = PhaseReport {
+        window_depth: options.limits,
+        relaxation: None,
+        status: match mip.status {
+            HighsModelStatus::Optimal => SolveStatus::Optimal,
+            HighsModelStatus::ReachedTimeLimit => SolveStatus::TimeLimit,
+            // Its share of the effort spent.
+            _ => SolveStatus::GapLimit,
+        },
+        objective,
+        best_bound: bound,
+        gap,
+        seconds: started.elapsed().as_secs_f64(),
+        lp_iterations: mip.work,
+        variables: mip.size.variables,
+        integer_variables: mip.size.integer_variables,
+        constraints: mip.size.constraints,
+    };
+    Ok(Run {
+        schedule: schedule.map(|(s, _)| s),
+        levels: None,
+        bands_used: ExtraPositions::new(),
+        phase,
+        infeasible,
+        work: mip.work,
     })
 }
 

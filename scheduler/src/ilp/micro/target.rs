@@ -1,27 +1,19 @@
 //! The micro-batch MIP restricted to FSDP2's space (DESIGN §4.9, "The fsdp2 space at K ≥ 2"):
 //! the configurations FSDP2 expresses ([`offers`]), FSDP2's copies in every class slot's memory
 //! row ([`add_copies`]), each inner forward gather issued where the step's is
-//! ([`inner_gathers_as_step`]), and one HiGHS run of that model for `ilp::fsdp2_solve` ([`run`]).
+//! ([`inner_gathers_as_step`]); `super::run::run_fsdp2` runs that model for `ilp::fsdp2_solve`.
 //! The positions and whole launches are `Target::allows` and `Target::blocks_per_launch`, read
 //! where the columns are declared (`super::model`).
 
 use super::columns::{Boundary, Config, SetKey, UnitCols, Unrolled};
 use super::linear::Linear;
-use super::model::{Added, Space};
-use super::run::run_mip;
-use crate::Result;
 use crate::fsdp2::{Reshard, Sharding, UnitSettings};
-use crate::ilp::run::{Run, Stop};
-use crate::ilp::space::{fsdp2_peak, unit_copies};
-use crate::ilp::variables::ExtraPositions;
-use crate::ilp::{Objective, PhaseReport, SolveOptions, SolveStatus};
+use crate::ilp::space::unit_copies;
 use crate::profile::Profile;
-use crate::schedule::{ReplicaReduce, Schedule};
+use crate::schedule::ReplicaReduce;
 use crate::target::Target;
 use crate::timeline::{Level, Op};
 use good_lp::{Constraint, constraint};
-use highs::HighsModelStatus;
-use std::time::Instant;
 
 /// Whether `target` offers configuration `c` to unit `unit`: the runtime every one; FSDP2 every
 /// one but fsdp and hpz for a tied lender, which one FSDP2 group holds with its borrower's module
@@ -110,63 +102,4 @@ pub(super) fn inner_gathers_as_step(u: &UnitCols) -> Vec<Constraint> {
         }
     }
     rows
-}
-
-/// One HiGHS run of the micro-batch MIP over FSDP2's space within `options.limits`
-/// (`super::run::run_mip`), warm-started from the first of `warm` it can express, stopped as
-/// `stop` says; its plan checked against the simulator. The objective is the step time, or FSDP2's
-/// peak (the memory rows hold FSDP2's copies) under the iteration-time ceiling.
-pub(in crate::ilp) fn run(
-    profile: &Profile,
-    options: &SolveOptions,
-    warm: &[(Schedule, f64)],
-    stop: Stop,
-) -> Result<Run> {
-    let started = Instant::now();
-    let added = Added::new();
-    let space = Space::within(options.limits, &added, Target::Fsdp2);
-    let warm: Vec<&Schedule> = warm.iter().map(|(schedule, _)| schedule).collect();
-    let mip = run_mip(profile, options, (space, stop.work), &warm, stop.clock)?;
-    let infeasible = matches!(
-        mip.status,
-        HighsModelStatus::Infeasible | HighsModelStatus::UnboundedOrInfeasible
-    );
-    let schedule = mip.found.filter(|_| !infeasible);
-    let objective = match (&schedule, options.objective) {
-        (Some((_, simulation)), Objective::Time) => simulation.iteration_time_us,
-        (Some((s, _)), Objective::Memory { .. }) => fsdp2_peak(profile, s).unwrap_or(f64::NAN),
-        (None, _) => f64::NAN,
-    };
-    let bound = mip.dual_bound;
-    let gap = if objective.is_finite() && bound.is_finite() {
-        ((objective - bound) / objective.abs().max(1e-12)).max(0.0)
-    } else {
-        f64::INFINITY
-    };
-    let phase = PhaseReport {
-        window_depth: options.limits,
-        relaxation: None,
-        status: match mip.status {
-            HighsModelStatus::Optimal => SolveStatus::Optimal,
-            HighsModelStatus::ReachedTimeLimit => SolveStatus::TimeLimit,
-            // Its share of the effort spent.
-            _ => SolveStatus::GapLimit,
-        },
-        objective,
-        best_bound: bound,
-        gap,
-        seconds: started.elapsed().as_secs_f64(),
-        lp_iterations: mip.work,
-        variables: mip.size.variables,
-        integer_variables: mip.size.integer_variables,
-        constraints: mip.size.constraints,
-    };
-    Ok(Run {
-        schedule: schedule.map(|(s, _)| s),
-        levels: None,
-        bands_used: ExtraPositions::new(),
-        phase,
-        infeasible,
-        work: mip.work,
-    })
 }
