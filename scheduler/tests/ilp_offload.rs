@@ -8,131 +8,15 @@
 
 mod common;
 
-use common::{Rng, affine, every_schedule, launches, placements, random_profile};
+use common::offload::{Judged, enumerate_offloads};
+use common::{Rng, affine, random_profile};
 use shardplan_scheduler::Error;
 use shardplan_scheduler::ilp::{SolveOptions, WindowLimits, solve};
-use shardplan_scheduler::offload::{HostStep, Offload, host_node_bytes};
+use shardplan_scheduler::offload::host_node_bytes;
 use shardplan_scheduler::profile::{Host, Profile};
-use shardplan_scheduler::schedule::{Schedule, UnitSchedule};
+use shardplan_scheduler::schedule::Schedule;
 use shardplan_scheduler::sim::{Semantics, simulate};
-use shardplan_scheduler::timeline::{Level, Op, Timeline};
-use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
-
-/// Every level, recompute and launch placement of one unit over the world.
-fn unit_options(profile: &Profile, unit: usize, recompute: bool) -> Vec<UnitSchedule> {
-    let timeline = Timeline::new(profile.unit_count());
-    let nb = profile.blocks(unit);
-    let after = timeline.window(unit, Op::ReduceScatter.window_kind()).len;
-    let between = timeline.window(unit, Op::GatherBackward.window_kind()).len;
-    let unit_schedule = |level, r, launches| UnitSchedule {
-        shard_group: None,
-        secondary_group: None,
-        level,
-        recompute: r,
-        launches,
-        accumulation: Default::default(),
-    };
-    let mut options = Vec::new();
-    for r in [false, true].into_iter().take(1 + usize::from(recompute)) {
-        for ar in placements(nb, 0, after) {
-            let l = BTreeMap::from([(Op::AllReduce, launches(timeline, unit, Op::AllReduce, &ar))]);
-            options.push(unit_schedule(Level::None, r, l));
-        }
-        for rs in placements(nb, 0, after) {
-            for ag in placements(nb, 0, after)
-                .into_iter()
-                .filter(|ag| ag[0] >= *rs.last().unwrap())
-            {
-                let rs_launches = launches(timeline, unit, Op::ReduceScatter, &rs);
-                options.push(unit_schedule(
-                    Level::Sdp,
-                    r,
-                    BTreeMap::from([
-                        (Op::ReduceScatter, rs_launches.clone()),
-                        (Op::Gather, launches(timeline, unit, Op::Gather, &ag)),
-                    ]),
-                ));
-                for agb in placements(nb, 0, between) {
-                    options.push(unit_schedule(
-                        Level::Fsdp,
-                        r,
-                        BTreeMap::from([
-                            (Op::ReduceScatter, rs_launches.clone()),
-                            (
-                                Op::GatherForward,
-                                launches(timeline, unit, Op::GatherForward, &ag),
-                            ),
-                            (
-                                Op::GatherBackward,
-                                launches(timeline, unit, Op::GatherBackward, &agb),
-                            ),
-                        ]),
-                    ));
-                }
-            }
-        }
-    }
-    options
-}
-
-/// A plan of the space: (time, device peak, host bytes per node, offloads).
-struct Judged {
-    time: f64,
-    peak: f64,
-    host: f64,
-    offloads: bool,
-}
-
-/// Every plan of the ILP's offload space within `limits`.
-fn enumerate(profile: &Profile, recompute: bool, limits: WindowLimits) -> Vec<Judged> {
-    let per_unit: Vec<Vec<UnitSchedule>> = (0..profile.unit_count())
-        .map(|u| unit_options(profile, u, recompute))
-        .collect();
-    let timeline = Timeline::new(profile.unit_count());
-    let mut judged = Vec::new();
-    every_schedule(profile, &per_unit, |schedule| {
-        if !limits.admit(&schedule) {
-            return;
-        }
-        // Units that may offload: sharded, reducing whole right after B_i.
-        let may: Vec<usize> = (0..profile.unit_count())
-            .filter(|&u| {
-                let first = timeline
-                    .window(u, Op::ReduceScatter.window_kind())
-                    .slot_at(0);
-                schedule.units()[u].level != Level::None
-                    && schedule.launches(u, Op::ReduceScatter).len() == 1
-                    && schedule.launches(u, Op::ReduceScatter)[0].slot == first
-            })
-            .collect();
-        for mask in 0..3u32.pow(may.len() as u32) {
-            let mut modes = vec![Offload::None; profile.unit_count()];
-            let mut digits = mask;
-            for &u in &may {
-                modes[u] =
-                    [Offload::None, Offload::Optimizer, Offload::Full][(digits % 3) as usize];
-                digits /= 3;
-            }
-            let host = host_node_bytes(profile, schedule.units(), &modes);
-            let Ok(s) =
-                schedule
-                    .clone()
-                    .offloaded(profile, modes, HostStep::Overlapped, "enumerated")
-            else {
-                continue;
-            };
-            let sim = simulate(profile, &s, Semantics::Strict);
-            judged.push(Judged {
-                time: sim.iteration_time_us,
-                peak: sim.peak_memory_bytes,
-                host,
-                offloads: mask != 0,
-            });
-        }
-    });
-    judged
-}
 
 /// A tiny random profile with a host: no device optimizer time, κ_q = 0 (DESIGN §4.10's space).
 fn offload_instance(seed: u64) -> (Profile, bool) {
@@ -178,8 +62,8 @@ fn offload_mip_equals_exhaustive_search() {
     let (mut solves, mut offloaded, mut host_caps) = (0, 0, 0);
     for seed in 0..24u64 {
         let (mut profile, recompute) = offload_instance(seed);
-        let space = enumerate(&profile, recompute, depth4());
-        let device_only = enumerate(&profile, recompute, WindowLimits::FULL)
+        let space = enumerate_offloads(&profile, recompute, depth4());
+        let device_only = enumerate_offloads(&profile, recompute, WindowLimits::FULL)
             .iter()
             .filter(|j| !j.offloads)
             .map(|j| j.peak)
@@ -274,8 +158,8 @@ fn offload_above_the_device_only_minimum() {
     let (mut solves, mut offloaded) = (0, 0);
     for seed in 0..12u64 {
         let (profile, recompute) = offload_instance(seed);
-        let space = enumerate(&profile, recompute, depth4());
-        let device: Vec<Judged> = enumerate(&profile, recompute, WindowLimits::FULL)
+        let space = enumerate_offloads(&profile, recompute, depth4());
+        let device: Vec<Judged> = enumerate_offloads(&profile, recompute, WindowLimits::FULL)
             .into_iter()
             .filter(|j| !j.offloads)
             .collect();
@@ -341,7 +225,7 @@ fn offload_above_the_device_only_minimum() {
 #[test]
 fn an_offloading_answer_round_trips_through_its_plan_file() {
     let (profile, recompute) = offload_instance(4);
-    let space = enumerate(&profile, recompute, depth4());
+    let space = enumerate_offloads(&profile, recompute, depth4());
     let cap = space
         .iter()
         .filter(|j| j.offloads)

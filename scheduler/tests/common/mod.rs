@@ -3,6 +3,8 @@
 //! file too (`tests/common`).
 #![allow(dead_code)]
 
+pub mod offload;
+
 use shardplan_scheduler::analytic::{AnalyticOptions, analytic_profile};
 use shardplan_scheduler::curve::CommCurve;
 use shardplan_scheduler::hardware::Catalog;
