@@ -378,7 +378,7 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
 
     /// The compute stream's waits before global slot g (DESIGN §6.3): strict, all communication
     /// of earlier slots; relaxed, the blocks the slot needs and the buffer-reuse fences.
-    fn wait_before_slot(&self, g: usize, fences: &[(usize, u64)]) -> Result<()> {
+    fn wait_before_slot(&self, g: usize, fences: &[(usize, Kind, u64)]) -> Result<()> {
         let stream = Stream::Compute;
         let (iter, s) = self.program.split(g);
         match (self.options.semantics, iter.below(self.options.steps)) {
@@ -399,10 +399,10 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
                         )
                     })?;
                 }
-                for &(u, target) in fences {
-                    let reductions = self.event(u, Kind::ReduceScatter);
-                    self.wait(stream, reductions, target, &|| {
-                        format!("RS of {} (buffer reuse)", self.workload.unit_name(u))
+                for &(u, kind, target) in fences {
+                    self.wait(stream, self.event(u, kind), target, &|| {
+                        let unit = self.workload.unit_name(u);
+                        format!("{} of {unit} (buffer reuse)", kind.name())
                     })?;
                 }
                 Ok(())

@@ -4,7 +4,7 @@
 
 use super::kind::{Kind, PerUnitKind};
 use crate::backend::Group;
-use crate::layout::Placement;
+use crate::layout::{Placement, UnitLayout};
 use shardplan_scheduler::cost::Among;
 use shardplan_scheduler::profile::{Link, Profile};
 use shardplan_scheduler::schedule::{
@@ -130,8 +130,8 @@ pub(super) struct Program {
     /// prepares, and whose previous reduction it waits for.
     pub(super) first_written: Vec<Vec<usize>>,
     /// Per slot of an even iteration, then (where the arena alternates layouts) of an odd one,
-    /// the units whose reductions must have completed as far as launched.
-    pub(super) fences: Vec<Vec<usize>>,
+    /// the (unit, reduction kind) whose blocks must have completed as far as launched.
+    pub(super) fences: Vec<Vec<(usize, Kind)>>,
     /// 1, or 2 where the arena alternates layouts by step parity.
     pub(super) parities: usize,
 }
@@ -173,7 +173,7 @@ pub(super) fn program(
         needs,
         per_step: counts.per_step(),
         first_written,
-        fences: fences(placement, schedule.units().len(), slots),
+        fences: fences(placement, schedule, slots),
         parities,
     }
 }
@@ -296,22 +296,32 @@ fn needs(
 }
 
 /// Per slot of an even iteration, then (where the arena alternates layouts) of an odd one, the
-/// units whose full gradient (one region, or one per parity of the step it holds) is lent then,
-/// or an offloaded unit's reduced gradient shard (DESIGN §6.12: its last RS block counts once
-/// the shard's copy to the host is done).
-fn fences(placement: &Placement, units: usize, slots: usize) -> Vec<Vec<usize>> {
+/// (unit, kind) of each gradient buffer lent then: a full gradient (one region, or one per parity
+/// of the step it holds), read by its RS blocks; an offloaded unit's reduced gradient shard,
+/// read by its copy to the host, which follows its last reduction block (DESIGN §6.12: the RS
+/// over the world, the replica AllReduce over a shard group), so the block counts once the copy
+/// is done.
+fn fences(placement: &Placement, schedule: &Schedule, slots: usize) -> Vec<Vec<(usize, Kind)>> {
     let parities = placement.parities();
-    let full_grads = |u: usize| {
-        (0..parities).flat_map(move |p| {
-            let requests = &placement.for_step(p).requests[u];
-            let reduced_shard = requests.offload.map(|_| requests.grads);
-            requests.full_grad.into_iter().chain(reduced_shard)
+    let units = schedule.units();
+    let lent = |u: usize, s: usize, region: fn(&UnitLayout<usize>) -> Option<usize>| {
+        (0..parities).any(|p| {
+            region(&placement.for_step(p).requests[u]).is_some_and(|r| placement.lent_in(r, s))
         })
     };
     (0..parities * slots)
         .map(|s| {
-            (0..units)
-                .filter(|&u| full_grads(u).any(|r| placement.lent_in(r, s)))
+            (0..units.len())
+                .flat_map(|u| {
+                    let shard_read_by = match units[u].shard_group {
+                        Some(_) => Kind::ReplicaAllReduce,
+                        None => Kind::ReduceScatter,
+                    };
+                    let full = lent(u, s, |r| r.full_grad).then_some((u, Kind::ReduceScatter));
+                    let shard =
+                        lent(u, s, |r| r.offload.map(|_| r.grads)).then_some((u, shard_read_by));
+                    full.into_iter().chain(shard.filter(|f| Some(*f) != full))
+                })
                 .collect()
         })
         .collect()
@@ -365,36 +375,35 @@ impl Program {
             program: self,
             steps,
             next: 0,
-            launched_before: vec![0; units],
+            launched_before: PerUnitKind::new(units, |_, _| 0),
         }
     }
 }
 
-/// The compute stream's walk of the relaxed fences: per global slot, in order, (unit, the
-/// reductions of real steps launched before the slot), counted as the slots go by (memory
-/// independent of the number of steps).
+/// The compute stream's walk of the relaxed fences: per global slot, in order, (unit, kind, the
+/// blocks of that kind of real steps launched before the slot), counted as the slots go by
+/// (memory independent of the number of steps).
 pub(super) struct FenceWalk<'a> {
     program: &'a Program,
     steps: usize,
     /// The next global slot.
     next: usize,
-    launched_before: Vec<u64>,
+    launched_before: PerUnitKind<u64>,
 }
 
 impl FenceWalk<'_> {
     /// The fences of the next global slot, with their targets.
-    pub(super) fn next_slot(&mut self) -> Vec<(usize, u64)> {
+    pub(super) fn next_slot(&mut self) -> Vec<(usize, Kind, u64)> {
         let p = self.program;
         let (iter, s) = p.split(self.next);
         let parity = iter.parity(p.parities);
         let targets = p.fences[parity * p.slots + s]
             .iter()
-            .map(|&u| (u, self.launched_before[u]))
+            .map(|&(u, kind)| (u, kind, self.launched_before[(u, kind)]))
             .collect();
         for b in &p.queues[s] {
-            let real = iter.data_step(b.offset, self.steps).is_some();
-            if b.kind == Kind::ReduceScatter && real {
-                self.launched_before[b.unit] += 1;
+            if iter.data_step(b.offset, self.steps).is_some() {
+                self.launched_before[(b.unit, b.kind)] += 1;
             }
         }
         self.next += 1;

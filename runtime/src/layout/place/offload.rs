@@ -36,8 +36,10 @@ impl Builder {
 }
 
 impl UnitSlots<'_> {
-    /// An offloaded unit's reduced gradient shard on the device: written by its RS blocks,
-    /// read by the copy to the host, alive from B_i to the end of its last RS launch slot.
+    /// An offloaded unit's reduced gradient shard on the device: written by its RS blocks (and
+    /// over a shard group reduced again by its replica AllReduce blocks), read by the copy to the
+    /// host after the last of them, alive from B_i to the end of its last reduction's launch
+    /// slot (DESIGN §6.12).
     pub(super) fn reduced_shard(
         &self,
         b: &mut Builder,
@@ -45,10 +47,13 @@ impl UnitSlots<'_> {
         format: FloatFormat,
     ) -> Result<usize> {
         let backward = self.backward;
-        let (alive, _) =
-            self.blocks_alive(Op::ReduceScatter, &|_, launch| vec![(backward, launch)])?;
+        let span = |_, launch| vec![(backward, launch)];
+        let mut reductions = vec![self.blocks_alive(Op::ReduceScatter, &span)?.0];
+        if self.schedule.shard_group.is_some() {
+            reductions.push(self.blocks_alive(Op::ReplicaAllReduce, &span)?.0);
+        }
         let alive = (0..self.step.slot_count())
-            .map(|s| alive.iter().any(|block| block[s]))
+            .map(|s| reductions.iter().flatten().any(|block| block[s]))
             .collect();
         let name = format!("{} reduced gradient shard", self.name);
         let request = Request::whole(name, format.bytes() * elements as u64, alive);
