@@ -3,7 +3,7 @@
 //! saves the profile; rank 0 alone saves it.
 
 use super::host_link::{CopyRoom, measure_host};
-use super::slots::{Slots, time_slot_interference};
+use super::slots::{OtherCollectives, Slots, time_slot_interference};
 use super::{
     DataSteps, LaunchRow, TimedLayouts, block_collectives, compute_placements, compute_slot,
     measurement_allocation, median, time_collectives, time_interference, time_launches, time_units,
@@ -317,18 +317,27 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
     let l = workload.unit_count();
     let pass = |s: usize| compute_slot(&backend, workload, layout, s, &steps);
     let block = |kind| block_collectives(&backend, start, kappa_bytes, 1, kind);
-    let (all_reduce, reduce_scatter, all_gather) = (
-        block(Collective::AllReduce)?,
-        block(Collective::ReduceScatter)?,
-        block(Collective::AllGather)?,
-    );
+    let all_reduce = block(Collective::AllReduce)?;
+    // Where the host computes, one κ_c serves every collective (DESIGN §6.6): measured apart,
+    // a ReduceScatter's or AllGather's slots cost compute more than a run's do.
+    let (reduce_scatter, all_gather);
+    let others = match backend.host_computes() {
+        true => None,
+        false => {
+            reduce_scatter = block(Collective::ReduceScatter)?;
+            all_gather = block(Collective::AllGather)?;
+            Some(OtherCollectives {
+                reduce_scatter: &reduce_scatter,
+                all_gather: &all_gather,
+            })
+        }
+    };
     let update = |s: usize| optimize_unit(workload, &backend, &copy, s % l, 1);
     let slots = Slots {
         slots: 2 * l,
         compute: &pass,
         all_reduce: &all_reduce,
-        reduce_scatter: &reduce_scatter,
-        all_gather: &all_gather,
+        others,
         update: &update,
     };
     let interference = time_slot_interference(&backend, &slots)?;
@@ -337,8 +346,8 @@ pub fn measure_workload<B: Backend, W: Train<B>>(
         unit.optimizer_us = (interference.update_us[i] + interference.update_us[i + l]) / 2.0;
     }
     profile.overlap_slowdown = interference.compute;
-    profile.overlap_slowdown_reduce_scatter = Some(interference.reduce_scatter);
-    profile.overlap_slowdown_all_gather = Some(interference.all_gather);
+    profile.overlap_slowdown_reduce_scatter = interference.reduce_scatter;
+    profile.overlap_slowdown_all_gather = interference.all_gather;
     profile.comm_slowdown = interference.comm;
     profile.update_slowdown = Some(interference.update);
     if let Some(room) = host_room {

@@ -50,12 +50,13 @@ pub struct SlotSample {
     pub together_us: f64,
 }
 
-/// What the fit found: κ_c (AllReduces), κ_c,RS, κ_c,AG, κ_q and κ_u.
+/// What the fit found: κ_c (AllReduces), κ_c,RS and κ_c,AG where they were measured apart
+/// ([`Slots::others`]), κ_q and κ_u.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct SlotInterference {
     pub compute: f64,
-    pub reduce_scatter: f64,
-    pub all_gather: f64,
+    pub reduce_scatter: Option<f64>,
+    pub all_gather: Option<f64>,
     pub comm: f64,
     pub update: f64,
     /// Mean |model − measured| / measured over the collective slots and the update slots.
@@ -70,15 +71,21 @@ pub struct SlotInterference {
 pub type BlockWork<'a> = &'a (dyn Fn() -> Result<()> + Sync);
 
 /// The workload as slots: `slots` slots whose compute is `compute(s)` (each unit's forward, then
-/// each backward); one block-sized AllReduce, ReduceScatter and AllGather; `update(s)` an
-/// optimizer step that touches no byte of the compute.
+/// each backward); one block-sized AllReduce, and where their κ_c is measured apart, one
+/// ReduceScatter and AllGather; `update(s)` an optimizer step that touches no byte of the compute.
 pub struct Slots<'a> {
     pub slots: usize,
     pub compute: SlotWork<'a>,
     pub all_reduce: BlockWork<'a>,
+    pub others: Option<OtherCollectives<'a>>,
+    pub update: SlotWork<'a>,
+}
+
+/// The block-sized ReduceScatter and AllGather whose κ_c,RS and κ_c,AG are fitted apart from
+/// the AllReduce's κ_c (DESIGN §6.6: on a GPU; on the CPU one κ_c serves all three).
+pub struct OtherCollectives<'a> {
     pub reduce_scatter: BlockWork<'a>,
     pub all_gather: BlockWork<'a>,
-    pub update: SlotWork<'a>,
 }
 
 /// The communication-stream work beside the slots, by what its samples fit.
@@ -104,23 +111,22 @@ pub fn time_slot_interference<B: Backend>(backend: &B, work: &Slots) -> Result<S
         backend,
         &run_slots(backend, slots, Some(work.compute), &idle)?,
     )?;
-    let kinds = [
-        (
-            Fits::AllReduce,
-            work.all_reduce,
-            &ALL_REDUCES_AGAINST_COMPUTE[..],
-        ),
-        (
-            Fits::ReduceScatter,
-            work.reduce_scatter,
-            &OTHERS_AGAINST_COMPUTE[..],
-        ),
-        (
-            Fits::AllGather,
-            work.all_gather,
-            &OTHERS_AGAINST_COMPUTE[..],
-        ),
-    ];
+    let all_reduces = (
+        Fits::AllReduce,
+        work.all_reduce,
+        &ALL_REDUCES_AGAINST_COMPUTE[..],
+    );
+    let others = work.others.iter().flat_map(|o| {
+        [
+            (
+                Fits::ReduceScatter,
+                o.reduce_scatter,
+                &OTHERS_AGAINST_COMPUTE[..],
+            ),
+            (Fits::AllGather, o.all_gather, &OTHERS_AGAINST_COMPUTE[..]),
+        ]
+    });
+    let kinds = std::iter::once(all_reduces).chain(others);
     let mut block_slots = Vec::new();
     for (fits, block, ratios) in kinds {
         let one_block = |_: usize| block();
@@ -184,10 +190,12 @@ pub fn time_slot_interference<B: Backend>(backend: &B, work: &Slots) -> Result<S
         samples(Fits::Update),
     );
     let (kappa_c, kappa_q) = fit_collectives(&all_reduces);
+    let apart = |samples: &[SlotSample]| (!samples.is_empty()).then(|| fit_load(samples, kappa_q));
+    let (kappa_rs, kappa_ag) = (apart(&reduce_scatters), apart(&all_gathers));
     let fitted = [
         (kappa_c, &all_reduces),
-        (fit_load(&reduce_scatters, kappa_q), &reduce_scatters),
-        (fit_load(&all_gathers, kappa_q), &all_gathers),
+        (kappa_rs.unwrap_or(kappa_c), &reduce_scatters),
+        (kappa_ag.unwrap_or(kappa_c), &all_gathers),
     ];
     let kappa_u = fit_load(&updates, kappa_q);
     let collective_error = mean_error(
@@ -198,8 +206,8 @@ pub fn time_slot_interference<B: Backend>(backend: &B, work: &Slots) -> Result<S
     );
     Ok(SlotInterference {
         compute: kappa_c,
-        reduce_scatter: fitted[1].0,
-        all_gather: fitted[2].0,
+        reduce_scatter: kappa_rs,
+        all_gather: kappa_ag,
         comm: kappa_q,
         update: kappa_u,
         collective_error,
