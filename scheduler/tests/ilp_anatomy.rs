@@ -6,7 +6,8 @@ mod common;
 
 use common::{Rng, every_schedule, random_profile, unit_options, with_topology};
 use shardplan_scheduler::ilp::{
-    HeldLevels, LpAnatomy, SolveOptions, describe_levels, full_lp_anatomy, lp_relaxation_bound,
+    HeldLevels, LpAnatomy, SolveOptions, Target, describe_levels, full_lp_anatomy,
+    lp_relaxation_bound,
 };
 use shardplan_scheduler::plan::Plan;
 use shardplan_scheduler::profile::Profile;
@@ -78,6 +79,40 @@ fn demo_anatomy() {
             Some(a) => print(&format!("at the LP's {what} levels"), &a),
             None => eprintln!("at the LP's {what} levels: no bound (they do not fit)"),
         }
+    }
+}
+
+/// The demo's LP over the fsdp2 space (`--target fsdp2`, DESIGN §4.9): free, and held to the
+/// levels of the plan in `SHARDPLAN_ANATOMY_PLAN` (a `solve --target fsdp2` of the demo), each
+/// bound at most the plan's time (docs/fsdp2-export.md has the figures). Run by hand:
+/// `SHARDPLAN_ANATOMY_PLAN=plan.toml cargo test --release -p shardplan-scheduler --test
+/// ilp_anatomy fsdp2 -- --ignored --nocapture`.
+#[test]
+#[ignore = "a diagnosis of the demo (minutes), run by hand"]
+fn demo_fsdp2_anatomy() {
+    let root = common::repo_root();
+    let profile = Profile::load(&root.join("profiles/llama2-70b-h100-8x8.toml")).unwrap();
+    let options = SolveOptions {
+        memory_cap_bytes: Some(85_523_536_281),
+        time_limit_s: 1800.0,
+        target: Target::Fsdp2,
+        ..SolveOptions::default()
+    };
+    let free = full_lp_anatomy(&profile, &options, HeldLevels::Free)
+        .unwrap()
+        .unwrap();
+    print("fsdp2 space, free", &free);
+    if let Ok(path) = std::env::var("SHARDPLAN_ANATOMY_PLAN") {
+        let plan = Plan::load(Path::new(&path)).unwrap();
+        let schedule = plan.schedule(&profile, &path).unwrap();
+        let time = simulate(&profile, &schedule, Semantics::Strict).iteration_time_us;
+        let held = full_lp_anatomy(&profile, &options, HeldLevels::OfPlan(&schedule))
+            .unwrap()
+            .unwrap();
+        print("fsdp2 space at the plan's levels", &held);
+        assert!(free.bound_us <= held.bound_us + 1e-6 * time);
+        assert!(held.bound_us <= time * (1.0 + 1e-9));
+        assert!(held.placed_us.is_some_and(|p| p <= time * (1.0 + 1e-9)));
     }
 }
 
