@@ -183,8 +183,10 @@ fn mismatched_runs_are_refused_before_any_step() {
 
 /// `profile measure` on the CPU at N = 2 (mpirun): the profile describes the workload (its units
 /// and the runtime's buffers, so a baseline's arena is its predicted peak up to alignment), carries the three
-/// interference factors in their ranges, and its ddp baseline runs; the simulator's prediction
-/// of that plan moves with κ_u exactly as DESIGN §3.4's L_s says.
+/// interference factors in their ranges — one κ_c for every collective, κ_c,RS and κ_c,AG left
+/// out (DESIGN §3.4: where the host computes, the collectives slow a run's compute alike) — and
+/// its ddp baseline runs; the simulator's prediction of that plan moves with κ_u exactly as
+/// DESIGN §3.4's L_s says.
 #[test]
 fn a_measured_profile_carries_every_interference_factor() {
     let dir = tempfile::tempdir().unwrap();
@@ -217,6 +219,11 @@ fn a_measured_profile_carries_every_interference_factor() {
     let mut p = Profile::load(&out).unwrap();
     assert_eq!(p.unit_count(), spec.units());
     let update = p.update_slowdown.expect("κ_u is measured");
+    let per_collective = [
+        p.overlap_slowdown_reduce_scatter,
+        p.overlap_slowdown_all_gather,
+    ];
+    assert_eq!(per_collective, [None, None], "one κ_c on the CPU");
     for kappa in [p.overlap_slowdown, p.comm_slowdown, update] {
         assert!((0.0..=1.0).contains(&kappa), "{p:?}");
     }
