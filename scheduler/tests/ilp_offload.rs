@@ -8,10 +8,12 @@
 
 mod common;
 
-use common::{Rng, affine, every_schedule, launches, placements, random_profile};
+use common::{
+    Judged, OffloadSpace, Rng, affine, launches, offload_space, placements, random_profile,
+};
 use shardplan_scheduler::Error;
 use shardplan_scheduler::ilp::{SolveOptions, WindowLimits, solve};
-use shardplan_scheduler::offload::{HostStep, Offload, host_node_bytes};
+use shardplan_scheduler::offload::host_node_bytes;
 use shardplan_scheduler::profile::{Host, Profile};
 use shardplan_scheduler::schedule::{Schedule, UnitSchedule};
 use shardplan_scheduler::sim::{Semantics, simulate};
@@ -76,62 +78,14 @@ fn unit_options(profile: &Profile, unit: usize, recompute: bool) -> Vec<UnitSche
     options
 }
 
-/// A plan of the space: (time, device peak, host bytes per node, offloads).
-struct Judged {
-    time: f64,
-    peak: f64,
-    host: f64,
-    offloads: bool,
-}
-
-/// Every plan of the ILP's offload space within `limits`.
-fn enumerate(profile: &Profile, recompute: bool, limits: WindowLimits) -> Vec<Judged> {
+/// The offload space of a tiny instance over the world within depth 4 (its device-only plans
+/// within no limits).
+fn enumerate(profile: &Profile, recompute: bool) -> OffloadSpace {
     let per_unit: Vec<Vec<UnitSchedule>> = (0..profile.unit_count())
         .map(|u| unit_options(profile, u, recompute))
         .collect();
-    let timeline = Timeline::new(profile.unit_count());
-    let mut judged = Vec::new();
-    every_schedule(profile, &per_unit, |schedule| {
-        if !limits.admit(&schedule) {
-            return;
-        }
-        // Units that may offload: sharded, reducing whole right after B_i.
-        let may: Vec<usize> = (0..profile.unit_count())
-            .filter(|&u| {
-                let first = timeline
-                    .window(u, Op::ReduceScatter.window_kind())
-                    .slot_at(0);
-                schedule.units()[u].level != Level::None
-                    && schedule.launches(u, Op::ReduceScatter).len() == 1
-                    && schedule.launches(u, Op::ReduceScatter)[0].slot == first
-            })
-            .collect();
-        for mask in 0..3u32.pow(may.len() as u32) {
-            let mut modes = vec![Offload::None; profile.unit_count()];
-            let mut digits = mask;
-            for &u in &may {
-                modes[u] =
-                    [Offload::None, Offload::Optimizer, Offload::Full][(digits % 3) as usize];
-                digits /= 3;
-            }
-            let host = host_node_bytes(profile, schedule.units(), &modes);
-            let Ok(s) =
-                schedule
-                    .clone()
-                    .offloaded(profile, modes, HostStep::Overlapped, "enumerated")
-            else {
-                continue;
-            };
-            let sim = simulate(profile, &s, Semantics::Strict);
-            judged.push(Judged {
-                time: sim.iteration_time_us,
-                peak: sim.peak_memory_bytes,
-                host,
-                offloads: mask != 0,
-            });
-        }
-    });
-    judged
+    let depth4 = WindowLimits::depth(NonZeroUsize::new(4).unwrap());
+    offload_space(profile, &per_unit, depth4)
 }
 
 /// A tiny random profile with a host: no device optimizer time, κ_q = 0 (DESIGN §4.10's space).
@@ -167,10 +121,6 @@ fn options(cap: f64, recompute: bool) -> SolveOptions {
     }
 }
 
-fn depth4() -> WindowLimits {
-    WindowLimits::depth(NonZeroUsize::new(4).unwrap())
-}
-
 /// Below the device-only minimum, the offload MIP's own answer is the fastest plan of its space
 /// (its bound never above it), the solve's answer never slower, and the host cap is inclusive.
 #[test]
@@ -178,12 +128,9 @@ fn offload_mip_equals_exhaustive_search() {
     let (mut solves, mut offloaded, mut host_caps) = (0, 0, 0);
     for seed in 0..24u64 {
         let (mut profile, recompute) = offload_instance(seed);
-        let space = enumerate(&profile, recompute, depth4());
-        let device_only = enumerate(&profile, recompute, WindowLimits::FULL)
-            .iter()
-            .filter(|j| !j.offloads)
-            .map(|j| j.peak)
-            .fold(f64::INFINITY, f64::min);
+        let enumerated = enumerate(&profile, recompute);
+        let device_only = enumerated.device_only_minimum();
+        let space = enumerated.plans;
         let mut below: Vec<f64> = space
             .iter()
             .filter(|j| j.offloads && j.peak.ceil() < device_only.floor())
@@ -274,11 +221,10 @@ fn offload_above_the_device_only_minimum() {
     let (mut solves, mut offloaded) = (0, 0);
     for seed in 0..12u64 {
         let (profile, recompute) = offload_instance(seed);
-        let space = enumerate(&profile, recompute, depth4());
-        let device: Vec<Judged> = enumerate(&profile, recompute, WindowLimits::FULL)
-            .into_iter()
-            .filter(|j| !j.offloads)
-            .collect();
+        let OffloadSpace {
+            plans: space,
+            device_only: device,
+        } = enumerate(&profile, recompute);
         let minimum = device
             .iter()
             .map(|j| j.peak)
@@ -341,8 +287,9 @@ fn offload_above_the_device_only_minimum() {
 #[test]
 fn an_offloading_answer_round_trips_through_its_plan_file() {
     let (profile, recompute) = offload_instance(4);
-    let space = enumerate(&profile, recompute, depth4());
+    let space = enumerate(&profile, recompute);
     let cap = space
+        .plans
         .iter()
         .filter(|j| j.offloads)
         .map(|j| j.peak)

@@ -9,72 +9,22 @@
 mod common;
 
 use common::{
-    Rng, affine, every_schedule, random_profile, three_units_on_two_nodes, with_topology,
+    OffloadSpace, Rng, affine, offload_space, random_profile, three_units_on_two_nodes,
+    with_topology,
 };
 use shardplan_scheduler::ilp::{SolveOptions, WindowLimits, solve};
-use shardplan_scheduler::offload::{HostStep, Offload, host_node_bytes};
 use shardplan_scheduler::profile::{Host, Profile};
 use shardplan_scheduler::schedule::UnitSchedule;
 use shardplan_scheduler::sim::{Semantics, simulate};
-use shardplan_scheduler::timeline::{Level, Op, Timeline};
 use std::num::NonZeroUsize;
 
-/// A plan of the space: its time, device peak and host bytes per node, and what it offloads.
-struct Judged {
-    time: f64,
-    peak: f64,
-    host: f64,
-    offloads: bool,
-}
-
-/// Every plan of the offload MIP's space within `limits`.
-fn enumerate(profile: &Profile, recompute: bool, limits: WindowLimits) -> Vec<Judged> {
+/// The offload MIP's space on nodes within depth 4 (its device-only plans within no limits).
+fn enumerate(profile: &Profile, recompute: bool) -> OffloadSpace {
     let per_unit: Vec<Vec<UnitSchedule>> = (0..profile.unit_count())
         .map(|u| common::unit_options(profile, u, recompute))
         .collect();
-    let timeline = Timeline::new(profile.unit_count());
-    let mut judged = Vec::new();
-    every_schedule(profile, &per_unit, |schedule| {
-        if !limits.admit(&schedule) {
-            return;
-        }
-        // Units that may offload: sharded, reducing whole right after B_i.
-        let may: Vec<usize> = (0..profile.unit_count())
-            .filter(|&u| {
-                let first = timeline
-                    .window(u, Op::ReduceScatter.window_kind())
-                    .slot_at(0);
-                let rs = schedule.launches(u, Op::ReduceScatter);
-                schedule.units()[u].level != Level::None && rs.len() == 1 && rs[0].slot == first
-            })
-            .collect();
-        for mask in 0..3u32.pow(may.len() as u32) {
-            let mut modes = vec![Offload::None; profile.unit_count()];
-            let mut digits = mask;
-            for &u in &may {
-                modes[u] =
-                    [Offload::None, Offload::Optimizer, Offload::Full][(digits % 3) as usize];
-                digits /= 3;
-            }
-            let host = host_node_bytes(profile, schedule.units(), &modes);
-            // `full` at hpZ is no plan (DESIGN §3.13).
-            let Ok(s) =
-                schedule
-                    .clone()
-                    .offloaded(profile, modes, HostStep::Overlapped, "enumerated")
-            else {
-                continue;
-            };
-            let sim = simulate(profile, &s, Semantics::Strict);
-            judged.push(Judged {
-                time: sim.iteration_time_us,
-                peak: sim.peak_memory_bytes,
-                host,
-                offloads: mask != 0,
-            });
-        }
-    });
-    judged
+    let depth4 = WindowLimits::depth(NonZeroUsize::new(4).unwrap());
+    offload_space(profile, &per_unit, depth4)
 }
 
 /// A host on `profile`'s nodes: random links and host step, ample memory.
@@ -134,15 +84,11 @@ fn options(cap: f64, recompute: bool) -> SolveOptions {
 /// time, within the cap; some answers offload a unit over a shard group.
 #[test]
 fn offload_mip_on_nodes_equals_exhaustive_search() {
-    let depth4 = WindowLimits::depth(NonZeroUsize::new(4).unwrap());
     let (mut solves, mut offloaded, mut over_groups) = (0, 0, 0);
     for (seed, profile, recompute) in instances() {
-        let space = enumerate(&profile, recompute, depth4);
-        let device_only = enumerate(&profile, recompute, WindowLimits::FULL)
-            .iter()
-            .filter(|j| !j.offloads)
-            .map(|j| j.peak)
-            .fold(f64::INFINITY, f64::min);
+        let enumerated = enumerate(&profile, recompute);
+        let device_only = enumerated.device_only_minimum();
+        let space = enumerated.plans;
         let mut below: Vec<f64> = space
             .iter()
             .filter(|j| j.offloads && j.peak.ceil() < device_only.floor())
