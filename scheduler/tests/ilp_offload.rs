@@ -8,15 +8,85 @@
 
 mod common;
 
-use common::offload::{Judged, enumerate_offloads};
-use common::{Rng, affine, random_profile};
+use common::{
+    Judged, OffloadSpace, Rng, affine, launches, offload_space, placements, random_profile,
+};
 use shardplan_scheduler::Error;
 use shardplan_scheduler::ilp::{SolveOptions, WindowLimits, solve};
 use shardplan_scheduler::offload::host_node_bytes;
 use shardplan_scheduler::profile::{Host, Profile};
-use shardplan_scheduler::schedule::Schedule;
+use shardplan_scheduler::schedule::{Schedule, UnitSchedule};
 use shardplan_scheduler::sim::{Semantics, simulate};
+use shardplan_scheduler::timeline::{Level, Op, Timeline};
+use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
+
+/// Every level, recompute and launch placement of one unit over the world.
+fn unit_options(profile: &Profile, unit: usize, recompute: bool) -> Vec<UnitSchedule> {
+    let timeline = Timeline::new(profile.unit_count());
+    let nb = profile.blocks(unit);
+    let after = timeline.window(unit, Op::ReduceScatter.window_kind()).len;
+    let between = timeline.window(unit, Op::GatherBackward.window_kind()).len;
+    let unit_schedule = |level, r, launches| UnitSchedule {
+        shard_group: None,
+        secondary_group: None,
+        level,
+        recompute: r,
+        launches,
+        accumulation: Default::default(),
+    };
+    let mut options = Vec::new();
+    for r in [false, true].into_iter().take(1 + usize::from(recompute)) {
+        for ar in placements(nb, 0, after) {
+            let l = BTreeMap::from([(Op::AllReduce, launches(timeline, unit, Op::AllReduce, &ar))]);
+            options.push(unit_schedule(Level::None, r, l));
+        }
+        for rs in placements(nb, 0, after) {
+            for ag in placements(nb, 0, after)
+                .into_iter()
+                .filter(|ag| ag[0] >= *rs.last().unwrap())
+            {
+                let rs_launches = launches(timeline, unit, Op::ReduceScatter, &rs);
+                options.push(unit_schedule(
+                    Level::Sdp,
+                    r,
+                    BTreeMap::from([
+                        (Op::ReduceScatter, rs_launches.clone()),
+                        (Op::Gather, launches(timeline, unit, Op::Gather, &ag)),
+                    ]),
+                ));
+                for agb in placements(nb, 0, between) {
+                    options.push(unit_schedule(
+                        Level::Fsdp,
+                        r,
+                        BTreeMap::from([
+                            (Op::ReduceScatter, rs_launches.clone()),
+                            (
+                                Op::GatherForward,
+                                launches(timeline, unit, Op::GatherForward, &ag),
+                            ),
+                            (
+                                Op::GatherBackward,
+                                launches(timeline, unit, Op::GatherBackward, &agb),
+                            ),
+                        ]),
+                    ));
+                }
+            }
+        }
+    }
+    options
+}
+
+/// The offload space of a tiny instance over the world within depth 4 (its device-only plans
+/// within no limits).
+fn enumerate(profile: &Profile, recompute: bool) -> OffloadSpace {
+    let per_unit: Vec<Vec<UnitSchedule>> = (0..profile.unit_count())
+        .map(|u| unit_options(profile, u, recompute))
+        .collect();
+    let depth4 = WindowLimits::depth(NonZeroUsize::new(4).unwrap());
+    offload_space(profile, &per_unit, depth4)
+}
 
 /// A tiny random profile with a host: no device optimizer time, κ_q = 0 (DESIGN §4.10's space).
 fn offload_instance(seed: u64) -> (Profile, bool) {
@@ -51,10 +121,6 @@ fn options(cap: f64, recompute: bool) -> SolveOptions {
     }
 }
 
-fn depth4() -> WindowLimits {
-    WindowLimits::depth(NonZeroUsize::new(4).unwrap())
-}
-
 /// Below the device-only minimum, the offload MIP's own answer is the fastest plan of its space
 /// (its bound never above it), the solve's answer never slower, and the host cap is inclusive.
 #[test]
@@ -62,12 +128,9 @@ fn offload_mip_equals_exhaustive_search() {
     let (mut solves, mut offloaded, mut host_caps) = (0, 0, 0);
     for seed in 0..24u64 {
         let (mut profile, recompute) = offload_instance(seed);
-        let space = enumerate_offloads(&profile, recompute, depth4());
-        let device_only = enumerate_offloads(&profile, recompute, WindowLimits::FULL)
-            .iter()
-            .filter(|j| !j.offloads)
-            .map(|j| j.peak)
-            .fold(f64::INFINITY, f64::min);
+        let enumerated = enumerate(&profile, recompute);
+        let device_only = enumerated.device_only_minimum();
+        let space = enumerated.plans;
         let mut below: Vec<f64> = space
             .iter()
             .filter(|j| j.offloads && j.peak.ceil() < device_only.floor())
@@ -158,11 +221,10 @@ fn offload_above_the_device_only_minimum() {
     let (mut solves, mut offloaded) = (0, 0);
     for seed in 0..12u64 {
         let (profile, recompute) = offload_instance(seed);
-        let space = enumerate_offloads(&profile, recompute, depth4());
-        let device: Vec<Judged> = enumerate_offloads(&profile, recompute, WindowLimits::FULL)
-            .into_iter()
-            .filter(|j| !j.offloads)
-            .collect();
+        let OffloadSpace {
+            plans: space,
+            device_only: device,
+        } = enumerate(&profile, recompute);
         let minimum = device
             .iter()
             .map(|j| j.peak)
@@ -225,8 +287,9 @@ fn offload_above_the_device_only_minimum() {
 #[test]
 fn an_offloading_answer_round_trips_through_its_plan_file() {
     let (profile, recompute) = offload_instance(4);
-    let space = enumerate_offloads(&profile, recompute, depth4());
+    let space = enumerate(&profile, recompute);
     let cap = space
+        .plans
         .iter()
         .filter(|j| j.offloads)
         .map(|j| j.peak)

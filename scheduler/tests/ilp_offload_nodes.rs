@@ -8,12 +8,24 @@
 
 mod common;
 
-use common::offload::enumerate_offloads;
-use common::{Rng, affine, random_profile, three_units_on_two_nodes, with_topology};
+use common::{
+    OffloadSpace, Rng, affine, offload_space, random_profile, three_units_on_two_nodes,
+    with_topology,
+};
 use shardplan_scheduler::ilp::{SolveOptions, WindowLimits, solve};
 use shardplan_scheduler::profile::{Host, Profile};
+use shardplan_scheduler::schedule::UnitSchedule;
 use shardplan_scheduler::sim::{Semantics, simulate};
 use std::num::NonZeroUsize;
+
+/// The offload MIP's space on nodes within depth 4 (its device-only plans within no limits).
+fn enumerate(profile: &Profile, recompute: bool) -> OffloadSpace {
+    let per_unit: Vec<Vec<UnitSchedule>> = (0..profile.unit_count())
+        .map(|u| common::unit_options(profile, u, recompute))
+        .collect();
+    let depth4 = WindowLimits::depth(NonZeroUsize::new(4).unwrap());
+    offload_space(profile, &per_unit, depth4)
+}
 
 /// A host on `profile`'s nodes: random links and host step, ample memory.
 fn with_host(rng: &mut Rng, profile: &mut Profile) {
@@ -72,15 +84,11 @@ fn options(cap: f64, recompute: bool) -> SolveOptions {
 /// time, within the cap; some answers offload a unit over a shard group.
 #[test]
 fn offload_mip_on_nodes_equals_exhaustive_search() {
-    let depth4 = WindowLimits::depth(NonZeroUsize::new(4).unwrap());
     let (mut solves, mut offloaded, mut over_groups) = (0, 0, 0);
     for (seed, profile, recompute) in instances() {
-        let space = enumerate_offloads(&profile, recompute, depth4);
-        let device_only = enumerate_offloads(&profile, recompute, WindowLimits::FULL)
-            .iter()
-            .filter(|j| !j.offloads)
-            .map(|j| j.peak)
-            .fold(f64::INFINITY, f64::min);
+        let enumerated = enumerate(&profile, recompute);
+        let device_only = enumerated.device_only_minimum();
+        let space = enumerated.plans;
         let mut below: Vec<f64> = space
             .iter()
             .filter(|j| j.offloads && j.peak.ceil() < device_only.floor())

@@ -2,6 +2,7 @@
 //! the binary run on MPI ranks, and the test MLP's two-rank setup.
 #![allow(dead_code)]
 
+pub mod cli;
 #[path = "../../runtime/tests/common/mod.rs"]
 mod runtime_fixtures;
 
