@@ -80,18 +80,6 @@ impl<B: Backend> Prepared<B> {
                 backend.name()
             )));
         }
-        if let Some(unit) = (0..schedule.units().len()).find(|&u| {
-            let grouped = schedule.units()[u].shard_group.is_some()
-                || schedule.units()[u].secondary_group.is_some();
-            grouped && !schedule.offload(u).is_none()
-        }) {
-            return Err(Error::Mismatch(format!(
-                "{origin}: units[{unit}].offload is `{}` over a shard or secondary group, which \
-                 the runtime does not run yet (DESIGN §6.12: simulate it, or plan the unit's \
-                 offload over the world)",
-                schedule.offload(unit).name()
-            )));
-        }
         let world = backend.world_size();
         if plan.world_size as usize != world {
             return Err(Error::Mismatch(format!(

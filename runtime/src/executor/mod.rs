@@ -400,9 +400,11 @@ impl<'a, B: Backend, W: Train<B>> Walk<'a, B, W> {
                     })?;
                 }
                 for &(u, target) in fences {
-                    let reductions = self.event(u, Kind::ReduceScatter);
+                    let kind = self.program.fence_kinds[u];
+                    let reductions = self.event(u, kind);
                     self.wait(stream, reductions, target, &|| {
-                        format!("RS of {} (buffer reuse)", self.workload.unit_name(u))
+                        let name = self.workload.unit_name(u);
+                        format!("{} of {name} (buffer reuse)", kind.name())
                     })?;
                 }
                 Ok(())

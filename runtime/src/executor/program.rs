@@ -132,6 +132,8 @@ pub(super) struct Program {
     /// Per slot of an even iteration, then (where the arena alternates layouts) of an odd one,
     /// the units whose reductions must have completed as far as launched.
     pub(super) fences: Vec<Vec<usize>>,
+    /// Per unit, the reduction its fences count ([`fence_kinds`]).
+    pub(super) fence_kinds: Vec<Kind>,
     /// 1, or 2 where the arena alternates layouts by step parity.
     pub(super) parities: usize,
 }
@@ -169,11 +171,12 @@ pub(super) fn program(
         unrolled,
         slots,
         channels,
-        queues,
         needs,
         per_step: counts.per_step(),
         first_written,
         fences: fences(placement, schedule.units().len(), slots),
+        fence_kinds: fence_kinds(placement, &queues),
+        queues,
         parities,
     }
 }
@@ -317,6 +320,24 @@ fn fences(placement: &Placement, units: usize, slots: usize) -> Vec<Vec<usize>> 
         .collect()
 }
 
+/// Per unit, the reduction whose blocks its fences count: the replica AllReduce for an offloaded
+/// unit over a shard group (its reduced shard is read by the RA, then by the copy to the host
+/// that the RA's last block waits for, DESIGN §6.12), else the ReduceScatter (which reads the
+/// full gradient; an RA block follows its RS block, so counting RAs covers the full gradient too).
+fn fence_kinds(placement: &Placement, queues: &[Vec<Block>]) -> Vec<Kind> {
+    let requests = &placement.for_step(0).requests;
+    (0..requests.len())
+        .map(|u| {
+            let replica_reduced =
+                (queues.iter().flatten()).any(|b| b.unit == u && b.kind == Kind::ReplicaAllReduce);
+            match requests[u].offload.is_some() && replica_reduced {
+                true => Kind::ReplicaAllReduce,
+                false => Kind::ReduceScatter,
+            }
+        })
+        .collect()
+}
+
 /// An iteration of the executor's walk of n steps: −1 the prologue, 0 … n − 1 the steps, n the
 /// epilogue. Blocks launched in it serve the data step `offset` iterations on (negative: back).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -371,7 +392,7 @@ impl Program {
 }
 
 /// The compute stream's walk of the relaxed fences: per global slot, in order, (unit, the
-/// reductions of real steps launched before the slot), counted as the slots go by (memory
+/// reductions of its fence kind of real steps launched before the slot), counted as the slots go by (memory
 /// independent of the number of steps).
 pub(super) struct FenceWalk<'a> {
     program: &'a Program,
@@ -393,7 +414,7 @@ impl FenceWalk<'_> {
             .collect();
         for b in &p.queues[s] {
             let real = iter.data_step(b.offset, self.steps).is_some();
-            if b.kind == Kind::ReduceScatter && real {
+            if b.kind == p.fence_kinds[b.unit] && real {
                 self.launched_before[b.unit] += 1;
             }
         }

@@ -37,7 +37,9 @@ impl Builder {
 
 impl UnitSlots<'_> {
     /// An offloaded unit's reduced gradient shard on the device: written by its RS blocks,
-    /// read by the copy to the host, alive from B_i to the end of its last RS launch slot.
+    /// read by the copy to the host, alive from B_i to the end of its last RS launch slot — over
+    /// a shard group to the end of its last replica AllReduce (RA) launch slot, which reduces it in
+    /// place before the copy reads it (DESIGN §3.13, offload on nodes).
     pub(super) fn reduced_shard(
         &self,
         b: &mut Builder,
@@ -45,11 +47,21 @@ impl UnitSlots<'_> {
         format: FloatFormat,
     ) -> Result<usize> {
         let backward = self.backward;
-        let (alive, _) =
-            self.blocks_alive(Op::ReduceScatter, &|_, launch| vec![(backward, launch)])?;
-        let alive = (0..self.step.slot_count())
-            .map(|s| alive.iter().any(|block| block[s]))
-            .collect();
+        let replica_reduced = self
+            .instances
+            .iter()
+            .any(|(x, _)| x.unit == self.unit && x.op == Op::ReplicaAllReduce);
+        let reductions: &[Op] = match replica_reduced {
+            true => &[Op::ReduceScatter, Op::ReplicaAllReduce],
+            false => &[Op::ReduceScatter],
+        };
+        let mut alive = vec![false; self.step.slot_count()];
+        for &op in reductions {
+            let (blocks, _) = self.blocks_alive(op, &|_, launch| vec![(backward, launch)])?;
+            for (s, live) in alive.iter_mut().enumerate() {
+                *live |= blocks.iter().any(|block| block[s]);
+            }
+        }
         let name = format!("{} reduced gradient shard", self.name);
         let request = Request::whole(name, format.bytes() * elements as u64, alive);
         Ok(b.push(request, format, Tenure::Step { birth: backward }, false))
