@@ -85,7 +85,10 @@ fn the_trees_bound_never_exceeds_the_optimum_and_closes_at_it() {
                     step.nodes
                 );
             }
-            assert!(tree.closed, "seed {seed} cap {cap:?}: the tree did not close");
+            assert!(
+                tree.closed,
+                "seed {seed} cap {cap:?}: the tree did not close"
+            );
             if best.is_infinite() {
                 assert!(
                     tree.incumbent.is_infinite() && tree.bound.is_infinite(),
@@ -95,7 +98,8 @@ fn the_trees_bound_never_exceeds_the_optimum_and_closes_at_it() {
                 continue;
             }
             assert!(
-                (tree.bound - best).abs() <= tolerance && (tree.incumbent - best).abs() <= tolerance,
+                (tree.bound - best).abs() <= tolerance
+                    && (tree.incumbent - best).abs() <= tolerance,
                 "seed {seed} cap {cap:?}: the tree closed at {} (incumbent {}), the optimum is \
                  {best}",
                 tree.bound,
@@ -105,9 +109,52 @@ fn the_trees_bound_never_exceeds_the_optimum_and_closes_at_it() {
             branched += usize::from(tree.steps.len() > 1);
         }
     }
-    eprintln!("{checked} caps closed at the optimum ({branched} branched), {infeasible} at no plan");
+    eprintln!(
+        "{checked} caps closed at the optimum ({branched} branched), {infeasible} at no plan"
+    );
     assert!(
         checked >= 40 && branched >= 5 && infeasible >= 1,
         "{checked} checked, {branched} branched, {infeasible} infeasible"
+    );
+}
+
+/// The tree on the demo (Llama-2 70B on 8 nodes of 8 H100s, 79.65 GiB), priced from depth 4,
+/// within `SHARDPLAN_BRANCH_EFFORT` thousand LP iterations (default 60, the solve's effort): the
+/// bound after each node. Run by hand: `cargo test --release -p shardplan-scheduler --test
+/// ilp_branch demo -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement on the demo (minutes), run by hand"]
+fn demo_tree() {
+    let root = common::repo_root();
+    let profile = Profile::load(&root.join("profiles/llama2-70b-h100-8x8.toml")).unwrap();
+    let options = SolveOptions {
+        memory_cap_bytes: Some(85_523_536_281),
+        time_limit_s: 1200.0,
+        ..SolveOptions::default()
+    };
+    let thousands: u64 = std::env::var("SHARDPLAN_BRANCH_EFFORT").map_or(60, |e| {
+        e.parse().expect("SHARDPLAN_BRANCH_EFFORT: thousands")
+    });
+    let effort = Effort::new(NonZeroU64::new(thousands).unwrap());
+    let depth = NonZeroUsize::new(4).unwrap();
+    let started = std::time::Instant::now();
+    let tree = branched_bound(&profile, &options, (depth, effort))
+        .unwrap()
+        .expect("a bound");
+    eprintln!("| nodes | LP iterations | bound (ms) | incumbent (ms) |");
+    for step in &tree.steps {
+        eprintln!(
+            "| {} | {} | {:.1} | {:.1} |",
+            step.nodes,
+            step.lp_iterations,
+            step.bound / 1e3,
+            step.incumbent / 1e3
+        );
+    }
+    eprintln!(
+        "bound {:.1} ms, closed {}, {:.0} s",
+        tree.bound / 1e3,
+        tree.closed,
+        started.elapsed().as_secs_f64()
     );
 }
