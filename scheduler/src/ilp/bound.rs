@@ -3,11 +3,12 @@
 //! every launch position the small window leaves out (`super::pricing`), raised by deeper windows
 //! and column generation.
 
+use super::branch_rows::BranchRow;
 use super::effort::{Budget, Clock};
 use super::limits::PLACEMENT_DEPTH;
 use super::micro::{self, Added};
 use super::model::{Form, build, highs_model};
-use super::pricing::{FullColumns, priced_bound};
+use super::pricing::{FullColumns, Pricing, UnitValues, priced_bound, priced_node};
 use super::run::spent;
 use super::variables::{ExtraPositions, UnitLevel};
 use super::{
@@ -155,7 +156,7 @@ pub fn priced_lp_bound(
         profile,
         options,
         &full,
-        (restricted, &no_extra, None),
+        (restricted, &no_extra, &[]),
         &mut budget,
     )?;
     Ok(priced.map(|p| p.bound))
@@ -198,8 +199,13 @@ pub(super) struct FullWindowBound {
     ceiling: f64,
     /// Positions outside the windows of `depth` that column generation has added.
     extra: ExtraPositions,
-    /// Levels and recompute every unit is held to (`super::anatomy`); None: free.
-    levels: Option<Vec<UnitLevel>>,
+    /// Rows on levels and recompute the LP holds (`super::branch_rows`: levels held by
+    /// `super::anatomy`, a node's rows by `super::branch`); empty: free.
+    held: Vec<BranchRow>,
+    /// Whether the last restricted LP was infeasible: no plan satisfies `held`.
+    infeasible: bool,
+    /// The last restricted LP's levels and recompute as it holds them.
+    fractions: Option<Vec<UnitValues>>,
     /// The last restricted LP's levels made whole (`super::rounding`): at the full-window LP's
     /// optimum, its proportions of each level spread over the units.
     spread: Option<Vec<UnitLevel>>,
@@ -222,6 +228,19 @@ impl FullWindowBound {
         (depth, levels): (NonZeroUsize, Option<Vec<UnitLevel>>),
         budget: &mut Budget,
     ) -> Result<Self> {
+        let held = levels.map_or_else(Vec::new, |l| BranchRow::holding(&l));
+        let restricted = (depth, held, ExtraPositions::new());
+        Self::under(profile, options, restricted, budget)
+    }
+
+    /// Prices the windows of depth `depth` and the positions `extra` (time objective), over the
+    /// plans that satisfy the rows `held`; nothing for the memory objective.
+    pub(super) fn under(
+        profile: &Profile,
+        options: &SolveOptions,
+        (depth, held, extra): (NonZeroUsize, Vec<BranchRow>, ExtraPositions),
+        budget: &mut Budget,
+    ) -> Result<Self> {
         let started = Instant::now();
         let time = options.objective == Objective::Time;
         let mut bound = FullWindowBound {
@@ -229,9 +248,11 @@ impl FullWindowBound {
             depth,
             best: None,
             ceiling: f64::INFINITY,
-            extra: ExtraPositions::new(),
+            extra,
             entering: ExtraPositions::new(),
-            levels,
+            held,
+            infeasible: false,
+            fractions: None,
             spread: None,
             seconds: 0.0,
         };
@@ -250,7 +271,8 @@ impl FullWindowBound {
             best: self.best.clone(),
             extra: self.extra.clone(),
             entering: self.entering.clone(),
-            levels: self.levels.clone(),
+            held: self.held.clone(),
+            fractions: self.fractions.clone(),
             spread: self.spread.clone(),
             ..*self
         }
@@ -346,6 +368,21 @@ impl FullWindowBound {
         &self.extra
     }
 
+    /// The best bound so far over the plans of `held`.
+    pub fn best_bound(&self) -> Option<f64> {
+        self.best.as_ref().map(|b| b.best_bound)
+    }
+
+    /// Whether the restricted LP was infeasible: no plan satisfies the rows held.
+    pub fn is_infeasible(&self) -> bool {
+        self.infeasible
+    }
+
+    /// The last restricted LP's levels and recompute as it holds them, where it solved.
+    pub fn fractions(&self) -> Option<&[UnitValues]> {
+        self.fractions.as_deref()
+    }
+
     /// The last restricted LP's levels made whole, where it solved (`super::rounding`).
     pub fn spread_levels(&self) -> Option<Vec<UnitLevel>> {
         self.spread.clone()
@@ -363,11 +400,17 @@ impl FullWindowBound {
             return Ok(false);
         };
         let limits = WindowLimits::depth(self.depth);
-        let restricted = (limits, &self.extra, self.levels.as_deref());
-        let Some(priced) = priced_bound(profile, options, full, restricted, budget)? else {
-            return Ok(false);
+        let restricted = (limits, &self.extra, self.held.as_slice());
+        let priced = match priced_node(profile, options, full, restricted, budget)? {
+            Pricing::Bound(priced) => priced,
+            Pricing::Infeasible => {
+                self.infeasible = true;
+                return Ok(false);
+            }
+            Pricing::None => return Ok(false),
         };
         self.entering = priced.entering;
+        self.fractions = Some(priced.fractions);
         self.spread = Some(priced.spread);
         self.seconds += priced.seconds;
         self.ceiling = self.ceiling.min(priced.restricted_optimum);

@@ -29,6 +29,8 @@
 mod anatomy;
 mod bands;
 mod bound;
+mod branch;
+mod branch_rows;
 mod callback;
 mod claim;
 mod constraints;
@@ -57,6 +59,7 @@ mod warm;
 pub use crate::target::Target;
 pub use anatomy::{HeldLevels, LpAnatomy, describe_levels, full_lp_anatomy};
 pub use bound::{generated_lp_bound, lp_relaxation_bound, priced_lp_bound};
+pub use branch::{BranchedBound, TreeStep, branched_bound};
 pub use claim::SolveDetails;
 pub use effort::Effort;
 pub use limits::WindowLimits;

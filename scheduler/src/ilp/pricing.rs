@@ -3,12 +3,14 @@
 //! windows, and the left-out positions of most negative reduced cost, which column generation adds
 //! next.
 
-use super::constraints::fixed_levels;
+use super::branch_rows::{BranchRow, branch_rows};
 use super::effort::Budget;
 use super::model::{Built, Form, build, memory_scale};
 use super::rounding::Spread;
-use super::run::lp_optimum;
-use super::variables::{Columns, ExtraPositions, OpVars, Shape, UnitLevel, covers, declare_units};
+use super::run::{LpSolved, lp_solve};
+use super::variables::{
+    Choice, Col, Columns, ExtraPositions, OpVars, Shape, UnitLevel, covers, declare_units,
+};
 use super::{ModelSize, Objective, SolveOptions, WindowLimits};
 use crate::Result;
 use crate::profile::{Link, Profile};
@@ -31,6 +33,40 @@ pub(super) struct Priced {
     pub entering: ExtraPositions,
     /// The restricted LP's levels and recompute made whole (`super::rounding`).
     pub spread: Vec<UnitLevel>,
+    /// The restricted LP's levels and recompute as it holds them (`super::branch` branches on
+    /// them).
+    pub fractions: Vec<UnitValues>,
+}
+
+/// One unit's level and recompute columns' values in an LP solution.
+#[derive(Debug, Clone)]
+pub(super) struct UnitValues {
+    /// y_{i,c} of each choice the unit has.
+    pub choices: Vec<(Choice, f64)>,
+    /// r_i, where the unit has the column.
+    pub recompute: Option<f64>,
+}
+
+impl UnitValues {
+    fn read(choices: Vec<(Choice, Option<Col>)>, recompute: Option<Col>, values: &[f64]) -> Self {
+        UnitValues {
+            choices: choices
+                .into_iter()
+                .filter_map(|(choice, column)| column.map(|c| (choice, values[c.index])))
+                .collect(),
+            recompute: recompute.map(|r| values[r.index]),
+        }
+    }
+}
+
+/// How pricing a restricted LP ended.
+pub(super) enum Pricing {
+    Bound(Priced),
+    /// The restricted LP is infeasible: no plan satisfies its rows (with `held`, no plan of the
+    /// node).
+    Infeasible,
+    /// No bound: the LP stopped short of its optimum, or its duals failed the check.
+    None,
 }
 
 /// Reduced costs that agree within this (µs, relative to the largest term) pass the check.
@@ -55,21 +91,39 @@ const ENTERING_PER_OP: usize = 2;
 /// `extra` (column generation's). The rows priced are its rows (a launch at one of its positions
 /// carries the dual of its RS→AG order row); the full model's order rows at positions it leaves
 /// out are dropped, which only enlarges the set of plans bounded. When every left-out position prices out (rc ≥ 0) the bound is z, the full-window LP
-/// relaxation's optimum, from an LP a fraction of its size. With `fixed` levels the restricted LP
-/// also holds y_{i,ĉ_i} = 1 and r_i = r̂_i (`fixed_levels`); those rows touch no launch, so they
-/// enter only through HiGHS' reduced costs of y and r, and the bound holds over every plan of
-/// those levels (the full-window LP at fixed levels once no position prices negative). The reduced costs computed here are
+/// relaxation's optimum, from an LP a fraction of its size. With rows `held` (`super::branch_rows`: r_i = ρ,
+/// y_{i,c} = υ, Σ_{i∈U} r_i ≤ k or ≥ k; y_{i,ĉ_i} = 1 and r_i = r̂_i hold levels) the restricted LP
+/// also holds them; they touch no launch, so they enter only through HiGHS' reduced costs of y
+/// and r, and the bound holds over every plan satisfying them (the full-window LP under them once
+/// no position prices negative). The reduced costs computed here are
 /// checked against HiGHS' at the restricted positions; any disagreement (or a negative reduced
 /// cost on a duration) gives no bound.
 pub(super) fn priced_bound(
     profile: &Profile,
     options: &SolveOptions,
     full: &FullColumns,
-    (restricted, extra, fixed): (WindowLimits, &ExtraPositions, Option<&[UnitLevel]>),
+    restricted: (WindowLimits, &ExtraPositions, &[BranchRow]),
     budget: &mut Budget,
 ) -> Result<Option<Priced>> {
+    Ok(
+        match priced_node(profile, options, full, restricted, budget)? {
+            Pricing::Bound(priced) => Some(priced),
+            Pricing::Infeasible | Pricing::None => None,
+        },
+    )
+}
+
+/// `priced_bound`, telling an infeasible restricted LP (no plan satisfies the rows `held`) from
+/// one that gave no bound.
+pub(super) fn priced_node(
+    profile: &Profile,
+    options: &SolveOptions,
+    full: &FullColumns,
+    (restricted, extra, held): (WindowLimits, &ExtraPositions, &[BranchRow]),
+    budget: &mut Budget,
+) -> Result<Pricing> {
     if options.objective != Objective::Time || !budget.can_start() {
-        return Ok(None);
+        return Ok(Pricing::None);
     }
     let started = Instant::now();
     let limited = SolveOptions {
@@ -88,12 +142,12 @@ pub(super) fn priced_bound(
         ..
     } = build(profile, &limited, (Form::Lp, extra));
     // Appended after every family `rows` indexes, so those indices stand.
-    if let Some(levels) = fixed {
-        constraints.extend(fixed_levels(&units, levels));
-    }
+    constraints.extend(branch_rows(&units, held));
     let constraint_count = constraints.len();
-    let Some(optimum) = lp_optimum(problem, objective, constraints, options, budget)? else {
-        return Ok(None);
+    let optimum = match lp_solve(problem, objective, constraints, options, budget)? {
+        LpSolved::Optimal(optimum) => optimum,
+        LpSolved::Infeasible => return Ok(Pricing::Infeasible),
+        LpSolved::Stopped => return Ok(Pricing::None),
     };
     let (values, reduced, duals) = (&optimum.values, &optimum.reduced, &optimum.duals);
     let work = optimum.work;
@@ -103,8 +157,14 @@ pub(super) fn priced_bound(
     let mut op_index = 0;
     let mut entering = ExtraPositions::new();
     let mut spread = Spread::default();
+    let mut fractions = Vec::new();
     for (unit, (restricted, whole)) in units.iter().zip(&full.units).enumerate() {
         spread.take(restricted.choices(), restricted.recompute, values);
+        fractions.push(UnitValues::read(
+            restricted.choices(),
+            restricted.recompute,
+            values,
+        ));
         let blocks = f64::from(whole.blocks);
         // The cheapest launch position of each op, over the full window.
         let mut cheapest = Vec::new();
@@ -147,7 +207,7 @@ pub(super) fn priced_bound(
                 let (rc, magnitude) = prices[q];
                 if (rc - theirs).abs() > PRICING_AGREEMENT * magnitude.max(1.0) {
                     tracing::warn!(rc, theirs, "pricing disagrees with HiGHS; no bound");
-                    return Ok(None);
+                    return Ok(Pricing::None);
                 }
                 lagrangian -= rc * values[launch];
             }
@@ -197,9 +257,9 @@ pub(super) fn priced_bound(
     let Some(lagrangian) =
         optimum.with_unpriced_columns(lagrangian, &priced, &unbounded, PRICING_AGREEMENT)
     else {
-        return Ok(None);
+        return Ok(Pricing::None);
     };
-    Ok(Some(Priced {
+    Ok(Pricing::Bound(Priced {
         bound: lagrangian,
         size: ModelSize {
             variables: columns,
@@ -214,6 +274,7 @@ pub(super) fn priced_bound(
             .filter(|(_, p)| !p.is_empty())
             .collect(),
         spread: spread.levels(),
+        fractions,
     }))
 }
 

@@ -273,6 +273,32 @@ pub(super) fn lp_optimum(
     options: &SolveOptions,
     budget: &mut Budget,
 ) -> Result<Option<LpOptimum>> {
+    Ok(
+        match lp_solve(problem, objective, constraints, options, budget)? {
+            LpSolved::Optimal(optimum) => Some(optimum),
+            LpSolved::Infeasible | LpSolved::Stopped => None,
+        },
+    )
+}
+
+/// How an LP ended.
+pub(super) enum LpSolved {
+    Optimal(LpOptimum),
+    /// HiGHS proved it has no solution.
+    Infeasible,
+    /// Stopped (work, clock) or ended otherwise short of an optimum.
+    Stopped,
+}
+
+/// Solves `problem` as an LP within the budget's work and clock (a stop at the clock recorded):
+/// its optimum, its infeasibility, or neither.
+pub(super) fn lp_solve(
+    problem: good_lp::ProblemVariables,
+    objective: good_lp::Expression,
+    constraints: Vec<good_lp::Constraint>,
+    options: &SolveOptions,
+    budget: &mut Budget,
+) -> Result<LpSolved> {
     let clock = budget.clock();
     let mut model = highs_model(
         problem,
@@ -292,11 +318,16 @@ pub(super) fn lp_optimum(
     if solved.status() == HighsModelStatus::ReachedTimeLimit {
         clock.record_stop();
     }
-    if solved.status() != HighsModelStatus::Optimal {
-        return Ok(None);
+    match solved.status() {
+        HighsModelStatus::Optimal => {}
+        // The objective (time) is bounded below: unbounded-or-infeasible is infeasible.
+        HighsModelStatus::Infeasible | HighsModelStatus::UnboundedOrInfeasible => {
+            return Ok(LpSolved::Infeasible);
+        }
+        _ => return Ok(LpSolved::Stopped),
     }
     let solution = solved.get_solution();
-    Ok(Some(LpOptimum {
+    Ok(LpSolved::Optimal(LpOptimum {
         values: solution.columns().to_vec(),
         reduced: solution.dual_columns().to_vec(),
         duals: solution.dual_rows().to_vec(),
