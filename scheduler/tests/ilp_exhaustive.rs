@@ -79,7 +79,7 @@ fn ilp_optimum_equals_exhaustive_search() {
         if (seed / 2) % 4 != 3 && with_topology(&mut rng, &mut profile) {
             hierarchical += 1;
         }
-        let results = enumerate_plans(&profile, recompute, WindowLimits::FULL);
+        let results = enumerate_plans(&profile, recompute, &|s| WindowLimits::FULL.admit(s));
         instances += 1;
         schedules += results.len();
         // Without a cap: the fastest schedule of all.
@@ -283,8 +283,8 @@ fn separately_limited_solves_equal_exhaustive_search_of_the_limited_space() {
             with_topology(&mut rng, &mut profile);
         }
         let limits = limits[(seed % 4) as usize];
-        let full = enumerate_plans(&profile, true, WindowLimits::FULL);
-        let results = enumerate_plans(&profile, true, limits);
+        let full = enumerate_plans(&profile, true, &|s| WindowLimits::FULL.admit(s));
+        let results = enumerate_plans(&profile, true, &|s| limits.admit(s));
         assert!(
             results.len() < full.len(),
             "seed {seed}: {limits} limits nothing"

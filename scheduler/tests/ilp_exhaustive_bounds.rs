@@ -39,7 +39,7 @@ fn the_lp_relaxation_bounds_every_plan_from_below() {
     let (mut priced_exact, mut priced_below) = (0, 0);
     for seed in 0..24u64 {
         let (profile, recompute) = bound_instance(seed, Rng(seed * 104_729 + 3));
-        let results = enumerate_plans(&profile, recompute, WindowLimits::FULL);
+        let results = enumerate_plans(&profile, recompute, &|s| WindowLimits::FULL.admit(s));
         let mut caps: Vec<Option<f64>> = caps(&results).into_iter().map(Some).collect();
         caps.push(None);
         for cap in caps {
@@ -107,8 +107,8 @@ fn the_far_band_relaxation_bounds_every_plan_from_below() {
     let (mut checked, mut exact, mut below_depth_1) = (0, 0, 0);
     for seed in 0..24u64 {
         let (profile, recompute) = bound_instance(seed, Rng(seed * 7_919 + 11));
-        let every = enumerate_plans(&profile, recompute, WindowLimits::FULL);
-        let limited = enumerate_plans(&profile, recompute, depth_1);
+        let every = enumerate_plans(&profile, recompute, &|s| WindowLimits::FULL.admit(s));
+        let limited = enumerate_plans(&profile, recompute, &|s| depth_1.admit(s));
         let mut caps: Vec<Option<f64>> = caps(&every).into_iter().map(Some).collect();
         let stride = every.len().div_ceil(4).max(1);
         caps.extend(every.iter().step_by(stride).map(|r| Some(r.1.ceil())));

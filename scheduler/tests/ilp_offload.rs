@@ -85,7 +85,7 @@ fn enumerate(profile: &Profile, recompute: bool) -> OffloadSpace {
         .map(|u| unit_options(profile, u, recompute))
         .collect();
     let depth4 = WindowLimits::depth(NonZeroUsize::new(4).unwrap());
-    offload_space(profile, &per_unit, depth4)
+    offload_space(profile, &per_unit, &|s| depth4.admit(s))
 }
 
 /// A tiny random profile with a host: no device optimizer time, κ_q = 0 (DESIGN §4.10's space).

@@ -24,7 +24,7 @@ fn enumerate(profile: &Profile, recompute: bool) -> OffloadSpace {
         .map(|u| common::unit_options(profile, u, recompute))
         .collect();
     let depth4 = WindowLimits::depth(NonZeroUsize::new(4).unwrap());
-    offload_space(profile, &per_unit, depth4)
+    offload_space(profile, &per_unit, &|s| depth4.admit(s))
 }
 
 /// A host on `profile`'s nodes: random links and host step, ample memory.

@@ -2,7 +2,6 @@
 //! every valid choice for one unit, and every schedule made of one choice per unit.
 
 use super::valid_shard_groups;
-use shardplan_scheduler::ilp::WindowLimits;
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::{Schedule, UnitSchedule};
 use shardplan_scheduler::sim::{Semantics, simulate};
@@ -165,18 +164,20 @@ pub fn unit_options(
     options
 }
 
-/// (iteration time, peak) of every valid schedule within `limits`.
+/// (iteration time, peak) of every valid schedule that `admit` admits (a window limit's
+/// `WindowLimits::admit`; the fixtures do not name the ILP, which the runtime's tests build
+/// without).
 pub fn enumerate_plans(
     profile: &Profile,
     recompute: bool,
-    limits: WindowLimits,
+    admit: &dyn Fn(&Schedule) -> bool,
 ) -> Vec<(f64, f64)> {
     let per_unit: Vec<Vec<UnitSchedule>> = (0..profile.unit_count())
         .map(|u| unit_options(profile, u, recompute))
         .collect();
     let mut results = Vec::new();
     every_schedule(profile, &per_unit, |schedule| {
-        if limits.admit(&schedule) {
+        if admit(&schedule) {
             let sim = simulate(profile, &schedule, Semantics::Strict);
             results.push((sim.iteration_time_us, sim.peak_memory_bytes));
         }

@@ -2,7 +2,6 @@
 //! simulator only: the exhaustive searches of `ilp_offload` and `ilp_offload_nodes`.
 
 use super::every_schedule;
-use shardplan_scheduler::ilp::WindowLimits;
 use shardplan_scheduler::offload::{HostStep, Offload, host_node_bytes};
 use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::{Schedule, UnitSchedule};
@@ -39,20 +38,20 @@ impl OffloadSpace {
 }
 
 /// Every schedule made of one option per unit (`per_unit`), each judged without offload; those
-/// `limits` admit also with every unit that may offload (sharded, reducing whole at the first
+/// `admit` admits (a window limit's `WindowLimits::admit`) also with every unit that may offload (sharded, reducing whole at the first
 /// position after B_i) kept on the device, or offloading `optimizer` or `full` (host steps
 /// overlapped) — a combination that `offloaded` refuses (`full` at hpZ) is no plan.
 pub fn offload_space(
     profile: &Profile,
     per_unit: &[Vec<UnitSchedule>],
-    limits: WindowLimits,
+    admit: &dyn Fn(&Schedule) -> bool,
 ) -> OffloadSpace {
     let mut space = OffloadSpace {
         plans: Vec::new(),
         device_only: Vec::new(),
     };
     every_schedule(profile, per_unit, |schedule| {
-        let admitted = limits.admit(&schedule);
+        let admitted = admit(&schedule);
         let may = may_offload(profile, &schedule);
         let masks = if admitted {
             3u32.pow(may.len() as u32)
