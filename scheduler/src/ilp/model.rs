@@ -90,6 +90,9 @@ pub(super) enum Form<'a> {
     FarBandsLp,
     /// The MIP with each unit's offload to the host a choice too (`super::offload`, DESIGN §4.10).
     Offload,
+    /// The offload MIP over the plans no slower than the given µs (a met plan's time, rounded
+    /// up): Σ_s d_s ≤ it, and each gated row's big M from it (`super::offload`, DESIGN §4.10).
+    OffloadWithin(u64),
     /// Its LP relaxation: with every integer fixed by rows, a plan's time in the offload model.
     OffloadLp,
 }
@@ -114,14 +117,21 @@ pub(super) fn build(
         extra,
         far_bands,
     };
-    let offloads = matches!(form, Form::Offload | Form::OffloadLp);
+    let offloads = matches!(
+        form,
+        Form::Offload | Form::OffloadWithin(_) | Form::OffloadLp
+    );
+    let ceiling = match form {
+        Form::OffloadWithin(us) => Some(us as f64),
+        _ => None,
+    };
     // §4.3's presolve of `none` assumes every other unit's state on the device.
     let units = declare_units(&mut columns, profile, shape, cap.filter(|_| !offloads));
     let durations: Vec<_> = (0..timeline.slot_count())
         .map(|_| columns.continuous())
         .collect();
     let offload = offloads
-        .then(|| OffloadVars::declare(&mut columns, profile, &units))
+        .then(|| OffloadVars::declare(&mut columns, profile, &units, ceiling))
         .flatten();
     let links = links_in_use(&units);
     let slack = far_bands.then(|| Slack::declare(&mut columns, timeline.slot_count(), links.len()));
@@ -182,6 +192,9 @@ pub(super) fn build(
     if let Some(offload) = &offload {
         offload.shift_memory(profile, &units, &mut memory, memory_scale);
         constraints.extend(offload.rows(profile, &units, &durations));
+        if let Some(ceiling) = ceiling {
+            constraints.push(time_ceiling(&durations, ceiling));
+        }
     }
     let mut memory_cap_start = None;
     let (objective, peak) = match options.objective {

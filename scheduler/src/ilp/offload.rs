@@ -91,7 +91,8 @@ pub(super) struct OffloadVars {
     /// In forward order (a unit's groups in their order); the host's FIFO order is the reverse
     /// (reductions end B_L … B_1, DESIGN §4.10).
     pub candidates: Vec<Candidate>,
-    /// An upper bound on any slot's start plus a chain's end (the big M of gated rows).
+    /// The big M of the gated rows: an upper bound on what a row asks of its left side when its
+    /// gate is off (`big_m`).
     big_m: f64,
 }
 
@@ -102,11 +103,12 @@ pub(super) fn offered(profile: &Profile) -> bool {
 
 impl OffloadVars {
     /// Declares o, the chain's ends and w for every unit and group that may offload; None where
-    /// the profile offers none.
+    /// the profile offers none. `ceiling`: the iteration time Σ_s d_s is held to (µs), if any.
     pub fn declare(
         columns: &mut Columns,
         profile: &Profile,
         units: &[UnitVars],
+        ceiling: Option<f64>,
     ) -> Option<OffloadVars> {
         if !offered(profile) {
             return None;
@@ -162,10 +164,13 @@ impl OffloadVars {
                 c.work.iter().sum::<f64>() + copies
             })
             .sum();
-        Some(OffloadVars {
-            candidates,
-            big_m: 4.0 * (serial_us(profile, units) + host_work),
-        })
+        let big_m = big_m(
+            serial_us(profile, units),
+            host_work,
+            longest_us(units, &candidates),
+            ceiling,
+        );
+        Some(OffloadVars { candidates, big_m })
     }
 
     /// The offloaded units of a solution's values.
@@ -452,6 +457,40 @@ fn gather_entries(units: &[UnitVars], slots: usize) -> Vec<Vec<GatherEntry>> {
         }
     }
     entries
+}
+
+/// The big M of the gated rows, from the serialised work `serial` (µs), every candidate's host
+/// work W (D2H, step, H2D and 2·nb copies), the longest single piece of work t̄ (an op's block, a
+/// candidate's D2H, step, H2D or shard copy) and the ceiling T̄ on Σ_s d_s where the model has
+/// one:
+///
+/// ```text
+/// M = min(4·(serial + W), 5·T̄ + t̄)
+/// ```
+///
+/// The second is valid over the plans with T ≤ T̄ (DESIGN §4.10). At an integer point each host
+/// channel's work is at most T (its FIFO's wrap row), so the least host ends (every end ≥ 0) are
+/// at most 4T: a reduction ends by T, and the D2H, step and H2D channels each add at most T. A
+/// gated row whose gate is off asks its left side for at most an end, a slot's gather suffix
+/// (≤ T) and one piece of work (≤ t̄).
+fn big_m(serial: f64, host_work: f64, longest: f64, ceiling: Option<f64>) -> f64 {
+    let loose = 4.0 * (serial + host_work);
+    ceiling.map_or(loose, |t| loose.min(5.0 * t + longest))
+}
+
+/// The longest single piece of work a gated row may add: an op's block (a follower's too), a
+/// candidate's D2H, step or H2D, or one shard copy of `full`.
+fn longest_us(units: &[UnitVars], candidates: &[Candidate]) -> f64 {
+    let blocks = units
+        .iter()
+        .flat_map(|u| u.ops().flat_map(|op| op.parts().map(|(_, _, t, _)| t)));
+    let host = candidates.iter().flat_map(|c| {
+        c.work
+            .iter()
+            .copied()
+            .chain(c.full.as_ref().map(|f| f.copy_us))
+    });
+    blocks.chain(host).fold(0.0, f64::max)
 }
 
 /// Every slot's most compute and every op's blocks (a replica AllReduce follower's too),

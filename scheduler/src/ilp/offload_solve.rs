@@ -138,11 +138,20 @@ fn solve_built(
             pool.offer(overlapped);
         }
     }
-    let (columns, integers, rows) = (built.columns, built.integers, built.constraints.len());
     let start = pool
         .plans()
         .iter()
         .find_map(|(s, _)| start_values(profile, options, &built, s));
+    // The MIP is held to the plans no slower than its start, whose time then bounds its big M
+    // (the same columns, in the same order, so the start's values still index them).
+    let built = match &start {
+        Some((time, _)) => {
+            let within = Form::OffloadWithin(time.ceil() as u64 + 1);
+            build(profile, options, (within, &ExtraPositions::new()))
+        }
+        None => built,
+    };
+    let (columns, integers, rows) = (built.columns, built.integers, built.constraints.len());
     let free = free_columns(&built);
     let units = built.units;
     let offload = built
