@@ -220,41 +220,72 @@ fn the_arenas_are_the_predicted_device_peak_and_host_bytes() {
     }
 }
 
+/// The N = 1 DDP run without offload that every offloading plan is held to: its losses, its
+/// trained weights and the initial ones.
+struct DdpRun {
+    losses: Vec<f64>,
+    weights: Vec<Vec<f32>>,
+    initial: Vec<Vec<f32>>,
+}
+
+impl DdpRun {
+    fn train(setup: &Setup) -> DdpRun {
+        let p1 = setup.profile(1);
+        let ddp = baseline(&p1, BaselineKind::Ddp, Recompute::Off, None)
+            .unwrap()
+            .schedule;
+        let (report, weights) = setup.train((1, "ddp"), &p1, &ddp, "strict");
+        let losses: Vec<f64> = serde_json::from_value(report["losses"].clone()).unwrap();
+        assert!(losses[2] < losses[0], "the loss falls: {losses:?}");
+        let initial = (0..gpt2(1).unit_count())
+            .map(|u| gpt2(1).initial_params(u).unwrap())
+            .collect();
+        DdpRun {
+            losses,
+            weights,
+            initial,
+        }
+    }
+
+    /// A run's losses within 1e-4 (relative) of DDP's and its weights' update within
+    /// `tolerance`.
+    fn check(&self, what: &str, report: &serde_json::Value, params: &[Vec<f32>], tolerance: f64) {
+        let got: Vec<f64> = serde_json::from_value(report["losses"].clone()).unwrap();
+        for (a, b) in got.iter().zip(&self.losses) {
+            assert!(
+                (a - b).abs() / b.abs() < 1e-4,
+                "{what}: {got:?} vs {:?}",
+                self.losses
+            );
+        }
+        let error = relative_update_error(params, &self.weights, &self.initial);
+        assert!(
+            error < tolerance,
+            "{what}: the weights' update differs by {error:.2e}"
+        );
+        eprintln!("{what}: update error {error:.2e}");
+    }
+}
+
 /// Trains every plan of [`plans`] at N = 1 and 2, strict and relaxed, against the N = 1 DDP run:
 /// losses within 1e-4 (relative), the weights' update within 1e-2 (5e-2 under bf16); the
 /// reports' arenas are the placements'.
 fn trains_like_ddp(bf16: bool) {
     let setup = Setup::new(bf16);
-    let p1 = setup.profile(1);
-    let ddp = baseline(&p1, BaselineKind::Ddp, Recompute::Off, None)
-        .unwrap()
-        .schedule;
-    let (report, reference) = setup.train((1, "ddp"), &p1, &ddp, "strict");
-    let losses: Vec<f64> = serde_json::from_value(report["losses"].clone()).unwrap();
-    assert!(losses[2] < losses[0], "the loss falls: {losses:?}");
-    let initial: Vec<Vec<f32>> = (0..gpt2(1).unit_count())
-        .map(|u| gpt2(1).initial_params(u).unwrap())
-        .collect();
+    let ddp = DdpRun::train(&setup);
     let update_tolerance = if bf16 { 5e-2 } else { 1e-2 };
     for world in [1, 2] {
         let profile = setup.profile(world);
         for (name, schedule) in plans(&profile, world) {
             for semantics in ["strict", "relaxed"] {
                 let (report, params) = setup.train((world, &name), &profile, &schedule, semantics);
-                let got: Vec<f64> = serde_json::from_value(report["losses"].clone()).unwrap();
-                for (a, b) in got.iter().zip(&losses) {
-                    assert!(
-                        (a - b).abs() / b.abs() < 1e-4,
-                        "{name} {semantics}: {got:?} vs {losses:?}"
-                    );
-                }
-                let error = relative_update_error(&params, &reference, &initial);
-                assert!(
-                    error < update_tolerance,
-                    "{name} {semantics}: the weights' update differs by {error:.2e}"
+                ddp.check(
+                    &format!("{name} {semantics}"),
+                    &report,
+                    &params,
+                    update_tolerance,
                 );
                 assert!(report["host_arena_bytes"].as_u64().unwrap() > 0, "{name}");
-                eprintln!("{name} {semantics}: update error {error:.2e}");
             }
         }
     }
@@ -478,15 +509,7 @@ fn random_offloading_plans_with_slow_communication_never_reuse_memory_in_flight(
 #[test]
 fn offloading_plans_over_shard_groups_and_hpz_train_like_ddp() {
     let setup = Setup::new(false);
-    let p1 = setup.profile(1);
-    let ddp = baseline(&p1, BaselineKind::Ddp, Recompute::Off, None)
-        .unwrap()
-        .schedule;
-    let (report, reference) = setup.train((1, "ddp"), &p1, &ddp, "strict");
-    let losses: Vec<f64> = serde_json::from_value(report["losses"].clone()).unwrap();
-    let initial: Vec<Vec<f32>> = (0..gpt2(1).unit_count())
-        .map(|u| gpt2(1).initial_params(u).unwrap())
-        .collect();
+    let ddp = DdpRun::train(&setup);
     let profile = with_host(common::two_nodes_of_two(gpt2_tiny_profile(4)), 2);
     let of = |kind, checkpoint| baseline(&profile, kind, checkpoint, None).unwrap().schedule;
     let cycle = |u: usize| [Offload::Full, Offload::Optimizer, Offload::None][u % 3];
@@ -518,18 +541,7 @@ fn offloading_plans_over_shard_groups_and_hpz_train_like_ddp() {
         let mut trained = Vec::new();
         for semantics in ["strict", "relaxed"] {
             let (report, params) = setup.train((4, name), &profile, schedule, semantics);
-            let got: Vec<f64> = serde_json::from_value(report["losses"].clone()).unwrap();
-            for (a, b) in got.iter().zip(&losses) {
-                assert!(
-                    (a - b).abs() / b.abs() < 1e-4,
-                    "{name} {semantics}: {got:?} vs {losses:?}"
-                );
-            }
-            let error = relative_update_error(&params, &reference, &initial);
-            assert!(
-                error < 1e-2,
-                "{name} {semantics}: the weights' update differs by {error:.2e}"
-            );
+            ddp.check(&format!("{name} {semantics}"), &report, &params, 1e-2);
             let live = &report["arena_live_peak_bytes"];
             assert_eq!(
                 live, &report["predicted_peak_memory_bytes"],

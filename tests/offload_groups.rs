@@ -12,7 +12,6 @@
 
 mod common;
 
-use serde_json::Value;
 use shardplan_runtime::layout::place;
 use shardplan_runtime::mlp::{Mlp, MlpSpec, max_relative_error, reference_training};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
@@ -117,20 +116,9 @@ fn offload_over_shard_and_secondary_groups_trains_like_the_reference() {
             .memory_bytes
             / 2.0;
         let plan = common::write_plan(dir.path(), name, &profile, schedule);
-        let mut trained = Vec::new();
-        for semantics in ["strict", "relaxed"] {
-            let dump = dir.path().join(format!("{name}-{semantics}.json"));
-            let extra = [
-                "--semantics",
-                semantics,
-                "--dump-params",
-                dump.to_str().unwrap(),
-                "--json",
-            ];
-            let out = common::run_plan(4, &profile_path, &plan, &model, STEPS as u64, &extra);
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            assert!(out.status.success(), "{name} {semantics}: {stderr}");
-            let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let files = (profile_path.as_path(), plan.as_path(), model.as_path());
+        for run in common::train_strict_and_relaxed(dir.path(), name, 4, files, STEPS as u64) {
+            let (report, semantics) = (&run.report, run.semantics);
             assert_eq!(
                 report["arena_bytes"].as_f64(),
                 Some(simulated.peak_memory_bytes),
@@ -142,12 +130,8 @@ fn offload_over_shard_and_secondary_groups_trains_like_the_reference() {
                 hosted >= host_per_rank && hosted <= host_per_rank + 64.0 * buffers,
                 "{name} {semantics}: host arena {hosted} vs predicted {host_per_rank} per rank"
             );
-            let params: Vec<Vec<f32>> =
-                serde_json::from_slice(&std::fs::read(&dump).unwrap()).unwrap();
-            let error = max_relative_error(&params, &reference).unwrap();
+            let error = max_relative_error(&run.params, &reference).unwrap();
             assert!(error <= 1e-5, "{name} {semantics}: {error:e}");
-            trained.push(params);
         }
-        assert_eq!(trained[0], trained[1], "{name}: strict and relaxed differ");
     }
 }

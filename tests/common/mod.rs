@@ -90,6 +90,49 @@ pub fn write_plan(dir: &Path, name: &str, profile: &Profile, schedule: &Schedule
     path
 }
 
+/// A run of a plan file under one semantics: its `--json` report and its trained parameters.
+pub struct Trained {
+    pub semantics: &'static str,
+    pub report: serde_json::Value,
+    pub params: Vec<Vec<f32>>,
+}
+
+/// Trains `plan` for `steps` steps on `ranks` ranks, strict and then relaxed, each dumping its
+/// parameters into `dir`; asserts that both runs succeed and that they end bit for bit alike
+/// (relaxed semantics changes when work runs, never what it computes).
+pub fn train_strict_and_relaxed(
+    dir: &Path,
+    name: &str,
+    ranks: usize,
+    (profile, plan, model): (&Path, &Path, &Path),
+    steps: u64,
+) -> [Trained; 2] {
+    let run = |semantics: &'static str| {
+        let dump = dir.join(format!("{name}-{semantics}.json"));
+        let extra = [
+            "--semantics",
+            semantics,
+            "--dump-params",
+            dump.to_str().unwrap(),
+            "--json",
+        ];
+        let out = run_plan(ranks, profile, plan, model, steps, &extra);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{name} {semantics}: {stderr}");
+        Trained {
+            semantics,
+            report: serde_json::from_slice(&out.stdout).unwrap(),
+            params: serde_json::from_slice(&std::fs::read(&dump).unwrap()).unwrap(),
+        }
+    };
+    let runs = [run("strict"), run("relaxed")];
+    assert_eq!(
+        runs[0].params, runs[1].params,
+        "{name}: strict and relaxed differ"
+    );
+    runs
+}
+
 /// The test MLP's job in `dir` on `ranks` MPI ranks: the model file, the profile file and a
 /// baseline's plan file.
 pub struct MlpJob {
