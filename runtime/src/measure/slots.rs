@@ -98,10 +98,11 @@ enum Fits {
 }
 
 /// κ_c and κ_q from slots with block-sized AllReduces beside compute, about half, once and twice
-/// its time ([`ALL_REDUCES_AGAINST_COMPUTE`]); κ_c,RS and κ_c,AG from slots with ReduceScatters
-/// and AllGathers ([`OTHERS_AGAINST_COMPUTE`]), and κ_u from slots with an optimizer step beside
-/// them, each with κ_q given; every value is the slowest rank's (a slot whose collectives join
-/// the ranks ends with the slowest). Every rank must call it and gets the same factors.
+/// its time ([`ALL_REDUCES_AGAINST_COMPUTE`]); where `work.others` names them, κ_c,RS and κ_c,AG
+/// from slots with ReduceScatters and AllGathers ([`OTHERS_AGAINST_COMPUTE`]), and κ_u from slots
+/// with an optimizer step beside them, each with κ_q given; every value is the slowest rank's (a
+/// slot whose collectives join the ranks ends with the slowest). Every rank must call it and gets
+/// the same factors.
 pub fn time_slot_interference<B: Backend>(backend: &B, work: &Slots) -> Result<SlotInterference> {
     let idle = |_: usize| Ok(());
     let slots = work.slots;
