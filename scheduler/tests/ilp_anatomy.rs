@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Rng, every_schedule, random_profile, unit_options, with_topology};
+use common::{Rng, every_schedule, tiny_instance, unit_options};
 use shardplan_scheduler::ilp::{
     HeldLevels, LpAnatomy, SolveOptions, Target, describe_levels, full_lp_anatomy,
     lp_relaxation_bound,
@@ -116,19 +116,6 @@ fn demo_fsdp2_anatomy() {
     }
 }
 
-/// A tiny instance of `ilp_exhaustive`'s kinds (≤ 3 units, ≤ 2 blocks, half of them on a
-/// topology with shard groups and hpz), and whether recompute is allowed.
-fn tiny_instance(seed: u64) -> (Profile, bool) {
-    let mut rng = Rng(seed * 7_919 + 11);
-    let units = 1 + (seed % 3) as usize;
-    let mut profile = random_profile(&mut rng, units, 0.1 * (seed % 2) as f64, 1000);
-    profile.comm_slowdown = if seed % 3 == 2 { 0.3 } else { 0.0 };
-    if (seed / 2) % 2 == 1 {
-        with_topology(&mut rng, &mut profile);
-    }
-    (profile, seed % 4 < 2)
-}
-
 /// What a plan fixes before its launches, per unit: (level, shard group, secondary group,
 /// recompute).
 type LevelsKey = Vec<(Level, Option<u32>, Option<u32>, bool)>;
@@ -158,7 +145,7 @@ fn levels_key(schedule: &Schedule) -> LevelsKey {
 fn held_levels_bound_every_plan_of_those_levels() {
     let (mut checked, mut stronger, mut placed_exact, mut recompute_gained) = (0, 0, 0, 0);
     for seed in 0..24u64 {
-        let (profile, recompute) = tiny_instance(seed);
+        let (profile, recompute) = tiny_instance(seed, Rng(seed * 7_919 + 11));
         let per_unit: Vec<_> = (0..profile.unit_count())
             .map(|u| unit_options(&profile, u, recompute))
             .collect();

@@ -6,27 +6,10 @@
 
 mod common;
 
-use common::{Rng, every_schedule, random_profile, unit_options, with_topology};
+use common::{Rng, enumerate_plans, fastest_within, tiny_instance};
 use shardplan_scheduler::ilp::{Effort, SolveOptions, WindowLimits, branched_bound};
 use shardplan_scheduler::profile::Profile;
-use shardplan_scheduler::schedule::UnitSchedule;
-use shardplan_scheduler::sim::{Semantics, simulate};
 use std::num::{NonZeroU64, NonZeroUsize};
-
-/// (iteration time, peak) of every valid schedule.
-fn enumerate(profile: &Profile, recompute: bool) -> Vec<(f64, f64)> {
-    let per_unit: Vec<Vec<UnitSchedule>> = (0..profile.unit_count())
-        .map(|u| unit_options(profile, u, recompute))
-        .collect();
-    let mut results = Vec::new();
-    every_schedule(profile, &per_unit, |schedule| {
-        if WindowLimits::FULL.admit(&schedule) {
-            let sim = simulate(profile, &schedule, Semantics::Strict);
-            results.push((sim.iteration_time_us, sim.peak_memory_bytes));
-        }
-    });
-    results
-}
 
 /// Whole-byte caps: below the smallest peak, on the smallest, median and largest peaks (rounded
 /// up: a plan peaking exactly at the cap fits), between the smallest two, and none.
@@ -50,21 +33,10 @@ fn caps(results: &[(f64, f64)]) -> Vec<Option<f64>> {
 fn the_trees_bound_never_exceeds_the_optimum_and_closes_at_it() {
     let (mut checked, mut branched, mut infeasible) = (0, 0, 0);
     for seed in 0..12u64 {
-        let mut rng = Rng(seed * 104_729 + 3);
-        let units = 1 + (seed % 3) as usize;
-        let mut profile = random_profile(&mut rng, units, 0.1 * (seed % 2) as f64, 1000);
-        profile.comm_slowdown = if seed % 3 == 2 { 0.3 } else { 0.0 };
-        if (seed / 2) % 2 == 1 {
-            with_topology(&mut rng, &mut profile);
-        }
-        let recompute = seed % 4 < 2;
-        let results = enumerate(&profile, recompute);
+        let (profile, recompute) = tiny_instance(seed, Rng(seed * 104_729 + 3));
+        let results = enumerate_plans(&profile, recompute, &|s| WindowLimits::FULL.admit(s));
         for cap in caps(&results) {
-            let best = results
-                .iter()
-                .filter(|r| r.1 <= cap.unwrap_or(f64::INFINITY))
-                .map(|r| r.0)
-                .fold(f64::INFINITY, f64::min);
+            let best = fastest_within(&results, cap.unwrap_or(f64::INFINITY));
             let options = SolveOptions {
                 memory_cap_bytes: cap.map(|c| c as u64),
                 allow_recompute: recompute,

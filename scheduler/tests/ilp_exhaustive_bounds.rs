@@ -6,26 +6,12 @@
 
 mod common;
 
-use common::{Rng, caps, enumerate_plans, fastest_within, random_profile, with_topology};
+use common::{Rng, caps, enumerate_plans, fastest_within, tiny_instance};
 use shardplan_scheduler::ilp::{
     SolveOptions, WindowLimits, far_band_bound, generated_lp_bound, lp_relaxation_bound,
     priced_lp_bound,
 };
-use shardplan_scheduler::profile::Profile;
 use std::num::NonZeroUsize;
-
-/// A tiny instance for the bound tests, varied by `seed`: 1–3 units, κ_c 0 or 0.1, κ_q 0.3 on a
-/// third, recompute allowed on half, nodes and hpz on a quarter of the others; and whether
-/// recompute is allowed.
-fn bound_instance(seed: u64, mut rng: Rng) -> (Profile, bool) {
-    let units = 1 + (seed % 3) as usize;
-    let mut profile = random_profile(&mut rng, units, 0.1 * (seed % 2) as f64, 1000);
-    profile.comm_slowdown = if seed % 3 == 2 { 0.3 } else { 0.0 };
-    if (seed / 2) % 2 == 1 {
-        with_topology(&mut rng, &mut profile);
-    }
-    (profile, seed % 4 < 2)
-}
 
 /// The LP relaxation's optimum is never above the exhaustive optimum, at every cap of the random
 /// instances and without one, and is not a trivial bound: it is within 50% of the optimum
@@ -38,7 +24,7 @@ fn the_lp_relaxation_bounds_every_plan_from_below() {
     let (mut checked, mut exact) = (0, 0);
     let (mut priced_exact, mut priced_below) = (0, 0);
     for seed in 0..24u64 {
-        let (profile, recompute) = bound_instance(seed, Rng(seed * 104_729 + 3));
+        let (profile, recompute) = tiny_instance(seed, Rng(seed * 104_729 + 3));
         let results = enumerate_plans(&profile, recompute, &|s| WindowLimits::FULL.admit(s));
         let mut caps: Vec<Option<f64>> = caps(&results).into_iter().map(Some).collect();
         caps.push(None);
@@ -106,7 +92,7 @@ fn the_far_band_relaxation_bounds_every_plan_from_below() {
     let depth_1 = WindowLimits::depth(NonZeroUsize::MIN);
     let (mut checked, mut exact, mut below_depth_1) = (0, 0, 0);
     for seed in 0..24u64 {
-        let (profile, recompute) = bound_instance(seed, Rng(seed * 7_919 + 11));
+        let (profile, recompute) = tiny_instance(seed, Rng(seed * 7_919 + 11));
         let every = enumerate_plans(&profile, recompute, &|s| WindowLimits::FULL.admit(s));
         let limited = enumerate_plans(&profile, recompute, &|s| depth_1.admit(s));
         let mut caps: Vec<Option<f64>> = caps(&every).into_iter().map(Some).collect();

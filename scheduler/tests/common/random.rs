@@ -97,6 +97,19 @@ pub fn with_topology(rng: &mut Rng, profile: &mut Profile) -> bool {
     true
 }
 
+/// A tiny instance of the exhaustive tests' kinds, varied by `seed` and drawn from `rng`: 1–3
+/// units (≤ 1,000 parameters), κ_c 0 or 0.1, κ_q 0.3 on a third, nodes with shard groups and hpz
+/// on a quarter of the others; and whether recompute is allowed (on half).
+pub fn tiny_instance(seed: u64, mut rng: Rng) -> (Profile, bool) {
+    let units = 1 + (seed % 3) as usize;
+    let mut profile = random_profile(&mut rng, units, 0.1 * (seed % 2) as f64, 1000);
+    profile.comm_slowdown = if seed % 3 == 2 { 0.3 } else { 0.0 };
+    if (seed / 2) % 2 == 1 {
+        with_topology(&mut rng, &mut profile);
+    }
+    (profile, seed % 4 < 2)
+}
+
 /// Puts the profile's world on nodes of `g` ranks (`g` divides N): every group the plan space
 /// offers (`offered_groups`), with [`with_topology`]'s random curves and communicator size.
 pub fn with_nodes(rng: &mut Rng, profile: &mut Profile, g: u32) {
