@@ -8,7 +8,6 @@ mod common;
 use shardplan_runtime::cuda::libraries::{Needed, SearchPaths, find};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::precision::Precision;
-use shardplan_scheduler::profile::Host;
 use shardplan_scheduler::schedule::Recompute;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -41,14 +40,7 @@ fn assert_clear_driver_error(args: &[&str]) {
 /// written in `dir`: (profile, plan).
 fn offloading_plan(dir: &Path) -> (PathBuf, PathBuf) {
     let mut profile = common::gpt2_tiny_profile(1);
-    profile.host = Some(Host {
-        ranks_per_node: 1,
-        ranks_per_link: 1,
-        memory_bytes: 16 << 30,
-        optimizer_us_per_param: 1e-3,
-        host_to_device: common::affine(10.0, 1e4),
-        device_to_host: common::affine(10.0, 1e4),
-    });
+    profile.host = Some(common::test_host(1, 1));
     let plan = baseline(&profile, BaselineKind::Fsdp2Offload, Recompute::Off, None).unwrap();
     assert!(plan.schedule.offloads(), "fsdp2-offload offloads");
     let profile_path = dir.join("gpt2-tiny-host.toml");

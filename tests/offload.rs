@@ -8,9 +8,9 @@
 mod common;
 
 use common::{
-    Rng, affine, assert_relaxed_is_strict_with_slow_communication, gpt2_tiny as gpt2,
-    gpt2_tiny_bf16_path, gpt2_tiny_bf16_profile, gpt2_tiny_path as model_path, gpt2_tiny_profile,
-    random_schedule, relative_update_error, run_plan,
+    Rng, assert_relaxed_is_strict_with_slow_communication, gpt2_tiny as gpt2, gpt2_tiny_bf16_path,
+    gpt2_tiny_bf16_profile, gpt2_tiny_path as model_path, gpt2_tiny_profile, random_schedule,
+    relative_update_error, run_plan,
 };
 use shardplan_runtime::layout::place;
 use shardplan_runtime::workload::Workload;
@@ -18,7 +18,7 @@ use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::offload::{HostStep, Offload};
 use shardplan_scheduler::plan::{Producer, plan_with_prediction};
 use shardplan_scheduler::precision::FloatFormat;
-use shardplan_scheduler::profile::{Host, Profile};
+use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::{Recompute, Schedule};
 use shardplan_scheduler::sim::{Semantics, simulate};
 use shardplan_scheduler::timeline::Level;
@@ -26,21 +26,9 @@ use std::path::{Path, PathBuf};
 
 const STEPS: usize = 3;
 
-/// A host for `world` ranks on one node: copies of 10 µs + 1 µs per 10 kB, a step of 1 ns per
-/// parameter, 16 GiB.
-fn host(world: usize) -> Host {
-    Host {
-        ranks_per_node: world as u32,
-        ranks_per_link: world.min(2) as u32,
-        memory_bytes: 16 << 30,
-        optimizer_us_per_param: 1e-3,
-        host_to_device: affine(10.0, 1e4),
-        device_to_host: affine(10.0, 1e4),
-    }
-}
-
+/// `profile` with a host for `world` ranks on one node, two to a host link.
 fn with_host(mut profile: Profile, world: usize) -> Profile {
-    profile.host = Some(host(world));
+    profile.host = Some(common::test_host(world as u32, world.min(2) as u32));
     profile
 }
 

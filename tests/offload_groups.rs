@@ -16,24 +16,16 @@ use shardplan_runtime::layout::place;
 use shardplan_runtime::mlp::{Mlp, MlpSpec, max_relative_error, reference_training};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::offload::{HostStep, Offload};
-use shardplan_scheduler::profile::{Host, Profile};
+use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::{Recompute, Schedule};
 use shardplan_scheduler::sim::{Semantics, simulate};
 use shardplan_scheduler::timeline::Level;
 
 const STEPS: usize = 3;
 
-/// A host shared by each node's 2 ranks: copies of 10 µs + 1 µs per 10 kB, a step of 1 ns per
-/// parameter, 16 GiB.
+/// `profile` with a host shared by each node's 2 ranks, one to a host link.
 fn with_host(mut profile: Profile) -> Profile {
-    profile.host = Some(Host {
-        ranks_per_node: 2,
-        ranks_per_link: 1,
-        memory_bytes: 16 << 30,
-        optimizer_us_per_param: 1e-3,
-        host_to_device: common::affine(10.0, 1e4),
-        device_to_host: common::affine(10.0, 1e4),
-    });
+    profile.host = Some(common::test_host(2, 1));
     profile
 }
 

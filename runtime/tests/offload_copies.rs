@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{affine, gpt2_tiny, gpt2_tiny_profile, run_options, uncapped_plan};
+use common::{gpt2_tiny, gpt2_tiny_profile, run_options, uncapped_plan};
 use shardplan_runtime::Result;
 use shardplan_runtime::backend::{
     Allocation, Backend, CpuBackend, DeviceMemory, Group, Loopback, Region, Stream,
@@ -18,7 +18,7 @@ use shardplan_runtime::gpt2::kernels::AdamW;
 use shardplan_runtime::gpt2::{AdamRegions, BlockBackward, Gpt2Kernels, Head, HeadGrads, Shape};
 use shardplan_scheduler::baselines::{BaselineKind, baseline};
 use shardplan_scheduler::offload::{HostStep, Offload};
-use shardplan_scheduler::profile::{Host, Profile};
+use shardplan_scheduler::profile::Profile;
 use shardplan_scheduler::schedule::Recompute;
 use shardplan_scheduler::sim::Semantics;
 use shardplan_scheduler::timeline::Level;
@@ -223,14 +223,7 @@ impl Gpt2Kernels for Recording {
 }
 
 fn with_host(mut profile: Profile) -> Profile {
-    profile.host = Some(Host {
-        ranks_per_node: 1,
-        ranks_per_link: 1,
-        memory_bytes: 16 << 30,
-        optimizer_us_per_param: 1e-3,
-        host_to_device: affine(10.0, 1e4),
-        device_to_host: affine(10.0, 1e4),
-    });
+    profile.host = Some(common::test_host(1, 1));
     profile
 }
 

@@ -12,7 +12,7 @@ use shardplan_runtime::mlp::{Mlp, MlpSpec};
 use shardplan_runtime::session;
 use shardplan_scheduler::plan::{Plan, Producer, plan_with_prediction};
 use shardplan_scheduler::precision::FloatFormat;
-use shardplan_scheduler::profile::{CommCurves, Profile};
+use shardplan_scheduler::profile::{CommCurves, Host, Profile};
 use shardplan_scheduler::schedule::Schedule;
 use shardplan_scheduler::sim::Semantics;
 use std::path::{Path, PathBuf};
@@ -227,6 +227,20 @@ pub fn assert_relaxed_is_strict_with_slow_communication(
 
 /// The test MLP: units of 1–2 k parameters.
 const MLP_TEST: &str = "name = \"mlp-test\"\ninput = 24\nwidths = [40, 32, 48, 8]\nbatch_per_rank = 6\nseed = 11\nlearning_rate = 0.01\n";
+
+/// The offload tests' host (DESIGN §3.13): `ranks_per_node` ranks share a node's host and
+/// `ranks_per_link` each host link; copies of 10 µs + 1 µs per 10 kB, a step of 1 ns per
+/// parameter, 16 GiB.
+pub fn test_host(ranks_per_node: u32, ranks_per_link: u32) -> Host {
+    Host {
+        ranks_per_node,
+        ranks_per_link,
+        memory_bytes: 16 << 30,
+        optimizer_us_per_param: 1e-3,
+        host_to_device: affine(10.0, 1e4),
+        device_to_host: affine(10.0, 1e4),
+    }
+}
 
 /// The test MLP's spec, and its model file written in `dir`.
 pub fn spec(dir: &Path) -> (MlpSpec, PathBuf) {
